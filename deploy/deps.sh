@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Installs the Debian packages hotkv builds and tests with. Used by run.sh and
+# test.sh. As root it runs apt-get; otherwise it prints the exact command.
+set -euo pipefail
+KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler
+  liburing-dev liburcu-dev libcriterion-dev libxxhash-dev libinih-dev libfuse3-dev fuse3
+  librocksdb-dev)
+missing=()
+for p in "${KV_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "hotkv needs these packages: ${missing[*]}" >&2
+  echo "run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q >&2
+apt-get install -y -q --no-install-recommends "${missing[@]}" >&2

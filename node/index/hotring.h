@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * HotRing: the hotspot-aware, lock-free hash index of the node's memory tier
+ * (Chen et al., "HotRing: A Hotspot-Aware In-Memory Key-Value Store",
+ * FAST'20). Each bucket holds one ordered ring of items (ordered by tag, then
+ * key); the bucket's head pointer may point at any item of the ring and is
+ * moved to hot items, so a hot key is found in ~1 step.
+ *
+ * Items carry a record: key, value and the node's metadata (version, seqno,
+ * expire_at, flags). Values up to 8 bytes are updated in place; larger ones by
+ * read-copy-update (a new item replaces the old with one CAS on the
+ * predecessor's next word). Memory is reclaimed through liburcu.
+ *
+ * Threads: every thread that calls into an index must be registered with
+ * liburcu's memb flavour (hr_thread_register()); the functions take their own
+ * RCU read-side sections (they may be called inside an outer one). No call
+ * blocks on another thread, except hr_close() and hr_barrier().
+ */
+#ifndef KV_NODE_INDEX_HOTRING_H
+#define KV_NODE_INDEX_HOTRING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/kv_err.h"
+
+typedef struct hr_index hr_index;
+
+/* Hotspot-shift strategies of the paper (§3.2). */
+typedef enum hr_mode {
+    HR_MODE_NONE = 0,   /* head never moves on its own (baseline; hr_pin still works) */
+    HR_MODE_RANDOM = 1, /* random movement: every R-th access may move the head */
+    HR_MODE_SAMPLE = 2, /* statistical sampling with W_t head selection */
+} hr_mode;
+
+typedef struct hr_opts {
+    uint64_t buckets;    /* initial bucket count, rounded up to a power of two */
+    hr_mode mode;        /* default HR_MODE_SAMPLE */
+    unsigned r;          /* access period R (default 5) */
+    bool rehash;         /* lock-free rehash driven by access cost */
+    double rehash_cost;  /* average items visited per access that triggers a rehash */
+} hr_opts;
+
+/* Record metadata stored beside each item's value. */
+#define HR_F_TOMBSTONE 0x1u /* a delete marker (kept for last-writer-wins and flush) */
+#define HR_F_DIRTY 0x2u     /* not yet flushed to the LSM */
+#define HR_F_PINNED 0x4u    /* cluster hot-key hint: keep in memory */
+
+typedef struct hr_meta {
+    uint64_t version;   /* HLC version (last-writer-wins) */
+    uint64_t seqno;     /* node-local sequence number */
+    uint64_t expire_at; /* wall ms; 0 = never */
+    uint32_t flags;     /* HR_F_* */
+} hr_meta;
+
+/* A consistent snapshot of one record, valid only during the callback. */
+typedef struct hr_view {
+    const void *key;
+    size_t klen;
+    const void *val;
+    size_t vlen;
+    hr_meta meta;
+} hr_view;
+
+typedef void (*hr_visit_fn)(void *arg, const hr_view *v);
+/* Write condition: called with the current record (NULL when absent) and
+ * returns KV_OK to apply the write or the kv_err to fail it with. It may run
+ * more than once per call when a concurrent writer forces a retry, so it must
+ * not have side effects beyond recording the latest decision. */
+typedef kv_err (*hr_cond_fn)(void *arg, const hr_view *cur);
+
+/* Registers / unregisters the calling thread with liburcu (memb flavour). */
+void hr_thread_register(void);
+void hr_thread_unregister(void);
+
+/* Creates an index. On success *out owns it; close with hr_close(). Fails with
+ * INVALID_ARGUMENT for bad options and FAILED_PRECONDITION when heap pointers
+ * do not fit the 48-bit packing of the head/next words. */
+kv_err hr_open(hr_index **out, const hr_opts *opts);
+/* Frees the index and every item. No other thread may use it any more. */
+void hr_close(hr_index *idx);
+
+/* Looks key up; on a hit calls fn(arg, view) once with a consistent snapshot
+ * and returns KV_OK, else returns KV_NOT_FOUND (fn not called). */
+kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void *arg);
+
+/* Inserts or replaces key's record when cond (may be NULL = always) allows.
+ * Returns KV_OK, cond's error, or RESOURCE_EXHAUSTED on allocation failure.
+ * The index copies key and value. */
+kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                 const hr_meta *meta, hr_cond_fn cond, void *arg);
+
+/* Removes key's item when cond allows. Returns KV_OK, NOT_FOUND or cond's
+ * error. The item is freed after an RCU grace period. */
+kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, void *arg);
+
+/* Atomically sets `set` and clears `clear` flag bits of key's item if its
+ * seqno equals `seqno` (used to clear HR_F_DIRTY after a flush). Returns
+ * KV_OK, NOT_FOUND, or FAILED_PRECONDITION when the seqno differs. */
+kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno, uint32_t set,
+                    uint32_t clear);
+
+/* Calls fn for every item, one consistent snapshot each; concurrent writes
+ * may or may not be seen. */
+void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg);
+
+/* Cluster hot-key hint: makes key's item the head of its ring. Returns KV_OK
+ * or NOT_FOUND. */
+kv_err hr_pin(hr_index *idx, const void *key, size_t klen);
+
+typedef struct hr_stats {
+    uint64_t items, bytes, buckets;
+    uint64_t reads, writes, read_visited; /* visited/reads = avg items per read */
+    uint64_t head_hits;                   /* reads answered by the head item */
+    uint64_t head_moves, sample_rounds, rehashes;
+} hr_stats;
+void hr_get_stats(hr_index *idx, hr_stats *out);
+
+/* Waits until every item retired so far has been freed (tests, shutdown). */
+void hr_barrier(void);
+
+#endif

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Installs dependencies, builds and runs every test.
+#   ./test.sh             Release-with-asserts build in build/, then ctest
+#   ./test.sh --sanitize  ASan+UBSan build in build-asan/
+#   ./test.sh --tsan      ThreadSanitizer build in build-tsan/ (concurrency tests)
+# Extra arguments after `--` go to ctest (e.g. ./test.sh -- -R hotring).
+set -euo pipefail
+cd "$(dirname "$0")"
+mode=release
+ctest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) mode=asan ;;
+    --tsan) mode=tsan ;;
+    --) shift; ctest_args=("$@"); break ;;
+    *) echo "usage: $0 [--sanitize|--tsan] [-- ctest args]" >&2; exit 2 ;;
+  esac
+  shift
+done
+./deploy/deps.sh
+case "$mode" in
+  release) dir=build; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=Debug "-DKV_SANITIZE=address,undefined") ;;
+  tsan) dir=build-tsan; flags=(-DCMAKE_BUILD_TYPE=Debug -DKV_SANITIZE=thread) ;;
+esac
+werror=()
+[ -n "${CI:-}" ] && werror=(-DKV_WERROR=ON)
+cmake -S . -B "$dir" "${flags[@]}" "${werror[@]}" >/dev/null
+cmake --build "$dir" -j"$(nproc)"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:${TSAN_OPTIONS:-}"
+cd "$dir"
+ctest --output-on-failure -j2 ${ctest_args[@]+"${ctest_args[@]}"}

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/* Tests for common/: error strings, HLC ordering, option parsing. */
+#include <criterion/criterion.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/opts.h"
+#include "kv/kv_err.h"
+
+Test(err, names_and_numbers_match_grpc)
+{
+    cr_assert_eq(KV_NOT_FOUND, 5);
+    cr_assert_eq(KV_UNAUTHENTICATED, 16);
+    cr_assert_str_eq(kv_err_name(KV_FAILED_PRECONDITION), "FAILED_PRECONDITION");
+    cr_assert_str_eq(kv_err_name((kv_err)99), "UNKNOWN_CODE");
+    cr_assert_str_eq(kv_strerror(KV_OK), "success");
+}
+
+Test(hlc, strictly_increasing_and_observes_remote)
+{
+    kv_hlc c = {0};
+    uint64_t prev = 0;
+    for (int i = 0; i < 100000; i++) {
+        uint64_t v = kv_hlc_now(&c);
+        cr_assert_gt(v, prev);
+        prev = v;
+    }
+    uint64_t future = prev + (1000ull << 16);
+    kv_hlc_observe(&c, future);
+    cr_assert_gt(kv_hlc_now(&c), future);
+    cr_assert_lt(KV_HLC_MS(prev), KV_HLC_MS(future) + 1);
+}
+
+Test(opts, flags_override_ini_and_errors_name_the_flag)
+{
+    char *dir = "default";
+    long port = 1;
+    bool on = false;
+    int mode = 0;
+    static const char *const modes[] = {"always", "batch", "none", NULL};
+    kv_opt table[] = {
+        {"data-dir", KV_OPT_STR, &dir, "dir", NULL, 0, 0},
+        {"port", KV_OPT_INT, &port, "port", NULL, 1, 65535},
+        {"hotrap", KV_OPT_BOOL, &on, "on/off", NULL, 0, 0},
+        {"sync", KV_OPT_ENUM, &mode, "mode", modes, 0, 0},
+    };
+    char path[] = "/tmp/kvoptsXXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "[node]\ndata_dir = /ini\nport = 7\nsync = batch\n");
+    fclose(f);
+    char *argv[] = {"prog", "--config", path, "--port=9", "get", "--hotrap", "on", "k", NULL};
+    kv_optset set = {table, 4, NULL, "prog", NULL};
+    char err[256];
+    int npos = 0;
+    cr_assert_eq(kv_opts_parse(&set, 8, argv, &npos, err, sizeof(err)), KV_OK, "%s", err);
+    cr_assert_str_eq(dir, "/ini");
+    cr_assert_eq(port, 9);
+    cr_assert(on);
+    cr_assert_eq(mode, 1);
+    cr_assert_eq(npos, 2);
+    cr_assert_str_eq(argv[1], "get");
+    cr_assert_str_eq(argv[2], "k");
+    kv_opts_free(&set);
+
+    char *bad[] = {"prog", "--port", "70000", NULL};
+    kv_optset set2 = {table, 4, NULL, "prog", NULL};
+    cr_assert_eq(kv_opts_parse(&set2, 3, bad, NULL, err, sizeof(err)), KV_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "--port") != NULL, "%s", err);
+    kv_opts_free(&set2);
+    char *unk[] = {"prog", "--nope", NULL};
+    kv_optset set3 = {table, 4, NULL, "prog", NULL};
+    cr_assert_eq(kv_opts_parse(&set3, 2, unk, NULL, err, sizeof(err)), KV_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "--nope") != NULL, "%s", err);
+    kv_opts_free(&set3);
+    unlink(path);
+}
