@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * lsm: the node's persistent tier (DESIGN.md §5), a leveled LSM-tree whose
+ * upper levels live on the fast volume (FD) and lower levels on the slow
+ * volume (SD). The memory tier (HotRing) is the memtable: callers append
+ * records to the WAL with lsm_wal_append(), keep them in memory, and hand a
+ * sorted run of them to lsm_flush(), which writes an L0 SST on FD. Background
+ * threads compact levels (leveled, size ratio 10). All SST and WAL I/O goes
+ * through io_uring (one ring per calling thread), or pread/pwrite when
+ * io_uring is unavailable or disabled.
+ *
+ * Ordering: records are ordered by key ascending, then seqno descending. The
+ * newest record of a key is the one with the highest seqno (promoted records
+ * of a later issue keep their old seqno, so L0 lookups compare seqnos).
+ *
+ * Threads: every function may be called from any thread unless its comment
+ * says otherwise; lsm_close() must not race with any other call on the same
+ * handle. Errors are kv_err (gRPC numbers); out-parameters are written only
+ * on KV_OK.
+ */
+#ifndef KV_NODE_LSM_LSM_H
+#define KV_NODE_LSM_LSM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/kv_err.h"
+
+typedef struct lsm_db lsm_db;
+
+#define LSM_MAX_LEVELS 7 /* L0..L6 */
+
+typedef enum lsm_type { LSM_PUT = 1, LSM_DELETE = 2 } lsm_type;
+
+#define LSM_F_PROMOTED 0x1u /* reserved for HotRAP promotion (later issue) */
+
+/* One record. key/value are borrowed by the functions that take an lsm_rec;
+ * lsm_get() fills one whose key and value are malloc'ed (see lsm_rec_free). */
+typedef struct lsm_rec {
+    const void *key;
+    size_t klen;
+    const void *value; /* NULL/0 for a DELETE */
+    size_t vlen;
+    uint64_t version;   /* HLC version of the write */
+    uint64_t seqno;     /* node-local sequence number, assigned by the caller */
+    uint64_t expire_at; /* wall-clock ms; 0 = never */
+    uint8_t type;       /* lsm_type */
+    uint8_t flags;      /* LSM_F_* */
+} lsm_rec;
+
+typedef enum lsm_tier { LSM_TIER_NONE = 0, LSM_TIER_FD = 1, LSM_TIER_SD = 2 } lsm_tier;
+
+typedef enum lsm_sync {
+    LSM_SYNC_ALWAYS = 0, /* lsm_wal_append returns after write + fsync (linked) */
+    LSM_SYNC_BATCH = 1,  /* returns after the write reached the kernel; a WAL thread
+                            fsyncs at most every sync_ms while bytes are unsynced */
+    LSM_SYNC_NONE = 2,   /* never fsync the WAL (the OS writes it back) */
+} lsm_sync;
+
+/* Compaction routing hook (HotRAP retention, later issue). Called for every
+ * record a compaction from from_level (>= 1) into from_level + 1 keeps;
+ * returns the level the record is written to: from_level + 1 (default) or
+ * from_level (retain it on the upper level). Any other value means
+ * from_level + 1. Runs on a compaction thread; must not call into the db. */
+typedef int (*lsm_route_fn)(void *arg, const lsm_rec *rec, int from_level);
+
+typedef struct lsm_opts {
+    const char *fast_dir;  /* FD directory (created if missing); required */
+    const char *slow_dir;  /* SD directory, NULL = every level on FD */
+    uint64_t fast_mb;      /* FD capacity used to size levels; default 1024 */
+    lsm_sync sync;         /* default LSM_SYNC_ALWAYS (0) */
+    unsigned sync_ms;      /* LSM_SYNC_BATCH period, default 5 */
+    unsigned block_size;   /* SST data block bytes, default 4096 */
+    unsigned l0_trigger;   /* L0 file count that triggers compaction, default 4 */
+    unsigned l0_stop;      /* lsm_flush waits while L0 has this many files, default 20 */
+    uint64_t file_mb;      /* target SST size for L1+, 0 = derived from fast_mb */
+    bool disable_io_uring; /* force the pread/pwrite path (tests, old kernels) */
+    unsigned compaction_threads; /* background compaction threads, default 1 */
+    bool no_auto_compaction;     /* only lsm_compact_all compacts (tests) */
+    lsm_route_fn route;          /* NULL = plain leveled compaction */
+    void *route_arg;
+} lsm_opts;
+
+/* Called by lsm_open for each WAL record not covered by an installed SST, in
+ * WAL order. rec and its key/value are valid only during the call (copy what
+ * you keep). A non-OK return aborts lsm_open with that error. */
+typedef kv_err (*lsm_replay_fn)(void *arg, const lsm_rec *rec);
+
+/* Fills o with the defaults above (fast_dir NULL). */
+void lsm_opts_default(lsm_opts *o);
+
+/* Opens (creating if needed) the LSM in o->fast_dir / o->slow_dir: reads
+ * CURRENT and the MANIFEST, truncates a torn WAL tail (logged), replays the
+ * unflushed WAL records through fn (may be NULL), starts the WAL and
+ * compaction threads. Returns KV_OK and *out; INVALID_ARGUMENT on bad
+ * options; DATA_LOSS (logged, naming the file) on a corrupt MANIFEST or SST
+ * footer; INTERNAL/UNAVAILABLE on I/O errors. On failure nothing is left
+ * open. Call once per directory (no locking across processes). */
+kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg);
+
+/* Stops background threads, fsyncs the WAL, closes files and frees db. Does
+ * not flush anything (the caller's memtable is recovered from the WAL on the
+ * next open). NULL is a no-op. No other call may run concurrently. */
+void lsm_close(lsm_db *db);
+
+/* Highest seqno seen: max over installed SSTs, replayed WAL records and
+ * records appended since. Seqnos are assigned by the caller; this tells it
+ * where to continue after lsm_open. */
+uint64_t lsm_last_seqno(lsm_db *db);
+
+/* Appends n records to the WAL as one atomic group (all or none survive a
+ * crash) and returns when they are durable per the sync mode; concurrent
+ * callers are group-committed (one write [+ fsync] for many callers).
+ * Returns RESOURCE_EXHAUSTED when the FD is full (nothing of this call is
+ * acknowledged; later calls may succeed once space is freed), INVALID_ARGUMENT
+ * for n == 0 or a bad record, INTERNAL on other I/O errors. recs are borrowed.
+ * Every record with seqno <= s must have returned from lsm_wal_append before
+ * lsm_flush(.., max_seqno = s) is called. */
+kv_err lsm_wal_append(lsm_db *db, const lsm_rec *recs, size_t n);
+
+/* Writes a sorted run (key ascending; for equal keys only the first, i.e.
+ * highest-seqno, record is kept) as an L0 SST on FD and installs it with a
+ * manifest edit that records max_seqno as flushed; then deletes WAL segments
+ * whose records all have seqno <= the flushed seqno. sorted must hold the
+ * newest record of every key written with a seqno in (previous flushed
+ * seqno, max_seqno] (tombstones included), and may hold nothing newer than
+ * max_seqno. n == 0 only advances the flushed seqno. Rotates the WAL to a new
+ * segment first, so lsm_wal_append may run concurrently. Blocks while L0 has
+ * l0_stop files (until compaction catches up). Returns INVALID_ARGUMENT if
+ * the run is not sorted or max_seqno is below the flushed seqno,
+ * RESOURCE_EXHAUSTED on ENOSPC (nothing installed, the WAL still holds the
+ * records), INTERNAL on I/O errors. recs are borrowed. Calls to lsm_flush are
+ * serialised internally. */
+kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno);
+
+/* Number of flushes installed since lsm_open (the node compares it before
+ * and after a read to avoid stale fills of the memory tier). */
+uint64_t lsm_flush_generation(lsm_db *db);
+
+/* Looks key up across all levels and fills *out with its newest record,
+ * which may be a DELETE tombstone or an expired PUT (the caller checks
+ * type and expire_at against its clock; lsm_get does not filter them).
+ * out->key and out->value are malloc'ed copies the caller releases with
+ * lsm_rec_free (value is NULL for a tombstone). *served says which volume
+ * the record came from. Returns KV_OK, NOT_FOUND (no record in any SST;
+ * *out untouched), DATA_LOSS when a block that may hold the key is corrupt
+ * (logged with the file name), INVALID_ARGUMENT for klen == 0. served may be
+ * NULL. */
+kv_err lsm_get(lsm_db *db, const void *key, size_t klen, lsm_rec *out, lsm_tier *served);
+
+/* Batch lookup: the block reads of all n keys are submitted together, level
+ * by level. For each i, errs[i] is what lsm_get would have returned and, on
+ * KV_OK, outs[i]/served[i] are filled as by lsm_get (served may be NULL).
+ * Returns KV_OK when the batch ran (see errs) or INVALID_ARGUMENT. */
+kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t *klens,
+                    lsm_rec *outs, lsm_tier *served, kv_err *errs);
+
+/* Frees the key and value of a record filled by lsm_get / lsm_multiget and
+ * zeroes them. NULL is a no-op. */
+void lsm_rec_free(lsm_rec *rec);
+
+typedef struct lsm_vol_stats {
+    uint64_t reads, read_bytes, writes, write_bytes, fsyncs;
+    uint64_t read_lat_ewma_ns, write_lat_ewma_ns;
+} lsm_vol_stats;
+
+typedef struct lsm_level_stats {
+    uint64_t files, bytes, target_bytes;
+    lsm_tier volume;
+} lsm_level_stats;
+
+typedef struct lsm_stats {
+    lsm_level_stats levels[LSM_MAX_LEVELS];
+    lsm_vol_stats fd, sd; /* sd is zero when there is no slow_dir */
+    uint64_t reads_fd, reads_sd;  /* records served per volume by get/multiget */
+    uint64_t user_bytes;          /* key+value bytes given to lsm_wal_append */
+    uint64_t wal_bytes, wal_fsyncs, wal_segments;
+    uint64_t flush_bytes, flushes;
+    uint64_t compact_read_bytes, compact_write_bytes, compactions;
+    double write_amp; /* (WAL + flush + compaction bytes written) / user_bytes */
+    uint64_t flushed_seqno, last_seqno, flush_generation;
+    bool io_uring; /* true when I/O goes through io_uring */
+} lsm_stats;
+
+/* Fills *out with a consistent-enough snapshot (counters are read one by
+ * one). Returns KV_OK. */
+kv_err lsm_stats_get(lsm_db *db, lsm_stats *out);
+
+/* Blocks until no compaction is running and no level needs one (scores < 1),
+ * or a background error stops compaction. Returns KV_OK, or the background
+ * error (e.g. RESOURCE_EXHAUSTED, DATA_LOSS). For tests and shutdown. */
+kv_err lsm_compact_wait_idle(lsm_db *db);
+
+/* Synchronously compacts every level into the next until all files sit in
+ * the deepest non-empty level (tombstones and expired records dropped there).
+ * Waits for background compactions first and blocks them meanwhile. Returns
+ * KV_OK or the first compaction error. For tests and admin. */
+kv_err lsm_compact_all(lsm_db *db);
+
+#endif
