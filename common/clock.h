@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-uint64_t kv_now_ns(void); /* CLOCK_MONOTONIC */
+uint64_t kv_now_ns(void);  /* CLOCK_MONOTONIC */
 uint64_t kv_wall_ms(void); /* CLOCK_REALTIME, milliseconds since the epoch */
 
 typedef struct kv_hlc {

@@ -210,10 +210,9 @@ kv_err kv_opts_parse(kv_optset *set, int argc, char **argv, int *npos, char *err
         }
         const char *val = eq ? eq + 1 : NULL;
         if (!val && set->opts[k].type == KV_OPT_BOOL) {
-            bool is_word = i + 1 < argc && (strcmp(argv[i + 1], "on") == 0 ||
-                                            strcmp(argv[i + 1], "off") == 0 ||
-                                            strcmp(argv[i + 1], "true") == 0 ||
-                                            strcmp(argv[i + 1], "false") == 0);
+            bool is_word = i + 1 < argc &&
+                           (strcmp(argv[i + 1], "on") == 0 || strcmp(argv[i + 1], "off") == 0 ||
+                            strcmp(argv[i + 1], "true") == 0 || strcmp(argv[i + 1], "false") == 0);
             val = is_word ? argv[++i] : "true";
         }
         if (!val) {

@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The RPC runtime shared by every hotkv binary: a gRPC-like layer over nng
+ * REQ/REP (DESIGN.md §3). A call is one nng message holding a kv.Envelope;
+ * the reply is an Envelope with the same id, a Status and a body.
+ *
+ * Server: worker threads each own one REP context and run handlers
+ * synchronously; methods are dispatched through a table by name. Deadlines
+ * are relative on the wire and absolute (CLOCK_MONOTONIC) in handlers; a
+ * handler that finishes past its deadline is answered DEADLINE_EXCEEDED.
+ * Malformed envelopes get INVALID_ARGUMENT, unknown methods UNIMPLEMENTED,
+ * wrong tokens UNAUTHENTICATED; the connection keeps serving in every case.
+ *
+ * Client: one REQ socket per peer (rpc_chan) with a pool of contexts for
+ * concurrency; nng's resend timer is off, so a call is sent at most once and
+ * only the caller retries (rpc_call_retry, for idempotent calls only).
+ */
+#ifndef KV_PROTO_RPC_H
+#define KV_PROTO_RPC_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/limits.h"
+#include "kv/kv_err.h"
+
+#define RPC_DEFAULT_DEADLINE_MS 5000u
+#define RPC_MAX_MESSAGE 256
+
+/* ---- server ------------------------------------------------------------ */
+
+typedef struct rpc_server rpc_server;
+
+/* What a handler sees of one call. The handler sets the reply with
+ * rpc_reply_msg() (or leaves it empty) and returns the status. */
+typedef struct rpc_ctx {
+    const char *method;
+    uint64_t map_epoch;   /* the caller's cluster-map epoch (0 = unknown) */
+    uint64_t deadline_ns; /* absolute, kv_now_ns() clock */
+    int worker;           /* index of the worker thread running the call */
+    void *user;           /* rpc_server_opts.user */
+    uint64_t reply_epoch; /* the replier's map epoch, stamped on the reply */
+    uint8_t *reply;       /* packed reply body (malloc'ed; the runtime frees it) */
+    size_t reply_len;
+    char message[RPC_MAX_MESSAGE]; /* status message for non-OK replies */
+} rpc_ctx;
+
+typedef kv_err (*rpc_handler_fn)(rpc_ctx *c, const uint8_t *body, size_t len);
+
+typedef struct rpc_method {
+    const char *name; /* "kv.Get", "admin.Ping", ... */
+    rpc_handler_fn fn;
+} rpc_method;
+
+typedef struct rpc_server_opts {
+    const char *url; /* "tcp://127.0.0.1:7001" */
+    const rpc_method *methods;
+    size_t nmethods;
+    unsigned workers;                             /* REP contexts / threads (default 8) */
+    const char *auth;                             /* required token, NULL or "" = auth off */
+    uint32_t default_deadline_ms;                 /* for requests with deadline_ms = 0 */
+    size_t recv_max;                              /* NNG_OPT_RECVMAXSZ (0 = from default limits) */
+    void *user;                                   /* handed to handlers and thread hooks */
+    void (*thread_start)(int worker, void *user); /* e.g. rcu_register_thread */
+    void (*thread_stop)(int worker, void *user);
+} rpc_server_opts;
+
+/* Listens on opts->url and starts the workers. On failure writes a message
+ * to err and returns UNAVAILABLE (address in use, bad URL) or another code.
+ * Call from one thread; the opts strings must outlive the server. */
+kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err, size_t errlen);
+/* Stops accepting new calls, lets calls in handlers finish and answer
+ * (bounded wait), then closes the socket and joins the workers. NULL is a
+ * no-op. Must not be called from a handler. */
+void rpc_server_close(rpc_server *s);
+
+/* The TCP port the server listens on (useful with "tcp://127.0.0.1:0"). */
+int rpc_server_port(const rpc_server *s);
+
+/* Packs msg into c->reply. Returns KV_OK or RESOURCE_EXHAUSTED. */
+kv_err rpc_reply_msg(rpc_ctx *c, const ProtobufCMessage *msg);
+/* Sets c->message (printf style) and returns code, for `return rpc_fail(...)`. */
+kv_err rpc_fail(rpc_ctx *c, kv_err code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Milliseconds left before c's deadline (0 when past it). */
+uint32_t rpc_ctx_remaining_ms(const rpc_ctx *c);
+
+/* ---- client ------------------------------------------------------------ */
+
+typedef struct rpc_chan rpc_chan;
+
+typedef struct rpc_chan_opts {
+    const char *auth;         /* token sent with every call (NULL = none) */
+    size_t recv_max;          /* 0 = from default limits */
+    uint32_t connect_wait_ms; /* how long a sync call waits for a first connection (default 300) */
+} rpc_chan_opts;
+
+/* A reply. body/message are malloc'ed and owned by whoever holds the reply;
+ * rpc_reply_free() releases them. body may be set for non-OK statuses too
+ * (FAILED_PRECONDITION carries the node's cluster map). */
+typedef struct rpc_reply {
+    kv_err status;
+    char *message; /* NULL or the status message */
+    uint8_t *body;
+    size_t len;
+    uint64_t map_epoch; /* the replier's map epoch */
+} rpc_reply;
+
+void rpc_reply_free(rpc_reply *r);
+
+/* Opens a REQ socket dialing url (asynchronously; reconnects forever). The
+ * opts strings are copied. Returns INVALID_ARGUMENT for a bad URL. */
+kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts);
+/* Closes the socket; pending async calls complete with CANCELLED before it
+ * returns. NULL is a no-op. Not from a completion callback. */
+void rpc_chan_close(rpc_chan *ch);
+const char *rpc_chan_url(const rpc_chan *ch);
+/* Number of live connections (0 = peer unreachable right now). */
+int rpc_chan_connected(const rpc_chan *ch);
+
+/* Completion callback: called exactly once per rpc_call_async, from an nng
+ * thread, with no runtime lock held; it must not block. It owns r's
+ * contents (call rpc_reply_free, or move the pointers out). */
+typedef void (*rpc_done_fn)(void *arg, rpc_reply *r);
+
+/* Sends method(req) with a relative deadline (0 = RPC_DEFAULT_DEADLINE_MS)
+ * and calls done(arg, reply) when the reply, an error or the deadline comes.
+ * Transport errors: UNAVAILABLE (no connection to the peer), DEADLINE_EXCEEDED,
+ * INVALID_ARGUMENT (request over recv_max), RESOURCE_EXHAUSTED. Thread-safe. */
+void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
+                    const ProtobufCMessage *req, uint32_t deadline_ms, rpc_done_fn done, void *arg);
+/* Same, blocking. Returns out->status; *out is always initialised and must be
+ * released with rpc_reply_free(). Thread-safe. */
+kv_err rpc_call(rpc_chan *ch, const char *method, uint64_t map_epoch, const ProtobufCMessage *req,
+                uint32_t deadline_ms, rpc_reply *out);
+/* rpc_call, retried on UNAVAILABLE with backoff until the deadline: only for
+ * idempotent methods (Get, admin reads, versioned replica writes). */
+kv_err rpc_call_retry(rpc_chan *ch, const char *method, uint64_t map_epoch,
+                      const ProtobufCMessage *req, uint32_t deadline_ms, rpc_reply *out);
+
+/* Maps an nng error number to kv_err (ETIMEDOUT -> DEADLINE_EXCEEDED, ...). */
+kv_err rpc_nng_err(int nng_rv);
+
+#endif
