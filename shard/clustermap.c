@@ -1,0 +1,525 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The cluster map: validation of kv.ClusterMap messages and `ID=ADDR[@W]`
+ * specs, the immutable reference-counted map with its ring, its wire
+ * encoding, and cmap_slot, the mutex-guarded pointer a process swaps when it
+ * learns a newer epoch. Validation happens once, when a map is built; every
+ * lookup afterwards is lock-free and allocation-free.
+ */
+#include "shard/clustermap.h"
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cmap {
+    _Atomic size_t refs;
+    uint64_t epoch;
+    unsigned rf;
+    unsigned vnodes;
+    size_t n;
+    cmap_node *nodes;
+    char *strings; /* one arena holding every id and address */
+    ring *ring;
+};
+
+struct cmap_slot {
+    pthread_mutex_t mu;
+    cmap *map;
+};
+
+static kv_err fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static kv_err fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return KV_INVALID_ARGUMENT;
+}
+
+/* Copies s into buf (≥ 72 bytes) for an error message: at most 64 bytes,
+ * non-printable bytes as '?', "..." when cut. */
+static const char *shown(const char *s, char *buf)
+{
+    size_t i = 0;
+    for (; s[i] != '\0' && i < 64; i++)
+        buf[i] = isprint((unsigned char)s[i]) ? s[i] : '?';
+    strcpy(buf + i, s[i] != '\0' ? "..." : "");
+    return buf;
+}
+
+static bool id_ok(const char *id)
+{
+    size_t len = strlen(id);
+    if (len == 0 || len > CMAP_MAX_ID)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)id[i];
+        if (!isalnum(c) && c != '.' && c != '_' && c != '-')
+            return false;
+    }
+    return true;
+}
+
+static bool span_ok(const char *p, const char *end, const char *extra)
+{
+    for (; p < end; p++)
+        if (!isalnum((unsigned char)*p) && strchr(extra, *p) == NULL)
+            return false;
+    return true;
+}
+
+/* tcp://host:port with host a DNS name, IPv4 address or [IPv6] address. */
+static bool addr_ok(const char *a)
+{
+    if (strlen(a) > CMAP_MAX_ADDR || strncmp(a, "tcp://", 6) != 0)
+        return false;
+    const char *h = a + 6, *colon;
+    if (*h == '[') {
+        const char *rb = strchr(h, ']');
+        if (rb == NULL || rb == h + 1 || rb[1] != ':' || !span_ok(h + 1, rb, ":."))
+            return false;
+        colon = rb + 1;
+    } else {
+        colon = strrchr(h, ':');
+        if (colon == NULL || colon == h || !span_ok(h, colon, ".-_"))
+            return false;
+    }
+    const char *port = colon + 1;
+    size_t plen = strlen(port);
+    if (plen == 0 || plen > 5)
+        return false;
+    for (size_t i = 0; i < plen; i++)
+        if (!isdigit((unsigned char)port[i]))
+            return false;
+    long v = strtol(port, NULL, 10);
+    return v >= 1 && v <= 65535;
+}
+
+static kv_err check_node(const Kv__NodeInfo *ni, size_t i, char *err, size_t errlen)
+{
+    char b1[72], b2[72];
+    if (ni == NULL || ni->id == NULL || ni->addr == NULL)
+        return fail(err, errlen, "node %zu: missing", i);
+    if (!id_ok(ni->id))
+        return fail(err, errlen,
+                    "node %zu: invalid id \"%s\" (want 1..%d characters of [A-Za-z0-9._-])", i,
+                    shown(ni->id, b1), CMAP_MAX_ID);
+    if (!addr_ok(ni->addr))
+        return fail(err, errlen,
+                    "node \"%s\": invalid address \"%s\" (want tcp://host:port, port 1..65535)",
+                    ni->id, shown(ni->addr, b2));
+    if (ni->weight > RING_MAX_WEIGHT)
+        return fail(err, errlen, "node \"%s\": weight %u out of range 1..%u", ni->id, ni->weight,
+                    RING_MAX_WEIGHT);
+    if ((unsigned)ni->state > (unsigned)CMAP_LEAVING)
+        return fail(err, errlen, "node \"%s\": unknown state %d", ni->id, (int)ni->state);
+    return KV_OK;
+}
+
+static int str_ptr_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Finds a duplicate among the id (or addr) strings of the nodes. Returns
+ * KV_OK when all are distinct, INVALID_ARGUMENT with *dup set otherwise. */
+static kv_err find_dup(Kv__NodeInfo *const *nodes, size_t n, bool addr, const char **dup)
+{
+    const char **s = malloc(n * sizeof *s);
+    if (s == NULL)
+        return KV_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; i < n; i++)
+        s[i] = addr ? nodes[i]->addr : nodes[i]->id;
+    qsort(s, n, sizeof *s, str_ptr_cmp);
+    kv_err rv = KV_OK;
+    for (size_t i = 1; i < n && rv == KV_OK; i++) {
+        if (strcmp(s[i - 1], s[i]) == 0) {
+            *dup = s[i];
+            rv = KV_INVALID_ARGUMENT;
+        }
+    }
+    free(s);
+    return rv;
+}
+
+static kv_err check_map(const Kv__ClusterMap *pb, char *err, size_t errlen)
+{
+    if (pb == NULL)
+        return fail(err, errlen, "cluster map missing");
+    if (pb->epoch < 1)
+        return fail(err, errlen, "cluster map epoch must be >= 1");
+    if (pb->n_nodes < 1 || pb->nodes == NULL)
+        return fail(err, errlen, "cluster map has no nodes");
+    if (pb->n_nodes > CMAP_MAX_NODES)
+        return fail(err, errlen, "cluster map has %zu nodes (max %d)", pb->n_nodes, CMAP_MAX_NODES);
+    if (pb->rf < 1 || pb->rf > pb->n_nodes)
+        return fail(err, errlen, "rf %u out of range 1..%zu (number of nodes)", pb->rf,
+                    pb->n_nodes);
+    if (pb->vnodes > RING_MAX_VNODES)
+        return fail(err, errlen, "vnodes %u out of range 0..%u", pb->vnodes, RING_MAX_VNODES);
+    uint64_t points = 0, vn = pb->vnodes ? pb->vnodes : RING_DEFAULT_VNODES;
+    for (size_t i = 0; i < pb->n_nodes; i++) {
+        kv_err rv = check_node(pb->nodes[i], i, err, errlen);
+        if (rv != KV_OK)
+            return rv;
+        points += vn * (pb->nodes[i]->weight ? pb->nodes[i]->weight : 1);
+    }
+    if (points > RING_MAX_POINTS)
+        return fail(err, errlen, "ring too large: %llu points (vnodes x total weight, max %u)",
+                    (unsigned long long)points, RING_MAX_POINTS);
+    const char *dup = NULL;
+    for (int a = 0; a < 2; a++) {
+        kv_err rv = find_dup(pb->nodes, pb->n_nodes, a == 1, &dup);
+        if (rv == KV_RESOURCE_EXHAUSTED)
+            return rv;
+        if (rv != KV_OK)
+            return fail(err, errlen, "duplicate node %s \"%s\"", a ? "address" : "id", dup);
+    }
+    return KV_OK;
+}
+
+static void map_free(cmap *m)
+{
+    ring_destroy(m->ring);
+    free(m->nodes);
+    free(m->strings);
+    free(m);
+}
+
+/* Copies the (validated) nodes of pb into m and builds the ring. */
+static kv_err map_fill(cmap *m, const Kv__ClusterMap *pb)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < m->n; i++)
+        bytes += strlen(pb->nodes[i]->id) + strlen(pb->nodes[i]->addr) + 2;
+    m->nodes = calloc(m->n, sizeof *m->nodes);
+    m->strings = malloc(bytes);
+    ring_node *rn = malloc(m->n * sizeof *rn);
+    if (m->nodes == NULL || m->strings == NULL || rn == NULL) {
+        free(rn);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    char *p = m->strings;
+    for (size_t i = 0; i < m->n; i++) {
+        const Kv__NodeInfo *ni = pb->nodes[i];
+        size_t il = strlen(ni->id) + 1, al = strlen(ni->addr) + 1;
+        m->nodes[i].id = memcpy(p, ni->id, il);
+        m->nodes[i].addr = memcpy(p + il, ni->addr, al);
+        p += il + al;
+        m->nodes[i].weight = ni->weight ? ni->weight : 1;
+        m->nodes[i].state = (cmap_state)ni->state;
+        rn[i] = (ring_node){m->nodes[i].id, m->nodes[i].weight};
+    }
+    kv_err rv = ring_create(&m->ring, rn, m->n, m->vnodes);
+    free(rn);
+    return rv;
+}
+
+kv_err cmap_from_pb(const Kv__ClusterMap *pb, cmap **out, char *err, size_t errlen)
+{
+    kv_err rv = check_map(pb, err, errlen);
+    if (rv != KV_OK)
+        return rv;
+    cmap *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return KV_RESOURCE_EXHAUSTED;
+    atomic_init(&m->refs, 1);
+    m->epoch = pb->epoch;
+    m->rf = pb->rf;
+    m->vnodes = pb->vnodes ? pb->vnodes : RING_DEFAULT_VNODES;
+    m->n = pb->n_nodes;
+    if ((rv = map_fill(m, pb)) != KV_OK) {
+        map_free(m);
+        if (rv == KV_INVALID_ARGUMENT) /* not expected after check_map */
+            fail(err, errlen, "cluster map rejected by the ring");
+        return rv;
+    }
+    *out = m;
+    return KV_OK;
+}
+
+kv_err cmap_decode(const uint8_t *buf, size_t len, cmap **out, char *err, size_t errlen)
+{
+    if (buf == NULL && len > 0)
+        return fail(err, errlen, "cluster map buffer missing");
+    Kv__ClusterMap *pb = kv__cluster_map__unpack(NULL, len, buf);
+    if (pb == NULL)
+        return fail(err, errlen, "malformed ClusterMap message (%zu bytes)", len);
+    kv_err rv = cmap_from_pb(pb, out, err, errlen);
+    kv__cluster_map__free_unpacked(pb, NULL);
+    return rv;
+}
+
+/* Fills pb (with nodes/ptrs arrays of m->n entries) from m; strings are
+ * borrowed from m, so pb must not be freed with free_unpacked. */
+static void pb_view(const cmap *m, Kv__ClusterMap *pb, Kv__NodeInfo *nodes, Kv__NodeInfo **ptrs)
+{
+    kv__cluster_map__init(pb);
+    pb->epoch = m->epoch;
+    pb->rf = m->rf;
+    pb->vnodes = m->vnodes;
+    pb->n_nodes = m->n;
+    pb->nodes = ptrs;
+    for (size_t i = 0; i < m->n; i++) {
+        kv__node_info__init(&nodes[i]);
+        nodes[i].id = (char *)m->nodes[i].id;
+        nodes[i].addr = (char *)m->nodes[i].addr;
+        nodes[i].weight = m->nodes[i].weight;
+        nodes[i].state = (Kv__NodeState)m->nodes[i].state;
+        ptrs[i] = &nodes[i];
+    }
+}
+
+kv_err cmap_encode(const cmap *m, uint8_t **buf, size_t *len)
+{
+    Kv__ClusterMap pb;
+    Kv__NodeInfo *nodes = malloc(m->n * sizeof *nodes);
+    Kv__NodeInfo **ptrs = malloc(m->n * sizeof *ptrs);
+    uint8_t *b = NULL;
+    if (nodes != NULL && ptrs != NULL) {
+        pb_view(m, &pb, nodes, ptrs);
+        size_t n = kv__cluster_map__get_packed_size(&pb);
+        if ((b = malloc(n)) != NULL) {
+            *len = kv__cluster_map__pack(&pb, b);
+            *buf = b;
+        }
+    }
+    free(nodes);
+    free(ptrs);
+    return b != NULL ? KV_OK : KV_RESOURCE_EXHAUSTED;
+}
+
+kv_err cmap_to_pb(const cmap *m, Kv__ClusterMap **out)
+{
+    Kv__ClusterMap *pb = malloc(sizeof *pb);
+    if (pb == NULL)
+        return KV_RESOURCE_EXHAUSTED;
+    kv__cluster_map__init(pb);
+    pb->epoch = m->epoch;
+    pb->rf = m->rf;
+    pb->vnodes = m->vnodes;
+    pb->nodes = calloc(m->n, sizeof *pb->nodes);
+    bool ok = pb->nodes != NULL;
+    for (size_t i = 0; ok && i < m->n; i++) {
+        Kv__NodeInfo *ni = malloc(sizeof *ni);
+        if ((ok = ni != NULL)) {
+            kv__node_info__init(ni);
+            pb->nodes[pb->n_nodes++] = ni;
+            /* A NULL string is skipped by free_unpacked, so a failed strdup is
+             * safe to leave in place. */
+            ni->id = strdup(m->nodes[i].id);
+            ni->addr = strdup(m->nodes[i].addr);
+            ni->weight = m->nodes[i].weight;
+            ni->state = (Kv__NodeState)m->nodes[i].state;
+            ok = ni->id != NULL && ni->addr != NULL;
+        }
+    }
+    if (!ok) {
+        kv__cluster_map__free_unpacked(pb, NULL);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    *out = pb;
+    return KV_OK;
+}
+
+/* Splits one `ID=ADDR[@WEIGHT]` word (modified in place) into ni. */
+static kv_err parse_word(char *w, const char *orig, Kv__NodeInfo *ni, char *err, size_t errlen)
+{
+    char b[72];
+    char *eq = strchr(w, '=');
+    if (eq == NULL || eq == w || eq[1] == '\0')
+        return fail(err, errlen, "node spec \"%s\": want ID=tcp://host:port[@WEIGHT]",
+                    shown(orig, b));
+    *eq = '\0';
+    ni->id = w;
+    ni->addr = eq + 1;
+    char *at = strrchr(ni->addr, '@');
+    if (at != NULL) {
+        *at = '\0';
+        char *end;
+        unsigned long v = strtoul(at + 1, &end, 10);
+        if (at[1] == '\0' || *end != '\0' || !isdigit((unsigned char)at[1]) || v < 1 ||
+            v > RING_MAX_WEIGHT)
+            return fail(err, errlen, "node spec \"%s\": weight must be 1..%u", shown(orig, b),
+                        RING_MAX_WEIGHT);
+        ni->weight = (uint32_t)v;
+    }
+    return KV_OK;
+}
+
+kv_err cmap_parse_spec(uint64_t epoch, unsigned rf, char *const *specs, int n, cmap **out,
+                       char *err, size_t errlen)
+{
+    if (n < 1 || specs == NULL)
+        return fail(err, errlen, "no nodes given (want ID=tcp://host:port[@WEIGHT] ...)");
+    if (n > CMAP_MAX_NODES)
+        return fail(err, errlen, "%d nodes given (max %d)", n, CMAP_MAX_NODES);
+    Kv__NodeInfo *nodes = calloc((size_t)n, sizeof *nodes);
+    Kv__NodeInfo **ptrs = calloc((size_t)n, sizeof *ptrs);
+    char **words = calloc((size_t)n, sizeof *words);
+    kv_err rv = nodes && ptrs && words ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    for (int i = 0; rv == KV_OK && i < n; i++) {
+        kv__node_info__init(&nodes[i]);
+        ptrs[i] = &nodes[i];
+        if ((words[i] = strdup(specs[i] ? specs[i] : "")) == NULL)
+            rv = KV_RESOURCE_EXHAUSTED;
+        else
+            rv = parse_word(words[i], specs[i] ? specs[i] : "", &nodes[i], err, errlen);
+    }
+    if (rv == KV_OK) {
+        Kv__ClusterMap pb;
+        kv__cluster_map__init(&pb);
+        pb.epoch = epoch;
+        pb.rf = rf;
+        pb.n_nodes = (size_t)n;
+        pb.nodes = ptrs;
+        rv = cmap_from_pb(&pb, out, err, errlen);
+    }
+    for (int i = 0; words != NULL && i < n; i++)
+        free(words[i]);
+    free(words);
+    free(ptrs);
+    free(nodes);
+    return rv;
+}
+
+cmap *cmap_ref(cmap *m)
+{
+    atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+    return m;
+}
+
+void cmap_unref(cmap *m)
+{
+    /* acq_rel: the last holder sees every other holder's reads finished. */
+    if (m != NULL && atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1)
+        map_free(m);
+}
+
+void cmap_destroy(cmap *m)
+{
+    cmap_unref(m);
+}
+
+uint64_t cmap_epoch(const cmap *m)
+{
+    return m->epoch;
+}
+
+unsigned cmap_rf(const cmap *m)
+{
+    return m->rf;
+}
+
+unsigned cmap_vnodes(const cmap *m)
+{
+    return m->vnodes;
+}
+
+size_t cmap_node_count(const cmap *m)
+{
+    return m->n;
+}
+
+const cmap_node *cmap_node_at(const cmap *m, size_t i)
+{
+    return &m->nodes[i];
+}
+
+const ring *cmap_ring(const cmap *m)
+{
+    return m->ring;
+}
+
+size_t cmap_replicas(const cmap *m, const void *key, size_t klen, uint32_t *idx_out)
+{
+    return ring_replicas(m->ring, key, klen, m->rf, idx_out);
+}
+
+uint32_t cmap_owner(const cmap *m, const void *key, size_t klen)
+{
+    return ring_owner(m->ring, key, klen);
+}
+
+int cmap_find(const cmap *m, const char *id)
+{
+    for (size_t i = 0; id != NULL && i < m->n; i++)
+        if (strcmp(m->nodes[i].id, id) == 0)
+            return (int)i;
+    return -1;
+}
+
+int cmap_find_addr(const cmap *m, const char *addr)
+{
+    for (size_t i = 0; addr != NULL && i < m->n; i++)
+        if (strcmp(m->nodes[i].addr, addr) == 0)
+            return (int)i;
+    return -1;
+}
+
+const char *cmap_state_name(cmap_state s)
+{
+    static const char *const names[] = {"UP", "DOWN", "JOINING", "LEAVING"};
+    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
+}
+
+kv_err cmap_slot_create(cmap_slot **out)
+{
+    cmap_slot *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return KV_RESOURCE_EXHAUSTED;
+    pthread_mutex_init(&s->mu, NULL);
+    *out = s;
+    return KV_OK;
+}
+
+void cmap_slot_destroy(cmap_slot *s)
+{
+    if (s == NULL)
+        return;
+    cmap_unref(s->map);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+cmap *cmap_slot_get(cmap_slot *s)
+{
+    pthread_mutex_lock(&s->mu);
+    cmap *m = s->map ? cmap_ref(s->map) : NULL;
+    pthread_mutex_unlock(&s->mu);
+    return m;
+}
+
+uint64_t cmap_slot_epoch(cmap_slot *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t e = s->map ? s->map->epoch : 0;
+    pthread_mutex_unlock(&s->mu);
+    return e;
+}
+
+kv_err cmap_slot_install(cmap_slot *s, cmap *m)
+{
+    cmap *old = NULL;
+    kv_err rv = KV_FAILED_PRECONDITION;
+    pthread_mutex_lock(&s->mu);
+    if (s->map == NULL || m->epoch > s->map->epoch) {
+        old = s->map;
+        s->map = cmap_ref(m);
+        rv = KV_OK;
+    }
+    pthread_mutex_unlock(&s->mu);
+    cmap_unref(old); /* outside the lock: may free */
+    return rv;
+}

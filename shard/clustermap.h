@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The versioned cluster map (DESIGN.md §4): {epoch, rf, vnodes, nodes[{id,
+ * addr, weight, state}]} plus the consistent-hashing ring built from it. A
+ * map is validated when it is built (from protobuf, wire bytes or `ID=ADDR`
+ * specs) and immutable afterwards, so any number of threads may read it
+ * without locks. Every node, whatever its state, keeps its place in the ring
+ * (a DOWN node is never ejected; states are for the router to act on).
+ *
+ * Lifetime: a map is reference counted (atomic). It is created with one
+ * reference; cmap_ref() takes another, cmap_unref()/cmap_destroy() drop one,
+ * the last drop frees it. A reader that uses a map beyond the statement that
+ * fetched it must hold a reference. To publish a map that other threads swap
+ * and read, use a cmap_slot: cmap_slot_get() returns the current map with a
+ * new reference, so a refresh can install a newer map while readers finish
+ * with the old one.
+ */
+#ifndef KV_SHARD_CLUSTERMAP_H
+#define KV_SHARD_CLUSTERMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/kv_err.h"
+#include "proto/kv.pb-c.h"
+#include "shard/ring.h"
+
+#define CMAP_MAX_ID 64    /* bytes of a node id, [A-Za-z0-9._-] */
+#define CMAP_MAX_ADDR 256 /* bytes of a node address, tcp://host:port */
+#define CMAP_MAX_NODES 4096
+
+/* Same numbers as kv.NodeState. */
+typedef enum cmap_state {
+    CMAP_UP = 0,
+    CMAP_DOWN = 1,
+    CMAP_JOINING = 2,
+    CMAP_LEAVING = 3,
+} cmap_state;
+
+/* A read-only view of one node; strings live as long as the map. */
+typedef struct cmap_node {
+    const char *id;
+    const char *addr;
+    uint32_t weight; /* 1..1000 */
+    cmap_state state;
+} cmap_node;
+
+typedef struct cmap cmap;
+
+/* Builds a map from a decoded ClusterMap, validating it: epoch >= 1, at least
+ * one node (at most CMAP_MAX_NODES), 1 <= rf <= node count, ids non-empty,
+ * unique, at most 64 bytes of [A-Za-z0-9._-], addresses unique and of the
+ * form tcp://host:port (host a name, IPv4 or [IPv6], port 1..65535), weight
+ * 1..1000 (0 means 1), a known state, vnodes 0..1024 (0 means 128). On
+ * failure returns INVALID_ARGUMENT (RESOURCE_EXHAUSTED when out of memory),
+ * writes a message naming the problem to err (if errlen > 0) and leaves *out
+ * untouched. On success *out holds one reference owned by the caller; the
+ * map copies everything it needs from pb. Thread-safe. */
+kv_err cmap_from_pb(const Kv__ClusterMap *pb, cmap **out, char *err, size_t errlen);
+
+/* Decodes a serialized kv.ClusterMap and validates it as cmap_from_pb does.
+ * Malformed bytes give INVALID_ARGUMENT. Thread-safe. */
+kv_err cmap_decode(const uint8_t *buf, size_t len, cmap **out, char *err, size_t errlen);
+
+/* Serializes the map as a kv.ClusterMap into a malloc'ed buffer: on success
+ * *buf (caller frees with free()) and *len are written. Returns
+ * RESOURCE_EXHAUSTED when out of memory. Thread-safe. */
+kv_err cmap_encode(const cmap *m, uint8_t **buf, size_t *len);
+
+/* Builds a heap-allocated kv.ClusterMap equal to the map (vnodes written
+ * explicitly), e.g. to embed in a GetMapReply. The caller frees it with
+ * kv__cluster_map__free_unpacked(pb, NULL). Thread-safe. */
+kv_err cmap_to_pb(const cmap *m, Kv__ClusterMap **out);
+
+/* Parses `ID=ADDR` or `ID=ADDR@WEIGHT` words (kvctl cluster init --rf N
+ * ID=ADDR ...) into a map with the given epoch and rf, every node UP and
+ * vnodes 128, then validates it as cmap_from_pb does. Errors name the word. */
+kv_err cmap_parse_spec(uint64_t epoch, unsigned rf, char *const *specs, int n, cmap **out,
+                       char *err, size_t errlen);
+
+/* Returns m after taking a reference. Thread-safe. */
+cmap *cmap_ref(cmap *m);
+/* Drops a reference; the last one frees the map. NULL is a no-op.
+ * Thread-safe. */
+void cmap_unref(cmap *m);
+/* Same as cmap_unref: drops the creator's reference. */
+void cmap_destroy(cmap *m);
+
+/* Accessors; thread-safe. cmap_node_at(m, i) requires i < cmap_node_count. */
+uint64_t cmap_epoch(const cmap *m);
+unsigned cmap_rf(const cmap *m);
+unsigned cmap_vnodes(const cmap *m);
+size_t cmap_node_count(const cmap *m);
+const cmap_node *cmap_node_at(const cmap *m, size_t i);
+/* The ring over the map's nodes (index i = node i); lives as long as m. */
+const ring *cmap_ring(const cmap *m);
+
+/* Writes the indices of the min(rf, n) replicas of key to idx_out, owner
+ * first, and returns that count; idx_out needs room for cmap_rf(m) entries.
+ * Thread-safe, allocation-free. */
+size_t cmap_replicas(const cmap *m, const void *key, size_t klen, uint32_t *idx_out);
+/* Index of the key's primary owner. */
+uint32_t cmap_owner(const cmap *m, const void *key, size_t klen);
+
+/* Index of the node with this id / address, or -1. Thread-safe. */
+int cmap_find(const cmap *m, const char *id);
+int cmap_find_addr(const cmap *m, const char *addr);
+
+/* Returns the name of a state ("UP", "DOWN", "JOINING", "LEAVING", "?"). */
+const char *cmap_state_name(cmap_state s);
+
+/* ---- cmap_slot: the current map of a process, swapped on refresh ---- */
+
+typedef struct cmap_slot cmap_slot;
+
+/* Creates an empty slot. Returns RESOURCE_EXHAUSTED when out of memory. */
+kv_err cmap_slot_create(cmap_slot **out);
+/* Drops the slot's reference to its map and frees the slot; NULL is a no-op.
+ * No other thread may use the slot any more. */
+void cmap_slot_destroy(cmap_slot *s);
+/* Returns the current map with a new reference the caller must drop with
+ * cmap_unref, or NULL when no map is installed. Thread-safe (a short mutex
+ * held only to load the pointer and take the reference). */
+cmap *cmap_slot_get(cmap_slot *s);
+/* Epoch of the current map, 0 when none. Thread-safe. */
+uint64_t cmap_slot_epoch(cmap_slot *s);
+/* Installs m (taking its own reference) if the slot is empty or m's epoch is
+ * newer than the current map's; the old map is unreferenced. Returns
+ * FAILED_PRECONDITION, installing nothing, when m is not newer. The caller
+ * keeps its own reference either way. Thread-safe. */
+kv_err cmap_slot_install(cmap_slot *s, cmap *m);
+
+#endif
