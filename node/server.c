@@ -1,0 +1,451 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvnode RPC handlers: kv.Get/Put/Delete/Batch over the engine, and the
+ * admin.* methods (Ping, Stats, GetMap, SetMap). Every request is validated
+ * against the limits and the node's cluster map before it touches the
+ * engine: a key the node holds no replica of, or a caller with a stale map
+ * epoch, gets FAILED_PRECONDITION with the node's map in the reply body.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "node/node.h"
+#include "proto/statlist.h"
+#include "proto/kv.pb-c.h"
+
+#define MAP_FILE "cluster.map"
+
+/* ---- cluster map ------------------------------------------------------- */
+
+/* Fails the call with FAILED_PRECONDITION and the node's map as the body. */
+static kv_err fail_with_map(rpc_ctx *c, cmap *m, const char *why)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (cmap_encode(m, &buf, &len) == KV_OK) {
+        free(c->reply);
+        c->reply = buf;
+        c->reply_len = len;
+    }
+    return rpc_fail(c, KV_FAILED_PRECONDITION, "%s", why);
+}
+
+/* The node's map for this call (NULL = no map: serve every key). Fails the
+ * call when the caller's epoch is stale. On KV_OK the caller unrefs *out. */
+static kv_err call_map(node *n, rpc_ctx *c, cmap **out)
+{
+    cmap *m = cmap_slot_get(n->maps);
+    *out = m;
+    if (!m)
+        return KV_OK;
+    c->reply_epoch = cmap_epoch(m);
+    if (c->map_epoch && c->map_epoch < cmap_epoch(m)) {
+        char why[128];
+        snprintf(why, sizeof(why), "stale map epoch %llu (node has %llu)",
+                 (unsigned long long)c->map_epoch, (unsigned long long)cmap_epoch(m));
+        kv_err rv = fail_with_map(c, m, why);
+        cmap_unref(m);
+        *out = NULL;
+        return rv;
+    }
+    return KV_OK;
+}
+
+static bool holds_replica(node *n, cmap *m, const void *key, size_t klen)
+{
+    if (!m)
+        return true;
+    int self = cmap_find(m, n->cfg.id);
+    if (self < 0)
+        return false;
+    uint32_t idx[16];
+    size_t k = cmap_replicas(m, key, klen, idx);
+    for (size_t i = 0; i < k; i++)
+        if (idx[i] == (uint32_t)self)
+            return true;
+    return false;
+}
+
+static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData *key)
+{
+    kv_err rv = kv_check_key(&n->cfg.limits, key->len, c->message, sizeof(c->message));
+    if (rv != KV_OK)
+        return rv;
+    if (!holds_replica(n, m, key->data, key->len)) {
+        char why[160];
+        snprintf(why, sizeof(why), "node %s holds no replica of this key (map epoch %llu)",
+                 n->cfg.id, (unsigned long long)cmap_epoch(m));
+        return fail_with_map(c, m, why);
+    }
+    return KV_OK;
+}
+
+/* ---- kv.* -------------------------------------------------------------- */
+
+#define UNPACK_OR_FAIL(var, type, fn, c, body, len)                                                \
+    type *var = fn(NULL, len, body);                                                               \
+    if (!var)                                                                                      \
+        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed " #type " body");
+
+static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    UNPACK_OR_FAIL(req, Kv__GetRequest, kv__get_request__unpack, c, body, len);
+    cmap *m;
+    kv_err rv = call_map(n, c, &m);
+    if (rv == KV_OK)
+        rv = check_key(n, c, m, &req->key);
+    engine_result r = {0};
+    if (rv == KV_OK)
+        rv = engine_get(n->eng, req->key.data, req->key.len, &r);
+    if (rv == KV_OK) {
+        Kv__GetReply rep = KV__GET_REPLY__INIT;
+        rep.found = r.found;
+        rep.value.data = r.val;
+        rep.value.len = r.vlen;
+        rep.version = r.version;
+        rv = rpc_reply_msg(c, &rep.base);
+        free(r.val);
+    }
+    cmap_unref(m);
+    kv__get_request__free_unpacked(req, NULL);
+    return rv;
+}
+
+static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    UNPACK_OR_FAIL(req, Kv__PutRequest, kv__put_request__unpack, c, body, len);
+    cmap *m;
+    kv_err rv = call_map(n, c, &m);
+    if (rv == KV_OK)
+        rv = check_key(n, c, m, &req->key);
+    if (rv == KV_OK)
+        rv = kv_check_value(&n->cfg.limits, req->value.len, c->message, sizeof(c->message));
+    engine_result r = {0};
+    if (rv == KV_OK) {
+        engine_write w = {.key = req->key.data,
+                          .klen = req->key.len,
+                          .val = req->value.data,
+                          .vlen = req->value.len,
+                          .version = req->version,
+                          .ttl_ms = req->ttl_ms,
+                          .if_version = req->if_version,
+                          .if_absent = req->if_absent};
+        rv = engine_write_one(n->eng, &w, &r, c->message, sizeof(c->message));
+    }
+    if (rv == KV_OK) {
+        Kv__PutReply rep = KV__PUT_REPLY__INIT;
+        rep.version = r.version;
+        rv = rpc_reply_msg(c, &rep.base);
+    }
+    cmap_unref(m);
+    kv__put_request__free_unpacked(req, NULL);
+    return rv;
+}
+
+static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    UNPACK_OR_FAIL(req, Kv__DeleteRequest, kv__delete_request__unpack, c, body, len);
+    cmap *m;
+    kv_err rv = call_map(n, c, &m);
+    if (rv == KV_OK)
+        rv = check_key(n, c, m, &req->key);
+    engine_result r = {0};
+    if (rv == KV_OK) {
+        engine_write w = {.key = req->key.data,
+                          .klen = req->key.len,
+                          .version = req->version,
+                          .if_version = req->if_version,
+                          .is_delete = true};
+        rv = engine_write_one(n->eng, &w, &r, c->message, sizeof(c->message));
+    }
+    if (rv == KV_OK) {
+        Kv__DeleteReply rep = KV__DELETE_REPLY__INIT;
+        rep.existed = r.found;
+        rv = rpc_reply_msg(c, &rep.base);
+    }
+    cmap_unref(m);
+    kv__delete_request__free_unpacked(req, NULL);
+    return rv;
+}
+
+/* Runs one batch op into res (its status, found, value, version). The
+ * batch-level map check already happened; per-op errors stay per op. */
+static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__Status *st,
+                     uint64_t dflt_version)
+{
+    static char *const none = "";
+    rpc_ctx tmp = {0};
+    engine_result r = {0};
+    kv_err rv = check_key(n, &tmp, m, &op->key);
+    free(tmp.reply);
+    if (rv == KV_OK && op->type == KV__OP_TYPE__GET) {
+        rv = engine_get(n->eng, op->key.data, op->key.len, &r);
+    } else if (rv == KV_OK) {
+        bool del = op->type == KV__OP_TYPE__DELETE;
+        if (!del)
+            rv = kv_check_value(&n->cfg.limits, op->value.len, tmp.message, sizeof(tmp.message));
+        engine_write w = {.key = op->key.data,
+                          .klen = op->key.len,
+                          .val = op->value.data,
+                          .vlen = op->value.len,
+                          .version = op->version ? op->version : dflt_version,
+                          .ttl_ms = op->ttl_ms,
+                          .is_delete = del};
+        if (rv == KV_OK)
+            rv = engine_write_one(n->eng, &w, &r, tmp.message, sizeof(tmp.message));
+    }
+    st->code = (int32_t)rv;
+    st->message = rv == KV_OK ? none : strdup(tmp.message);
+    res->status = st;
+    res->found = r.found;
+    res->value.data = r.val;
+    res->value.len = r.vlen;
+    res->version = r.version;
+}
+
+static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *req,
+                          uint64_t version)
+{
+    size_t k = req->n_ops;
+    Kv__OpResult *res = calloc(k, sizeof(*res));
+    Kv__OpResult **ptrs = calloc(k, sizeof(*ptrs));
+    Kv__Status *sts = calloc(k, sizeof(*sts));
+    kv_err rv = KV_OK;
+    if (!res || !ptrs || !sts)
+        rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory for %zu batch results", k);
+    for (size_t i = 0; rv == KV_OK && i < k; i++) {
+        kv__op_result__init(&res[i]);
+        kv__status__init(&sts[i]);
+        ptrs[i] = &res[i];
+        batch_op(n, m, req->ops[i], &res[i], &sts[i], version);
+    }
+    if (rv == KV_OK) {
+        Kv__BatchReply rep = KV__BATCH_REPLY__INIT;
+        rep.n_results = k;
+        rep.results = ptrs;
+        rv = rpc_reply_msg(c, &rep.base);
+    }
+    for (size_t i = 0; res && sts && i < k; i++) {
+        free(res[i].value.data);
+        if (sts[i].message && *sts[i].message)
+            free(sts[i].message);
+    }
+    free(res);
+    free(ptrs);
+    free(sts);
+    return rv;
+}
+
+static kv_err h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    UNPACK_OR_FAIL(req, Kv__BatchRequest, kv__batch_request__unpack, c, body, len);
+    kv_err rv = kv_check_batch(&n->cfg.limits, req->n_ops, len, c->message, sizeof(c->message));
+    cmap *m = NULL;
+    if (rv == KV_OK)
+        rv = call_map(n, c, &m);
+    if (rv == KV_OK) /* one version for the whole batch's writes, as a coordinator would */
+        rv = batch_reply(c, n, m, req, kv_hlc_now(engine_hlc(n->eng)));
+    cmap_unref(m);
+    kv__batch_request__free_unpacked(req, NULL);
+    return rv;
+}
+
+/* ---- admin.* ----------------------------------------------------------- */
+
+static kv_err h_ping(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    Kv__PingReply rep = KV__PING_REPLY__INIT;
+    rep.id = n->cfg.id;
+    rep.role = "node";
+    rep.map_epoch = cmap_slot_epoch(n->maps);
+    rep.uptime_ms = (kv_now_ns() - n->started_ns) / 1000000ull;
+    c->reply_epoch = rep.map_epoch;
+    return rpc_reply_msg(c, &rep.base);
+}
+
+static kv_err h_get_map(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    Kv__GetMapReply rep = KV__GET_MAP_REPLY__INIT;
+    cmap *m = cmap_slot_get(n->maps);
+    Kv__ClusterMap *pb = NULL;
+    if (m && cmap_to_pb(m, &pb) != KV_OK) {
+        cmap_unref(m);
+        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory encoding the map");
+    }
+    rep.has_map = m != NULL;
+    rep.map = pb;
+    c->reply_epoch = m ? cmap_epoch(m) : 0;
+    kv_err rv = rpc_reply_msg(c, &rep.base);
+    if (pb)
+        kv__cluster_map__free_unpacked(pb, NULL);
+    cmap_unref(m);
+    return rv;
+}
+
+/* Writes the map to DATA_DIR/cluster.map atomically (tmp + fsync + rename). */
+static kv_err persist_map(node *n, const cmap *m, char *err, size_t errlen)
+{
+    uint8_t *buf;
+    size_t len;
+    char path[4096], tmp[4200];
+    if (cmap_encode(m, &buf, &len) != KV_OK)
+        return KV_RESOURCE_EXHAUSTED;
+    snprintf(path, sizeof(path), "%s/%s", n->cfg.data_dir, MAP_FILE);
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    bool ok = fd >= 0 && write(fd, buf, len) == (ssize_t)len && fsync(fd) == 0;
+    if (fd >= 0)
+        close(fd);
+    ok = ok && rename(tmp, path) == 0;
+    free(buf);
+    if (!ok) {
+        snprintf(err, errlen, "cannot persist the cluster map to %s: %s", path, strerror(errno));
+        return KV_INTERNAL;
+    }
+    return KV_OK;
+}
+
+static kv_err h_set_map(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    UNPACK_OR_FAIL(req, Kv__SetMapRequest, kv__set_map_request__unpack, c, body, len);
+    cmap *m = NULL;
+    kv_err rv = req->map ? cmap_from_pb(req->map, &m, c->message, sizeof(c->message))
+                         : rpc_fail(c, KV_INVALID_ARGUMENT, "SetMap without a map");
+    if (rv == KV_OK && cmap_find(m, n->cfg.id) < 0)
+        rv = rpc_fail(c, KV_FAILED_PRECONDITION, "node id '%s' is not in the map", n->cfg.id);
+    if (rv == KV_OK && req->only_if_empty && cmap_slot_epoch(n->maps) != 0)
+        rv = rpc_fail(c, KV_ALREADY_EXISTS, "node %s already has a cluster map (epoch %llu)",
+                      n->cfg.id, (unsigned long long)cmap_slot_epoch(n->maps));
+    if (rv == KV_OK && cmap_epoch(m) <= cmap_slot_epoch(n->maps))
+        rv = rpc_fail(c, KV_FAILED_PRECONDITION, "map epoch %llu is not newer than %llu",
+                      (unsigned long long)cmap_epoch(m),
+                      (unsigned long long)cmap_slot_epoch(n->maps));
+    if (rv == KV_OK)
+        rv = persist_map(n, m, c->message, sizeof(c->message));
+    if (rv == KV_OK && (rv = cmap_slot_install(n->maps, m)) == KV_OK) {
+        KV_INFO("node", "installed cluster map epoch %llu (rf %u, %zu nodes)",
+                (unsigned long long)cmap_epoch(m), cmap_rf(m), cmap_node_count(m));
+        Kv__SetMapReply rep = KV__SET_MAP_REPLY__INIT;
+        rep.epoch = cmap_epoch(m);
+        c->reply_epoch = rep.epoch;
+        rv = rpc_reply_msg(c, &rep.base);
+    }
+    cmap_unref(m);
+    kv__set_map_request__free_unpacked(req, NULL);
+    return rv;
+}
+
+static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    UNPACK_OR_FAIL(req, Kv__StatsRequest, kv__stats_request__unpack, c, body, len);
+    if (req->node_id && *req->node_id && strcmp(req->node_id, n->cfg.id) != 0) {
+        kv__stats_request__free_unpacked(req, NULL);
+        return rpc_fail(c, KV_FAILED_PRECONDITION,
+                        "this is node %s; ask a router for another node's stats", n->cfg.id);
+    }
+    rpc_statlist sl;
+    rpc_stats_init(&sl);
+    node_collect_stats(n, &sl, req->verbose);
+    Kv__StatsReply rep = KV__STATS_REPLY__INIT;
+    rep.id = n->cfg.id;
+    rep.role = "node";
+    rep.n_stats = sl.n;
+    rep.stats = sl.ptrs;
+    kv_err rv = sl.oom ? rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory for stats")
+                       : rpc_reply_msg(c, &rep.base);
+    rpc_stats_free(&sl);
+    kv__stats_request__free_unpacked(req, NULL);
+    return rv;
+}
+
+static const rpc_method node_methods[] = {
+    {"kv.Get", h_get},           {"kv.Put", h_put},           {"kv.Delete", h_delete},
+    {"kv.Batch", h_batch},       {"admin.Ping", h_ping},      {"admin.Stats", h_stats},
+    {"admin.GetMap", h_get_map}, {"admin.SetMap", h_set_map},
+};
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+static kv_err load_map(node *n, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", n->cfg.data_dir, MAP_FILE);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errno == ENOENT ? KV_OK : KV_INTERNAL;
+    uint8_t buf[1 << 16];
+    size_t len = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    cmap *m = NULL;
+    char why[256];
+    kv_err rv = cmap_decode(buf, len, &m, why, sizeof(why));
+    if (rv != KV_OK) {
+        snprintf(err, errlen, "%s is damaged: %s", path, why);
+        return KV_DATA_LOSS;
+    }
+    rv = cmap_slot_install(n->maps, m);
+    KV_INFO("node", "loaded cluster map epoch %llu from %s", (unsigned long long)cmap_epoch(m),
+            path);
+    cmap_unref(m);
+    return rv;
+}
+
+static void worker_start(int worker, void *user)
+{
+    engine_thread_register();
+}
+
+static void worker_stop(int worker, void *user)
+{
+    engine_thread_unregister();
+}
+
+kv_err node_start(node *n, char *err, size_t errlen)
+{
+    kv_err rv;
+    n->started_ns = kv_now_ns();
+    if (mkdir(n->cfg.data_dir, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "cannot create --data-dir %s: %s", n->cfg.data_dir, strerror(errno));
+        return KV_INVALID_ARGUMENT;
+    }
+    if ((rv = cmap_slot_create(&n->maps)) != KV_OK || (rv = load_map(n, err, errlen)) != KV_OK)
+        return rv;
+    engine_opts eo = {.mem_mb = (size_t)n->cfg.mem_mb};
+    if ((rv = engine_open(&n->eng, &eo, err, errlen)) != KV_OK)
+        return rv;
+    rpc_server_opts ro = {.url = n->cfg.listen,
+                          .methods = node_methods,
+                          .nmethods = sizeof(node_methods) / sizeof(node_methods[0]),
+                          .workers = (unsigned)n->cfg.workers,
+                          .auth = n->cfg.auth,
+                          .recv_max = kv_limits_recv_max(&n->cfg.limits),
+                          .user = n,
+                          .thread_start = worker_start,
+                          .thread_stop = worker_stop};
+    return rpc_server_open(&n->rpc, &ro, err, errlen);
+}
+
+void node_stop(node *n)
+{
+    rpc_server_close(n->rpc);
+    n->rpc = NULL;
+    engine_close(n->eng);
+    n->eng = NULL;
+    cmap_slot_destroy(n->maps);
+    n->maps = NULL;
+}

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * admin.Stats for kvnode: the names are a stable interface (kvctl status and
+ * the tests read them), so add names, never rename them.
+ */
+#include "common/clock.h"
+#include "node/node.h"
+
+void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
+{
+    engine_stats es;
+    engine_get_stats(n->eng, &es);
+    rpc_stats_add(l, "uptime_ms", "%llu",
+                  (unsigned long long)((kv_now_ns() - n->started_ns) / 1000000ull));
+    rpc_stats_add(l, "map_epoch", "%llu", (unsigned long long)cmap_slot_epoch(n->maps));
+    rpc_stats_add(l, "durability", "%s", engine_durability(n->eng));
+    rpc_stats_add(l, "keys", "%llu", (unsigned long long)es.items);
+    rpc_stats_add(l, "mem_bytes", "%llu", (unsigned long long)es.mem_bytes);
+    rpc_stats_add(l, "mem_limit_bytes", "%llu", (unsigned long long)es.mem_limit);
+    rpc_stats_add(l, "gets", "%llu", (unsigned long long)es.gets);
+    rpc_stats_add(l, "puts", "%llu", (unsigned long long)es.puts);
+    rpc_stats_add(l, "deletes", "%llu", (unsigned long long)es.deletes);
+    if (!verbose)
+        return;
+    double reads = es.index_reads ? (double)es.index_reads : 1.0;
+    rpc_stats_add(l, "index.buckets", "%llu", (unsigned long long)es.index_buckets);
+    rpc_stats_add(l, "index.reads", "%llu", (unsigned long long)es.index_reads);
+    rpc_stats_add(l, "index.visited_per_read", "%.3f", (double)es.index_visited / reads);
+    rpc_stats_add(l, "index.head_hit", "%.4f", (double)es.index_head_hits / reads);
+    rpc_stats_add(l, "index.head_moves", "%llu", (unsigned long long)es.index_head_moves);
+    rpc_stats_add(l, "index.sample_rounds", "%llu", (unsigned long long)es.index_sample_rounds);
+    rpc_stats_add(l, "index.rehashes", "%llu", (unsigned long long)es.index_rehashes);
+}

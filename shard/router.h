@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvrouter internals. The router is stateless: its cluster map comes from
+ * the nodes (admin.GetMap) and is swapped whole on refresh. Each node
+ * address has one rpc_chan (one REQ socket, a pool of contexts), created on
+ * first use and kept for the router's life, so a map refresh never drops
+ * connections.
+ */
+#ifndef KV_SHARD_ROUTER_H
+#define KV_SHARD_ROUTER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/clock.h"
+#include "common/limits.h"
+#include "proto/kv.pb-c.h"
+#include "proto/rpc.h"
+#include "shard/clustermap.h"
+
+#define ROUTER_MAX_RF 16
+
+typedef struct router_config {
+    char *listen;
+    char *seeds; /* comma-separated node RPC addresses */
+    char *auth;
+    long workers;
+    long refresh_ms;
+    kv_limits limits;
+} router_config;
+
+typedef struct router_peer {
+    char *addr;
+    rpc_chan *chan;
+} router_peer;
+
+typedef struct router {
+    router_config cfg;
+    cmap_slot *maps;
+    kv_hlc hlc;
+    pthread_mutex_t peers_mu; /* protects peers/npeers (append-only) */
+    router_peer *peers;
+    size_t npeers, cap;
+    rpc_server *rpc;
+    pthread_t refresher;
+    bool refresher_started;
+    atomic_bool stopping;
+    uint64_t started_ns;
+    _Atomic uint64_t requests, forwards, forward_errors, map_refreshes;
+} router;
+
+/* The channel for a node address (created on first use). NULL only when out
+ * of memory or the address is invalid. Thread-safe. */
+rpc_chan *router_chan(router *r, const char *addr);
+
+/* Fetches the map from the nodes of the current map and the seeds, installs
+ * it if newer. Returns KV_OK when the router has a map afterwards. */
+kv_err router_refresh_map(router *r);
+/* Installs a map carried in a FAILED_PRECONDITION reply body if newer. */
+void router_learn_map(router *r, const uint8_t *body, size_t len);
+
+/* Handlers (router_kv.c, router_admin.c). */
+kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err router_h_ping(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err router_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len);
+
+/* Starts the map refresher and the RPC server. */
+kv_err router_start(router *r, char *err, size_t errlen);
+void router_stop(router *r);
+
+/* Deadline for a forwarded call: the caller's remaining time less a margin
+ * so the router can still answer before the caller gives up. */
+uint32_t router_forward_deadline(const rpc_ctx *c);
+
+#endif

@@ -1,0 +1,271 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvrouter control path: node channels, cluster-map discovery and refresh
+ * (from the seeds and the map's own nodes), admin.Ping/Stats/GetMap, and the
+ * router's start/stop.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "proto/statlist.h"
+#include "shard/router.h"
+
+#define FORWARD_MARGIN_MS 20u
+
+uint32_t router_forward_deadline(const rpc_ctx *c)
+{
+    uint32_t left = rpc_ctx_remaining_ms(c);
+    uint32_t margin = left / 10 > FORWARD_MARGIN_MS ? FORWARD_MARGIN_MS : left / 10;
+    return left > margin + 1 ? left - margin : 1;
+}
+
+rpc_chan *router_chan(router *r, const char *addr)
+{
+    pthread_mutex_lock(&r->peers_mu);
+    for (size_t i = 0; i < r->npeers; i++) {
+        if (strcmp(r->peers[i].addr, addr) == 0) {
+            rpc_chan *ch = r->peers[i].chan;
+            pthread_mutex_unlock(&r->peers_mu);
+            return ch;
+        }
+    }
+    rpc_chan *ch = NULL;
+    if (r->npeers == r->cap) {
+        size_t ncap = r->cap ? r->cap * 2 : 8;
+        router_peer *np = realloc(r->peers, ncap * sizeof(*np));
+        if (!np)
+            goto out;
+        r->peers = np;
+        r->cap = ncap;
+    }
+    rpc_chan_opts o = {.auth = r->cfg.auth, .recv_max = kv_limits_recv_max(&r->cfg.limits)};
+    char *copy = strdup(addr);
+    if (!copy || rpc_chan_open(&ch, addr, &o) != KV_OK) {
+        free(copy);
+        ch = NULL;
+        goto out;
+    }
+    r->peers[r->npeers++] = (router_peer){copy, ch};
+out:
+    pthread_mutex_unlock(&r->peers_mu);
+    return ch;
+}
+
+void router_learn_map(router *r, const uint8_t *body, size_t len)
+{
+    cmap *m = NULL;
+    char err[256];
+    if (cmap_decode(body, len, &m, err, sizeof(err)) != KV_OK) {
+        KV_WARN("router", "a node sent an undecodable map: %s", err);
+        return;
+    }
+    if (cmap_slot_install(r->maps, m) == KV_OK) {
+        atomic_fetch_add(&r->map_refreshes, 1);
+        KV_INFO("router", "learned cluster map epoch %llu", (unsigned long long)cmap_epoch(m));
+    }
+    cmap_unref(m);
+}
+
+/* Asks one address for its map; installs it if newer. */
+static bool fetch_from(router *r, const char *addr)
+{
+    rpc_chan *ch = router_chan(r, addr);
+    if (!ch)
+        return false;
+    Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
+    rpc_reply rep;
+    bool got = false;
+    if (rpc_call(ch, "admin.GetMap", 0, &req.base, 1000, &rep) == KV_OK) {
+        Kv__GetMapReply *g = kv__get_map_reply__unpack(NULL, rep.len, rep.body);
+        cmap *m = NULL;
+        char err[256];
+        if (g && g->has_map && g->map && cmap_from_pb(g->map, &m, err, sizeof(err)) == KV_OK) {
+            got = true;
+            if (cmap_slot_install(r->maps, m) == KV_OK) {
+                atomic_fetch_add(&r->map_refreshes, 1);
+                KV_INFO("router", "cluster map epoch %llu from %s (%zu nodes, rf %u)",
+                        (unsigned long long)cmap_epoch(m), addr, cmap_node_count(m), cmap_rf(m));
+            }
+            cmap_unref(m);
+        }
+        if (g)
+            kv__get_map_reply__free_unpacked(g, NULL);
+    }
+    rpc_reply_free(&rep);
+    return got;
+}
+
+kv_err router_refresh_map(router *r)
+{
+    cmap *m = cmap_slot_get(r->maps);
+    bool got = false;
+    for (size_t i = 0; m && !got && i < cmap_node_count(m); i++)
+        got = fetch_from(r, cmap_node_at(m, i)->addr);
+    cmap_unref(m);
+    char *seeds = strdup(r->cfg.seeds ? r->cfg.seeds : "");
+    char *save = NULL;
+    for (char *s = strtok_r(seeds, ",", &save); !got && s; s = strtok_r(NULL, ",", &save))
+        got = fetch_from(r, s);
+    free(seeds);
+    return cmap_slot_epoch(r->maps) ? KV_OK : KV_UNAVAILABLE;
+}
+
+static void *refresher_main(void *arg)
+{
+    router *r = arg;
+    uint64_t last_warn = 0;
+    while (!atomic_load(&r->stopping)) {
+        if (router_refresh_map(r) != KV_OK && kv_now_ns() - last_warn > 5000000000ull) {
+            KV_WARN("router", "no cluster map yet from seeds %s; retrying", r->cfg.seeds);
+            last_warn = kv_now_ns();
+        }
+        long wait = cmap_slot_epoch(r->maps) ? r->cfg.refresh_ms : 200;
+        for (long t = 0; t < wait && !atomic_load(&r->stopping); t += 50) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+kv_err router_h_ping(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    router *r = c->user;
+    Kv__PingReply rep = KV__PING_REPLY__INIT;
+    rep.id = "router";
+    rep.role = "router";
+    rep.map_epoch = cmap_slot_epoch(r->maps);
+    rep.uptime_ms = (kv_now_ns() - r->started_ns) / 1000000ull;
+    c->reply_epoch = rep.map_epoch;
+    return rpc_reply_msg(c, &rep.base);
+}
+
+kv_err router_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    router *r = c->user;
+    Kv__GetMapReply rep = KV__GET_MAP_REPLY__INIT;
+    cmap *m = cmap_slot_get(r->maps);
+    Kv__ClusterMap *pb = NULL;
+    kv_err rv = m ? cmap_to_pb(m, &pb) : KV_OK;
+    if (rv == KV_OK) {
+        rep.has_map = m != NULL;
+        rep.map = pb;
+        c->reply_epoch = m ? cmap_epoch(m) : 0;
+        rv = rpc_reply_msg(c, &rep.base);
+    }
+    if (pb)
+        kv__cluster_map__free_unpacked(pb, NULL);
+    cmap_unref(m);
+    return rv;
+}
+
+/* admin.Stats with node_id: fetch it from that node. */
+static kv_err proxy_stats(router *r, rpc_ctx *c, const Kv__StatsRequest *req)
+{
+    cmap *m = cmap_slot_get(r->maps);
+    int i = m ? cmap_find(m, req->node_id) : -1;
+    if (i < 0) {
+        cmap_unref(m);
+        return rpc_fail(c, KV_NOT_FOUND, "no node '%s' in the cluster map", req->node_id);
+    }
+    rpc_chan *ch = router_chan(r, cmap_node_at(m, (size_t)i)->addr);
+    cmap_unref(m);
+    rpc_reply rep = {0};
+    kv_err rv = ch ? rpc_call(ch, "admin.Stats", 0, &req->base, router_forward_deadline(c), &rep)
+                   : KV_UNAVAILABLE;
+    if (rv == KV_OK) {
+        c->reply = rep.body;
+        c->reply_len = rep.len;
+        rep.body = NULL;
+    } else {
+        rpc_fail(c, rv == KV_DEADLINE_EXCEEDED ? KV_UNAVAILABLE : rv, "node %s: %s", req->node_id,
+                 rep.message ? rep.message : kv_strerror(rv));
+        rv = rv == KV_DEADLINE_EXCEEDED ? KV_UNAVAILABLE : rv;
+    }
+    rpc_reply_free(&rep);
+    return rv;
+}
+
+kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    router *r = c->user;
+    Kv__StatsRequest *req = kv__stats_request__unpack(NULL, len, body);
+    if (!req)
+        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__StatsRequest body");
+    if (req->node_id && *req->node_id) {
+        kv_err rv = proxy_stats(r, c, req);
+        kv__stats_request__free_unpacked(req, NULL);
+        return rv;
+    }
+    kv__stats_request__free_unpacked(req, NULL);
+    rpc_statlist l;
+    rpc_stats_init(&l);
+    rpc_stats_add(&l, "uptime_ms", "%llu",
+                  (unsigned long long)((kv_now_ns() - r->started_ns) / 1000000ull));
+    rpc_stats_add(&l, "map_epoch", "%llu", (unsigned long long)cmap_slot_epoch(r->maps));
+    rpc_stats_add(&l, "requests", "%llu", (unsigned long long)atomic_load(&r->requests));
+    rpc_stats_add(&l, "forwards", "%llu", (unsigned long long)atomic_load(&r->forwards));
+    rpc_stats_add(&l, "forward_errors", "%llu",
+                  (unsigned long long)atomic_load(&r->forward_errors));
+    rpc_stats_add(&l, "map_refreshes", "%llu", (unsigned long long)atomic_load(&r->map_refreshes));
+    Kv__StatsReply rep = KV__STATS_REPLY__INIT;
+    rep.id = "router";
+    rep.role = "router";
+    rep.n_stats = l.n;
+    rep.stats = l.ptrs;
+    kv_err rv =
+        l.oom ? rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory") : rpc_reply_msg(c, &rep.base);
+    rpc_stats_free(&l);
+    return rv;
+}
+
+static const rpc_method router_methods[] = {
+    {"kv.Get", router_h_get},           {"kv.Put", router_h_put},
+    {"kv.Delete", router_h_delete},     {"kv.Batch", router_h_batch},
+    {"admin.Ping", router_h_ping},      {"admin.Stats", router_h_stats},
+    {"admin.GetMap", router_h_get_map},
+};
+
+kv_err router_start(router *r, char *err, size_t errlen)
+{
+    kv_err rv;
+    r->started_ns = kv_now_ns();
+    pthread_mutex_init(&r->peers_mu, NULL);
+    if ((rv = cmap_slot_create(&r->maps)) != KV_OK)
+        return rv;
+    if (pthread_create(&r->refresher, NULL, refresher_main, r) != 0) {
+        snprintf(err, errlen, "cannot start the map refresher thread");
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    r->refresher_started = true;
+    rpc_server_opts ro = {.url = r->cfg.listen,
+                          .methods = router_methods,
+                          .nmethods = sizeof(router_methods) / sizeof(router_methods[0]),
+                          .workers = (unsigned)r->cfg.workers,
+                          .auth = r->cfg.auth,
+                          .recv_max = kv_limits_recv_max(&r->cfg.limits),
+                          .user = r};
+    return rpc_server_open(&r->rpc, &ro, err, errlen);
+}
+
+void router_stop(router *r)
+{
+    rpc_server_close(r->rpc);
+    r->rpc = NULL;
+    atomic_store(&r->stopping, true);
+    if (r->refresher_started)
+        pthread_join(r->refresher, NULL);
+    for (size_t i = 0; i < r->npeers; i++) {
+        rpc_chan_close(r->peers[i].chan);
+        free(r->peers[i].addr);
+    }
+    free(r->peers);
+    r->peers = NULL;
+    r->npeers = 0;
+    cmap_slot_destroy(r->maps);
+    r->maps = NULL;
+    pthread_mutex_destroy(&r->peers_mu);
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Fan-out of one request to several nodes at once, for replicated writes,
+ * quorum reads and split batches. The handler thread waits until enough
+ * replies are OK (or all are in, or the deadline passes) and returns; the
+ * fanout is reference counted, so replies that arrive after the handler
+ * returned are released by the last callback.
+ */
+#include "shard/router_fan.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void fan_free(fanout *f)
+{
+    for (int i = 0; i < f->sent; i++)
+        if (f->have[i])
+            rpc_reply_free(&f->rep[i]);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+}
+
+fanout *fan_create(int max)
+{
+    fanout *f =
+        calloc(1, sizeof(*f) + (size_t)max * (sizeof(fan_slot) + sizeof(rpc_reply) + sizeof(bool)));
+    if (!f)
+        return NULL;
+    f->max = max;
+    f->slots = (fan_slot *)(f + 1);
+    f->rep = (rpc_reply *)(f->slots + max);
+    f->have = (bool *)(f->rep + max);
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    f->refs = 1; /* the handler's */
+    return f;
+}
+
+static void fan_done(void *arg, rpc_reply *r)
+{
+    fan_slot *s = arg;
+    fanout *f = s->f;
+    pthread_mutex_lock(&f->mu);
+    f->rep[s->i] = *r;
+    f->have[s->i] = true;
+    f->done++;
+    if (r->status == KV_OK)
+        f->ok++;
+    pthread_cond_broadcast(&f->cv);
+    bool last = --f->refs == 0;
+    pthread_mutex_unlock(&f->mu);
+    if (last)
+        fan_free(f);
+}
+
+void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
+              const ProtobufCMessage *msg, uint32_t deadline_ms)
+{
+    pthread_mutex_lock(&f->mu);
+    int i = f->sent++;
+    f->refs++;
+    f->slots[i].f = f;
+    f->slots[i].i = i;
+    pthread_mutex_unlock(&f->mu);
+    if (!ch) {
+        rpc_reply r = {.status = KV_UNAVAILABLE, .message = strdup("no channel to the node")};
+        fan_done(&f->slots[i], &r);
+        return;
+    }
+    rpc_call_async(ch, method, epoch, msg, deadline_ms, fan_done, &f->slots[i]);
+}
+
+void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)deadline_ms * 1000000ull + 50000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_mutex_lock(&f->mu);
+    while (f->ok < need_ok && f->done < f->sent)
+        if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) != 0)
+            break;
+    pthread_mutex_unlock(&f->mu);
+}
+
+int fan_take(fanout *f, rpc_reply *out, bool *have)
+{
+    pthread_mutex_lock(&f->mu);
+    int n = f->sent;
+    for (int i = 0; i < n; i++) {
+        have[i] = f->have[i];
+        if (f->have[i]) {
+            out[i] = f->rep[i];
+            f->have[i] = false; /* ownership moves to the caller */
+        }
+    }
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+void fan_release(fanout *f)
+{
+    pthread_mutex_lock(&f->mu);
+    bool last = --f->refs == 0;
+    pthread_mutex_unlock(&f->mu);
+    if (last)
+        fan_free(f);
+}

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fanout: send one request to several peers asynchronously and wait for
+ * enough answers. Lifetime: fan_create() gives the caller one reference;
+ * every fan_send() adds one that its completion drops; fan_release() drops
+ * the caller's. Replies taken with fan_take() belong to the caller; replies
+ * still missing then are freed when they arrive.
+ */
+#ifndef KV_SHARD_ROUTER_FAN_H
+#define KV_SHARD_ROUTER_FAN_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "proto/rpc.h"
+
+typedef struct fanout fanout;
+typedef struct fan_slot {
+    fanout *f;
+    int i;
+} fan_slot;
+
+struct fanout {
+    pthread_mutex_t mu; /* protects every field below */
+    pthread_cond_t cv;
+    int refs, sent, done, ok, max;
+    fan_slot *slots;
+    rpc_reply *rep;
+    bool *have;
+};
+
+/* A fanout for at most max sends; NULL when out of memory. */
+fanout *fan_create(int max);
+/* Sends msg to ch (NULL ch = UNAVAILABLE reply) as send number f->sent. */
+void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
+              const ProtobufCMessage *msg, uint32_t deadline_ms);
+/* Waits until need_ok replies are OK, every send has answered, or the
+ * deadline passed (plus a small grace for the transport's own timeout). */
+void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms);
+/* Moves the replies received so far into out[i] (have[i] says which) and
+ * returns the number of sends. */
+int fan_take(fanout *f, rpc_reply *out, bool *have);
+void fan_release(fanout *f);
+
+#endif

@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvrouter: the stateless router process. Learns the cluster map from the
+ * seed nodes, forwards requests to the owners, and exits cleanly on
+ * SIGTERM/SIGINT.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/opts.h"
+#include "shard/router.h"
+
+int main(int argc, char **argv)
+{
+    router r = {0};
+    r.cfg.listen = "tcp://127.0.0.1:7000";
+    r.cfg.workers = 32;
+    r.cfg.refresh_ms = 2000;
+    long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
+    long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
+    char *log_level = "info";
+    kv_opt table[] = {
+        {"listen", KV_OPT_STR, &r.cfg.listen, "RPC address", NULL, 0, 0},
+        {"seeds", KV_OPT_STR, &r.cfg.seeds, "comma-separated node addresses (required)", NULL, 0,
+         0},
+        {"workers", KV_OPT_INT, &r.cfg.workers, "RPC worker threads", NULL, 1, 4096},
+        {"refresh-ms", KV_OPT_INT, &r.cfg.refresh_ms, "cluster map poll period", NULL, 50, 3600000},
+        {"auth", KV_OPT_STR, &r.cfg.auth, "cluster auth token (empty = off)", NULL, 0, 0},
+        {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
+        {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
+        {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},
+        {"max-batch-bytes", KV_OPT_INT, &max_batch, "batch size limit", NULL, 1, 1L << 30},
+        {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
+    };
+    kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvrouter", NULL};
+    char err[512];
+    kv_err rv = kv_opts_parse(&set, argc, argv, NULL, err, sizeof(err));
+    if (rv == KV_CANCELLED)
+        return 0;
+    if (rv == KV_OK && (!r.cfg.seeds || !*r.cfg.seeds)) {
+        snprintf(err, sizeof(err), "--seeds is required (comma-separated node addresses)");
+        rv = KV_INVALID_ARGUMENT;
+    }
+    if (rv == KV_OK && kv_log_parse_level(log_level) < 0) {
+        snprintf(err, sizeof(err), "--log-level: '%s' is not debug|info|warn|error", log_level);
+        rv = KV_INVALID_ARGUMENT;
+    }
+    if (rv != KV_OK) {
+        fprintf(stderr, "kvrouter: %s\n", err);
+        kv_opts_free(&set);
+        return 2;
+    }
+    kv_log_set_level((kv_log_level)kv_log_parse_level(log_level));
+    r.cfg.limits =
+        (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if ((rv = router_start(&r, err, sizeof(err))) != KV_OK) {
+        KV_ERROR("router", "cannot start: %s (%s)", err, kv_err_name(rv));
+        router_stop(&r);
+        kv_opts_free(&set);
+        return 1;
+    }
+    KV_INFO("router", "serving on %s, seeds %s", r.cfg.listen, r.cfg.seeds);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    KV_INFO("router", "%s: shutting down", strsignal(sig));
+    router_stop(&r);
+    kv_opts_free(&set);
+    return 0;
+}
