@@ -106,6 +106,7 @@ typedef struct rpc_reply {
     uint8_t *body;
     size_t len;
     uint64_t map_epoch; /* the replier's map epoch */
+    bool local;         /* the status was produced here (transport), not by the peer */
 } rpc_reply;
 
 void rpc_reply_free(rpc_reply *r);

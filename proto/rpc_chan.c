@@ -154,6 +154,7 @@ static void fail_transport(rpc_slot *s, int rv, rpc_reply *r)
         snprintf(msg, sizeof(msg), "%s: %s", s->ch->url, nng_strerror(rv));
     }
     reply_set(r, st, msg);
+    r->local = true;
 }
 
 static void slot_cb(void *arg)
@@ -315,6 +316,7 @@ void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
         now - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull) {
         snprintf(msg, sizeof(msg), "no connection to %s", ch->url);
         reply_set(&r, KV_UNAVAILABLE, msg);
+        r.local = true;
         done(arg, &r);
         return;
     }
@@ -327,6 +329,7 @@ void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
         snprintf(msg, sizeof(msg), "%s request is over the %zu-byte message limit", method,
                  ch->recv_max);
         reply_set(&r, m ? KV_RESOURCE_EXHAUSTED : err, err == KV_INVALID_ARGUMENT ? msg : NULL);
+        r.local = true;
         done(arg, &r);
         return;
     }

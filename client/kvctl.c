@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvctl: the admin and data CLI.
+ *   kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] COMMAND
+ *   get KEY | put KEY VALUE [--ttl MS] | del KEY | status [--verbose] | ring | ping
+ *   cluster init --rf N ID=ADDR...
+ * Exit codes: 0 ok, 1 not found (get), 2 usage, 3 server error (status name
+ * and message on stderr).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/kvctl.h"
+#include "common/opts.h"
+
+static const kvctl_cmd commands[] = {
+    {"get", kvctl_get, 1, 1, "get KEY"},
+    {"put", kvctl_put, 2, 2, "put KEY VALUE [--ttl MS]"},
+    {"del", kvctl_del, 1, 1, "del KEY"},
+    {"status", kvctl_status, 0, 0, "status [--verbose]"},
+    {"ring", kvctl_ring, 0, 0, "ring"},
+    {"ping", kvctl_ping, 0, 0, "ping"},
+    {"cluster", kvctl_cluster, 1, 1000, "cluster init --rf N ID=ADDR..."},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] COMMAND\n"
+               "commands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(f, "  %s\n", commands[i].usage);
+    fprintf(f, "ADDR defaults to $KV_ROUTER, then tcp://127.0.0.1:7000; a node's address works "
+               "too.\n");
+}
+
+int main(int argc, char **argv)
+{
+    kvctl_env env = {0};
+    env.router =
+        getenv("KV_ROUTER") && *getenv("KV_ROUTER") ? getenv("KV_ROUTER") : "tcp://127.0.0.1:7000";
+    env.timeout_ms = 5000;
+    env.rf = 0;
+    kv_opt table[] = {
+        {"router", KV_OPT_STR, &env.router, "router (or node) address", NULL, 0, 0},
+        {"json", KV_OPT_BOOL, &env.json, "machine-readable output", NULL, 0, 0},
+        {"timeout", KV_OPT_INT, &env.timeout_ms, "per-call deadline in ms", NULL, 1, 3600000},
+        {"auth", KV_OPT_STR, &env.auth, "cluster auth token", NULL, 0, 0},
+        {"ttl", KV_OPT_INT, &env.ttl_ms, "put: time to live in ms", NULL, 0, 1L << 40},
+        {"verbose", KV_OPT_BOOL, &env.verbose, "status: per-tier detail", NULL, 0, 0},
+        {"rf", KV_OPT_INT, &env.rf, "cluster init: replication factor", NULL, 1, 16},
+    };
+    kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvctl", "COMMAND [ARGS]"};
+    char err[512];
+    int npos = 0;
+    kv_err rv = kv_opts_parse(&set, argc, argv, &npos, err, sizeof(err));
+    if (rv == KV_CANCELLED) {
+        usage(stdout);
+        return 0;
+    }
+    if (rv != KV_OK || npos < 1) {
+        if (rv != KV_OK)
+            fprintf(stderr, "kvctl: %s\n", err);
+        usage(stderr);
+        kv_opts_free(&set);
+        return KVCTL_USAGE;
+    }
+    int code = KVCTL_USAGE;
+    const kvctl_cmd *cmd = NULL;
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(commands[i].name, argv[1]) == 0)
+            cmd = &commands[i];
+    if (!cmd) {
+        fprintf(stderr, "kvctl: unknown command '%s'\n", argv[1]);
+        usage(stderr);
+    } else if (npos - 1 < cmd->min_args || npos - 1 > cmd->max_args) {
+        fprintf(stderr, "usage: kvctl %s\n", cmd->usage);
+    } else {
+        code = cmd->fn(&env, npos - 1, argv + 2);
+    }
+    kv_opts_free(&set);
+    return code;
+}

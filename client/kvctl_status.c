@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvctl status: one row per node (id, address, state, keys, memory,
+ * durability) from admin.Stats. Through a router the stats of each node are
+ * fetched by the router (StatsRequest.node_id), so status works wherever
+ * the router is reachable; against a node, the other nodes are asked
+ * directly at their map addresses.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/kvctl.h"
+#include "proto/kv.pb-c.h"
+#include "proto/rpc.h"
+#include "shard/clustermap.h"
+
+typedef struct status_ctx {
+    kvctl_env *env;
+    rpc_chan *target;
+    bool target_is_router;
+    const char *target_id;
+    int printed;
+} status_ctx;
+
+static const char *stat_of(const Kv__StatsReply *s, const char *name)
+{
+    for (size_t i = 0; s && i < s->n_stats; i++)
+        if (strcmp(s->stats[i]->name, name) == 0)
+            return s->stats[i]->value;
+    return NULL;
+}
+
+static void human_bytes(const char *v, char *out, size_t len)
+{
+    double b = v ? atof(v) : 0;
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        u++;
+    }
+    snprintf(out, len, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+}
+
+static Kv__StatsReply *node_stats(status_ctx *sc, const char *id, const char *addr)
+{
+    Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
+    req.verbose = sc->env->verbose;
+    rpc_chan *ch = sc->target, *own = NULL;
+    if (sc->target_is_router) {
+        req.node_id = (char *)id;
+    } else if (!sc->target_id || strcmp(id, sc->target_id) != 0) {
+        rpc_chan_opts o = {.auth = sc->env->auth};
+        if (rpc_chan_open(&own, addr, &o) != KV_OK)
+            return NULL;
+        ch = own;
+    }
+    rpc_reply rep;
+    Kv__StatsReply *s = NULL;
+    if (rpc_call(ch, "admin.Stats", 0, &req.base, (uint32_t)sc->env->timeout_ms, &rep) == KV_OK)
+        s = kv__stats_reply__unpack(NULL, rep.len, rep.body);
+    rpc_reply_free(&rep);
+    rpc_chan_close(own);
+    return s;
+}
+
+static void print_row(status_ctx *sc, const char *id, const char *addr, const char *state,
+                      const Kv__StatsReply *s)
+{
+    const kvctl_env *env = sc->env;
+    if (env->json) {
+        printf("%s{\"id\":\"%s\",\"address\":\"%s\",\"state\":\"%s\",\"stats\":{",
+               sc->printed++ ? "," : "", id, addr, state);
+        for (size_t i = 0; s && i < s->n_stats; i++) {
+            printf("%s\"%s\":", i ? "," : "", s->stats[i]->name);
+            kvctl_json_str(s->stats[i]->value, strlen(s->stats[i]->value));
+        }
+        printf("}}");
+        return;
+    }
+    char mem[32] = "-", lim[32] = "-";
+    if (s) {
+        human_bytes(stat_of(s, "mem_bytes"), mem, sizeof(mem));
+        human_bytes(stat_of(s, "mem_limit_bytes"), lim, sizeof(lim));
+    }
+    char memcol[80];
+    snprintf(memcol, sizeof(memcol), "%s / %s", mem, lim);
+    const char *keys = s ? stat_of(s, "keys") : NULL;
+    const char *dur = s ? stat_of(s, "durability") : NULL;
+    printf("%-12s %-26s %-12s %10s  %-22s %s\n", id, addr, state, keys ? keys : "-", memcol,
+           dur ? dur : "-");
+    for (size_t i = 0; env->verbose && s && i < s->n_stats; i++)
+        printf("    %-28s %s\n", s->stats[i]->name, s->stats[i]->value);
+}
+
+static void one_node(status_ctx *sc, const char *id, const char *addr, cmap_state st)
+{
+    Kv__StatsReply *s = node_stats(sc, id, addr);
+    const char *state = s ? (st == CMAP_UP ? "up" : cmap_state_name(st)) : "unreachable";
+    print_row(sc, id, addr, state, s);
+    if (s)
+        kv__stats_reply__free_unpacked(s, NULL);
+}
+
+static Kv__PingReply *ping_target(status_ctx *sc)
+{
+    Kv__PingRequest req = KV__PING_REQUEST__INIT;
+    rpc_reply rep;
+    kv_err rv =
+        rpc_call(sc->target, "admin.Ping", 0, &req.base, (uint32_t)sc->env->timeout_ms, &rep);
+    Kv__PingReply *p = rv == KV_OK ? kv__ping_reply__unpack(NULL, rep.len, rep.body) : NULL;
+    if (!p)
+        kvctl_fail(rv == KV_OK ? KV_INTERNAL : rv, rep.message ? rep.message : kv_strerror(rv));
+    rpc_reply_free(&rep);
+    return p;
+}
+
+static cmap *target_map(status_ctx *sc, int *code)
+{
+    Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
+    rpc_reply rep;
+    cmap *m = NULL;
+    kv_err rv =
+        rpc_call(sc->target, "admin.GetMap", 0, &req.base, (uint32_t)sc->env->timeout_ms, &rep);
+    Kv__GetMapReply *g = rv == KV_OK ? kv__get_map_reply__unpack(NULL, rep.len, rep.body) : NULL;
+    char err[256] = "malformed map";
+    if (!g)
+        *code =
+            kvctl_fail(rv == KV_OK ? KV_INTERNAL : rv, rep.message ? rep.message : kv_strerror(rv));
+    else if (g->has_map && cmap_from_pb(g->map, &m, err, sizeof(err)) != KV_OK)
+        *code = kvctl_fail(KV_INTERNAL, err);
+    if (g)
+        kv__get_map_reply__free_unpacked(g, NULL);
+    rpc_reply_free(&rep);
+    return m;
+}
+
+int kvctl_status(kvctl_env *env, int argc, char **argv)
+{
+    status_ctx sc = {.env = env};
+    rpc_chan_opts o = {.auth = env->auth, .connect_wait_ms = 1000};
+    if (rpc_chan_open(&sc.target, env->router, &o) != KV_OK)
+        return kvctl_fail(KV_INVALID_ARGUMENT, "bad --router address");
+    int code = KVCTL_OK;
+    Kv__PingReply *p = ping_target(&sc);
+    cmap *m = p ? target_map(&sc, &code) : NULL;
+    if (!p)
+        code = KVCTL_SERVER;
+    if (code == KVCTL_OK) {
+        sc.target_is_router = strcmp(p->role, "router") == 0;
+        sc.target_id = p->id;
+        if (!m && sc.target_is_router)
+            code = kvctl_fail(KV_FAILED_PRECONDITION, "the router has no cluster map yet");
+    }
+    if (code == KVCTL_OK) {
+        if (env->json)
+            printf("{\"map_epoch\":%llu,\"rf\":%u,\"nodes\":[",
+                   (unsigned long long)(m ? cmap_epoch(m) : 0), m ? cmap_rf(m) : 1);
+        else
+            printf("map epoch %llu, rf %u\n%-12s %-26s %-12s %10s  %-22s %s\n",
+                   (unsigned long long)(m ? cmap_epoch(m) : 0), m ? cmap_rf(m) : 1, "ID", "ADDRESS",
+                   "STATE", "KEYS", "MEMORY", "DURABILITY");
+        for (size_t i = 0; m && i < cmap_node_count(m); i++)
+            one_node(&sc, cmap_node_at(m, i)->id, cmap_node_at(m, i)->addr,
+                     cmap_node_at(m, i)->state);
+        if (!m) /* a node before cluster init serves alone */
+            one_node(&sc, p->id, env->router, CMAP_UP);
+        if (env->json)
+            printf("]}\n");
+    }
+    if (p)
+        kv__ping_reply__free_unpacked(p, NULL);
+    cmap_unref(m);
+    rpc_chan_close(sc.target);
+    return code;
+}
