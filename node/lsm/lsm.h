@@ -66,16 +66,16 @@ typedef enum lsm_sync {
 typedef int (*lsm_route_fn)(void *arg, const lsm_rec *rec, int from_level);
 
 typedef struct lsm_opts {
-    const char *fast_dir;  /* FD directory (created if missing); required */
-    const char *slow_dir;  /* SD directory, NULL = every level on FD */
-    uint64_t fast_mb;      /* FD capacity used to size levels; default 1024 */
-    lsm_sync sync;         /* default LSM_SYNC_ALWAYS (0) */
-    unsigned sync_ms;      /* LSM_SYNC_BATCH period, default 5 */
-    unsigned block_size;   /* SST data block bytes, default 4096 */
-    unsigned l0_trigger;   /* L0 file count that triggers compaction, default 4 */
-    unsigned l0_stop;      /* lsm_flush waits while L0 has this many files, default 20 */
-    uint64_t file_mb;      /* target SST size for L1+, 0 = derived from fast_mb */
-    bool disable_io_uring; /* force the pread/pwrite path (tests, old kernels) */
+    const char *fast_dir;        /* FD directory (created if missing); required */
+    const char *slow_dir;        /* SD directory, NULL = every level on FD */
+    uint64_t fast_mb;            /* FD capacity used to size levels; default 1024 */
+    lsm_sync sync;               /* default LSM_SYNC_ALWAYS (0) */
+    unsigned sync_ms;            /* LSM_SYNC_BATCH period, default 5 */
+    unsigned block_size;         /* SST data block bytes, default 4096 */
+    unsigned l0_trigger;         /* L0 file count that triggers compaction, default 4 */
+    unsigned l0_stop;            /* lsm_flush waits while L0 has this many files, default 20 */
+    uint64_t file_mb;            /* target SST size for L1+, 0 = derived from fast_mb */
+    bool disable_io_uring;       /* force the pread/pwrite path (tests, old kernels) */
     unsigned compaction_threads; /* background compaction threads, default 1 */
     bool no_auto_compaction;     /* only lsm_compact_all compacts (tests) */
     lsm_route_fn route;          /* NULL = plain leveled compaction */
@@ -172,9 +172,9 @@ typedef struct lsm_level_stats {
 
 typedef struct lsm_stats {
     lsm_level_stats levels[LSM_MAX_LEVELS];
-    lsm_vol_stats fd, sd; /* sd is zero when there is no slow_dir */
-    uint64_t reads_fd, reads_sd;  /* records served per volume by get/multiget */
-    uint64_t user_bytes;          /* key+value bytes given to lsm_wal_append */
+    lsm_vol_stats fd, sd;        /* sd is zero when there is no slow_dir */
+    uint64_t reads_fd, reads_sd; /* records served per volume by get/multiget */
+    uint64_t user_bytes;         /* key+value bytes given to lsm_wal_append */
     uint64_t wal_bytes, wal_fsyncs, wal_segments;
     uint64_t flush_bytes, flushes;
     uint64_t compact_read_bytes, compact_write_bytes, compactions;

@@ -1,0 +1,467 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Leveled compaction (LevelDB/RocksDB style). Scores: L0 = files /
+ * l0_trigger, Ln = bytes / target(n) with target(1) from the FD capacity
+ * and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are
+ * not busy is compacted. L0 compacts all its files into L1; Ln picks one
+ * file round-robin (compaction pointer) plus the overlapping files of Ln+1.
+ * A single Ln file with no overlap below on the same volume is moved by a
+ * manifest edit only.
+ *
+ * The merge keeps the highest-seqno record per key (no snapshots). An
+ * expired PUT becomes a tombstone; a tombstone is dropped when no level
+ * below the output can hold the key. Each kept record may be routed by
+ * opts.route (HotRAP retention, later issue): written to the output level
+ * (default) or kept on the input level when it lies inside the input
+ * level's compacted key range. Outputs go to the volume of their level and
+ * are cut at file_size. Errors (ENOSPC, a corrupt input block) abort the
+ * job, delete its outputs, set bg_err and back off for a second.
+ *
+ * Threads: compaction_threads background threads plus callers of
+ * lsm_compact_all; all coordination is under db->mu / db->cv.
+ */
+#include <stdlib.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "node/lsm/lsm_int.h"
+
+typedef struct cjob {
+    int from, to;
+    lsm_version *base;
+    lsm_file **in[2]; /* [0] from-level files, [1] to-level files */
+    size_t nin[2];
+    const uint8_t *lo, *hi; /* key range of in[0] */
+    size_t lolen, hilen;
+    bool trivial;
+} cjob;
+
+/* ---- picking ---- */
+
+static double score(const lsm_db *db, const lsm_version *v, int l)
+{
+    if (l == 0)
+        return (double)v->nfiles[0] / db->o.l0_trigger;
+    return (double)lsm_level_bytes(v, l) / (double)db->target[l];
+}
+
+static bool overlaps(const lsm_file *f, const uint8_t *lo, size_t ll, const uint8_t *hi, size_t hl)
+{
+    return lsm_key_cmp(f->largest, f->llen, lo, ll) >= 0 &&
+           lsm_key_cmp(f->smallest, f->slen, hi, hl) <= 0;
+}
+
+/* Fills in[0] with files [a, b) of level from; then the range and in[1]. */
+static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
+{
+    const lsm_version *v = j->base;
+    j->in[0] = malloc((b - a) * sizeof(lsm_file *));
+    j->in[1] = malloc((v->nfiles[j->to] + 1) * sizeof(lsm_file *));
+    if (!j->in[0] || !j->in[1])
+        return KV_RESOURCE_EXHAUSTED;
+    for (size_t i = a; i < b; i++) {
+        lsm_file *f = v->files[j->from][i];
+        j->in[0][j->nin[0]++] = f;
+        if (!j->lo || lsm_key_cmp(f->smallest, f->slen, j->lo, j->lolen) < 0)
+            j->lo = f->smallest, j->lolen = f->slen;
+        if (!j->hi || lsm_key_cmp(f->largest, f->llen, j->hi, j->hilen) > 0)
+            j->hi = f->largest, j->hilen = f->llen;
+    }
+    for (size_t i = 0; i < v->nfiles[j->to]; i++)
+        if (overlaps(v->files[j->to][i], j->lo, j->lolen, j->hi, j->hilen))
+            j->in[1][j->nin[1]++] = v->files[j->to][i];
+    j->trivial = j->from > 0 && j->nin[0] == 1 && j->nin[1] == 0 && !db->o.route &&
+                 db->level_tier[j->from] == db->level_tier[j->to];
+    return KV_OK;
+}
+
+/* Round-robin choice of one file of level l >= 1. */
+static size_t rr_pick(lsm_db *db, const lsm_version *v, int l)
+{
+    for (size_t i = 0; db->cptr[l] && i < v->nfiles[l]; i++) {
+        const lsm_file *f = v->files[l][i];
+        if (lsm_key_cmp(f->smallest, f->slen, db->cptr[l], db->cptr_len[l]) > 0)
+            return i;
+    }
+    return 0;
+}
+
+static void set_cptr(lsm_db *db, int l, const lsm_file *f)
+{
+    uint8_t *k = malloc(f->llen);
+    if (!k)
+        return;
+    memcpy(k, f->largest, f->llen);
+    free(db->cptr[l]);
+    db->cptr[l] = k;
+    db->cptr_len[l] = f->llen;
+}
+
+/* With mu held: chooses the most urgent job, marks its levels busy. */
+static bool pick(lsm_db *db, cjob *j)
+{
+    lsm_version *v = lsm_db_current(db);
+    int best = -1;
+    double bs = 1.0;
+    for (int l = 0; l < LSM_MAX_LEVELS - 1; l++) {
+        double s = score(db, v, l);
+        if (!db->busy[l] && !db->busy[l + 1] && v->nfiles[l] && s >= bs)
+            best = l, bs = s;
+    }
+    if (best < 0) {
+        lsm_version_unref(v);
+        return false;
+    }
+    *j = (cjob){.from = best, .to = best + 1, .base = v};
+    size_t a = 0, b = v->nfiles[best];
+    if (best > 0) {
+        a = rr_pick(db, v, best);
+        b = a + 1;
+        set_cptr(db, best, v->files[best][a]);
+    }
+    if (job_inputs(db, j, a, b) != KV_OK) {
+        free(j->in[0]);
+        free(j->in[1]);
+        lsm_version_unref(v);
+        return false;
+    }
+    db->busy[j->from] = db->busy[j->to] = true;
+    db->running++;
+    return true;
+}
+
+/* ---- merging ---- */
+
+typedef struct merger {
+    lsm_sst_iter *it;
+    size_t n;
+} merger;
+
+/* Index of the iterator holding the next record (smallest key, then highest
+ * seqno), or -1 when all are exhausted. */
+static int merge_min(merger *m)
+{
+    int best = -1;
+    for (size_t i = 0; i < m->n; i++) {
+        if (!m->it[i].valid)
+            continue;
+        if (best < 0) {
+            best = (int)i;
+            continue;
+        }
+        const lsm_rec *a = &m->it[i].cur, *b = &m->it[best].cur;
+        int c = lsm_key_cmp(a->key, a->klen, b->key, b->klen);
+        if (c < 0 || (c == 0 && a->seqno > b->seqno))
+            best = (int)i;
+    }
+    return best;
+}
+
+static bool may_exist_below(const lsm_version *v, int level, const lsm_rec *r)
+{
+    for (int l = level + 1; l < LSM_MAX_LEVELS; l++) {
+        for (size_t i = 0; i < v->nfiles[l]; i++) {
+            const lsm_file *f = v->files[l][i];
+            if (lsm_file_covers(f, r->key, r->klen) && lsm_sst_may_contain(f->sst, r->key, r->klen))
+                return true;
+        }
+    }
+    return false;
+}
+
+typedef struct output {
+    lsm_db *db;
+    cjob *j;
+    lsm_edit *e;
+    lsm_sst_builder *b[2]; /* [0] to-level, [1] from-level (retained) */
+    uint64_t written;
+} output;
+
+static kv_err out_close(output *o, int slot)
+{
+    if (!o->b[slot])
+        return KV_OK;
+    lsm_file *f;
+    int level = slot ? o->j->from : o->j->to;
+    kv_err rv = lsm_sst_builder_finish(o->b[slot], level, &f);
+    o->b[slot] = NULL;
+    if (rv != KV_OK)
+        return rv;
+    o->written += f->size;
+    rv = lsm_edit_add(o->e, f);
+    if (rv != KV_OK)
+        atomic_store(&f->obsolete, true);
+    lsm_file_unref(f);
+    return rv;
+}
+
+static kv_err out_add(output *o, int slot, const lsm_rec *r)
+{
+    lsm_db *db = o->db;
+    if (!o->b[slot]) {
+        int level = slot ? o->j->from : o->j->to;
+        pthread_mutex_lock(&db->mu);
+        uint64_t number = lsm_db_new_number(db);
+        pthread_mutex_unlock(&db->mu);
+        lsm_vol *v = &db->vols[db->level_tier[level] == LSM_TIER_SD ? 1 : 0];
+        kv_err rv = lsm_sst_builder_open(&o->b[slot], v, number, db->o.block_size);
+        if (rv != KV_OK)
+            return rv;
+    }
+    kv_err rv = lsm_sst_builder_add(o->b[slot], r);
+    if (rv == KV_OK && lsm_sst_builder_size(o->b[slot]) >= db->file_size)
+        rv = out_close(o, slot);
+    return rv;
+}
+
+/* Output slot for r: 1 to retain it on the from level. */
+static int route(lsm_db *db, const cjob *j, const lsm_rec *r)
+{
+    if (!db->o.route || j->from == 0 || r->type != LSM_PUT)
+        return 0;
+    if (lsm_key_cmp(r->key, r->klen, j->lo, j->lolen) < 0 ||
+        lsm_key_cmp(r->key, r->klen, j->hi, j->hilen) > 0)
+        return 0;
+    return db->o.route(db->o.route_arg, r, j->from) == j->from ? 1 : 0;
+}
+
+/* Decides the fate of the newest record of a key and writes it. */
+static kv_err emit(output *o, lsm_rec r, uint64_t now)
+{
+    if (r.type == LSM_PUT && r.expire_at && r.expire_at <= now) {
+        r.type = LSM_DELETE; /* expired: it must still shadow older versions */
+        r.value = NULL;
+        r.vlen = 0;
+    }
+    if (r.type == LSM_DELETE && !may_exist_below(o->j->base, o->j->to, &r))
+        return KV_OK;
+    return out_add(o, route(o->db, o->j, &r), &r);
+}
+
+static kv_err merge(lsm_db *db, cjob *j, lsm_edit *e)
+{
+    size_t n = j->nin[0] + j->nin[1];
+    merger m = {.it = calloc(n ? n : 1, sizeof(lsm_sst_iter)), .n = n};
+    if (!m.it)
+        return KV_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; i < n; i++)
+        lsm_sst_iter_init(&m.it[i],
+                          i < j->nin[0] ? j->in[0][i]->sst : j->in[1][i - j->nin[0]]->sst);
+    output o = {.db = db, .j = j, .e = e};
+    uint64_t now = kv_wall_ms();
+    kv_err rv = KV_OK;
+    int b;
+    while (rv == KV_OK && (b = merge_min(&m)) >= 0) {
+        lsm_rec r = m.it[b].cur;
+        rv = emit(&o, r, now);
+        for (size_t i = 0; i < n && rv == KV_OK; i++) { /* skip older versions */
+            if ((int)i != b && m.it[i].valid &&
+                lsm_key_cmp(m.it[i].cur.key, m.it[i].cur.klen, r.key, r.klen) == 0)
+                lsm_sst_iter_next(&m.it[i]);
+        }
+        lsm_sst_iter_next(&m.it[b]);
+    }
+    uint64_t read = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rv == KV_OK && m.it[i].err != KV_OK)
+            rv = m.it[i].err;
+        read += m.it[i].bytes_read;
+        lsm_sst_iter_fini(&m.it[i]);
+    }
+    free(m.it);
+    for (int s = 0; s < 2 && rv == KV_OK; s++)
+        rv = out_close(&o, s);
+    if (rv != KV_OK) {
+        for (int s = 0; s < 2; s++)
+            lsm_sst_builder_abort(o.b[s]);
+        for (size_t i = 0; i < e->nadd; i++)
+            atomic_store(&e->adds[i]->obsolete, true);
+        return rv;
+    }
+    atomic_fetch_add(&db->c_read, read);
+    atomic_fetch_add(&db->c_write, o.written);
+    return KV_OK;
+}
+
+static kv_err trivial_move(lsm_db *db, cjob *j, lsm_edit *e)
+{
+    const lsm_file *src = j->in[0][0];
+    lsm_file *f = lsm_file_new();
+    if (!f)
+        return KV_RESOURCE_EXHAUSTED;
+    *f = (lsm_file){.number = src->number,
+                    .size = src->size,
+                    .nentries = src->nentries,
+                    .min_seq = src->min_seq,
+                    .max_seq = src->max_seq,
+                    .level = j->to,
+                    .tier = src->tier,
+                    .vol = src->vol,
+                    .slen = src->slen,
+                    .llen = src->llen};
+    atomic_init(&f->refs, 1);
+    f->smallest = malloc(f->slen);
+    f->largest = malloc(f->llen);
+    kv_err rv = f->smallest && f->largest ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    if (rv == KV_OK) {
+        memcpy(f->smallest, src->smallest, f->slen);
+        memcpy(f->largest, src->largest, f->llen);
+        rv = lsm_sst_open(f->vol, f->number, &f->sst);
+    }
+    if (rv == KV_OK)
+        rv = lsm_edit_add(e, f);
+    lsm_file_unref(f);
+    return rv;
+}
+
+/* Runs a picked job without mu and installs it with mu held on return. */
+static kv_err run_job(lsm_db *db, cjob *j)
+{
+    lsm_edit e = {0};
+    kv_err rv = j->trivial ? trivial_move(db, j, &e) : merge(db, j, &e);
+    for (int s = 0; s < 2 && rv == KV_OK; s++)
+        for (size_t i = 0; i < j->nin[s] && rv == KV_OK; i++)
+            rv = lsm_edit_del(&e, s ? j->to : j->from, j->in[s][i]->number);
+    pthread_mutex_lock(&db->mu);
+    if (rv == KV_OK)
+        rv = lsm_db_install(db, &e);
+    if (rv != KV_OK) {
+        for (size_t i = 0; !j->trivial && i < e.nadd; i++)
+            atomic_store(&e.adds[i]->obsolete, true);
+        KV_ERROR(LSM_LOG, "compaction L%d -> L%d failed: %s", j->from, j->to, kv_strerror(rv));
+    } else {
+        atomic_fetch_add(&db->compactions, 1);
+    }
+    lsm_edit_free(&e);
+    db->busy[j->from] = db->busy[j->to] = false;
+    db->running--;
+    db->bg_err = rv;
+    pthread_cond_broadcast(&db->cv);
+    lsm_version_unref(j->base);
+    free(j->in[0]);
+    free(j->in[1]);
+    return rv;
+}
+
+/* ---- threads ---- */
+
+static void wait_backoff(lsm_db *db, unsigned ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000u;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    pthread_cond_timedwait(&db->cv, &db->mu, &ts);
+}
+
+static void *cthread_main(void *arg)
+{
+    lsm_db *db = arg;
+    pthread_mutex_lock(&db->mu);
+    while (!db->stop) {
+        cjob j;
+        if (db->manual || db->o.no_auto_compaction || !pick(db, &j)) {
+            pthread_cond_wait(&db->cv, &db->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&db->mu);
+        kv_err rv = run_job(db, &j); /* returns with mu held */
+        if (rv != KV_OK && !db->stop)
+            wait_backoff(db, 1000);
+    }
+    pthread_mutex_unlock(&db->mu);
+    return NULL;
+}
+
+kv_err lsm_compact_start(lsm_db *db)
+{
+    unsigned n = db->o.compaction_threads;
+    db->threads = calloc(n ? n : 1, sizeof(pthread_t));
+    if (!db->threads)
+        return KV_RESOURCE_EXHAUSTED;
+    for (unsigned i = 0; i < n; i++) {
+        if (pthread_create(&db->threads[i], NULL, cthread_main, db) != 0) {
+            lsm_compact_stop(db);
+            return KV_INTERNAL;
+        }
+        db->nthreads++;
+    }
+    return KV_OK;
+}
+
+void lsm_compact_stop(lsm_db *db)
+{
+    pthread_mutex_lock(&db->mu);
+    db->stop = true;
+    pthread_cond_broadcast(&db->cv);
+    pthread_mutex_unlock(&db->mu);
+    for (unsigned i = 0; i < db->nthreads; i++)
+        pthread_join(db->threads[i], NULL);
+    db->nthreads = 0;
+    free(db->threads);
+    db->threads = NULL;
+}
+
+static bool needs_work(lsm_db *db)
+{
+    lsm_version *v = lsm_db_current(db);
+    bool need = false;
+    for (int l = 0; l < LSM_MAX_LEVELS - 1 && !need; l++)
+        need = v->nfiles[l] && score(db, v, l) >= 1.0;
+    lsm_version_unref(v);
+    return need;
+}
+
+kv_err lsm_compact_wait_idle(lsm_db *db)
+{
+    pthread_mutex_lock(&db->mu);
+    while (db->bg_err == KV_OK && !db->stop &&
+           (db->running || (db->nthreads && !db->o.no_auto_compaction && needs_work(db))))
+        pthread_cond_wait(&db->cv, &db->mu);
+    kv_err rv = db->bg_err;
+    pthread_mutex_unlock(&db->mu);
+    return rv;
+}
+
+/* One manual job: all files of level l into l + 1 (mu held). */
+static kv_err manual_level(lsm_db *db, int l)
+{
+    cjob j = {.from = l, .to = l + 1, .base = lsm_db_current(db)};
+    kv_err rv = job_inputs(db, &j, 0, j.base->nfiles[l]);
+    if (rv != KV_OK) {
+        free(j.in[0]);
+        free(j.in[1]);
+        lsm_version_unref(j.base);
+        return rv;
+    }
+    db->busy[l] = db->busy[l + 1] = true;
+    db->running++;
+    pthread_mutex_unlock(&db->mu);
+    return run_job(db, &j);
+}
+
+kv_err lsm_compact_all(lsm_db *db)
+{
+    pthread_mutex_lock(&db->mu);
+    while (db->manual)
+        pthread_cond_wait(&db->cv, &db->mu);
+    db->manual = true;
+    while (db->running)
+        pthread_cond_wait(&db->cv, &db->mu);
+    kv_err rv = KV_OK;
+    int deepest = 0;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        if (db->cur->nfiles[l])
+            deepest = l;
+    if (deepest == 0)
+        deepest = 1;
+    for (int l = 0; l < deepest && rv == KV_OK; l++)
+        if (db->cur->nfiles[l])
+            rv = manual_level(db, l);
+    db->manual = false;
+    pthread_cond_broadcast(&db->cv);
+    pthread_mutex_unlock(&db->mu);
+    return rv;
+}

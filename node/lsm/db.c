@@ -1,0 +1,497 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The LSM db object: open/recovery, the WAL append path, flushes of the
+ * memory tier's sorted runs into L0, point and batch lookups, stats and
+ * close. Lookups pin the current version (refcount taken under vmu), then
+ * probe level by level: in L0 every file whose range and bloom filter admit
+ * the key is read and the highest seqno wins (promoted records keep old
+ * seqnos); in L1+ one file per level, the first hit wins. The block reads of
+ * one level are submitted together through the volume layer, for all keys
+ * of a multiget at once.
+ *
+ * Locks: vmu guards only the current-version pointer; mu guards file
+ * numbers, the flushed seqno, manifest appends and compaction state; flush_mu
+ * serialises flushes. Order: flush_mu, then mu, then vmu. No lock is held
+ * across data I/O except manifest appends (under mu).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/log.h"
+#include "node/lsm/lsm_int.h"
+
+#define MANIFEST_REWRITE_BYTES (64u << 20)
+
+void lsm_opts_default(lsm_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->fast_mb = 1024;
+    o->sync = LSM_SYNC_ALWAYS;
+    o->sync_ms = 5;
+    o->block_size = 4096;
+    o->l0_trigger = 4;
+    o->l0_stop = 20;
+    o->compaction_threads = 1;
+}
+
+static void fill_defaults(lsm_opts *o)
+{
+    lsm_opts d;
+    lsm_opts_default(&d);
+    o->fast_mb = o->fast_mb ? o->fast_mb : d.fast_mb;
+    o->sync_ms = o->sync_ms ? o->sync_ms : d.sync_ms;
+    o->block_size = o->block_size ? o->block_size : d.block_size;
+    o->l0_trigger = o->l0_trigger ? o->l0_trigger : d.l0_trigger;
+    o->l0_stop = o->l0_stop ? o->l0_stop : d.l0_stop;
+    if (o->l0_stop <= o->l0_trigger)
+        o->l0_stop = o->l0_trigger + 1;
+}
+
+/* L1 = FD/12 so that L1 + L2 (11/12 of FD) fit next to L0 and the WAL;
+ * deeper levels go to SD once the cumulative target exceeds 95% of FD. */
+static void size_levels(lsm_db *db)
+{
+    uint64_t fast = db->o.fast_mb << 20, cum = 0;
+    uint64_t t1 = fast / 12 < (64u << 10) ? (64u << 10) : fast / 12;
+    db->level_tier[0] = LSM_TIER_FD;
+    for (int l = 1; l < LSM_MAX_LEVELS; l++) {
+        db->target[l] = l == 1 ? t1 : db->target[l - 1] * 10;
+        cum += db->target[l];
+        bool fd = !db->has_sd || (db->level_tier[l - 1] == LSM_TIER_FD && cum <= fast / 100 * 95);
+        db->level_tier[l] = fd ? LSM_TIER_FD : LSM_TIER_SD;
+    }
+    uint64_t fs = db->o.file_mb ? db->o.file_mb << 20 : t1 / 4;
+    db->file_size = fs < (64u << 10) ? (64u << 10) : fs > (64u << 20) ? (64u << 20) : fs;
+}
+
+lsm_version *lsm_db_current(lsm_db *db)
+{
+    pthread_mutex_lock(&db->vmu);
+    lsm_version *v = db->cur;
+    atomic_fetch_add(&v->refs, 1);
+    pthread_mutex_unlock(&db->vmu);
+    return v;
+}
+
+uint64_t lsm_db_new_number(lsm_db *db)
+{
+    return db->next_file++;
+}
+
+static lsm_edit snapshot_of(lsm_db *db, const lsm_version *v)
+{
+    lsm_edit e = {.has_flushed = true,
+                  .flushed_seq = db->flushed_seq,
+                  .has_log = true,
+                  .log_number = db->log_number,
+                  .has_next = true};
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        for (size_t i = 0; i < v->nfiles[l]; i++)
+            if (lsm_edit_add(&e, v->files[l][i]) != KV_OK)
+                e.has_next = false; /* reported by the caller */
+    return e;
+}
+
+/* Writes a fresh manifest holding the current state (mu held). */
+static kv_err rewrite_manifest(lsm_db *db)
+{
+    lsm_edit e = snapshot_of(db, db->cur);
+    uint64_t number = db->next_file++;
+    e.next_file = db->next_file;
+    kv_err rv = e.has_next ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    lsm_manifest *m = NULL;
+    if (rv == KV_OK)
+        rv = lsm_manifest_create(&m, &db->vols[0], number, &e,
+                                 db->man ? lsm_manifest_number(db->man) : 0);
+    lsm_edit_free(&e);
+    if (rv != KV_OK)
+        return rv;
+    lsm_manifest_close(db->man);
+    db->man = m;
+    return KV_OK;
+}
+
+static void mark_obsolete(const lsm_version *old, const lsm_edit *e)
+{
+    for (size_t d = 0; d < e->ndel; d++) {
+        bool readded = false;
+        for (size_t a = 0; a < e->nadd; a++)
+            readded |= e->adds[a]->number == e->del_numbers[d];
+        int l = e->del_levels[d];
+        for (size_t i = 0; !readded && i < old->nfiles[l]; i++)
+            if (old->files[l][i]->number == e->del_numbers[d])
+                atomic_store(&old->files[l][i]->obsolete, true);
+    }
+}
+
+kv_err lsm_db_install(lsm_db *db, lsm_edit *e)
+{
+    e->has_next = true;
+    e->next_file = db->next_file;
+    kv_err rv = lsm_manifest_append(db->man, e);
+    if (rv != KV_OK) {
+        KV_ERROR(LSM_LOG, "MANIFEST append: %s", kv_strerror(rv));
+        return rv;
+    }
+    lsm_version *nv = lsm_version_apply(db->cur, e);
+    if (!nv)
+        return KV_RESOURCE_EXHAUSTED;
+    mark_obsolete(db->cur, e);
+    pthread_mutex_lock(&db->vmu);
+    lsm_version *old = db->cur;
+    db->cur = nv;
+    pthread_mutex_unlock(&db->vmu);
+    lsm_version_unref(old);
+    if (lsm_manifest_size(db->man) > MANIFEST_REWRITE_BYTES && rewrite_manifest(db) != KV_OK)
+        KV_WARN(LSM_LOG, "MANIFEST rewrite failed; keeping the current one");
+    return KV_OK;
+}
+
+/* ---- open / close ---- */
+
+static void db_free(lsm_db *db)
+{
+    lsm_wal_close(db->wal);
+    lsm_manifest_close(db->man);
+    lsm_version_unref(db->cur);
+    for (int i = 0; i < 2; i++)
+        lsm_vol_fini(&db->vols[i]);
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        free(db->cptr[l]);
+    free(db->fast_dir);
+    free(db->slow_dir);
+    pthread_mutex_destroy(&db->vmu);
+    pthread_mutex_destroy(&db->mu);
+    pthread_mutex_destroy(&db->flush_mu);
+    pthread_cond_destroy(&db->cv);
+    free(db);
+}
+
+static bool is_live(const lsm_version *v, uint64_t number)
+{
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        for (size_t i = 0; i < v->nfiles[l]; i++)
+            if (v->files[l][i]->number == number)
+                return true;
+    return false;
+}
+
+/* Deletes SSTs no version references (left by a crash mid flush/compaction)
+ * and returns the highest file number seen. */
+static uint64_t sweep_orphans(lsm_db *db, lsm_vol *v)
+{
+    uint64_t max = 0;
+    DIR *d = opendir(v->dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char *end;
+        uint64_t num = strtoull(e->d_name, &end, 10);
+        if (end == e->d_name || strcmp(end, ".sst") != 0)
+            continue;
+        max = num > max ? num : max;
+        if (!is_live(db->cur, num)) {
+            KV_INFO(LSM_LOG, "deleting orphan SST %s/%s", v->dir, e->d_name);
+            lsm_vol_unlink(v, e->d_name);
+        }
+    }
+    if (d)
+        closedir(d);
+    return max;
+}
+
+/* Opens the SSTs the manifest lists and builds the first version. */
+static kv_err open_files(lsm_db *db, lsm_recovered *st, uint64_t *max_seq)
+{
+    for (size_t i = 0; i < st->state.nadd; i++) {
+        lsm_file *f = st->state.adds[i];
+        if (f->tier == LSM_TIER_SD && !db->has_sd) {
+            KV_ERROR(LSM_LOG, "SST %06" PRIu64 " lives on the slow volume but no slow_dir is set",
+                     f->number);
+            return KV_INVALID_ARGUMENT;
+        }
+        f->vol = &db->vols[f->tier == LSM_TIER_SD ? 1 : 0];
+        kv_err rv = lsm_sst_open(f->vol, f->number, &f->sst);
+        if (rv != KV_OK)
+            return rv;
+        *max_seq = f->max_seq > *max_seq ? f->max_seq : *max_seq;
+    }
+    db->cur = lsm_version_apply(NULL, &st->state);
+    return db->cur ? KV_OK : KV_RESOURCE_EXHAUSTED;
+}
+
+static kv_err recover(lsm_db *db, lsm_replay_fn fn, void *arg)
+{
+    lsm_recovered st = {0};
+    kv_err rv = lsm_manifest_recover(&db->vols[0], &st);
+    if (rv == KV_NOT_FOUND) {
+        st.state.next_file = 1;
+        rv = KV_OK;
+    }
+    uint64_t max_seq = 0, wmax = 0, wnum = 0;
+    if (rv == KV_OK)
+        rv = open_files(db, &st, &max_seq);
+    db->flushed_seq = st.state.flushed_seq;
+    db->next_file = st.state.next_file;
+    lsm_wal_seg *segs = NULL;
+    size_t nsegs = 0;
+    if (rv == KV_OK)
+        rv = lsm_wal_recover(&db->vols[0], db->flushed_seq, fn, arg, &segs, &nsegs, &wmax, &wnum);
+    if (rv != KV_OK) {
+        lsm_edit_free(&st.state);
+        return rv;
+    }
+    max_seq = wmax > max_seq ? wmax : max_seq;
+    max_seq = db->flushed_seq > max_seq ? db->flushed_seq : max_seq;
+    atomic_store(&db->last_seq, max_seq);
+    uint64_t hi = wnum;
+    for (int i = 0; i < (db->has_sd ? 2 : 1); i++) {
+        uint64_t m = sweep_orphans(db, &db->vols[i]);
+        hi = m > hi ? m : hi;
+    }
+    db->next_file = hi + 1 > db->next_file ? hi + 1 : db->next_file;
+    uint64_t wal_number = db->next_file++;
+    db->log_number = wal_number;
+    db->man = NULL;
+    rv = rewrite_manifest(db);
+    if (rv == KV_OK && st.manifest && st.manifest != lsm_manifest_number(db->man)) {
+        char name[64];
+        snprintf(name, sizeof(name), "MANIFEST-%06" PRIu64, st.manifest);
+        lsm_vol_unlink(&db->vols[0], name);
+    }
+    lsm_edit_free(&st.state);
+    if (rv == KV_OK)
+        rv = lsm_wal_open(&db->wal, &db->vols[0], &db->o, wal_number, segs, nsegs);
+    else
+        free(segs);
+    if (rv == KV_OK)
+        lsm_wal_release(db->wal, db->flushed_seq);
+    return rv;
+}
+
+static kv_err check_opts(const lsm_opts *o)
+{
+    if (!o || !o->fast_dir || !*o->fast_dir)
+        return KV_INVALID_ARGUMENT;
+    if (o->block_size && (o->block_size < 256 || o->block_size > (16u << 20)))
+        return KV_INVALID_ARGUMENT;
+    if (o->sync > LSM_SYNC_NONE)
+        return KV_INVALID_ARGUMENT;
+    return KV_OK;
+}
+
+kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg)
+{
+    kv_err rv = check_opts(o);
+    if (rv != KV_OK || !out) {
+        KV_ERROR(LSM_LOG, "lsm_open: invalid options (fast_dir, block_size or sync)");
+        return KV_INVALID_ARGUMENT;
+    }
+    lsm_db *db = calloc(1, sizeof(*db));
+    if (!db)
+        return KV_RESOURCE_EXHAUSTED;
+    db->o = *o;
+    fill_defaults(&db->o);
+    db->has_sd = o->slow_dir && *o->slow_dir;
+    db->fast_dir = strdup(o->fast_dir);
+    db->slow_dir = db->has_sd ? strdup(o->slow_dir) : NULL;
+    db->o.fast_dir = db->fast_dir;
+    db->o.slow_dir = db->slow_dir;
+    db->vols[0].dirfd = db->vols[1].dirfd = -1;
+    pthread_mutex_init(&db->vmu, NULL);
+    pthread_mutex_init(&db->mu, NULL);
+    pthread_mutex_init(&db->flush_mu, NULL);
+    pthread_cond_init(&db->cv, NULL);
+    size_levels(db);
+    bool uring = !db->o.disable_io_uring;
+    rv = db->fast_dir && (!db->has_sd || db->slow_dir) ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    if (rv == KV_OK)
+        rv = lsm_vol_init(&db->vols[0], db->fast_dir, LSM_TIER_FD, uring);
+    if (rv == KV_OK && db->has_sd)
+        rv = lsm_vol_init(&db->vols[1], db->slow_dir, LSM_TIER_SD, uring);
+    if (rv == KV_OK)
+        rv = recover(db, fn, arg);
+    if (rv == KV_OK)
+        rv = lsm_compact_start(db);
+    if (rv != KV_OK) {
+        KV_ERROR(LSM_LOG, "lsm_open %s: %s", o->fast_dir, kv_strerror(rv));
+        db_free(db);
+        return rv;
+    }
+    KV_INFO(LSM_LOG, "opened %s%s%s: last seqno %" PRIu64 ", flushed %" PRIu64 ", %s", db->fast_dir,
+            db->has_sd ? " + " : "", db->has_sd ? db->slow_dir : "", atomic_load(&db->last_seq),
+            db->flushed_seq, db->vols[0].uring ? "io_uring" : "pread/pwrite");
+    *out = db;
+    return KV_OK;
+}
+
+void lsm_close(lsm_db *db)
+{
+    if (!db)
+        return;
+    lsm_compact_stop(db);
+    db_free(db);
+}
+
+/* ---- writes ---- */
+
+static void bump_last(lsm_db *db, uint64_t seq)
+{
+    uint64_t cur = atomic_load(&db->last_seq);
+    while (seq > cur && !atomic_compare_exchange_weak(&db->last_seq, &cur, seq))
+        ;
+}
+
+uint64_t lsm_last_seqno(lsm_db *db)
+{
+    return atomic_load(&db->last_seq);
+}
+
+uint64_t lsm_flush_generation(lsm_db *db)
+{
+    return atomic_load(&db->flush_gen);
+}
+
+kv_err lsm_wal_append(lsm_db *db, const lsm_rec *recs, size_t n)
+{
+    kv_err rv = lsm_wal_write(db->wal, recs, n);
+    if (rv != KV_OK)
+        return rv;
+    uint64_t bytes = 0, max = 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes += recs[i].klen + (recs[i].type == LSM_PUT ? recs[i].vlen : 0);
+        max = recs[i].seqno > max ? recs[i].seqno : max;
+    }
+    atomic_fetch_add(&db->user_bytes, bytes);
+    bump_last(db, max);
+    return KV_OK;
+}
+
+static kv_err check_run(const lsm_rec *r, size_t n, uint64_t max_seqno)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!lsm_rec_valid(&r[i]) || r[i].seqno > max_seqno)
+            return KV_INVALID_ARGUMENT;
+        if (i && lsm_key_cmp(r[i - 1].key, r[i - 1].klen, r[i].key, r[i].klen) > 0)
+            return KV_INVALID_ARGUMENT;
+    }
+    return KV_OK;
+}
+
+static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, lsm_file **out)
+{
+    lsm_sst_builder *b;
+    kv_err rv = lsm_sst_builder_open(&b, &db->vols[0], number, db->o.block_size);
+    for (size_t i = 0; rv == KV_OK && i < n; i++)
+        if (!i || lsm_key_cmp(r[i - 1].key, r[i - 1].klen, r[i].key, r[i].klen) != 0)
+            rv = lsm_sst_builder_add(b, &r[i]);
+    if (rv != KV_OK) {
+        if (b)
+            lsm_sst_builder_abort(b);
+        return rv;
+    }
+    return lsm_sst_builder_finish(b, 0, out);
+}
+
+/* Waits (mu held) while L0 is at l0_stop and compaction can drain it. */
+static void stall_l0(lsm_db *db)
+{
+    while (!db->stop && db->nthreads && !db->o.no_auto_compaction && db->bg_err == KV_OK &&
+           db->cur->nfiles[0] >= db->o.l0_stop)
+        pthread_cond_wait(&db->cv, &db->mu);
+}
+
+static kv_err install_flush(lsm_db *db, lsm_file *f, uint64_t max_seqno, uint64_t wal_no)
+{
+    lsm_edit e = {
+        .has_flushed = true, .flushed_seq = max_seqno, .has_log = true, .log_number = wal_no};
+    kv_err rv = f ? lsm_edit_add(&e, f) : KV_OK;
+    pthread_mutex_lock(&db->mu);
+    if (rv == KV_OK)
+        rv = lsm_db_install(db, &e);
+    if (rv == KV_OK) {
+        db->flushed_seq = max_seqno;
+        db->log_number = wal_no;
+        atomic_fetch_add(&db->flush_gen, 1);
+        atomic_fetch_add(&db->flushes, 1);
+        if (f)
+            atomic_fetch_add(&db->flush_bytes, f->size);
+        pthread_cond_broadcast(&db->cv);
+    }
+    pthread_mutex_unlock(&db->mu);
+    lsm_edit_free(&e);
+    return rv;
+}
+
+kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno)
+{
+    kv_err rv = check_run(sorted, n, max_seqno);
+    if (rv != KV_OK || (n && !sorted))
+        return KV_INVALID_ARGUMENT;
+    pthread_mutex_lock(&db->flush_mu);
+    pthread_mutex_lock(&db->mu);
+    if (max_seqno < db->flushed_seq) {
+        pthread_mutex_unlock(&db->mu);
+        pthread_mutex_unlock(&db->flush_mu);
+        return KV_INVALID_ARGUMENT;
+    }
+    stall_l0(db);
+    uint64_t sst_no = lsm_db_new_number(db), wal_no = lsm_db_new_number(db);
+    pthread_mutex_unlock(&db->mu);
+
+    lsm_file *f = NULL;
+    rv = lsm_wal_rotate(db->wal, wal_no);
+    if (rv == KV_OK && n)
+        rv = build_l0(db, sst_no, sorted, n, &f);
+    if (rv == KV_OK)
+        rv = install_flush(db, f, max_seqno, wal_no);
+    if (rv != KV_OK && f)
+        atomic_store(&f->obsolete, true); /* written but not installed */
+    lsm_file_unref(f);
+    if (rv == KV_OK) {
+        lsm_wal_release(db->wal, max_seqno);
+        bump_last(db, max_seqno);
+    } else {
+        KV_ERROR(LSM_LOG, "flush up to seqno %" PRIu64 ": %s", max_seqno, kv_strerror(rv));
+    }
+    pthread_mutex_unlock(&db->flush_mu);
+    return rv;
+}
+
+/* ---- stats ---- */
+
+kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    lsm_version *v = lsm_db_current(db);
+    for (int l = 0; l < LSM_MAX_LEVELS; l++) {
+        out->levels[l].files = v->nfiles[l];
+        out->levels[l].bytes = lsm_level_bytes(v, l);
+        out->levels[l].target_bytes = l ? db->target[l] : 0;
+        out->levels[l].volume = db->level_tier[l];
+    }
+    lsm_version_unref(v);
+    lsm_vol_counters(&db->vols[0], &out->fd);
+    if (db->has_sd)
+        lsm_vol_counters(&db->vols[1], &out->sd);
+    out->reads_fd = atomic_load(&db->reads_fd);
+    out->reads_sd = atomic_load(&db->reads_sd);
+    out->user_bytes = atomic_load(&db->user_bytes);
+    lsm_wal_counters(db->wal, &out->wal_bytes, &out->wal_fsyncs, &out->wal_segments);
+    out->flush_bytes = atomic_load(&db->flush_bytes);
+    out->flushes = atomic_load(&db->flushes);
+    out->compact_read_bytes = atomic_load(&db->c_read);
+    out->compact_write_bytes = atomic_load(&db->c_write);
+    out->compactions = atomic_load(&db->compactions);
+    uint64_t written = out->wal_bytes + out->flush_bytes + out->compact_write_bytes;
+    out->write_amp = out->user_bytes ? (double)written / (double)out->user_bytes : 0.0;
+    pthread_mutex_lock(&db->mu);
+    out->flushed_seqno = db->flushed_seq;
+    pthread_mutex_unlock(&db->mu);
+    out->last_seqno = atomic_load(&db->last_seq);
+    out->flush_generation = atomic_load(&db->flush_gen);
+    out->io_uring = db->vols[0].uring;
+    return KV_OK;
+}

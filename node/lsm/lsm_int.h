@@ -1,0 +1,306 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internal interfaces of the LSM module, shared by its source files and
+ * tests only: byte buffers and the record codec (codec.c), CRC32C, the volume
+ * layer over io_uring / pread (volume.c), SST files with bloom filters
+ * (sst.c), the WAL (wal.c), the MANIFEST and immutable versions
+ * (manifest.c), compaction (compact.c) and the db object (db.c).
+ */
+#ifndef KV_NODE_LSM_LSM_INT_H
+#define KV_NODE_LSM_LSM_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "node/lsm/lsm.h"
+
+#define LSM_LOG "lsm"
+
+/* ---- byte buffers and little-endian helpers (codec.c) ---- */
+
+typedef struct lsm_buf {
+    uint8_t *p;
+    size_t len, cap;
+} lsm_buf;
+
+kv_err lsm_buf_reserve(lsm_buf *b, size_t extra);
+kv_err lsm_buf_put(lsm_buf *b, const void *p, size_t n);
+kv_err lsm_buf_put32(lsm_buf *b, uint32_t v);
+kv_err lsm_buf_put64(lsm_buf *b, uint64_t v);
+void lsm_buf_free(lsm_buf *b);
+
+static inline uint32_t lsm_get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t lsm_get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline void lsm_set32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+static inline void lsm_set64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+
+/* CRC32C (Castagnoli), hardware SSE4.2 when available. crc is the running
+ * value (0 to start). */
+uint32_t lsm_crc32c(uint32_t crc, const void *p, size_t n);
+
+/* Record codec: [u32 klen][u32 vlen][u64 version][u64 seqno][u64 expire_at]
+ * [u8 type][u8 flags][key][value]. */
+#define LSM_REC_HDR 34u
+#define LSM_MAX_KEY (64u << 10)
+#define LSM_MAX_VALUE (256u << 20)
+
+size_t lsm_rec_size(const lsm_rec *r);
+void lsm_rec_encode(uint8_t *dst, const lsm_rec *r);
+/* Decodes one record at p (avail bytes); r's key/value point into p. Returns
+ * KV_OK and *used, or DATA_LOSS when malformed. */
+kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
+bool lsm_rec_valid(const lsm_rec *r);
+/* Deep copy of r (key and value malloc'ed) into *out. */
+kv_err lsm_rec_copy(lsm_rec *out, const lsm_rec *r);
+int lsm_key_cmp(const void *a, size_t al, const void *b, size_t bl);
+/* Maps an errno to kv_err: ENOSPC/EDQUOT -> RESOURCE_EXHAUSTED, else INTERNAL. */
+kv_err lsm_errno(int e);
+
+/* ---- volumes (volume.c) ---- */
+
+typedef struct lsm_vol {
+    char *dir;
+    int dirfd;
+    lsm_tier tier;
+    bool uring; /* use io_uring for this volume */
+    _Atomic uint64_t reads, read_bytes, writes, write_bytes, fsyncs;
+    _Atomic uint64_t rlat_ns, wlat_ns; /* EWMA, alpha 1/8 */
+} lsm_vol;
+
+/* One read request of a batch. res: bytes read or -errno. */
+typedef struct lsm_io {
+    lsm_vol *vol;
+    int fd;
+    void *buf;
+    size_t len;
+    uint64_t off;
+    long res;
+} lsm_io;
+
+kv_err lsm_vol_init(lsm_vol *v, const char *dir, lsm_tier tier, bool use_uring);
+void lsm_vol_fini(lsm_vol *v);
+/* openat(v->dirfd, name, flags, 0644); returns fd or -errno. */
+int lsm_vol_open(lsm_vol *v, const char *name, int flags);
+int lsm_vol_unlink(lsm_vol *v, const char *name);
+kv_err lsm_vol_syncdir(lsm_vol *v);
+/* Submits the n reads together (io_uring) and waits for all; each io's res
+ * is set. Returns KV_OK (check each res). */
+kv_err lsm_vol_read(lsm_io *ios, size_t n);
+/* Reads exactly len bytes; DATA_LOSS on a short read, INTERNAL on error. */
+kv_err lsm_vol_pread(lsm_vol *v, int fd, void *buf, size_t len, uint64_t off);
+/* Writes len bytes at off; with sync, a linked write + fdatasync. */
+kv_err lsm_vol_write(lsm_vol *v, int fd, const void *buf, size_t len, uint64_t off, bool sync);
+kv_err lsm_vol_fsync(lsm_vol *v, int fd);
+void lsm_vol_counters(const lsm_vol *v, lsm_vol_stats *out);
+/* True when io_uring works in this process (probed once, logged). */
+bool lsm_uring_available(void);
+
+/* ---- SST files (sst.c) ---- */
+
+typedef struct lsm_sst lsm_sst;
+
+/* Metadata of one SST, shared by versions (refcounted). */
+typedef struct lsm_file {
+    uint64_t number, size, nentries, min_seq, max_seq;
+    int level;
+    lsm_tier tier;
+    uint8_t *smallest, *largest;
+    size_t slen, llen;
+    lsm_sst *sst; /* open reader; NULL only inside the manifest decoder */
+    lsm_vol *vol;
+    _Atomic int refs;
+    _Atomic bool obsolete; /* unlink when the last reference goes */
+} lsm_file;
+
+void lsm_file_ref(lsm_file *f);
+void lsm_file_unref(lsm_file *f);
+lsm_file *lsm_file_new(void);
+bool lsm_file_covers(const lsm_file *f, const void *key, size_t klen);
+
+void lsm_sst_name(char *buf, size_t cap, uint64_t number);
+kv_err lsm_sst_open(lsm_vol *v, uint64_t number, lsm_sst **out);
+void lsm_sst_close(lsm_sst *s);
+bool lsm_sst_may_contain(const lsm_sst *s, const void *key, size_t klen);
+/* Index of the block that may hold key, or -1 when key is past the last. */
+int lsm_sst_find_block(const lsm_sst *s, const void *key, size_t klen);
+uint32_t lsm_sst_nblocks(const lsm_sst *s);
+/* Fills io to read block blk (payload + crc) into a new malloc'ed buffer. */
+kv_err lsm_sst_block_io(const lsm_sst *s, int blk, lsm_io *io);
+/* Verifies a read block (io->res, crc); DATA_LOSS is logged with the file. */
+kv_err lsm_sst_block_check(const lsm_sst *s, int blk, const lsm_io *io);
+/* Binary search in a verified block: KV_OK + *out (pointing into buf),
+ * NOT_FOUND, or DATA_LOSS. */
+kv_err lsm_block_search(const uint8_t *buf, size_t len, const void *key, size_t klen, lsm_rec *out);
+
+typedef struct lsm_sst_iter {
+    lsm_sst *s;
+    int blk;
+    lsm_io io;
+    uint32_t n, i;
+    size_t payload;
+    lsm_rec cur;
+    bool valid;
+    kv_err err;
+    uint64_t bytes_read;
+} lsm_sst_iter;
+
+/* Positions it on the first record; it->valid false at the end or on error
+ * (it->err). */
+void lsm_sst_iter_init(lsm_sst_iter *it, lsm_sst *s);
+void lsm_sst_iter_next(lsm_sst_iter *it);
+void lsm_sst_iter_fini(lsm_sst_iter *it);
+
+typedef struct lsm_sst_builder lsm_sst_builder;
+kv_err lsm_sst_builder_open(lsm_sst_builder **out, lsm_vol *v, uint64_t number,
+                            unsigned block_size);
+/* Records must come in strictly ascending key order. */
+kv_err lsm_sst_builder_add(lsm_sst_builder *b, const lsm_rec *r);
+uint64_t lsm_sst_builder_size(const lsm_sst_builder *b);
+uint64_t lsm_sst_builder_count(const lsm_sst_builder *b);
+/* Writes bloom, index and footer, fsyncs, opens the reader and returns a new
+ * lsm_file (refs 1) for level/tier. Frees b in every case; on failure the
+ * file is unlinked. */
+kv_err lsm_sst_builder_finish(lsm_sst_builder *b, int level, lsm_file **out);
+void lsm_sst_builder_abort(lsm_sst_builder *b);
+
+/* ---- WAL (wal.c) ---- */
+
+typedef struct lsm_wal lsm_wal;
+typedef struct lsm_wal_seg {
+    uint64_t number, max_seq;
+} lsm_wal_seg;
+
+/* Replays every *.wal segment of v in number order, calling fn for records
+ * with seqno > flushed_seq; truncates a torn/corrupt frame (logged) and
+ * deletes later segments. Returns the segments left (*segs malloc'ed), the
+ * max seqno and max segment number seen. */
+kv_err lsm_wal_recover(lsm_vol *v, uint64_t flushed_seq, lsm_replay_fn fn, void *arg,
+                       lsm_wal_seg **segs, size_t *nsegs, uint64_t *max_seq, uint64_t *max_number);
+/* Opens a new segment `number`; takes ownership of segs (old segments). */
+kv_err lsm_wal_open(lsm_wal **out, lsm_vol *v, const lsm_opts *o, uint64_t number,
+                    lsm_wal_seg *segs, size_t nsegs);
+kv_err lsm_wal_write(lsm_wal *w, const lsm_rec *recs, size_t n);
+/* Seals the current segment (fsync unless sync none) and starts `number`. */
+kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number);
+/* Deletes sealed segments whose records all have seqno <= flushed_seq. */
+void lsm_wal_release(lsm_wal *w, uint64_t flushed_seq);
+void lsm_wal_close(lsm_wal *w);
+void lsm_wal_counters(lsm_wal *w, uint64_t *bytes, uint64_t *fsyncs, uint64_t *segments);
+
+/* Frame format shared by the WAL and the MANIFEST:
+ * [u32 crc32c(len || payload)][u32 len][payload]. */
+#define LSM_FRAME_HDR 8u
+kv_err lsm_frame(lsm_buf *out, const void *payload, size_t len);
+
+/* ---- versions and MANIFEST (manifest.c) ---- */
+
+typedef struct lsm_version {
+    _Atomic int refs;
+    lsm_file **files[LSM_MAX_LEVELS];
+    size_t nfiles[LSM_MAX_LEVELS];
+} lsm_version;
+
+typedef struct lsm_edit {
+    bool has_flushed, has_next, has_log;
+    uint64_t flushed_seq, next_file, log_number;
+    uint64_t *del_numbers;
+    int *del_levels;
+    size_t ndel;
+    lsm_file **adds; /* referenced by the edit */
+    size_t nadd;
+} lsm_edit;
+
+kv_err lsm_edit_add(lsm_edit *e, lsm_file *f);
+kv_err lsm_edit_del(lsm_edit *e, int level, uint64_t number);
+void lsm_edit_free(lsm_edit *e);
+
+lsm_version *lsm_version_new(void);
+void lsm_version_unref(lsm_version *v);
+/* New version = base + e (files referenced). NULL on ENOMEM. */
+lsm_version *lsm_version_apply(const lsm_version *base, const lsm_edit *e);
+uint64_t lsm_level_bytes(const lsm_version *v, int level);
+
+typedef struct lsm_manifest lsm_manifest;
+
+typedef struct lsm_recovered {
+    lsm_edit state;    /* adds = live files (sst not open), flushed/next/log */
+    uint64_t manifest; /* number of the manifest read */
+} lsm_recovered;
+
+/* Reads CURRENT and the manifest it names on v. NOT_FOUND when there is no
+ * CURRENT (a new db); DATA_LOSS (logged, naming the file) when corrupt. */
+kv_err lsm_manifest_recover(lsm_vol *v, lsm_recovered *out);
+/* Writes MANIFEST-<number> holding the snapshot edit, fsyncs it and points
+ * CURRENT at it (atomic rename); deletes the previous manifest `old` (0 =
+ * none). */
+kv_err lsm_manifest_create(lsm_manifest **out, lsm_vol *v, uint64_t number,
+                           const lsm_edit *snapshot, uint64_t old);
+kv_err lsm_manifest_append(lsm_manifest *m, const lsm_edit *e);
+uint64_t lsm_manifest_size(const lsm_manifest *m);
+uint64_t lsm_manifest_number(const lsm_manifest *m);
+void lsm_manifest_close(lsm_manifest *m);
+
+/* ---- the db (db.c, compact.c) ---- */
+
+struct lsm_db {
+    lsm_opts o;
+    char *fast_dir, *slow_dir;
+    lsm_vol vols[2]; /* [0] FD, [1] SD */
+    bool has_sd;
+    lsm_wal *wal;
+    lsm_manifest *man;
+
+    pthread_mutex_t vmu; /* protects cur only */
+    lsm_version *cur;
+
+    pthread_mutex_t mu; /* next_file, flushed_seq, manifest, compaction state */
+    pthread_cond_t cv;
+    pthread_mutex_t flush_mu;
+    uint64_t next_file, flushed_seq, log_number;
+    _Atomic uint64_t last_seq, flush_gen;
+
+    uint64_t target[LSM_MAX_LEVELS];
+    lsm_tier level_tier[LSM_MAX_LEVELS];
+    uint64_t file_size;
+    uint8_t *cptr[LSM_MAX_LEVELS]; /* round-robin compaction pointer */
+    size_t cptr_len[LSM_MAX_LEVELS];
+
+    pthread_t *threads;
+    unsigned nthreads;
+    bool stop, manual;
+    bool busy[LSM_MAX_LEVELS];
+    int running;
+    kv_err bg_err;
+
+    _Atomic uint64_t reads_fd, reads_sd, user_bytes, flush_bytes, flushes;
+    _Atomic uint64_t c_read, c_write, compactions;
+};
+
+lsm_version *lsm_db_current(lsm_db *db);
+/* With db->mu held: appends e to the manifest, installs cur + e. */
+kv_err lsm_db_install(lsm_db *db, lsm_edit *e);
+uint64_t lsm_db_new_number(lsm_db *db); /* db->mu held */
+
+kv_err lsm_compact_start(lsm_db *db);
+void lsm_compact_stop(lsm_db *db);
+
+#endif

@@ -1,0 +1,581 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * SST files: immutable sorted runs with one record per key.
+ *
+ *   [data block][crc32c] ... [bloom][crc32c] [index][crc32c] [footer 48 B]
+ *
+ * A data block is a run of encoded records (codec.c) followed by a u32
+ * offset per record and a u32 record count, so lookups binary-search it. The
+ * index holds, per block, its last key, offset and length; the bloom filter
+ * uses 10 bits per key and 7 probes derived from one xxh64 by double hashing
+ * (Kirsch & Mitzenmacher). The footer (index/bloom position, entry count,
+ * magic, its own crc) is read at open together with the index and the bloom,
+ * which stay in memory; data blocks are read on demand through the volume
+ * layer and verified before use. A corrupt block yields DATA_LOSS and a log
+ * line naming the file, never a crash or wrong data. Readers are immutable
+ * after open and safe to share between threads; a builder belongs to one
+ * thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "common/hash.h"
+#include "common/log.h"
+#include "node/lsm/lsm_int.h"
+
+#define SST_MAGIC 0x31545353534d534cull /* "LSMSSST1" */
+#define FOOTER_LEN 48u
+#define BLOOM_BITS_PER_KEY 10u
+#define BLOOM_K 7u
+#define BLOOM_SEED 0x6c736d626c6f6f6dull
+#define WRITE_CHUNK (256u << 10)
+
+struct lsm_sst {
+    lsm_vol *v;
+    int fd;
+    uint64_t number, size, nentries;
+    char path[512];
+    uint8_t *index;
+    uint32_t nblocks;
+    uint64_t *boff;
+    uint32_t *blen, *bklen;
+    const uint8_t **bkey;
+    uint8_t *bloom;
+    uint64_t bloom_bits;
+    unsigned k;
+};
+
+struct lsm_sst_builder {
+    lsm_vol *v;
+    uint64_t number;
+    int fd;
+    unsigned block_size;
+    lsm_buf out, blk, offs, index, last, first;
+    uint64_t off; /* file offset of out.p[0] */
+    uint32_t nblk;
+    uint64_t *hashes;
+    size_t nh, hcap;
+    uint64_t count, min_seq, max_seq;
+};
+
+void lsm_sst_name(char *buf, size_t cap, uint64_t number)
+{
+    snprintf(buf, cap, "%06" PRIu64 ".sst", number);
+}
+
+/* ---- bloom ---- */
+
+static void bloom_set(uint8_t *bits, uint64_t nbits, uint64_t h)
+{
+    uint64_t h1 = (uint32_t)h, h2 = (h >> 32) | 1;
+    for (unsigned i = 0; i < BLOOM_K; i++) {
+        uint64_t b = (h1 + i * h2) % nbits;
+        bits[b / 8] |= (uint8_t)(1u << (b % 8));
+    }
+}
+
+bool lsm_sst_may_contain(const lsm_sst *s, const void *key, size_t klen)
+{
+    if (!s->bloom_bits)
+        return true;
+    uint64_t h = kv_hash64(key, klen, BLOOM_SEED);
+    uint64_t h1 = (uint32_t)h, h2 = (h >> 32) | 1;
+    for (unsigned i = 0; i < s->k; i++) {
+        uint64_t b = (h1 + i * h2) % s->bloom_bits;
+        if (!(s->bloom[b / 8] & (1u << (b % 8))))
+            return false;
+    }
+    return true;
+}
+
+/* ---- builder ---- */
+
+kv_err lsm_sst_builder_open(lsm_sst_builder **out, lsm_vol *v, uint64_t number, unsigned block_size)
+{
+    lsm_sst_builder *b = calloc(1, sizeof(*b));
+    if (!b)
+        return KV_RESOURCE_EXHAUSTED;
+    char name[64];
+    lsm_sst_name(name, sizeof(name), number);
+    b->fd = lsm_vol_open(v, name, O_WRONLY | O_CREAT | O_TRUNC);
+    if (b->fd < 0) {
+        kv_err rv = lsm_errno(b->fd);
+        KV_ERROR(LSM_LOG, "create %s/%s: %s", v->dir, name, strerror(-b->fd));
+        free(b);
+        return rv;
+    }
+    b->v = v;
+    b->number = number;
+    b->block_size = block_size;
+    b->min_seq = UINT64_MAX;
+    *out = b;
+    return KV_OK;
+}
+
+static kv_err write_out(lsm_sst_builder *b, bool sync)
+{
+    kv_err rv = lsm_vol_write(b->v, b->fd, b->out.p, b->out.len, b->off, sync);
+    if (rv != KV_OK)
+        return rv;
+    b->off += b->out.len;
+    b->out.len = 0;
+    return KV_OK;
+}
+
+/* Appends payload + crc to the output; *at = its file offset. */
+static kv_err put_checked(lsm_sst_builder *b, const lsm_buf *payload, uint64_t *at)
+{
+    *at = b->off + b->out.len;
+    kv_err rv = lsm_buf_put(&b->out, payload->p, payload->len);
+    if (rv == KV_OK)
+        rv = lsm_buf_put32(&b->out, lsm_crc32c(0, payload->p, payload->len));
+    return rv;
+}
+
+static kv_err flush_block(lsm_sst_builder *b)
+{
+    kv_err rv = lsm_buf_put(&b->blk, b->offs.p, b->offs.len);
+    if (rv == KV_OK)
+        rv = lsm_buf_put32(&b->blk, b->nblk);
+    uint64_t at;
+    if (rv == KV_OK)
+        rv = put_checked(b, &b->blk, &at);
+    if (rv == KV_OK)
+        rv = lsm_buf_put32(&b->index, (uint32_t)b->last.len);
+    if (rv == KV_OK)
+        rv = lsm_buf_put(&b->index, b->last.p, b->last.len);
+    if (rv == KV_OK)
+        rv = lsm_buf_put64(&b->index, at);
+    if (rv == KV_OK)
+        rv = lsm_buf_put32(&b->index, (uint32_t)b->blk.len);
+    b->blk.len = b->offs.len = 0;
+    b->nblk = 0;
+    if (rv == KV_OK && b->out.len >= WRITE_CHUNK)
+        rv = write_out(b, false);
+    return rv;
+}
+
+kv_err lsm_sst_builder_add(lsm_sst_builder *b, const lsm_rec *r)
+{
+    if (b->count && lsm_key_cmp(b->last.p, b->last.len, r->key, r->klen) >= 0)
+        return KV_INVALID_ARGUMENT;
+    size_t sz = lsm_rec_size(r);
+    kv_err rv = lsm_buf_reserve(&b->blk, sz);
+    if (rv == KV_OK)
+        rv = lsm_buf_put32(&b->offs, (uint32_t)b->blk.len);
+    if (rv != KV_OK)
+        return rv;
+    lsm_rec_encode(b->blk.p + b->blk.len, r);
+    b->blk.len += sz;
+    b->nblk++;
+    b->last.len = 0;
+    if ((rv = lsm_buf_put(&b->last, r->key, r->klen)) != KV_OK)
+        return rv;
+    if (!b->count && (rv = lsm_buf_put(&b->first, r->key, r->klen)) != KV_OK)
+        return rv;
+    if (b->nh == b->hcap) {
+        size_t cap = b->hcap ? b->hcap * 2 : 1024;
+        uint64_t *h = realloc(b->hashes, cap * sizeof(*h));
+        if (!h)
+            return KV_RESOURCE_EXHAUSTED;
+        b->hashes = h;
+        b->hcap = cap;
+    }
+    b->hashes[b->nh++] = kv_hash64(r->key, r->klen, BLOOM_SEED);
+    b->count++;
+    b->min_seq = r->seqno < b->min_seq ? r->seqno : b->min_seq;
+    b->max_seq = r->seqno > b->max_seq ? r->seqno : b->max_seq;
+    if (b->blk.len + b->offs.len + 4 >= b->block_size)
+        return flush_block(b);
+    return KV_OK;
+}
+
+uint64_t lsm_sst_builder_size(const lsm_sst_builder *b)
+{
+    return b->off + b->out.len + b->blk.len;
+}
+
+uint64_t lsm_sst_builder_count(const lsm_sst_builder *b)
+{
+    return b->count;
+}
+
+static void builder_free(lsm_sst_builder *b)
+{
+    if (b->fd >= 0)
+        close(b->fd);
+    lsm_buf_free(&b->out);
+    lsm_buf_free(&b->blk);
+    lsm_buf_free(&b->offs);
+    lsm_buf_free(&b->index);
+    lsm_buf_free(&b->last);
+    lsm_buf_free(&b->first);
+    free(b->hashes);
+    free(b);
+}
+
+void lsm_sst_builder_abort(lsm_sst_builder *b)
+{
+    if (!b)
+        return;
+    char name[64];
+    lsm_sst_name(name, sizeof(name), b->number);
+    lsm_vol *v = b->v;
+    builder_free(b);
+    lsm_vol_unlink(v, name);
+}
+
+/* Bloom, index and footer, then everything left is written and synced. */
+static kv_err finish_tail(lsm_sst_builder *b)
+{
+    kv_err rv = KV_OK;
+    if (b->nblk)
+        rv = flush_block(b);
+    lsm_buf bloom = {0};
+    uint64_t nbits = b->nh * BLOOM_BITS_PER_KEY;
+    nbits = nbits < 64 ? 64 : nbits;
+    if (rv == KV_OK)
+        rv = lsm_buf_reserve(&bloom, nbits / 8 + 2);
+    if (rv == KV_OK) {
+        bloom.len = (nbits + 7) / 8 + 1;
+        memset(bloom.p, 0, bloom.len);
+        for (size_t i = 0; i < b->nh; i++)
+            bloom_set(bloom.p, (bloom.len - 1) * 8, b->hashes[i]);
+        bloom.p[bloom.len - 1] = BLOOM_K;
+    }
+    uint64_t bloom_off = 0, index_off = 0;
+    if (rv == KV_OK)
+        rv = put_checked(b, &bloom, &bloom_off);
+    if (rv == KV_OK)
+        rv = put_checked(b, &b->index, &index_off);
+    uint8_t f[FOOTER_LEN] = {0};
+    lsm_set64(f, index_off);
+    lsm_set32(f + 8, (uint32_t)b->index.len);
+    lsm_set32(f + 12, (uint32_t)bloom.len);
+    lsm_set64(f + 16, bloom_off);
+    lsm_set64(f + 24, b->count);
+    lsm_set64(f + 32, SST_MAGIC);
+    lsm_set32(f + 40, 1);
+    lsm_set32(f + 44, lsm_crc32c(0, f, 44));
+    lsm_buf_free(&bloom);
+    if (rv == KV_OK)
+        rv = lsm_buf_put(&b->out, f, sizeof(f));
+    if (rv == KV_OK)
+        rv = write_out(b, true);
+    return rv;
+}
+
+kv_err lsm_sst_builder_finish(lsm_sst_builder *b, int level, lsm_file **out)
+{
+    lsm_file *f = lsm_file_new();
+    kv_err rv = f ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    if (rv == KV_OK && b->count == 0)
+        rv = KV_INVALID_ARGUMENT;
+    if (rv == KV_OK)
+        rv = finish_tail(b);
+    if (rv == KV_OK)
+        rv = lsm_vol_syncdir(b->v);
+    if (rv == KV_OK) {
+        f->smallest = malloc(b->first.len);
+        f->largest = malloc(b->last.len);
+        if (!f->smallest || !f->largest)
+            rv = KV_RESOURCE_EXHAUSTED;
+    }
+    if (rv == KV_OK)
+        rv = lsm_sst_open(b->v, b->number, &f->sst);
+    if (rv != KV_OK) {
+        if (f)
+            lsm_file_unref(f);
+        lsm_sst_builder_abort(b);
+        return rv;
+    }
+    memcpy(f->smallest, b->first.p, b->first.len);
+    memcpy(f->largest, b->last.p, b->last.len);
+    f->slen = b->first.len;
+    f->llen = b->last.len;
+    f->number = b->number;
+    f->size = b->off;
+    f->nentries = b->count;
+    f->min_seq = b->min_seq;
+    f->max_seq = b->max_seq;
+    f->level = level;
+    f->tier = b->v->tier;
+    f->vol = b->v;
+    builder_free(b);
+    *out = f;
+    return KV_OK;
+}
+
+/* ---- reader ---- */
+
+static kv_err sst_corrupt(const lsm_sst *s, const char *what)
+{
+    KV_ERROR(LSM_LOG, "corrupt SST %s: %s", s->path, what);
+    return KV_DATA_LOSS;
+}
+
+/* Reads [off, off+len) + crc into a new buffer and verifies it. */
+static kv_err read_checked(lsm_sst *s, uint64_t off, uint32_t len, uint8_t **out)
+{
+    if (off + len + 4 > s->size)
+        return sst_corrupt(s, "block past end of file");
+    uint8_t *p = malloc((size_t)len + 4);
+    if (!p)
+        return KV_RESOURCE_EXHAUSTED;
+    kv_err rv = lsm_vol_pread(s->v, s->fd, p, (size_t)len + 4, off);
+    if (rv == KV_OK && lsm_crc32c(0, p, len) != lsm_get32(p + len))
+        rv = sst_corrupt(s, "meta block checksum mismatch");
+    if (rv != KV_OK) {
+        free(p);
+        return rv;
+    }
+    *out = p;
+    return KV_OK;
+}
+
+static kv_err parse_index(lsm_sst *s, uint32_t len)
+{
+    uint32_t n = 0;
+    for (uint32_t at = 0; at < len; n++) {
+        if (len - at < 4 || len - at - 4 < lsm_get32(s->index + at) + 12u)
+            return sst_corrupt(s, "malformed index");
+        at += 4 + lsm_get32(s->index + at) + 12;
+    }
+    s->boff = malloc(sizeof(*s->boff) * (n + 1));
+    s->blen = malloc(sizeof(*s->blen) * (n + 1));
+    s->bklen = malloc(sizeof(*s->bklen) * (n + 1));
+    s->bkey = malloc(sizeof(*s->bkey) * (n + 1));
+    if (!s->boff || !s->blen || !s->bklen || !s->bkey)
+        return KV_RESOURCE_EXHAUSTED;
+    const uint8_t *p = s->index;
+    for (uint32_t i = 0; i < n; i++) {
+        s->bklen[i] = lsm_get32(p);
+        s->bkey[i] = p + 4;
+        s->boff[i] = lsm_get64(p + 4 + s->bklen[i]);
+        s->blen[i] = lsm_get32(p + 12 + s->bklen[i]);
+        p += 16 + s->bklen[i];
+    }
+    s->nblocks = n;
+    return KV_OK;
+}
+
+static kv_err load_meta(lsm_sst *s)
+{
+    off_t end = lseek(s->fd, 0, SEEK_END);
+    if (end < (off_t)FOOTER_LEN)
+        return sst_corrupt(s, "file too short");
+    s->size = (uint64_t)end;
+    uint8_t f[FOOTER_LEN];
+    kv_err rv = lsm_vol_pread(s->v, s->fd, f, FOOTER_LEN, s->size - FOOTER_LEN);
+    if (rv != KV_OK)
+        return rv;
+    if (lsm_get64(f + 32) != SST_MAGIC || lsm_crc32c(0, f, 44) != lsm_get32(f + 44))
+        return sst_corrupt(s, "bad footer");
+    uint32_t ilen = lsm_get32(f + 8), blen = lsm_get32(f + 12);
+    s->nentries = lsm_get64(f + 24);
+    if ((rv = read_checked(s, lsm_get64(f), ilen, &s->index)) != KV_OK)
+        return rv;
+    if ((rv = read_checked(s, lsm_get64(f + 16), blen, &s->bloom)) != KV_OK)
+        return rv;
+    if (blen < 2 || s->bloom[blen - 1] == 0 || s->bloom[blen - 1] > 30)
+        return sst_corrupt(s, "malformed bloom filter");
+    s->k = s->bloom[blen - 1];
+    s->bloom_bits = (uint64_t)(blen - 1) * 8;
+    return parse_index(s, ilen);
+}
+
+kv_err lsm_sst_open(lsm_vol *v, uint64_t number, lsm_sst **out)
+{
+    lsm_sst *s = calloc(1, sizeof(*s));
+    if (!s)
+        return KV_RESOURCE_EXHAUSTED;
+    char name[64];
+    lsm_sst_name(name, sizeof(name), number);
+    snprintf(s->path, sizeof(s->path), "%s/%s", v->dir, name);
+    s->v = v;
+    s->number = number;
+    s->fd = lsm_vol_open(v, name, O_RDONLY);
+    if (s->fd < 0) {
+        KV_ERROR(LSM_LOG, "open SST %s: %s", s->path, strerror(-s->fd));
+        kv_err rv = s->fd == -ENOENT ? KV_DATA_LOSS : lsm_errno(s->fd);
+        free(s);
+        return rv;
+    }
+    kv_err rv = load_meta(s);
+    if (rv != KV_OK) {
+        lsm_sst_close(s);
+        return rv;
+    }
+    *out = s;
+    return KV_OK;
+}
+
+void lsm_sst_close(lsm_sst *s)
+{
+    if (!s)
+        return;
+    if (s->fd >= 0)
+        close(s->fd);
+    free(s->index);
+    free(s->bloom);
+    free(s->boff);
+    free(s->blen);
+    free(s->bklen);
+    free(s->bkey);
+    free(s);
+}
+
+uint32_t lsm_sst_nblocks(const lsm_sst *s)
+{
+    return s->nblocks;
+}
+
+int lsm_sst_find_block(const lsm_sst *s, const void *key, size_t klen)
+{
+    uint32_t lo = 0, hi = s->nblocks;
+    while (lo < hi) { /* first block whose last key >= key */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (lsm_key_cmp(s->bkey[mid], s->bklen[mid], key, klen) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < s->nblocks ? (int)lo : -1;
+}
+
+kv_err lsm_sst_block_io(const lsm_sst *s, int blk, lsm_io *io)
+{
+    size_t len = (size_t)s->blen[blk] + 4;
+    void *buf = malloc(len);
+    if (!buf)
+        return KV_RESOURCE_EXHAUSTED;
+    *io = (lsm_io){.vol = s->v, .fd = s->fd, .buf = buf, .len = len, .off = s->boff[blk]};
+    return KV_OK;
+}
+
+kv_err lsm_sst_block_check(const lsm_sst *s, int blk, const lsm_io *io)
+{
+    char what[96];
+    if (io->res < 0) {
+        KV_ERROR(LSM_LOG, "read SST %s block %d: %s", s->path, blk, strerror((int)-io->res));
+        return lsm_errno((int)io->res);
+    }
+    uint32_t len = s->blen[blk];
+    if ((size_t)io->res != io->len || len < 4) {
+        snprintf(what, sizeof(what), "block %d truncated", blk);
+        return sst_corrupt(s, what);
+    }
+    const uint8_t *p = io->buf;
+    if (lsm_crc32c(0, p, len) != lsm_get32(p + len)) {
+        snprintf(what, sizeof(what), "block %d at offset %" PRIu64 " checksum mismatch", blk,
+                 s->boff[blk]);
+        return sst_corrupt(s, what);
+    }
+    uint32_t n = lsm_get32(p + len - 4);
+    if ((uint64_t)n * 4 + 4 > len) {
+        snprintf(what, sizeof(what), "block %d malformed", blk);
+        return sst_corrupt(s, what);
+    }
+    return KV_OK;
+}
+
+kv_err lsm_block_search(const uint8_t *buf, size_t len, const void *key, size_t klen, lsm_rec *out)
+{
+    uint32_t n = lsm_get32(buf + len - 4);
+    size_t payload = len - 4 - (size_t)n * 4;
+    const uint8_t *offs = buf + payload;
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2, at = lsm_get32(offs + (size_t)mid * 4);
+        lsm_rec r;
+        size_t used;
+        if (at >= payload || lsm_rec_decode(buf + at, payload - at, &r, &used) != KV_OK)
+            return KV_DATA_LOSS;
+        int c = lsm_key_cmp(r.key, r.klen, key, klen);
+        if (c == 0) {
+            *out = r;
+            return KV_OK;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return KV_NOT_FOUND;
+}
+
+/* ---- sequential iterator (compaction) ---- */
+
+static void iter_load(lsm_sst_iter *it)
+{
+    free(it->io.buf);
+    it->io.buf = NULL;
+    it->valid = false;
+    if ((uint32_t)it->blk >= it->s->nblocks)
+        return;
+    kv_err rv = lsm_sst_block_io(it->s, it->blk, &it->io);
+    if (rv == KV_OK) {
+        lsm_vol_read(&it->io, 1);
+        rv = lsm_sst_block_check(it->s, it->blk, &it->io);
+    }
+    if (rv != KV_OK) {
+        it->err = rv;
+        return;
+    }
+    uint32_t len = it->s->blen[it->blk];
+    it->bytes_read += len + 4;
+    it->n = lsm_get32((uint8_t *)it->io.buf + len - 4);
+    it->payload = len - 4 - (size_t)it->n * 4;
+    it->i = 0;
+}
+
+static void iter_decode(lsm_sst_iter *it)
+{
+    while (!it->err && (uint32_t)it->blk < it->s->nblocks) {
+        if (!it->io.buf)
+            iter_load(it);
+        if (it->err)
+            return;
+        if (it->i < it->n) {
+            const uint8_t *p = it->io.buf;
+            uint32_t at = lsm_get32(p + it->payload + (size_t)it->i * 4);
+            size_t used;
+            if (at >= it->payload ||
+                lsm_rec_decode(p + at, it->payload - at, &it->cur, &used) != KV_OK) {
+                it->err = sst_corrupt(it->s, "malformed record");
+                return;
+            }
+            it->valid = true;
+            return;
+        }
+        it->blk++;
+        free(it->io.buf);
+        it->io.buf = NULL;
+    }
+    it->valid = false;
+}
+
+void lsm_sst_iter_init(lsm_sst_iter *it, lsm_sst *s)
+{
+    memset(it, 0, sizeof(*it));
+    it->s = s;
+    iter_decode(it);
+}
+
+void lsm_sst_iter_next(lsm_sst_iter *it)
+{
+    it->valid = false;
+    it->i++;
+    iter_decode(it);
+}
+
+void lsm_sst_iter_fini(lsm_sst_iter *it)
+{
+    free(it->io.buf);
+    it->io.buf = NULL;
+    it->valid = false;
+}

@@ -1,0 +1,538 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Write-ahead log on the fast volume. A segment file <number>.wal is a
+ * sequence of frames [u32 crc32c(len || payload)][u32 len][payload], one per
+ * lsm_wal_append call, the payload being the call's encoded records; a frame
+ * is the unit of atomicity.
+ *
+ * Group commit (leader/follower, as in LevelDB's writer queue): a caller
+ * encodes its frame outside the lock, appends it to the pending buffer and
+ * waits; whoever finds no write in flight becomes the leader, takes the
+ * whole pending buffer and writes it with one write (linked to an fdatasync
+ * in sync mode "always"), then completes every waiter of that group. Sync
+ * mode "batch" acknowledges after the write and a WAL thread fsyncs at most
+ * every sync_ms while bytes are unsynced; "none" never fsyncs. A failed
+ * write (e.g. ENOSPC) truncates the segment back to its last good offset and
+ * fails the whole group, so nothing unacknowledged can be replayed.
+ *
+ * The `writing` flag serialises every use of the segment fd (group write,
+ * batch fsync, rotation); the mutex is never held across I/O. Recovery
+ * replays segments in number order and stops at the first bad frame (torn
+ * tail): that segment is truncated there and later segments are deleted,
+ * both logged (point-in-time recovery).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "node/lsm/lsm_int.h"
+
+#define MAX_FRAME (1u << 30)
+#define READ_CHUNK (1u << 20)
+
+typedef struct waiter {
+    kv_err rv;
+    bool done;
+    struct waiter *next;
+} waiter;
+
+struct lsm_wal {
+    lsm_vol *v;
+    lsm_sync mode;
+    unsigned sync_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, sync_cv;
+    bool writing, dirty, stop;
+    int fd;
+    uint64_t number, off, seg_max;
+    lsm_wal_seg *sealed;
+    size_t nsealed, capsealed;
+    lsm_buf pending, spare;
+    uint64_t pending_max;
+    waiter *waiters;
+    pthread_t syncer;
+    bool has_syncer;
+    _Atomic uint64_t bytes, fsyncs;
+};
+
+static void seg_name(char *buf, size_t cap, uint64_t number)
+{
+    snprintf(buf, cap, "%06" PRIu64 ".wal", number);
+}
+
+/* ---- append path ---- */
+
+static kv_err encode_frame(lsm_buf *b, const lsm_rec *recs, size_t n, uint64_t *max_seq)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!lsm_rec_valid(&recs[i]))
+            return KV_INVALID_ARGUMENT;
+        total += lsm_rec_size(&recs[i]);
+    }
+    if (total > MAX_FRAME)
+        return KV_INVALID_ARGUMENT;
+    kv_err rv = lsm_buf_reserve(b, LSM_FRAME_HDR + total);
+    if (rv != KV_OK)
+        return rv;
+    uint8_t *h = b->p, *p = h + LSM_FRAME_HDR;
+    *max_seq = 0;
+    for (size_t i = 0; i < n; i++) {
+        lsm_rec_encode(p, &recs[i]);
+        p += lsm_rec_size(&recs[i]);
+        *max_seq = recs[i].seqno > *max_seq ? recs[i].seqno : *max_seq;
+    }
+    lsm_set32(h + 4, (uint32_t)total);
+    lsm_set32(h, lsm_crc32c(0, h + 4, total + 4));
+    b->len = LSM_FRAME_HDR + total;
+    return KV_OK;
+}
+
+/* Called with mu held and !writing: writes the pending group. */
+static void lead(lsm_wal *w)
+{
+    w->writing = true;
+    lsm_buf buf = w->pending;
+    w->pending = w->spare;
+    w->pending.len = 0;
+    waiter *group = w->waiters;
+    w->waiters = NULL;
+    uint64_t max = w->pending_max, off = w->off;
+    w->pending_max = 0;
+    int fd = w->fd;
+    pthread_mutex_unlock(&w->mu);
+
+    kv_err rv = lsm_vol_write(w->v, fd, buf.p, buf.len, off, w->mode == LSM_SYNC_ALWAYS);
+    if (rv != KV_OK) {
+        KV_ERROR(LSM_LOG, "WAL %s/%06" PRIu64 ".wal write of %zu bytes failed: %s", w->v->dir,
+                 w->number, buf.len, kv_strerror(rv));
+        if (ftruncate(fd, (off_t)off) < 0)
+            KV_ERROR(LSM_LOG, "WAL truncate after failed write: %s", strerror(errno));
+    }
+
+    pthread_mutex_lock(&w->mu);
+    if (rv == KV_OK) {
+        w->off += buf.len;
+        w->seg_max = max > w->seg_max ? max : w->seg_max;
+        w->dirty = w->mode == LSM_SYNC_BATCH;
+        atomic_fetch_add(&w->bytes, buf.len);
+        if (w->mode == LSM_SYNC_ALWAYS)
+            atomic_fetch_add(&w->fsyncs, 1);
+    }
+    for (waiter *x = group; x; x = x->next) {
+        x->rv = rv;
+        x->done = true;
+    }
+    w->spare = buf;
+    w->writing = false;
+    pthread_cond_broadcast(&w->cv);
+}
+
+kv_err lsm_wal_write(lsm_wal *w, const lsm_rec *recs, size_t n)
+{
+    if (n == 0 || !recs)
+        return KV_INVALID_ARGUMENT;
+    lsm_buf frame = {0};
+    uint64_t max;
+    kv_err rv = encode_frame(&frame, recs, n, &max);
+    if (rv != KV_OK) {
+        lsm_buf_free(&frame);
+        return rv;
+    }
+    waiter me = {.rv = KV_OK};
+    pthread_mutex_lock(&w->mu);
+    rv = lsm_buf_put(&w->pending, frame.p, frame.len);
+    if (rv == KV_OK) {
+        me.next = w->waiters;
+        w->waiters = &me;
+        w->pending_max = max > w->pending_max ? max : w->pending_max;
+        while (!me.done) {
+            if (!w->writing)
+                lead(w);
+            else
+                pthread_cond_wait(&w->cv, &w->mu);
+        }
+        rv = me.rv;
+    }
+    pthread_mutex_unlock(&w->mu);
+    lsm_buf_free(&frame);
+    return rv;
+}
+
+/* ---- batch-mode syncer ---- */
+
+static void *syncer_main(void *arg)
+{
+    lsm_wal *w = arg;
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)w->sync_ms * 1000000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        pthread_cond_timedwait(&w->sync_cv, &w->mu, &ts);
+        if (!w->dirty || w->writing || w->stop)
+            continue;
+        w->writing = true;
+        w->dirty = false;
+        int fd = w->fd;
+        pthread_mutex_unlock(&w->mu);
+        kv_err rv = lsm_vol_fsync(w->v, fd);
+        if (rv != KV_OK)
+            KV_ERROR(LSM_LOG, "WAL fsync: %s", kv_strerror(rv));
+        atomic_fetch_add(&w->fsyncs, 1);
+        pthread_mutex_lock(&w->mu);
+        w->writing = false;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* ---- segments ---- */
+
+static kv_err seg_create(lsm_wal *w, uint64_t number, int *fd)
+{
+    char name[64];
+    seg_name(name, sizeof(name), number);
+    int f = lsm_vol_open(w->v, name, O_WRONLY | O_CREAT | O_TRUNC);
+    if (f < 0) {
+        KV_ERROR(LSM_LOG, "create WAL %s/%s: %s", w->v->dir, name, strerror(-f));
+        return lsm_errno(f);
+    }
+    kv_err rv = lsm_vol_syncdir(w->v);
+    if (rv != KV_OK) {
+        close(f);
+        lsm_vol_unlink(w->v, name);
+        return rv;
+    }
+    *fd = f;
+    return KV_OK;
+}
+
+kv_err lsm_wal_open(lsm_wal **out, lsm_vol *v, const lsm_opts *o, uint64_t number,
+                    lsm_wal_seg *segs, size_t nsegs)
+{
+    lsm_wal *w = calloc(1, sizeof(*w));
+    if (!w)
+        return KV_RESOURCE_EXHAUSTED;
+    w->v = v;
+    w->mode = o->sync;
+    w->sync_ms = o->sync_ms ? o->sync_ms : 5;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    pthread_cond_init(&w->sync_cv, NULL);
+    kv_err rv = seg_create(w, number, &w->fd);
+    if (rv == KV_OK && w->mode == LSM_SYNC_BATCH) {
+        w->has_syncer = pthread_create(&w->syncer, NULL, syncer_main, w) == 0;
+        rv = w->has_syncer ? KV_OK : KV_INTERNAL;
+    }
+    if (rv != KV_OK) {
+        if (w->fd > 0)
+            close(w->fd);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        pthread_cond_destroy(&w->sync_cv);
+        free(w);
+        return rv;
+    }
+    w->number = number;
+    w->sealed = segs;
+    w->nsealed = w->capsealed = nsegs;
+    *out = w;
+    return KV_OK;
+}
+
+static kv_err seal_push(lsm_wal *w, uint64_t number, uint64_t max)
+{
+    if (w->nsealed == w->capsealed) {
+        size_t cap = w->capsealed ? w->capsealed * 2 : 8;
+        lsm_wal_seg *s = realloc(w->sealed, cap * sizeof(*s));
+        if (!s)
+            return KV_RESOURCE_EXHAUSTED;
+        w->sealed = s;
+        w->capsealed = cap;
+    }
+    w->sealed[w->nsealed++] = (lsm_wal_seg){number, max};
+    return KV_OK;
+}
+
+kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->writing)
+        pthread_cond_wait(&w->cv, &w->mu);
+    w->writing = true;
+    int old = w->fd;
+    pthread_mutex_unlock(&w->mu);
+
+    kv_err rv = w->mode == LSM_SYNC_NONE ? KV_OK : lsm_vol_fsync(w->v, old);
+    int fd = -1;
+    if (rv == KV_OK)
+        rv = seg_create(w, number, &fd);
+
+    pthread_mutex_lock(&w->mu);
+    if (rv == KV_OK)
+        rv = seal_push(w, w->number, w->seg_max);
+    if (rv == KV_OK) {
+        w->fd = fd;
+        w->number = number;
+        w->off = 0;
+        w->seg_max = 0;
+        w->dirty = false;
+    } else if (fd >= 0) {
+        close(fd);
+    }
+    w->writing = false;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    if (rv == KV_OK)
+        close(old);
+    return rv;
+}
+
+void lsm_wal_release(lsm_wal *w, uint64_t flushed_seq)
+{
+    pthread_mutex_lock(&w->mu);
+    size_t keep = 0;
+    for (size_t i = 0; i < w->nsealed; i++) {
+        if (w->sealed[i].max_seq <= flushed_seq) {
+            char name[64];
+            seg_name(name, sizeof(name), w->sealed[i].number);
+            int e = lsm_vol_unlink(w->v, name);
+            if (e < 0 && e != -ENOENT)
+                KV_WARN(LSM_LOG, "delete WAL %s/%s: %s", w->v->dir, name, strerror(-e));
+            continue;
+        }
+        w->sealed[keep++] = w->sealed[i];
+    }
+    w->nsealed = keep;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void lsm_wal_counters(lsm_wal *w, uint64_t *bytes, uint64_t *fsyncs, uint64_t *segments)
+{
+    *bytes = atomic_load(&w->bytes);
+    *fsyncs = atomic_load(&w->fsyncs);
+    pthread_mutex_lock(&w->mu);
+    *segments = w->nsealed + 1;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void lsm_wal_close(lsm_wal *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&w->sync_cv);
+    pthread_mutex_unlock(&w->mu);
+    if (w->has_syncer)
+        pthread_join(w->syncer, NULL);
+    if (w->mode != LSM_SYNC_NONE && lsm_vol_fsync(w->v, w->fd) == KV_OK)
+        atomic_fetch_add(&w->fsyncs, 1);
+    close(w->fd);
+    lsm_buf_free(&w->pending);
+    lsm_buf_free(&w->spare);
+    free(w->sealed);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    pthread_cond_destroy(&w->sync_cv);
+    free(w);
+}
+
+/* ---- recovery ---- */
+
+typedef struct reader {
+    lsm_vol *v;
+    int fd;
+    uint64_t size, boff;
+    lsm_buf b;
+} reader;
+
+/* Makes [off, off + n) available; NULL at EOF/short or on error. */
+static const uint8_t *rd_get(reader *r, uint64_t off, size_t n)
+{
+    if (off + n > r->size)
+        return NULL;
+    if (off >= r->boff && off + n <= r->boff + r->b.len)
+        return r->b.p + (off - r->boff);
+    size_t want = n > READ_CHUNK ? n : READ_CHUNK;
+    if (want > r->size - off)
+        want = (size_t)(r->size - off);
+    r->b.len = 0;
+    if (lsm_buf_reserve(&r->b, want) != KV_OK)
+        return NULL;
+    if (lsm_vol_pread(r->v, r->fd, r->b.p, want, off) != KV_OK)
+        return NULL;
+    r->b.len = want;
+    r->boff = off;
+    return r->b.p;
+}
+
+typedef struct replay_ctx {
+    uint64_t flushed, max_seq;
+    lsm_replay_fn fn;
+    void *arg;
+} replay_ctx;
+
+/* Replays one verified frame payload; DATA_LOSS if its records are bad. */
+static kv_err replay_payload(replay_ctx *c, const uint8_t *p, size_t len, uint64_t *seg_max)
+{
+    for (size_t at = 0; at < len;) {
+        lsm_rec r;
+        size_t used;
+        if (lsm_rec_decode(p + at, len - at, &r, &used) != KV_OK)
+            return KV_DATA_LOSS;
+        at += used;
+    }
+    for (size_t at = 0; at < len;) {
+        lsm_rec r;
+        size_t used;
+        lsm_rec_decode(p + at, len - at, &r, &used);
+        at += used;
+        *seg_max = r.seqno > *seg_max ? r.seqno : *seg_max;
+        c->max_seq = r.seqno > c->max_seq ? r.seqno : c->max_seq;
+        if (r.seqno > c->flushed && c->fn) {
+            kv_err rv = c->fn(c->arg, &r);
+            if (rv != KV_OK)
+                return rv == KV_DATA_LOSS ? KV_INTERNAL : rv;
+        }
+    }
+    return KV_OK;
+}
+
+/* Replays one segment; *torn is set when it ended in a bad frame. */
+static kv_err replay_seg(replay_ctx *c, lsm_vol *v, uint64_t number, uint64_t *seg_max, bool *torn)
+{
+    char name[64];
+    seg_name(name, sizeof(name), number);
+    reader r = {.v = v, .fd = lsm_vol_open(v, name, O_RDWR)};
+    if (r.fd < 0) {
+        KV_ERROR(LSM_LOG, "open WAL %s/%s: %s", v->dir, name, strerror(-r.fd));
+        return lsm_errno(r.fd);
+    }
+    struct stat st;
+    fstat(r.fd, &st);
+    r.size = (uint64_t)st.st_size;
+    uint64_t off = 0;
+    kv_err rv = KV_OK;
+    *seg_max = 0;
+    *torn = false;
+    while (off < r.size && rv == KV_OK) {
+        const uint8_t *h = rd_get(&r, off, LSM_FRAME_HDR);
+        uint32_t len = h ? lsm_get32(h + 4) : 0, crc = h ? lsm_get32(h) : 0;
+        const uint8_t *f = h && len <= MAX_FRAME ? rd_get(&r, off, LSM_FRAME_HDR + len) : NULL;
+        if (!f || lsm_crc32c(0, f + 4, (size_t)len + 4) != crc) {
+            *torn = true;
+            break;
+        }
+        rv = replay_payload(c, f + LSM_FRAME_HDR, len, seg_max);
+        if (rv == KV_DATA_LOSS) {
+            *torn = true;
+            rv = KV_OK;
+            break;
+        }
+        off += LSM_FRAME_HDR + len;
+    }
+    if (rv == KV_OK && *torn) {
+        KV_WARN(LSM_LOG,
+                "WAL %s/%s: torn or corrupt frame at offset %" PRIu64 ", truncating %" PRIu64
+                " bytes (records from there on are dropped)",
+                v->dir, name, off, r.size - off);
+        if (ftruncate(r.fd, (off_t)off) < 0 || fsync(r.fd) < 0)
+            rv = lsm_errno(errno);
+    }
+    close(r.fd);
+    lsm_buf_free(&r.b);
+    return rv;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Numbers of the *.wal files of v, sorted (malloc'ed). */
+static kv_err list_segments(lsm_vol *v, uint64_t **out, size_t *n)
+{
+    DIR *d = opendir(v->dir);
+    if (!d)
+        return KV_INTERNAL;
+    uint64_t *nums = NULL;
+    size_t cnt = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        uint64_t num = strtoull(e->d_name, &end, 10);
+        if (end == e->d_name || strcmp(end, ".wal") != 0)
+            continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint64_t *p = realloc(nums, cap * sizeof(*p));
+            if (!p) {
+                free(nums);
+                closedir(d);
+                return KV_RESOURCE_EXHAUSTED;
+            }
+            nums = p;
+        }
+        nums[cnt++] = num;
+    }
+    closedir(d);
+    qsort(nums, cnt, sizeof(*nums), cmp_u64);
+    *out = nums;
+    *n = cnt;
+    return KV_OK;
+}
+
+kv_err lsm_wal_recover(lsm_vol *v, uint64_t flushed_seq, lsm_replay_fn fn, void *arg,
+                       lsm_wal_seg **segs, size_t *nsegs, uint64_t *max_seq, uint64_t *max_number)
+{
+    uint64_t *nums;
+    size_t n;
+    kv_err rv = list_segments(v, &nums, &n);
+    if (rv != KV_OK)
+        return rv;
+    lsm_wal_seg *out = calloc(n ? n : 1, sizeof(*out));
+    if (!out) {
+        free(nums);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    replay_ctx c = {.flushed = flushed_seq, .fn = fn, .arg = arg};
+    size_t kept = 0;
+    bool torn = false;
+    for (size_t i = 0; i < n && rv == KV_OK; i++) {
+        char name[64];
+        seg_name(name, sizeof(name), nums[i]);
+        if (torn) {
+            KV_WARN(LSM_LOG, "deleting WAL %s/%s: it follows a corrupt frame", v->dir, name);
+            lsm_vol_unlink(v, name);
+            continue;
+        }
+        uint64_t smax = 0;
+        rv = replay_seg(&c, v, nums[i], &smax, &torn);
+        if (rv == KV_OK)
+            out[kept++] = (lsm_wal_seg){nums[i], smax};
+    }
+    if (rv != KV_OK) {
+        free(out);
+        free(nums);
+        return rv;
+    }
+    *max_number = n ? nums[n - 1] : 0;
+    free(nums);
+    *segs = out;
+    *nsegs = kept;
+    *max_seq = c.max_seq;
+    return KV_OK;
+}

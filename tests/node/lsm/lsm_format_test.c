@@ -1,0 +1,326 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Unit tests of the LSM's on-disk pieces: CRC32C vectors, the bloom filter's
+ * false-positive rate, SST write/read round trips (many blocks, big values,
+ * both I/O paths), WAL round trip and torn-tail truncation, and MANIFEST
+ * round trip.
+ */
+#include "lsm_test_util.h"
+
+#include <criterion/criterion.h>
+
+#include "node/lsm/lsm_int.h"
+
+Test(crc32c, known_vectors)
+{
+    cr_assert_eq(lsm_crc32c(0, "123456789", 9), 0xE3069283u);
+    uint8_t buf[32];
+    memset(buf, 0, sizeof(buf));
+    cr_assert_eq(lsm_crc32c(0, buf, 32), 0x8A9136AAu);
+    memset(buf, 0xff, sizeof(buf));
+    cr_assert_eq(lsm_crc32c(0, buf, 32), 0x62A8AB43u);
+    for (int i = 0; i < 32; i++)
+        buf[i] = (uint8_t)i;
+    cr_assert_eq(lsm_crc32c(0, buf, 32), 0x46DD794Eu);
+    /* incremental == one shot */
+    uint32_t c = lsm_crc32c(0, buf, 13);
+    cr_assert_eq(lsm_crc32c(c, buf + 13, 19), 0x46DD794Eu);
+    cr_assert_eq(lsm_crc32c(0, "", 0), 0u);
+}
+
+static lsm_rec mkrec(char *kbuf, int i, uint8_t *val, size_t vlen, uint64_t seq)
+{
+    int n = sprintf(kbuf, "key%08d", i);
+    for (size_t j = 0; j < vlen; j++)
+        val[j] = (uint8_t)(i * 31 + j);
+    return (lsm_rec){.key = kbuf,
+                     .klen = (size_t)n,
+                     .value = val,
+                     .vlen = vlen,
+                     .version = seq * 3,
+                     .seqno = seq,
+                     .expire_at = (uint64_t)i % 5,
+                     .type = (i % 7 == 0) ? LSM_DELETE : LSM_PUT,
+                     .flags = (uint8_t)(i & 1)};
+}
+
+static size_t vlen_of(int i)
+{
+    return i == 777 ? 100000 : (size_t)(i % 300);
+}
+
+static void sst_roundtrip(bool uring)
+{
+    char *dir = lt_mkdtemp("sst");
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, uring), KV_OK);
+    lsm_sst_builder *b;
+    cr_assert_eq(lsm_sst_builder_open(&b, &v, 7, 4096), KV_OK);
+    static uint8_t val[100000];
+    char k[32];
+    const int n = 20000;
+    for (int i = 0; i < n; i++) {
+        lsm_rec r = mkrec(k, i, val, vlen_of(i), (uint64_t)i + 1);
+        cr_assert_eq(lsm_sst_builder_add(b, &r), KV_OK);
+    }
+    lsm_rec dup = mkrec(k, 5, val, 1, 1);
+    cr_assert_eq(lsm_sst_builder_add(b, &dup), KV_INVALID_ARGUMENT, "out of order key accepted");
+    lsm_file *f;
+    cr_assert_eq(lsm_sst_builder_finish(b, 0, &f), KV_OK);
+    cr_assert_eq(f->nentries, (uint64_t)n);
+    cr_assert_eq(f->min_seq, 1);
+    cr_assert_eq(f->max_seq, (uint64_t)n);
+    cr_assert_gt(lsm_sst_nblocks(f->sst), 100);
+
+    lsm_sst_iter it;
+    int i = 0;
+    for (lsm_sst_iter_init(&it, f->sst); it.valid; lsm_sst_iter_next(&it), i++) {
+        lsm_rec want = mkrec(k, i, val, vlen_of(i), (uint64_t)i + 1);
+        cr_assert_eq(it.cur.klen, want.klen);
+        cr_assert(memcmp(it.cur.key, want.key, want.klen) == 0);
+        cr_assert_eq(it.cur.seqno, want.seqno);
+        cr_assert_eq(it.cur.version, want.version);
+        cr_assert_eq(it.cur.expire_at, want.expire_at);
+        cr_assert_eq(it.cur.type, want.type);
+        cr_assert_eq(it.cur.flags, want.flags);
+        size_t vl = want.type == LSM_PUT ? want.vlen : 0;
+        cr_assert_eq(it.cur.vlen, vl);
+        cr_assert(vl == 0 || memcmp(it.cur.value, val, vl) == 0);
+    }
+    cr_assert_eq(it.err, KV_OK);
+    cr_assert_eq(i, n);
+    lsm_sst_iter_fini(&it);
+
+    for (int j = 0; j < n; j += 97) { /* point lookups through block reads */
+        lsm_rec want = mkrec(k, j, val, vlen_of(j), (uint64_t)j + 1);
+        cr_assert(lsm_sst_may_contain(f->sst, want.key, want.klen));
+        int blk = lsm_sst_find_block(f->sst, want.key, want.klen);
+        cr_assert_geq(blk, 0);
+        lsm_io io;
+        cr_assert_eq(lsm_sst_block_io(f->sst, blk, &io), KV_OK);
+        cr_assert_eq(lsm_vol_read(&io, 1), KV_OK);
+        cr_assert_eq(lsm_sst_block_check(f->sst, blk, &io), KV_OK);
+        lsm_rec got;
+        cr_assert_eq(lsm_block_search(io.buf, io.len - 4, want.key, want.klen, &got), KV_OK);
+        cr_assert_eq(got.seqno, want.seqno);
+        free(io.buf);
+    }
+    cr_assert_eq(lsm_sst_find_block(f->sst, "zzz", 3), -1);
+    lsm_file_unref(f);
+    lsm_vol_fini(&v);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+Test(sst, roundtrip_many_blocks_io_uring)
+{
+    sst_roundtrip(true);
+}
+
+Test(sst, roundtrip_many_blocks_pread)
+{
+    sst_roundtrip(false);
+}
+
+Test(sst, bloom_false_positive_rate)
+{
+    char *dir = lt_mkdtemp("bloom");
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, true), KV_OK);
+    lsm_sst_builder *b;
+    cr_assert_eq(lsm_sst_builder_open(&b, &v, 1, 4096), KV_OK);
+    char k[32];
+    for (int i = 0; i < 20000; i++) {
+        int n = sprintf(k, "in%08d", i);
+        lsm_rec r = {.key = k, .klen = (size_t)n, .type = LSM_PUT, .seqno = 1};
+        cr_assert_eq(lsm_sst_builder_add(b, &r), KV_OK);
+    }
+    lsm_file *f;
+    cr_assert_eq(lsm_sst_builder_finish(b, 0, &f), KV_OK);
+    int fp = 0;
+    for (int i = 0; i < 20000; i++) {
+        int n = sprintf(k, "in%08d", i);
+        cr_assert(lsm_sst_may_contain(f->sst, k, (size_t)n), "false negative");
+        n = sprintf(k, "out%08d", i);
+        fp += lsm_sst_may_contain(f->sst, k, (size_t)n);
+    }
+    double rate = fp / 20000.0;
+    cr_log_info("bloom false-positive rate %.4f", rate);
+    cr_assert_lt(rate, 0.03, "false-positive rate %.4f", rate);
+    lsm_file_unref(f);
+    lsm_vol_fini(&v);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+/* ---- WAL ---- */
+
+typedef struct collected {
+    int n;
+    uint64_t seqs[4096];
+    uint64_t sum;
+} collected;
+
+static kv_err collect(void *arg, const lsm_rec *r)
+{
+    collected *c = arg;
+    if (c->n < 4096)
+        c->seqs[c->n] = r->seqno;
+    c->n++;
+    for (size_t i = 0; i < r->vlen; i++)
+        c->sum += ((const uint8_t *)r->value)[i];
+    return KV_OK;
+}
+
+static void wal_fill(lsm_vol *v, int frames, lsm_sync mode)
+{
+    lsm_opts o;
+    lsm_opts_default(&o);
+    o.sync = mode;
+    lsm_wal *w;
+    cr_assert_eq(lsm_wal_open(&w, v, &o, 1, NULL, 0), KV_OK);
+    uint8_t val[64];
+    char k[32];
+    uint64_t seq = 1;
+    for (int f = 0; f < frames; f++) {
+        lsm_rec recs[3];
+        char keys[3][32];
+        for (int j = 0; j < 3; j++) {
+            recs[j] = mkrec(keys[j], f * 3 + j, val, 64, seq++);
+            recs[j].type = LSM_PUT;
+        }
+        cr_assert_eq(lsm_wal_write(w, recs, 3), KV_OK);
+    }
+    (void)k;
+    lsm_rec bad = {.key = "", .klen = 0, .type = LSM_PUT};
+    cr_assert_eq(lsm_wal_write(w, &bad, 1), KV_INVALID_ARGUMENT);
+    lsm_wal_close(w);
+}
+
+Test(wal, roundtrip_and_flushed_skip)
+{
+    char *dir = lt_mkdtemp("wal");
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, true), KV_OK);
+    wal_fill(&v, 100, LSM_SYNC_BATCH);
+    collected c = {0};
+    lsm_wal_seg *segs;
+    size_t nsegs;
+    uint64_t max_seq, max_num;
+    cr_assert_eq(lsm_wal_recover(&v, 0, collect, &c, &segs, &nsegs, &max_seq, &max_num), KV_OK);
+    cr_assert_eq(c.n, 300);
+    cr_assert_eq(max_seq, 300);
+    cr_assert_eq(nsegs, 1);
+    cr_assert_eq(segs[0].max_seq, 300);
+    for (int i = 0; i < 300; i++)
+        cr_assert_eq(c.seqs[i], (uint64_t)i + 1);
+    free(segs);
+    collected c2 = {0};
+    cr_assert_eq(lsm_wal_recover(&v, 150, collect, &c2, &segs, &nsegs, &max_seq, &max_num), KV_OK);
+    cr_assert_eq(c2.n, 150);
+    cr_assert_eq(c2.seqs[0], 151);
+    free(segs);
+    lsm_vol_fini(&v);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+Test(wal, torn_tail_is_truncated)
+{
+    char *dir = lt_mkdtemp("waltorn");
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, false), KV_OK);
+    wal_fill(&v, 50, LSM_SYNC_NONE);
+    char *path = lt_find(dir, ".wal", 1);
+    cr_assert_not_null(path);
+    long size = lt_size(path);
+    cr_assert_eq(truncate(path, size - 5), 0); /* cut the last frame */
+    collected c = {0};
+    lsm_wal_seg *segs;
+    size_t nsegs;
+    uint64_t max_seq, max_num;
+    cr_assert_eq(lsm_wal_recover(&v, 0, collect, &c, &segs, &nsegs, &max_seq, &max_num), KV_OK);
+    cr_assert_eq(c.n, 147, "replayed %d", c.n);
+    cr_assert_eq(max_seq, 147);
+    long frame = size / 50;
+    cr_assert_eq(lt_size(path), size - frame, "torn frame not truncated");
+    free(segs);
+    free(path);
+    lsm_vol_fini(&v);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+/* ---- MANIFEST ---- */
+
+static lsm_file *mkfile(uint64_t number, int level, const char *lo, const char *hi)
+{
+    lsm_file *f = lsm_file_new();
+    f->number = number;
+    f->level = level;
+    f->tier = level > 2 ? LSM_TIER_SD : LSM_TIER_FD;
+    f->size = number * 1000;
+    f->nentries = number * 10;
+    f->min_seq = number;
+    f->max_seq = number * 2;
+    f->slen = strlen(lo);
+    f->llen = strlen(hi);
+    f->smallest = (uint8_t *)strdup(lo);
+    f->largest = (uint8_t *)strdup(hi);
+    return f;
+}
+
+Test(manifest, roundtrip)
+{
+    char *dir = lt_mkdtemp("man");
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, true), KV_OK);
+    lsm_recovered st;
+    cr_assert_eq(lsm_manifest_recover(&v, &st), KV_NOT_FOUND);
+    lsm_edit snap = {.has_next = true, .next_file = 10, .has_flushed = true, .flushed_seq = 5};
+    lsm_file *a = mkfile(3, 0, "a", "m"), *b = mkfile(4, 1, "b", "c");
+    lsm_edit_add(&snap, a);
+    lsm_edit_add(&snap, b);
+    lsm_manifest *m;
+    cr_assert_eq(lsm_manifest_create(&m, &v, 9, &snap, 0), KV_OK);
+    lsm_edit e = {.has_next = true,
+                  .next_file = 20,
+                  .has_flushed = true,
+                  .flushed_seq = 42,
+                  .has_log = true,
+                  .log_number = 17};
+    lsm_file *c = mkfile(12, 3, "x", "zz");
+    lsm_edit_add(&e, c);
+    lsm_edit_del(&e, 0, 3);
+    cr_assert_eq(lsm_manifest_append(m, &e), KV_OK);
+    lsm_manifest_close(m);
+    cr_assert_eq(lsm_manifest_recover(&v, &st), KV_OK);
+    cr_assert_eq(st.manifest, 9);
+    cr_assert_eq(st.state.next_file, 20);
+    cr_assert_eq(st.state.flushed_seq, 42);
+    cr_assert_eq(st.state.log_number, 17);
+    cr_assert_eq(st.state.nadd, 2);
+    for (size_t i = 0; i < st.state.nadd; i++) {
+        lsm_file *f = st.state.adds[i];
+        lsm_file *want = f->number == 4 ? b : c;
+        cr_assert_eq(f->number, want->number);
+        cr_assert_eq(f->level, want->level);
+        cr_assert_eq(f->tier, want->tier);
+        cr_assert_eq(f->size, want->size);
+        cr_assert_eq(f->nentries, want->nentries);
+        cr_assert_eq(f->min_seq, want->min_seq);
+        cr_assert_eq(f->max_seq, want->max_seq);
+        cr_assert_eq(f->slen, want->slen);
+        cr_assert(memcmp(f->smallest, want->smallest, f->slen) == 0);
+        cr_assert(memcmp(f->largest, want->largest, f->llen) == 0);
+    }
+    lsm_edit_free(&st.state);
+    lsm_edit_free(&snap);
+    lsm_edit_free(&e);
+    lsm_file_unref(a);
+    lsm_file_unref(b);
+    lsm_file_unref(c);
+    lsm_vol_fini(&v);
+    lt_rmrf(dir);
+    free(dir);
+}
