@@ -1,0 +1,24 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# Checks deploy/docker-compose.yml with `docker-compose config -q` (no Docker
+# engine needed). Exits 77 (ctest SKIP_RETURN_CODE) when docker-compose is not
+# installed. Usage: compose_config_test.sh SOURCE_DIR
+set -eu
+src="${1:-${KV_SOURCE_DIR:-.}}"
+file="$src/deploy/docker-compose.yml"
+if ! command -v docker-compose >/dev/null 2>&1; then
+    echo "SKIP: docker-compose is not installed; $file not checked"
+    exit 77
+fi
+[ -f "$src/deploy/Dockerfile" ] || { echo "missing $src/deploy/Dockerfile" >&2; exit 1; }
+docker-compose -f "$file" config -q
+# The resolved file must keep the services and the published router port.
+out="$(docker-compose -f "$file" config)"
+for want in "node1:" "node2:" "node3:" "router:" "init:" "127.0.0.1:7000:7000" \
+    "kvctl cluster init --rf 3"; do
+    case "$out" in
+    *"$want"*) ;;
+    *) echo "docker-compose config lacks '$want'" >&2; exit 1 ;;
+    esac
+done
+echo "ok: $file"
