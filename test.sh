@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
 done
 ./deploy/deps.sh
 case "$mode" in
-  release) dir=build; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo) ;;
+  release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
   asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=Debug "-DKV_SANITIZE=address,undefined") ;;
   tsan) dir=build-tsan; flags=(-DCMAKE_BUILD_TYPE=Debug -DKV_SANITIZE=thread) ;;
 esac

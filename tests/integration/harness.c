@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: MIT */
+/* Process management for the integration tests (see harness.h). */
+#include "harness.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "proto/kv.pb-c.h"
+#include "proto/rpc.h"
+
+int kvt_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+const char *kvt_bin(const char *rel)
+{
+    static char path[1024];
+    const char *b = getenv("KV_BUILD_DIR");
+    snprintf(path, sizeof(path), "%s/%s", b ? b : "build", rel);
+    return path;
+}
+
+static pid_t spawn(const char *log, char *const argv[])
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    execv(argv[0], argv);
+    _exit(127);
+}
+
+bool kvt_wait_ping(const char *url, const char *auth, int timeout_ms)
+{
+    rpc_chan *ch;
+    rpc_chan_opts o = {.auth = auth};
+    if (rpc_chan_open(&ch, url, &o) != KV_OK)
+        return false;
+    uint64_t end = kv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    bool ok = false;
+    while (!ok && kv_now_ns() < end) {
+        Kv__PingRequest req = KV__PING_REQUEST__INIT;
+        rpc_reply r;
+        ok = rpc_call(ch, "admin.Ping", 0, &req.base, 500, &r) == KV_OK;
+        rpc_reply_free(&r);
+        if (!ok)
+            usleep(20000);
+    }
+    rpc_chan_close(ch);
+    return ok;
+}
+
+static bool router_has_map(const char *url, const char *auth, int timeout_ms)
+{
+    rpc_chan *ch;
+    rpc_chan_opts o = {.auth = auth};
+    if (rpc_chan_open(&ch, url, &o) != KV_OK)
+        return false;
+    uint64_t end = kv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    bool ok = false;
+    while (!ok && kv_now_ns() < end) {
+        Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
+        rpc_reply r;
+        if (rpc_call(ch, "admin.GetMap", 0, &req.base, 500, &r) == KV_OK) {
+            Kv__GetMapReply *g = kv__get_map_reply__unpack(NULL, r.len, r.body);
+            ok = g && g->has_map;
+            if (g)
+                kv__get_map_reply__free_unpacked(g, NULL);
+        }
+        rpc_reply_free(&r);
+        if (!ok)
+            usleep(20000);
+    }
+    rpc_chan_close(ch);
+    return ok;
+}
+
+static kv_err start_nodes(kvt_cluster *c)
+{
+    for (int i = 0; i < c->nnodes; i++) {
+        char id[16], dir[300], log[300];
+        snprintf(id, sizeof(id), "n%d", i + 1);
+        snprintf(dir, sizeof(dir), "%s/%s", c->dir, id);
+        snprintf(log, sizeof(log), "%s/%s.log", c->dir, id);
+        snprintf(c->node_url[i], sizeof(c->node_url[i]), "tcp://127.0.0.1:%d", kvt_free_port());
+        char *argv[] = {strdup(kvt_bin("node/kvnode")), "--id", id, "--listen", c->node_url[i],
+                        "--data-dir", dir, "--mem-mb", "512", "--auth",
+                        (char *)(c->auth ? c->auth : ""), NULL};
+        c->node_pid[i] = spawn(log, argv);
+        free(argv[0]);
+    }
+    for (int i = 0; i < c->nnodes; i++)
+        if (!kvt_wait_ping(c->node_url[i], c->auth, 10000))
+            return KV_UNAVAILABLE;
+    return KV_OK;
+}
+
+static kv_err init_cluster(kvt_cluster *c)
+{
+    char cmd[2048];
+    int n = snprintf(cmd, sizeof(cmd), "%s --auth '%s' cluster init --rf %d",
+                     kvt_bin("client/kvctl"), c->auth ? c->auth : "", c->rf);
+    for (int i = 0; i < c->nnodes; i++)
+        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " n%d=%s", i + 1, c->node_url[i]);
+    char out[1024];
+    return kvt_run(cmd, out, sizeof(out)) == 0 ? KV_OK : KV_INTERNAL;
+}
+
+kv_err kvt_cluster_start(kvt_cluster *c, int nnodes, int rf, const char *auth)
+{
+    memset(c, 0, sizeof(*c));
+    c->nnodes = nnodes;
+    c->rf = rf;
+    c->auth = auth;
+    snprintf(c->dir, sizeof(c->dir), "/tmp/hotkv-test-XXXXXX");
+    if (!mkdtemp(c->dir))
+        return KV_INTERNAL;
+    kv_err rv = start_nodes(c);
+    if (rv == KV_OK)
+        rv = init_cluster(c);
+    if (rv != KV_OK)
+        return rv;
+    char seeds[1024] = "", log[300];
+    for (int i = 0; i < nnodes; i++)
+        snprintf(seeds + strlen(seeds), sizeof(seeds) - strlen(seeds), "%s%s", i ? "," : "",
+                 c->node_url[i]);
+    snprintf(c->router_url, sizeof(c->router_url), "tcp://127.0.0.1:%d", kvt_free_port());
+    snprintf(log, sizeof(log), "%s/router.log", c->dir);
+    char *argv[] = {strdup(kvt_bin("shard/kvrouter")), "--listen", c->router_url, "--seeds", seeds,
+                    "--auth", (char *)(auth ? auth : ""), NULL};
+    c->router_pid = spawn(log, argv);
+    free(argv[0]);
+    return router_has_map(c->router_url, auth, 10000) ? KV_OK : KV_UNAVAILABLE;
+}
+
+static void stop_pid(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 100; i++) {
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return;
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+void kvt_kill_node(kvt_cluster *c, int i, int sig)
+{
+    kill(c->node_pid[i], sig);
+    if (sig == SIGKILL || sig == SIGTERM) {
+        waitpid(c->node_pid[i], NULL, 0);
+        c->node_pid[i] = 0;
+    }
+}
+
+void kvt_cluster_stop(kvt_cluster *c)
+{
+    stop_pid(c->router_pid);
+    for (int i = 0; i < c->nnodes; i++)
+        stop_pid(c->node_pid[i]);
+    char cmd[400], out[16];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", c->dir);
+    if (c->dir[0] && !getenv("KV_KEEP_TEST_DATA"))
+        kvt_run(cmd, out, sizeof(out));
+}
+
+int kvt_run(const char *cmd, char *out, size_t outlen)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    size_t n = fread(out, 1, outlen - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
