@@ -322,7 +322,8 @@ size_t hk_sketch_topk(const hk_sketch *s, hk_entry *out, size_t max)
             worst_heap_down(out, n, 0);
         }
     }
-    qsort(out, n, sizeof *out, entry_qsort_cmp);
+    if (n > 1)
+        qsort(out, n, sizeof *out, entry_qsort_cmp);
     return n;
 }
 

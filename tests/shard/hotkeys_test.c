@@ -75,6 +75,7 @@ Test(hotkeys, exact_on_a_small_stream)
         cr_expect_eq(top[i].error, 0);
         cr_expect_eq(top[i].guaranteed, expect);
     }
+    cr_expect_eq(hk_sketch_topk(s, NULL, 0), 0);
     cr_expect_eq(hk_sketch_topk(s, top, 3), 3);
     cr_expect_eq(key_id(&top[0]), 9);
     cr_expect_eq(key_id(&top[2]), 7);
