@@ -34,12 +34,15 @@ typedef enum hr_mode {
     HR_MODE_SAMPLE = 2, /* statistical sampling with W_t head selection */
 } hr_mode;
 
+/* hr_open(out, NULL) uses {1024 buckets, HR_MODE_SAMPLE, R = 5, rehash on,
+ * cost 8}. With explicit options, mode is taken as given (0 = HR_MODE_NONE)
+ * and a zero buckets / r / rehash_cost field means its default. */
 typedef struct hr_opts {
-    uint64_t buckets;    /* initial bucket count, rounded up to a power of two */
-    hr_mode mode;        /* default HR_MODE_SAMPLE */
-    unsigned r;          /* access period R (default 5) */
-    bool rehash;         /* lock-free rehash driven by access cost */
-    double rehash_cost;  /* average items visited per access that triggers a rehash */
+    uint64_t buckets;   /* initial bucket count, rounded up to a power of two (>= 2) */
+    hr_mode mode;       /* hotspot strategy */
+    unsigned r;         /* access period R (default 5) */
+    bool rehash;        /* lock-free rehash driven by access cost (runs a worker thread) */
+    double rehash_cost; /* average items visited per access that triggers a rehash (8) */
 } hr_opts;
 
 /* Record metadata stored beside each item's value. */
@@ -78,46 +81,77 @@ void hr_thread_unregister(void);
  * INVALID_ARGUMENT for bad options and FAILED_PRECONDITION when heap pointers
  * do not fit the 48-bit packing of the head/next words. */
 kv_err hr_open(hr_index **out, const hr_opts *opts);
-/* Frees the index and every item. No other thread may use it any more. */
+/* Frees the index and every item (stops the rehash worker, waits for pending
+ * reclamation). No other thread may use it any more; must not be called
+ * inside an RCU read-side section. Closing NULL is a no-op. */
 void hr_close(hr_index *idx);
 
 /* Looks key up; on a hit calls fn(arg, view) once with a consistent snapshot
- * and returns KV_OK, else returns KV_NOT_FOUND (fn not called). */
+ * and returns KV_OK, else returns KV_NOT_FOUND (fn not called). fn may be NULL
+ * (existence check). The view's key and (for values over 8 bytes) value point
+ * into the item and stay valid only during the callback; fn runs inside the
+ * index's read-side section and must not block for long or call hr_close,
+ * hr_barrier or hr_rehash. Any registered thread; takes its own read-side
+ * section. INVALID_ARGUMENT for a NULL index/key or a key of 0 or >4096 B. */
 kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void *arg);
 
 /* Inserts or replaces key's record when cond (may be NULL = always) allows.
- * Returns KV_OK, cond's error, or RESOURCE_EXHAUSTED on allocation failure.
- * The index copies key and value. */
+ * Returns KV_OK, cond's error, RESOURCE_EXHAUSTED on allocation failure, or
+ * INVALID_ARGUMENT (bad key, NULL value with vlen > 0). meta NULL = zeros.
+ * The index copies key and value; the caller keeps ownership of its buffers.
+ * Values of up to 8 bytes replacing an inline value are written in place,
+ * others by RCU replacement. cond runs inside the index's read-side section
+ * while this writer holds the key (other writers of the key wait). Any
+ * registered thread; takes its own read-side section. */
 kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
                  const hr_meta *meta, hr_cond_fn cond, void *arg);
 
 /* Removes key's item when cond allows. Returns KV_OK, NOT_FOUND or cond's
- * error. The item is freed after an RCU grace period. */
+ * error. The item is freed after RCU grace periods (hr_barrier waits). Any
+ * registered thread; takes its own read-side section. */
 kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, void *arg);
 
 /* Atomically sets `set` and clears `clear` flag bits of key's item if its
  * seqno equals `seqno` (used to clear HR_F_DIRTY after a flush). Returns
- * KV_OK, NOT_FOUND, or FAILED_PRECONDITION when the seqno differs. */
+ * KV_OK, NOT_FOUND, or FAILED_PRECONDITION when the seqno differs. Any
+ * registered thread; takes its own read-side section. */
 kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno, uint32_t set,
                     uint32_t clear);
 
-/* Calls fn for every item, one consistent snapshot each; concurrent writes
- * may or may not be seen. */
+/* Calls fn for every item, one consistent snapshot each, bucket by bucket in
+ * hash order; concurrent writes may or may not be seen, no item is visited
+ * twice. Takes one read-side section per bucket (fn runs inside it). Any
+ * registered thread. */
 void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg);
 
-/* Cluster hot-key hint: makes key's item the head of its ring. Returns KV_OK
- * or NOT_FOUND. */
+/* Cluster hot-key hint: sets HR_F_PINNED on key's item and makes it the head
+ * of its ring. Sampling treats pinned items as a strong prior (a pinned head
+ * moves only to another pinned item or to one that at least halves the
+ * expected walk; random movement never leaves a pinned head for an unpinned
+ * item). Clear the flag with hr_set_flags to unpin. Returns KV_OK or
+ * NOT_FOUND. Any registered thread; takes its own read-side section. */
 kv_err hr_pin(hr_index *idx, const void *key, size_t klen);
 
+/* Doubles the bucket count now with the lock-free rehash (the worker does the
+ * same when the access cost exceeds opts.rehash_cost). Blocks the caller
+ * (grace periods), never other threads. Must not be called inside an RCU
+ * read-side section. Returns KV_OK or RESOURCE_EXHAUSTED. */
+kv_err hr_rehash(hr_index *idx);
+
+/* Counters are per-thread shards summed on demand (approximate while
+ * threads run). read_visited/reads = average items visited per read;
+ * head_hits/reads = share of reads answered by the head item. */
 typedef struct hr_stats {
     uint64_t items, bytes, buckets;
     uint64_t reads, writes, read_visited; /* visited/reads = avg items per read */
     uint64_t head_hits;                   /* reads answered by the head item */
     uint64_t head_moves, sample_rounds, rehashes;
 } hr_stats;
+/* Fills *out. Any thread, no read-side section needed. */
 void hr_get_stats(hr_index *idx, hr_stats *out);
 
-/* Waits until every item retired so far has been freed (tests, shutdown). */
+/* Waits until every item retired so far has been freed (tests, shutdown).
+ * Must not be called inside an RCU read-side section. */
 void hr_barrier(void);
 
 #endif

@@ -1,0 +1,696 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * HotRing keyed API: get / upsert / remove / set_flags / pin / iterate on top
+ * of the lock-free rings of hr_ring.c, plus open/close and statistics.
+ *
+ * Record consistency (value + hr_meta). Every item carries two record slots
+ * (meta + an 8-byte inline value) and a seq word. seq/2 selects the current
+ * slot; bit 0 set means a writer owns the item. A writer takes ownership by
+ * CAS(seq: even s -> s+1), fills the *other* slot, and publishes with a
+ * release store of s+2. A reader loads seq (acquire), copies the current slot
+ * with relaxed atomic loads, issues an acquire fence and re-reads seq: the
+ * copy is consistent unless seq advanced by 3 or more from the even base
+ * (only then can a second writer have started overwriting the slot it read).
+ * So readers never wait for a writer, even a preempted one, and retry only
+ * when two updates completed during their copy. Writers of one key serialise
+ * on the ownership bit (others back off and retry their search); a replacing
+ * or deleting writer owns the item, evaluates the write condition on a stable
+ * record, sets Occupied, and never releases ownership (the item is dead), so
+ * no in-place write can be lost behind an RCU update. Values of up to 8 bytes
+ * (in an item whose value is inline) are updated in place; others by RCU
+ * replacement. Metadata-only changes (set_flags, pin) are always in place.
+ *
+ * Every function here takes its own RCU read-side section (memb flavour);
+ * callers may already be inside one. hr_close/hr_barrier/hr_rehash must not.
+ */
+#include <sched.h>
+#include <stdlib.h>
+
+#include "common/hash.h"
+#include "common/log.h"
+#include "node/index/hr_internal.h"
+
+/* ------------------------------------------------------------- records */
+
+static void hr_slot_put(hr_slot *s, const void *val, size_t vlen, const hr_meta *m)
+{
+    uint64_t v = 0;
+    if (vlen <= HR_INLINE_MAX && vlen > 0)
+        memcpy(&v, val, vlen);
+    atomic_store_explicit(&s->val, v, memory_order_relaxed);
+    atomic_store_explicit(&s->vlen, (uint32_t)vlen, memory_order_relaxed);
+    atomic_store_explicit(&s->version, m->version, memory_order_relaxed);
+    atomic_store_explicit(&s->seqno, m->seqno, memory_order_relaxed);
+    atomic_store_explicit(&s->expire_at, m->expire_at, memory_order_relaxed);
+    atomic_store_explicit(&s->flags, m->flags, memory_order_relaxed);
+}
+
+static void hr_slot_get(const hr_slot *s, uint64_t *val, uint32_t *vlen, hr_meta *m)
+{
+    hr_slot *w = (hr_slot *)s;
+    *val = atomic_load_explicit(&w->val, memory_order_relaxed);
+    *vlen = atomic_load_explicit(&w->vlen, memory_order_relaxed);
+    m->version = atomic_load_explicit(&w->version, memory_order_relaxed);
+    m->seqno = atomic_load_explicit(&w->seqno, memory_order_relaxed);
+    m->expire_at = atomic_load_explicit(&w->expire_at, memory_order_relaxed);
+    m->flags = atomic_load_explicit(&w->flags, memory_order_relaxed);
+}
+
+/* Consistent snapshot of x into v; an inline value is copied to *vbuf. */
+static void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
+{
+    const hr_slot *sl = hr_slots(x);
+    uint32_t vlen;
+    for (;;) {
+        uint64_t s = atomic_load_explicit(&x->seq, memory_order_acquire);
+        hr_slot_get(&sl[(s >> 1) & 1], vbuf, &vlen, &v->meta);
+        atomic_thread_fence(memory_order_acquire);
+        uint64_t s2 = atomic_load_explicit(&x->seq, memory_order_relaxed);
+        if (s2 < (s & ~UINT64_C(1)) + 3)
+            break;
+    }
+    v->key = x->key;
+    v->klen = x->klen;
+    v->val = x->big ? (const void *)hr_bigval(x) : (const void *)vbuf;
+    v->vlen = x->big ? x->bvlen : vlen;
+}
+
+/* Takes writer ownership of x; returns false if another writer owns it. */
+static bool hr_own(hr_item *x, uint64_t *s)
+{
+    uint64_t v = atomic_load_explicit(&x->seq, memory_order_relaxed);
+    if (v & 1)
+        return false;
+    /* CAS site: x's seq word. Protects: writer exclusion for x's record. */
+    if (!atomic_compare_exchange_strong_explicit(&x->seq, &v, v + 1, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return false;
+    atomic_thread_fence(memory_order_release); /* odd seq before slot stores */
+    *s = v;
+    return true;
+}
+
+static void hr_disown(hr_item *x, uint64_t s, bool changed)
+{
+    atomic_store_explicit(&x->seq, changed ? s + 2 : s, memory_order_release);
+}
+
+static hr_slot *hr_cur_slot(hr_item *x, uint64_t s)
+{
+    return &hr_slots(x)[(s >> 1) & 1];
+}
+
+static kv_err hr_item_alloc(const hr_okey *k, const void *val, size_t vlen, const hr_meta *m,
+                            hr_item **out)
+{
+    bool big = vlen > HR_INLINE_MAX;
+    size_t sz = hr_align8(sizeof(hr_item) + k->klen) + 2 * sizeof(hr_slot) + (big ? vlen : 0);
+    hr_item *x = malloc(sz);
+    if (!x)
+        return KV_RESOURCE_EXHAUSTED;
+    if ((uintptr_t)x >> 48) {
+        KV_ERROR("hotring", "heap address %p does not fit the 48-bit packed words", (void *)x);
+        free(x);
+        return KV_FAILED_PRECONDITION;
+    }
+    atomic_init(&x->next, 0);
+    x->hash = k->hash;
+    x->klen = k->klen;
+    x->rehash = 0;
+    x->big = big;
+    x->bvlen = big ? (uint32_t)vlen : 0;
+    x->pad_ = 0;
+    atomic_init(&x->seq, 0);
+    memcpy(x->key, k->key, k->klen);
+    hr_slot_put(&hr_slots(x)[0], val, vlen, m);
+    hr_slot_put(&hr_slots(x)[1], val, vlen, m);
+    if (big)
+        memcpy((unsigned char *)hr_bigval(x), val, vlen);
+    *out = x;
+    return KV_OK;
+}
+
+static size_t hr_item_bytes(const hr_item *x)
+{
+    return hr_align8(sizeof(hr_item) + x->klen) + 2 * sizeof(hr_slot) + (x->big ? x->bvlen : 0);
+}
+
+static kv_err hr_check_key(const hr_index *idx, const void *key, size_t klen)
+{
+    if (!idx || !key || klen == 0 || klen > HR_MAX_KLEN)
+        return KV_INVALID_ARGUMENT;
+    return KV_OK;
+}
+
+static hr_okey hr_key(const void *key, size_t klen)
+{
+    hr_okey k = {kv_hash64(key, klen, HR_HASH_SEED), key, (uint32_t)klen, 0};
+    return k;
+}
+
+/* Backoff after losing the ownership race for a key: spin, then yield. */
+static void hr_backoff(unsigned *spins)
+{
+    if (++*spins % 64 == 0)
+        sched_yield();
+    else
+        caa_cpu_relax();
+}
+
+static void hr_account(hr_index *idx, unsigned visited, bool write)
+{
+    hr_shard *s = hr_my_shard(idx);
+    hr_cnt_bump(s, write ? HR_C_WRITES : HR_C_READS, 1);
+    if (!write)
+        hr_cnt_bump(s, HR_C_VISITED, visited);
+    hr_cost_window(idx, s, visited);
+}
+
+/* ------------------------------------------------------------------ get */
+
+kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void *arg)
+{
+    kv_err rv = hr_check_key(idx, key, klen);
+    if (rv != KV_OK)
+        return rv;
+    hr_okey k = hr_key(key, klen);
+    hr_rcu_lock();
+    hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
+    uint64_t b = hr_bucket(t, k.hash);
+    uint64_t hw = atomic_load_explicit(&t->heads[b], memory_order_acquire);
+    hr_item *x = hr_addr(hw), *hit = NULL;
+    unsigned visited = 0;
+    if (x)
+        hit = hr_walk(t, b, &k, x, &visited);
+    hr_shard *s = hr_my_shard(idx);
+    hr_cnt_bump(s, HR_C_READS, 1);
+    hr_cnt_bump(s, HR_C_VISITED, visited);
+    if (hit && hit == x)
+        hr_cnt_bump(s, HR_C_HEADHITS, 1);
+    hr_cost_window(idx, s, visited);
+    if (hit && fn) {
+        hr_view v;
+        uint64_t vbuf;
+        hr_snapshot(hit, &v, &vbuf);
+        fn(arg, &v);
+    }
+    hr_hot_access(idx, t, b, hw, hit, hit);
+    hr_rcu_unlock();
+    return hit ? KV_OK : KV_NOT_FOUND;
+}
+
+/* ---------------------------------------------------------------- upsert */
+
+typedef struct hr_wr {
+    hr_index *idx;
+    const hr_okey *k;
+    const void *val;
+    size_t vlen;
+    const hr_meta *meta;
+    hr_cond_fn cond;
+    void *arg;
+    hr_item *nx; /* the new item, built once and reused across retries */
+} hr_wr;
+
+static kv_err hr_wr_item(hr_wr *wr)
+{
+    if (wr->nx)
+        return KV_OK;
+    return hr_item_alloc(wr->k, wr->val, wr->vlen, wr->meta, &wr->nx);
+}
+
+/* Key absent: insert wr->nx into the window (or the empty bucket). Returns
+ * KV_OK, an error, or KV_ABORTED to retry the search. */
+static kv_err hr_wr_insert(hr_wr *wr, hr_table *t, uint64_t b, hr_win *w, int found)
+{
+    kv_err rv = wr->cond ? wr->cond(wr->arg, NULL) : KV_OK;
+    if (rv == KV_OK)
+        rv = hr_wr_item(wr);
+    if (rv != KV_OK)
+        return rv;
+    hr_item *n = wr->nx;
+    bool ok;
+    if (found == HR_FIND_EMPTY) {
+        uint64_t zero = 0;
+        atomic_store_explicit(&n->next, (uint64_t)(uintptr_t)n, memory_order_relaxed);
+        /* CAS site: an empty bucket head. Protects: the bucket is still empty;
+         * publishes n as a one-item ring. */
+        ok = atomic_compare_exchange_strong(&t->heads[b], &zero, (uint64_t)(uintptr_t)n);
+    } else {
+        atomic_store_explicit(&n->next, (uint64_t)(uintptr_t)w->cur, memory_order_relaxed);
+        /* CAS site: the predecessor's next word. Protects: pred is live and
+         * still points at cur, so n lands in order; publishes n (release). */
+        ok = atomic_compare_exchange_strong(&w->pred->next, &w->pw, hr_with_addr(w->pw, n));
+    }
+    if (!ok)
+        return KV_ABORTED;
+    hr_shard *s = hr_my_shard(wr->idx);
+    hr_cnt_add(s, HR_C_ITEMS, 1);
+    hr_cnt_add(s, HR_C_BYTES, hr_item_bytes(n));
+    wr->nx = NULL;
+    return KV_OK;
+}
+
+/* Marks the owned item x Occupied; with repl, x's next points at repl, whose
+ * next becomes x's successor. Then moves heads off x and unlinks it. */
+static void hr_kill(hr_index *idx, hr_item *x, hr_item *repl, const hr_okey *k)
+{
+    uint64_t xw = atomic_load_explicit(&x->next, memory_order_acquire);
+    for (;;) {
+        uint64_t nv = xw | HR_N_OCC;
+        if (repl) {
+            atomic_store_explicit(&repl->next, (uint64_t)(uintptr_t)hr_addr(xw),
+                                  memory_order_relaxed);
+            nv = hr_with_addr(xw, repl) | HR_N_OCC;
+        }
+        /* CAS site: x's own next word (x owned by us, so no other marker).
+         * Protects: the successor we copied into repl is still x's successor;
+         * sets Occupied = the delete/update's linearisation point. Fails only
+         * on an insert after x or a counter bump, then retries. */
+        if (atomic_compare_exchange_strong(&x->next, &xw, nv))
+            break;
+    }
+    hr_table *t = atomic_load(&idx->cur);
+    uint64_t b = hr_bucket(t, k->hash);
+    hr_item *gone = hr_head_fix(t, b, x);
+    if (gone) {
+        hr_unlinked(idx, gone);
+        return;
+    }
+    hr_win w;
+    (void)hr_wfind(idx, t, b, k, HR_MODE_CLEANUP, &w);
+}
+
+/* Key present at w->cur: update in place or by RCU. KV_ABORTED = retry. */
+static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_win *w)
+{
+    hr_item *x = w->cur;
+    uint64_t s;
+    if (!hr_own(x, &s))
+        return KV_ABORTED;
+    if (wr->cond) {
+        hr_view v;
+        uint64_t vbuf;
+        hr_snapshot(x, &v, &vbuf);
+        kv_err rv = wr->cond(wr->arg, &v);
+        if (rv != KV_OK) {
+            hr_disown(x, s, false);
+            return rv;
+        }
+    }
+    if (wr->vlen <= HR_INLINE_MAX && !x->big) {
+        hr_slot_put(&hr_slots(x)[((s >> 1) + 1) & 1], wr->val, wr->vlen, wr->meta);
+        hr_disown(x, s, true);
+        hr_hot_access(wr->idx, t, b, hw, x, x);
+        return KV_OK;
+    }
+    kv_err rv = hr_wr_item(wr);
+    if (rv != KV_OK) {
+        hr_disown(x, s, false);
+        return rv;
+    }
+    hr_item *n = wr->nx;
+    wr->nx = NULL;
+    hr_cnt_add(hr_my_shard(wr->idx), HR_C_BYTES, hr_item_bytes(n) - hr_item_bytes(x));
+    hr_kill(wr->idx, x, n, wr->k);
+    /* The paper counts an RCU update on the predecessor (its next word is
+     * what the update rewrites); with x at the head, on the new version. */
+    hr_hot_access(wr->idx, t, b, hw, n, w->pred ? w->pred : n);
+    return KV_OK;
+}
+
+kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                 const hr_meta *meta, hr_cond_fn cond, void *arg)
+{
+    kv_err rv = hr_check_key(idx, key, klen);
+    if (rv != KV_OK)
+        return rv;
+    if ((!val && vlen) || vlen > UINT32_MAX)
+        return KV_INVALID_ARGUMENT;
+    hr_meta zero = {0};
+    hr_okey k = hr_key(key, klen);
+    hr_wr wr = {idx, &k, val, vlen, meta ? meta : &zero, cond, arg, NULL};
+    unsigned spins = 0, visited = 0;
+    hr_rcu_lock();
+    do {
+        hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
+        uint64_t b = hr_bucket(t, k.hash);
+        uint64_t hw = atomic_load_explicit(&t->heads[b], memory_order_acquire);
+        hr_win w;
+        int r = hr_wfind(idx, t, b, &k, HR_MODE_LOOKUP, &w);
+        visited = w.visited;
+        if (r == HR_FIND_EMPTY || !w.found)
+            rv = hr_wr_insert(&wr, t, b, &w, r);
+        else
+            rv = hr_wr_update(&wr, t, b, hw, &w);
+        if (rv == KV_ABORTED)
+            hr_backoff(&spins);
+    } while (rv == KV_ABORTED);
+    hr_account(idx, visited, true);
+    hr_rcu_unlock();
+    free(wr.nx); /* built but never published (cond failed or in-place) */
+    return rv;
+}
+
+/* ---------------------------------------------------------------- remove */
+
+kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, void *arg)
+{
+    kv_err rv = hr_check_key(idx, key, klen);
+    if (rv != KV_OK)
+        return rv;
+    hr_okey k = hr_key(key, klen);
+    unsigned spins = 0;
+    hr_win w = {0};
+    hr_rcu_lock();
+    for (;;) {
+        hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
+        uint64_t b = hr_bucket(t, k.hash), s;
+        if (hr_wfind(idx, t, b, &k, HR_MODE_LOOKUP, &w) == HR_FIND_EMPTY || !w.found) {
+            rv = KV_NOT_FOUND;
+            break;
+        }
+        if (!hr_own(w.cur, &s)) {
+            hr_backoff(&spins);
+            continue;
+        }
+        if (cond) {
+            hr_view v;
+            uint64_t vbuf;
+            hr_snapshot(w.cur, &v, &vbuf);
+            if ((rv = cond(arg, &v)) != KV_OK) {
+                hr_disown(w.cur, s, false);
+                break;
+            }
+        }
+        hr_shard *sh = hr_my_shard(idx);
+        hr_cnt_add(sh, HR_C_ITEMS, (uint64_t)-1);
+        hr_cnt_add(sh, HR_C_BYTES, (uint64_t)0 - hr_item_bytes(w.cur));
+        hr_kill(idx, w.cur, NULL, &k);
+        rv = KV_OK;
+        break;
+    }
+    hr_account(idx, w.visited, true);
+    hr_rcu_unlock();
+    return rv;
+}
+
+/* ------------------------------------------------------ flags and pinning */
+
+/* Finds key's item and owns it (in a read-side section). */
+static kv_err hr_find_owned(hr_index *idx, const hr_okey *k, hr_table **t, uint64_t *b, hr_item **x,
+                            uint64_t *s)
+{
+    unsigned spins = 0;
+    for (;;) {
+        hr_win w;
+        *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
+        *b = hr_bucket(*t, k->hash);
+        if (hr_wfind(idx, *t, *b, k, HR_MODE_LOOKUP, &w) == HR_FIND_EMPTY || !w.found)
+            return KV_NOT_FOUND;
+        if (hr_own(w.cur, s)) {
+            *x = w.cur;
+            return KV_OK;
+        }
+        hr_backoff(&spins);
+    }
+}
+
+/* Rewrites x's metadata flags in place (x owned with seq s). */
+static void hr_flags_put(hr_item *x, uint64_t s, uint32_t set, uint32_t clear)
+{
+    uint64_t val;
+    uint32_t vlen;
+    hr_meta m;
+    hr_slot_get(hr_cur_slot(x, s), &val, &vlen, &m);
+    m.flags = (m.flags | set) & ~clear;
+    hr_slot *o = &hr_slots(x)[((s >> 1) + 1) & 1];
+    hr_slot_put(o, NULL, 0, &m);
+    atomic_store_explicit(&o->val, val, memory_order_relaxed);
+    atomic_store_explicit(&o->vlen, vlen, memory_order_relaxed);
+    hr_disown(x, s, true);
+}
+
+kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno, uint32_t set,
+                    uint32_t clear)
+{
+    kv_err rv = hr_check_key(idx, key, klen);
+    if (rv != KV_OK)
+        return rv;
+    hr_okey k = hr_key(key, klen);
+    hr_table *t;
+    uint64_t b, s;
+    hr_item *x;
+    hr_rcu_lock();
+    rv = hr_find_owned(idx, &k, &t, &b, &x, &s);
+    if (rv == KV_OK) {
+        uint64_t cur = atomic_load_explicit(&hr_cur_slot(x, s)->seqno, memory_order_relaxed);
+        if (cur != seqno) {
+            hr_disown(x, s, false);
+            rv = KV_FAILED_PRECONDITION;
+        } else {
+            hr_flags_put(x, s, set, clear);
+        }
+    }
+    hr_rcu_unlock();
+    return rv;
+}
+
+kv_err hr_pin(hr_index *idx, const void *key, size_t klen)
+{
+    kv_err rv = hr_check_key(idx, key, klen);
+    if (rv != KV_OK)
+        return rv;
+    hr_okey k = hr_key(key, klen);
+    hr_table *t;
+    uint64_t b, s;
+    hr_item *x;
+    hr_rcu_lock();
+    rv = hr_find_owned(idx, &k, &t, &b, &x, &s);
+    if (rv == KV_OK) {
+        hr_flags_put(x, s, HR_F_PINNED, 0);
+        for (;;) {
+            uint64_t hw = atomic_load_explicit(&t->heads[b], memory_order_acquire);
+            uint64_t xw = atomic_load_explicit(&x->next, memory_order_acquire);
+            if (hr_addr(hw) == x || (xw & HR_N_OCC) || hr_head_move(idx, t, b, hw, x))
+                break;
+        }
+    }
+    hr_rcu_unlock();
+    return rv;
+}
+
+/* --------------------------------------------------------------- iterate */
+
+/* First item x of bucket b's ring (walking from h) with x >= k in ring order. */
+static hr_item *hr_lower_bound(hr_table *t, uint64_t b, const hr_okey *k, hr_item *h)
+{
+    hr_item *x = h;
+    int c = hr_cmp_key(k, x);
+    for (;;) {
+        hr_item *n = hr_addr(atomic_load_explicit(&x->next, memory_order_acquire));
+        if (n == x)
+            return x;
+        n = hr_hop(t, b, n);
+        int cn = hr_cmp_key(k, n);
+        if (hr_in_window(x, n, c, cn) || n == h)
+            return n;
+        x = n;
+        c = cn;
+    }
+}
+
+/* Visits the live items of bucket b in ascending order. */
+static void hr_iter_bucket(hr_table *t, uint64_t b, hr_visit_fn fn, void *arg)
+{
+    hr_item *h = hr_addr(atomic_load_explicit(&t->heads[b], memory_order_acquire));
+    if (!h)
+        return;
+    hr_okey lo = {b << (64 - t->bits), NULL, 0, 1};
+    hr_item *x = hr_lower_bound(t, b, &lo, h), *last = NULL;
+    bool last_dead = false;
+    while (hr_bucket(t, x->hash) == b) {
+        if (last) {
+            int c = hr_cmp_items(last, x);
+            if (c > 0 || (c == 0 && !last_dead))
+                break;
+        }
+        uint64_t w = atomic_load_explicit(&x->next, memory_order_acquire);
+        bool dead = (w & HR_N_OCC) != 0;
+        if (!dead && !x->rehash) {
+            hr_view v;
+            uint64_t vbuf;
+            hr_snapshot(x, &v, &vbuf);
+            fn(arg, &v);
+        }
+        last = x;
+        last_dead = dead;
+        x = hr_hop(t, b, hr_addr(w));
+        if (x == last)
+            break;
+    }
+}
+
+void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg)
+{
+    if (!idx || !fn)
+        return;
+    uint64_t pos = 0; /* lowest hash of the next bucket to visit */
+    for (;;) {
+        hr_rcu_lock();
+        hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
+        uint64_t b = hr_bucket(t, pos);
+        hr_iter_bucket(t, b, fn, arg);
+        hr_rcu_unlock();
+        if (b + 1 == t->nb)
+            break;
+        pos = (b + 1) << (64 - t->bits);
+    }
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+void hr_thread_register(void)
+{
+    urcu_memb_register_thread();
+}
+
+void hr_thread_unregister(void)
+{
+    urcu_memb_unregister_thread();
+}
+
+void hr_barrier(void)
+{
+    /* Retirement takes two grace periods (two chained call_rcu callbacks). */
+    urcu_memb_barrier();
+    urcu_memb_barrier();
+}
+
+static kv_err hr_opts_fix(const hr_opts *in, hr_opts *o)
+{
+    hr_opts d = {1024, HR_MODE_SAMPLE, 5, true, 0};
+    *o = in ? *in : d;
+    if (o->mode != HR_MODE_NONE && o->mode != HR_MODE_RANDOM && o->mode != HR_MODE_SAMPLE)
+        return KV_INVALID_ARGUMENT;
+    if (o->buckets > (UINT64_C(1) << 40) || o->r > (1u << 20) || !(o->rehash_cost >= 0))
+        return KV_INVALID_ARGUMENT;
+    if (o->buckets == 0)
+        o->buckets = 1024;
+    if (o->r == 0)
+        o->r = 5;
+    if (o->rehash_cost == 0)
+        o->rehash_cost = HR_DEFAULT_REHASH_COST;
+    return KV_OK;
+}
+
+/* The packed words hold 48-bit addresses: check what the allocator returns. */
+static kv_err hr_check_heap(void)
+{
+    void *small = malloc(64), *large = malloc(1 << 20);
+    bool ok = small && large && !((uintptr_t)small >> 48) && !((uintptr_t)large >> 48);
+    if (small && large && !ok)
+        KV_ERROR("hotring",
+                 "heap addresses %p/%p do not fit 48 bits (5-level paging?); "
+                 "HotRing's packed head/next words cannot hold them",
+                 small, large);
+    free(small);
+    free(large);
+    if (!small || !large)
+        return KV_RESOURCE_EXHAUSTED;
+    return ok ? KV_OK : KV_FAILED_PRECONDITION;
+}
+
+hr_table *hr_table_new(unsigned bits)
+{
+    uint64_t nb = UINT64_C(1) << bits;
+    hr_table *t = calloc(1, sizeof(hr_table) + nb * sizeof(_Atomic uint64_t));
+    if (!t)
+        return NULL;
+    t->nb = nb;
+    t->bits = bits;
+    return t;
+}
+
+kv_err hr_open(hr_index **out, const hr_opts *opts)
+{
+    hr_opts o;
+    kv_err rv;
+    if (!out)
+        return KV_INVALID_ARGUMENT;
+    if ((rv = hr_opts_fix(opts, &o)) != KV_OK || (rv = hr_check_heap()) != KV_OK)
+        return rv;
+    unsigned bits = 1;
+    while ((UINT64_C(1) << bits) < o.buckets)
+        bits++;
+    hr_index *idx = aligned_alloc(64, sizeof(*idx));
+    hr_table *t = hr_table_new(bits);
+    if (!idx || !t) {
+        free(idx);
+        free(t);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    memset(idx, 0, sizeof(*idx));
+    pthread_mutex_init(&idx->rh_lock, NULL);
+    atomic_init(&idx->cur, t);
+    idx->mode = o.mode;
+    idx->r = o.r;
+    idx->rehash = o.rehash;
+    idx->rehash_cost = o.rehash_cost;
+    if (o.rehash && hr_worker_start(idx) != 0) {
+        pthread_mutex_destroy(&idx->rh_lock);
+        free(t);
+        free(idx);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    *out = idx;
+    return KV_OK;
+}
+
+/* Frees the ring under t->heads[b] (no concurrent users). */
+static void hr_free_ring(hr_table *t, uint64_t b)
+{
+    hr_item *h = hr_addr(atomic_load_explicit(&t->heads[b], memory_order_relaxed)), *x = h;
+    if (!h)
+        return;
+    do {
+        hr_item *n = hr_addr(atomic_load_explicit(&x->next, memory_order_relaxed));
+        free(x);
+        x = n;
+    } while (x != h);
+}
+
+void hr_close(hr_index *idx)
+{
+    if (!idx)
+        return;
+    hr_worker_stop(idx);
+    hr_table *t = atomic_load(&idx->cur);
+    for (uint64_t b = 0; b < t->nb; b++)
+        hr_free_ring(t, b);
+    free(t);
+    hr_barrier();
+    pthread_mutex_destroy(&idx->rh_lock);
+    free(idx);
+}
+
+void hr_get_stats(hr_index *idx, hr_stats *out)
+{
+    uint64_t c[HR_C_COUNT] = {0};
+    if (!idx || !out)
+        return;
+    for (int i = 0; i < HR_SHARDS; i++)
+        for (int j = 0; j < HR_C_COUNT; j++)
+            c[j] += atomic_load_explicit(&idx->shards[i].c[j], memory_order_relaxed);
+    memset(out, 0, sizeof(*out));
+    out->items = c[HR_C_ITEMS];
+    out->bytes = c[HR_C_BYTES];
+    out->buckets = atomic_load(&idx->cur)->nb;
+    out->reads = c[HR_C_READS];
+    out->writes = c[HR_C_WRITES];
+    out->read_visited = c[HR_C_VISITED];
+    out->head_hits = c[HR_C_HEADHITS];
+    out->head_moves = c[HR_C_MOVES];
+    out->sample_rounds = c[HR_C_ROUNDS];
+    out->rehashes = atomic_load(&idx->rehashes);
+}

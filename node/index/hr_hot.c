@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * HotRing hotspot shifting (paper §3.2): random movement and statistical
+ * sampling with the W_t head choice, plus the pin prior. Called from the
+ * keyed operations inside their RCU read-side sections.
+ *
+ * Random movement: every R-th access of a thread (thread-local tick) that is
+ * not a head hit CASes the head to the accessed item.
+ *
+ * Sampling: an R-th cold access sets the head word's Active bit and
+ * pre-charges the 15-bit total so that it saturates after
+ * max(ring length, HR_SAMPLE_MIN) samples. While Active, each hit bumps the
+ * total (CAS on the head word) and the item's 14-bit counter (one CAS on its
+ * next word, skipped when it would overflow or the item is Occupied, so the
+ * counters never carry into the flag or address bits). The thread whose
+ * increment saturates the total decides: it walks the ring once, computes
+ *   W_t = sum_k n_k * dist(t, k)   (dist = hops from candidate head t to k)
+ * for every candidate t in O(L) (moving the head one step forward subtracts
+ * N - n_t and adds n_t * (L - 1)), resets the counters, clears Active and
+ * CASes the head to the minimum. Dividing by N does not change the argmin.
+ *
+ * Pin prior: an item carrying HR_F_PINNED (set by hr_pin from cluster hot-key
+ * hints) competes with W_t and every other candidate with 2 * W_t
+ * (HR_PIN_BIAS). So a pinned head moves only to another pinned item or to an
+ * item that at least halves the expected walk, and random movement never
+ * moves a pinned head to an unpinned item. Clearing the flag
+ * (hr_set_flags) hands the ring back to plain sampling.
+ */
+#include "node/index/hr_internal.h"
+
+_Thread_local unsigned hr_tls_tick;
+
+static uint64_t hr_ld(_Atomic uint64_t *w)
+{
+    return atomic_load_explicit(w, memory_order_acquire);
+}
+
+static unsigned hr_ring_len(hr_item *h)
+{
+    unsigned n = 1;
+    for (hr_item *x = hr_addr(hr_ld(&h->next)); x != h && n < HR_RING_SCAN; n++)
+        x = hr_addr(hr_ld(&x->next));
+    return n;
+}
+
+static void hr_activate(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw)
+{
+    if (atomic_load_explicit(&idx->aux, memory_order_relaxed))
+        return; /* no sampling while a rehash reshapes the rings */
+    unsigned target = hr_ring_len(hr_addr(hw));
+    if (target < HR_SAMPLE_MIN)
+        target = HR_SAMPLE_MIN;
+    uint64_t nh =
+        (hw & HR_ADDR_MASK) | HR_H_ACTIVE | ((HR_H_TOTAL_MAX - target) << HR_H_TOTAL_SHIFT);
+    /* CAS site: the bucket head. Protects: same head, not sampling yet;
+     * starts a sampling round (Active + pre-charged total). */
+    (void)atomic_compare_exchange_strong(&t->heads[b], &hw, nh);
+}
+
+static void hr_count_item(hr_item *x)
+{
+    uint64_t w = hr_ld(&x->next);
+    if ((w & HR_N_OCC) || ((w & HR_N_CNT_MASK) >> HR_N_CNT_SHIFT) == HR_N_CNT_MAX)
+        return;
+    /* CAS site: x's next word. Protects: x live and its counter below the
+     * 14-bit maximum (no carry into Occupied); one attempt, samples are lossy. */
+    (void)atomic_compare_exchange_strong(&x->next, &w, w + (UINT64_C(1) << HR_N_CNT_SHIFT));
+}
+
+/* Collects the ring from h; false when the walk did not come back to h. */
+static bool hr_collect(hr_table *t, uint64_t b, hr_item *h, hr_ring_view *rv)
+{
+    hr_item *x = h;
+    rv->len = 0;
+    rv->total = 0;
+    do {
+        if (rv->len == HR_RING_SCAN)
+            return false;
+        uint64_t w = hr_ld(&x->next);
+        unsigned i = rv->len++;
+        rv->it[i] = x;
+        rv->cnt[i] = (uint32_t)((w & HR_N_CNT_MASK) >> HR_N_CNT_SHIFT);
+        rv->cand[i] = !(w & HR_N_OCC) && !x->rehash && hr_bucket(t, x->hash) == b;
+        rv->pin[i] = rv->cand[i] && (hr_cur_flags(x) & HR_F_PINNED);
+        rv->total += rv->cnt[i];
+        x = hr_addr(w);
+    } while (x != h);
+    return true;
+}
+
+unsigned hr_best_head(const hr_ring_view *rv)
+{
+    uint64_t L = rv->len, N = rv->total, W = 0, best_eff = UINT64_MAX;
+    unsigned best = 0;
+    for (unsigned k = 0; k < L; k++)
+        W += (uint64_t)rv->cnt[k] * k;
+    for (unsigned t = 0; t < L; t++) {
+        uint64_t eff = rv->pin[t] ? W : W * HR_PIN_BIAS;
+        if (rv->cand[t] && eff < best_eff) {
+            best_eff = eff;
+            best = t;
+        }
+        W = W - (N - rv->cnt[t]) + (uint64_t)rv->cnt[t] * (L - 1);
+    }
+    return best;
+}
+
+static void hr_reset_counts(const hr_ring_view *rv)
+{
+    for (unsigned i = 0; i < rv->len; i++) {
+        uint64_t w = hr_ld(&rv->it[i]->next);
+        /* CAS site: item next word. Protects: live item; zeroes only the
+         * counter bits, retrying while inserts/unlinks change the address. */
+        while ((w & HR_N_CNT_MASK) && !(w & HR_N_OCC) &&
+               !atomic_compare_exchange_strong(&rv->it[i]->next, &w, w & ~HR_N_CNT_MASK))
+            ;
+    }
+}
+
+/* Ends a round on head word hw: W_t choice, counter reset, head CAS. */
+static void hr_decide(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw)
+{
+    hr_ring_view rv;
+    hr_item *h0 = hr_addr(hw), *to = h0;
+    if (h0 && hr_collect(t, b, h0, &rv)) {
+        if (rv.total && !atomic_load(&idx->aux))
+            to = rv.it[hr_best_head(&rv)];
+        hr_reset_counts(&rv);
+    }
+    _Atomic uint64_t *head = &t->heads[b];
+    uint64_t cur = hr_ld(head);
+    while ((cur & HR_H_ACTIVE) && ((cur & HR_H_TOTAL_MASK) == HR_H_TOTAL_MASK)) {
+        hr_item *dst = hr_addr(cur) == h0 ? to : hr_addr(cur);
+        /* CAS site: the bucket head. Protects: the saturated round we own;
+         * clears Active/total and installs the chosen head (if the head was
+         * inherited meanwhile, only ends the round). */
+        if (atomic_compare_exchange_strong(head, &cur, (uint64_t)(uintptr_t)dst)) {
+            if (dst != hr_addr(cur)) {
+                hr_cnt_add(hr_my_shard(idx), HR_C_MOVES, 1);
+                hr_item *gone = hr_head_fix(t, b, dst);
+                if (gone)
+                    hr_unlinked(idx, gone);
+            }
+            break;
+        }
+    }
+    hr_cnt_add(hr_my_shard(idx), HR_C_ROUNDS, 1);
+}
+
+static void hr_sample(hr_index *idx, hr_table *t, uint64_t b, hr_item *cnt)
+{
+    if (!cnt)
+        return; /* misses are not item accesses */
+    hr_count_item(cnt);
+    _Atomic uint64_t *head = &t->heads[b];
+    uint64_t hw = hr_ld(head);
+    for (int i = 0; i < 8 && (hw & HR_H_ACTIVE); i++) {
+        uint64_t tot = (hw & HR_H_TOTAL_MASK) >> HR_H_TOTAL_SHIFT;
+        if (tot == HR_H_TOTAL_MAX)
+            return; /* a decision is in progress */
+        uint64_t nh = hw + (UINT64_C(1) << HR_H_TOTAL_SHIFT);
+        /* CAS site: the bucket head. Protects: the round is still active and
+         * the total below its 15-bit maximum; whoever saturates it decides. */
+        if (atomic_compare_exchange_strong(head, &hw, nh)) {
+            if (tot + 1 == HR_H_TOTAL_MAX)
+                hr_decide(idx, t, b, nh);
+            return;
+        }
+    }
+}
+
+void hr_hot_slow(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *hit, hr_item *cnt)
+{
+    if (hw & HR_H_ACTIVE) {
+        hr_sample(idx, t, b, cnt);
+        return;
+    }
+    hr_tls_tick = 0;
+    hr_item *h = hr_addr(hw);
+    if (!hit || !h || hit == h)
+        return;
+    if (idx->mode == HR_MODE_RANDOM) {
+        if ((hr_cur_flags(h) & HR_F_PINNED) && !(hr_cur_flags(hit) & HR_F_PINNED))
+            return;
+        (void)hr_head_move(idx, t, b, hw, hit);
+        return;
+    }
+    hr_activate(idx, t, b, hw);
+}

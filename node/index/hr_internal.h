@@ -1,0 +1,303 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * HotRing internals shared by the ring core (hotring.c), the hotspot logic
+ * (hr_hot.c) and the rehash (hr_rehash.c): the packed head/next words, the
+ * item and table layouts, the (hash, key) ring order, per-item seqlock
+ * snapshots and sharded statistics. Nothing here is part of the node's API.
+ */
+#ifndef KV_NODE_INDEX_HR_INTERNAL_H
+#define KV_NODE_INDEX_HR_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <urcu/urcu-memb.h>
+
+#include "node/index/hotring.h"
+
+/* Packed words (paper Fig. 4). Bits 0..47 hold an item address. Head words:
+ * bit 63 Active, bits 48..62 the 15-bit total counter. Item next words:
+ * bit 63 Rehash (set in the next word of a rehash item), bit 62 Occupied,
+ * bits 48..61 the 14-bit access counter of the item owning the word. */
+#define HR_ADDR_MASK ((UINT64_C(1) << 48) - 1)
+#define HR_H_ACTIVE (UINT64_C(1) << 63)
+#define HR_H_TOTAL_SHIFT 48
+#define HR_H_TOTAL_MAX UINT64_C(0x7fff)
+#define HR_H_TOTAL_MASK (HR_H_TOTAL_MAX << HR_H_TOTAL_SHIFT)
+#define HR_N_REHASH (UINT64_C(1) << 63)
+#define HR_N_OCC (UINT64_C(1) << 62)
+#define HR_N_CNT_SHIFT 48
+#define HR_N_CNT_MAX UINT64_C(0x3fff)
+#define HR_N_CNT_MASK (HR_N_CNT_MAX << HR_N_CNT_SHIFT)
+
+#define HR_MAX_KLEN 4096u
+#define HR_INLINE_MAX 8u  /* values up to this size are updated in place */
+#define HR_RING_SCAN 256u /* longest ring a sampling decision looks at */
+#define HR_SAMPLE_MIN 8u  /* fewest samples per sampling round */
+#define HR_PIN_BIAS 2u    /* a pinned head moves only for a 2x cheaper ring */
+#define HR_DEFAULT_REHASH_COST 8.0
+#define HR_COST_WINDOW 4096u                      /* ops per thread between access-cost checks */
+#define HR_HASH_SEED UINT64_C(0x6a09e667f3bcc909) /* differs from the router's ring seed */
+
+/* Record metadata + inline value; two of them per item (double buffer). */
+typedef struct hr_slot {
+    _Atomic uint64_t val;
+    _Atomic uint64_t version, seqno, expire_at;
+    _Atomic uint32_t flags, vlen;
+} hr_slot;
+
+typedef struct hr_item {
+    _Atomic uint64_t next; /* packed next word */
+    uint64_t hash;         /* order key part 1 (bucket = top bits) */
+    uint32_t klen;         /* order key part 2 (key bytes follow the header) */
+    uint16_t rehash;       /* 1 = rehash (split) item, sorts before equal hashes */
+    uint16_t big;          /* 1 = value stored out of the slots (immutable) */
+    uint32_t bvlen;        /* big value length */
+    uint32_t pad_;
+    _Atomic uint64_t seq; /* slot seqlock; bit 0 = a writer owns the item */
+    struct rcu_head rcu;  /* reclamation (header stays in one cache line with an 8-byte key) */
+    unsigned char key[];  /* key, then 2 slots, then the big value */
+} hr_item;
+
+typedef struct hr_table {
+    uint64_t nb;   /* bucket count, a power of two */
+    unsigned bits; /* log2(nb), >= 1 */
+    _Atomic uint64_t heads[];
+} hr_table;
+
+enum {
+    HR_C_READS,
+    HR_C_WRITES,
+    HR_C_VISITED,
+    HR_C_HEADHITS,
+    HR_C_MOVES,
+    HR_C_ROUNDS,
+    HR_C_ITEMS,
+    HR_C_BYTES,
+    HR_C_WIN_OPS,
+    HR_C_WIN_VIS,
+    HR_C_COUNT
+};
+#define HR_SHARDS 32
+typedef struct hr_shard {
+    _Atomic uint64_t c[HR_C_COUNT];
+} __attribute__((aligned(64))) hr_shard;
+
+struct hr_index {
+    _Atomic(hr_table *) cur; /* the table lookups start from */
+    _Atomic(hr_table *) aux; /* the other table while a rehash runs, else NULL */
+    hr_mode mode;
+    unsigned r;
+    bool rehash;
+    double rehash_cost;
+    _Atomic uint64_t rehashes;
+    _Atomic int rehash_want; /* a worker thread asked for a rehash */
+    _Atomic int stop;
+    pthread_mutex_t rh_lock; /* serialises whole rehashes (not ops) */
+    pthread_mutex_t wk_lock;
+    pthread_cond_t wk_cond;
+    pthread_t worker;
+    bool has_worker;
+    _Atomic int after_pending;                 /* log the access cost after a rehash */
+    _Atomic uint64_t base_reads, base_visited; /* stats at the last rehash */
+    hr_shard shards[HR_SHARDS];
+};
+
+/* ---- packing ---- */
+static inline hr_item *hr_addr(uint64_t w)
+{
+    return (hr_item *)(uintptr_t)(w & HR_ADDR_MASK);
+}
+static inline uint64_t hr_with_addr(uint64_t w, const hr_item *x)
+{
+    return (w & ~HR_ADDR_MASK) | (uint64_t)(uintptr_t)x;
+}
+
+/* ---- layout ---- */
+static inline size_t hr_align8(size_t n)
+{
+    return (n + 7) & ~(size_t)7;
+}
+static inline hr_slot *hr_slots(const hr_item *x)
+{
+    return (hr_slot *)(uintptr_t)((const unsigned char *)x + hr_align8(sizeof(hr_item) + x->klen));
+}
+static inline const unsigned char *hr_bigval(const hr_item *x)
+{
+    return (const unsigned char *)(hr_slots(x) + 2);
+}
+
+/* ---- order: (hash, rehash items first, key bytes, key length) ---- */
+typedef struct hr_okey {
+    uint64_t hash;
+    const void *key;
+    uint32_t klen;
+    uint32_t rehash;
+} hr_okey;
+
+static inline int hr_cmp_bytes(const void *a, uint32_t al, const void *b, uint32_t bl)
+{
+    int c = memcmp(a, b, al < bl ? al : bl);
+    if (c != 0)
+        return c;
+    return al < bl ? -1 : al > bl;
+}
+static inline int hr_cmp_key(const hr_okey *k, const hr_item *x)
+{
+    if (k->hash != x->hash)
+        return k->hash < x->hash ? -1 : 1;
+    if (k->rehash != x->rehash)
+        return k->rehash ? -1 : 1;
+    return k->rehash ? 0 : hr_cmp_bytes(k->key, k->klen, x->key, x->klen);
+}
+static inline int hr_cmp_items(const hr_item *a, const hr_item *b)
+{
+    hr_okey k = {a->hash, a->key, a->klen, a->rehash};
+    return hr_cmp_key(&k, b);
+}
+static inline hr_okey hr_okey_of(const hr_item *x)
+{
+    hr_okey k = {x->hash, x->key, x->klen, x->rehash};
+    return k;
+}
+
+/* ---- tables ---- */
+static inline uint64_t hr_bucket(const hr_table *t, uint64_t hash)
+{
+    return hash >> (64 - t->bits);
+}
+static inline _Atomic uint64_t *hr_head_of(hr_table *t, uint64_t hash)
+{
+    return &t->heads[hr_bucket(t, hash)];
+}
+
+/* ---- rehash split points ----
+ * A rehash item keeps a pointer to its sibling (the split point of the other
+ * half of the same old ring) in its unused first slot. Until a ring is split,
+ * a walk in one half can step onto the other half's split point through the
+ * old wrap link; it then continues at its own split point (the sibling), which
+ * is exactly where the half's closed ring would continue. */
+static inline hr_item *hr_sibling(const hr_item *r)
+{
+    return (hr_item *)(uintptr_t)atomic_load_explicit(&hr_slots(r)[0].val, memory_order_relaxed);
+}
+static inline hr_item *hr_hop(const hr_table *t, uint64_t b, hr_item *n)
+{
+    if (__builtin_expect(n->rehash, 0) && hr_bucket(t, n->hash) != b)
+        return hr_sibling(n);
+    return n;
+}
+
+/* ---- statistics: per-thread shards, plain load+store on the read path ---- */
+extern _Thread_local unsigned hr_tls_shard;
+unsigned hr_shard_assign(void);
+static inline hr_shard *hr_my_shard(hr_index *idx)
+{
+    unsigned s = hr_tls_shard;
+    if (s == 0)
+        s = hr_shard_assign();
+    return &idx->shards[(s - 1) % HR_SHARDS];
+}
+static inline void hr_cnt_bump(hr_shard *s, int i, uint64_t v)
+{
+    uint64_t o = atomic_load_explicit(&s->c[i], memory_order_relaxed);
+    atomic_store_explicit(&s->c[i], o + v, memory_order_relaxed);
+}
+static inline void hr_cnt_add(hr_shard *s, int i, uint64_t v)
+{
+    atomic_fetch_add_explicit(&s->c[i], v, memory_order_relaxed);
+}
+
+/* ---- ThreadSanitizer: liburcu's grace periods are invisible to TSan ---- */
+#if defined(__SANITIZE_THREAD__)
+#define HR_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HR_TSAN 1
+#endif
+#endif
+#ifdef HR_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+extern char hr_tsan_gp;
+#define HR_TSAN_RELEASE() __tsan_release(&hr_tsan_gp)
+#define HR_TSAN_ACQUIRE() __tsan_acquire(&hr_tsan_gp)
+#else
+#define HR_TSAN_RELEASE() ((void)0)
+#define HR_TSAN_ACQUIRE() ((void)0)
+#endif
+
+static inline void hr_rcu_lock(void)
+{
+    urcu_memb_read_lock();
+}
+static inline void hr_rcu_unlock(void)
+{
+    HR_TSAN_RELEASE();
+    urcu_memb_read_unlock();
+}
+
+/* ---- shared between the .c files ---- */
+/* Is k in the cyclic interval (p, n]? c = cmp(k, p), cn = cmp(k, n). */
+bool hr_in_window(const hr_item *p, const hr_item *n, int c, int cn);
+hr_table *hr_table_new(unsigned bits);
+/* Unlinks prev's occupied successor n (n's word nw); false if prev is
+ * occupied itself (restart from the head). */
+bool hr_help_unlink(hr_index *idx, hr_item *prev, uint64_t *pw, hr_item *n, uint64_t nw);
+/* Reader walk from x; returns the live item with key k or NULL. */
+hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, hr_item *x, unsigned *visited);
+/* Writer search window: pred is live and pred->next was pw when read. */
+typedef struct hr_win {
+    hr_item *pred;
+    uint64_t pw;
+    hr_item *cur;
+    bool found;
+    unsigned visited;
+} hr_win;
+enum { HR_FIND_EMPTY = 0, HR_FIND_OK = 1 };
+enum { HR_MODE_LOOKUP = 0, HR_MODE_CLEANUP = 1 };
+int hr_wfind(hr_index *idx, hr_table *t, uint64_t b, const hr_okey *k, int cleanup, hr_win *w);
+/* x was just removed from every ring link: move heads off it and retire it. */
+void hr_unlinked(hr_index *idx, hr_item *x);
+/* Moves head off x while head points at x and x is logically deleted;
+ * returns an item that this call removed as the last one of its ring. */
+hr_item *hr_head_fix(hr_table *t, uint64_t b, hr_item *x);
+/* Inserts a rehash/split item into the ring under head (rehash thread). */
+hr_item *hr_item_new_rehash(uint64_t hash);
+int hr_insert_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *n);
+/* Marks x deleted (rehash items only) and unlinks it. */
+void hr_delete_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *x);
+uint32_t hr_cur_flags(const hr_item *x);
+
+/* hr_hot.c: access hook after every keyed operation. */
+void hr_hot_slow(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *hit, hr_item *cnt);
+extern _Thread_local unsigned hr_tls_tick;
+static inline void hr_hot_access(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *hit,
+                                 hr_item *cnt)
+{
+    if (idx->mode == HR_MODE_NONE)
+        return;
+    if (!(hw & HR_H_ACTIVE) && ++hr_tls_tick < idx->r)
+        return;
+    hr_hot_slow(idx, t, b, hw, hit, cnt);
+}
+/* One ring as seen by a sampling decision (item i is i hops from the head). */
+typedef struct hr_ring_view {
+    hr_item *it[HR_RING_SCAN];
+    uint32_t cnt[HR_RING_SCAN];
+    uint8_t cand[HR_RING_SCAN], pin[HR_RING_SCAN];
+    unsigned len;
+    uint64_t total;
+} hr_ring_view;
+/* Index of the W_t-minimal candidate head (with the pin prior). */
+unsigned hr_best_head(const hr_ring_view *rv);
+/* Moves head of bucket b to x with a CAS from hw; true on success. */
+bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x);
+
+/* hr_rehash.c */
+void hr_cost_window(hr_index *idx, hr_shard *s, unsigned visited);
+int hr_worker_start(hr_index *idx);
+void hr_worker_stop(hr_index *idx);
+
+#endif

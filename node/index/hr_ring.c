@@ -1,0 +1,340 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * HotRing lock-free ordered rings: search, insert, logical deletion with the
+ * Occupied bit, helping unlink, head inheritance and RCU reclamation. The
+ * keyed API (hotring.c) and the rehash (hr_rehash.c) are built on these.
+ *
+ * Design (Chen et al., "HotRing: A Hotspot-Aware In-Memory Key-Value Store",
+ * FAST'20, §3.1 and §3.3):
+ *
+ * - Each bucket holds one circular singly linked list ordered by
+ *   (hash, key); the bucket head may point at any item. A search walks from
+ *   the head and stops at the first pair (x, next) whose cyclic open interval
+ *   contains the key (the paper's miss early-stop: x < k < next, or at the
+ *   wrap point k > x or k < next). Since items of a bucket share the top
+ *   hash bits, ordering by the full hash is ordering by the paper's tag.
+ * - Occupied bit (paper §3.3) = logical deletion, as in Harris' lock-free
+ *   list: a delete sets Occupied in the victim's next word; an RCU update
+ *   sets Occupied and, in the same CAS, points the victim's next word at the
+ *   replacement (whose next is the victim's old successor). That CAS is the
+ *   linearisation point of both. Inserts after, or unlinks through, an
+ *   occupied item fail their CAS (they expect the bit clear) and retry.
+ *   Readers treat an occupied item with the wanted key as "follow next": the
+ *   replacement has the same key, anything else means deleted.
+ * - Physical unlink is done by whichever writer walks past an occupied item
+ *   (helping); the one whose CAS on the predecessor succeeds is the unlinker.
+ *   It first moves every head that still points at the item to the item's
+ *   successor in the same bucket (hotspot inheritance for deletes; for RCU
+ *   updates the successor is the new version), then retires it.
+ * - Heads are moved by CAS (random movement, sampling, pin, inheritance). A
+ *   mover can install an item that gets deleted concurrently; every mover
+ *   re-checks its target after the CAS and moves the head on if the target is
+ *   occupied. A reader could still load such a head between those two steps,
+ *   so retired items wait for two grace periods (call_rcu twice): after the
+ *   first, no head can point at the item and no thread can install it (all
+ *   threads that saw it live have left their read sections); after the
+ *   second, no reader that loaded it from a head remains.
+ * - Ordering: every load of a next/head word is acquire, every CAS is
+ *   seq_cst, so a published item's contents are visible to whoever loads the
+ *   word that points at it, and head fixes observe any table swap.
+ * - Progress: readers are lock-free (they never wait; they only retry a
+ *   snapshot copy when two in-place writes completed during it); inserts and
+ *   deletes are lock-free (a failed CAS means another operation made
+ *   progress). Writers of the *same key* serialise on the item's seq word
+ *   (see hotring.c); that short, allocation-free section is the one place
+ *   where a preempted thread can delay another (only writers of that key).
+ */
+#include <sched.h>
+#include <stdlib.h>
+
+#include "common/log.h"
+#include "node/index/hr_internal.h"
+
+_Thread_local unsigned hr_tls_shard;
+#ifdef HR_TSAN
+char hr_tsan_gp;
+#endif
+
+unsigned hr_shard_assign(void)
+{
+    static _Atomic unsigned next_shard;
+    hr_tls_shard = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) + 1;
+    if (hr_tls_shard == 0)
+        hr_tls_shard = 1;
+    return hr_tls_shard;
+}
+
+static uint64_t hr_load(_Atomic uint64_t *w)
+{
+    return atomic_load_explicit(w, memory_order_acquire);
+}
+
+/* ---------------------------------------------------------------- reclaim */
+
+static void hr_free_cb2(struct rcu_head *h)
+{
+    HR_TSAN_ACQUIRE();
+    free(caa_container_of(h, hr_item, rcu));
+}
+
+static void hr_free_cb1(struct rcu_head *h)
+{
+    urcu_memb_call_rcu(h, hr_free_cb2); /* second grace period, see the design note */
+}
+
+static void hr_retire(hr_item *x)
+{
+    HR_TSAN_RELEASE();
+    urcu_memb_call_rcu(&x->rcu, hr_free_cb1);
+}
+
+/* ------------------------------------------------------------------ heads */
+
+/* First item after x (exclusive) whose hash belongs to bucket b of t; during
+ * a rehash a ring can hold items of two buckets. Returns x if there is none. */
+static hr_item *hr_next_in_bucket(hr_table *t, uint64_t b, hr_item *x)
+{
+    hr_item *n = hr_hop(t, b, hr_addr(hr_load(&x->next)));
+    for (unsigned i = 0; n != x && hr_bucket(t, n->hash) != b; i++) {
+        if (i > (1u << 24))
+            return x; /* not a ring any more: refuse to guess */
+        n = hr_hop(t, b, hr_addr(hr_load(&n->next)));
+    }
+    return n;
+}
+
+hr_item *hr_head_fix(hr_table *t, uint64_t b, hr_item *x)
+{
+    _Atomic uint64_t *head = &t->heads[b];
+    uint64_t hw = hr_load(head);
+    while (hr_addr(hw) == x) {
+        uint64_t xw = hr_load(&x->next);
+        if (!(xw & HR_N_OCC))
+            return NULL;
+        hr_item *nx = hr_addr(xw) == x ? x : hr_next_in_bucket(t, b, x);
+        if (nx == x && hr_addr(xw) != x) {
+            KV_ERROR("hotring", "bucket %llu: no live successor for a deleted head",
+                     (unsigned long long)b);
+            return NULL;
+        }
+        uint64_t nh = nx == x ? 0 : hr_with_addr(hw, nx);
+        /* CAS site: the bucket head. Protects: the head still points at the
+         * deleted x; moves it to x's successor (hotspot inheritance) or, when x
+         * was the last item of its ring, empties the bucket. */
+        if (atomic_compare_exchange_strong(head, &hw, nh)) {
+            if (nx == x)
+                return x;
+            x = nx;
+            hw = nh;
+        }
+    }
+    return NULL;
+}
+
+bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x)
+{
+    _Atomic uint64_t *head = &t->heads[b];
+    /* CAS site: the bucket head. Protects: nobody moved the head or changed
+     * its sampling bits since hw was read; installs x as the new head. */
+    if (!atomic_compare_exchange_strong(head, &hw, hr_with_addr(hw, x)))
+        return false;
+    hr_cnt_add(hr_my_shard(idx), HR_C_MOVES, 1);
+    /* x may have been deleted after we chose it: move on (see design note). */
+    hr_item *gone = hr_head_fix(t, b, x);
+    if (gone)
+        hr_unlinked(idx, gone);
+    return true;
+}
+
+void hr_unlinked(hr_index *idx, hr_item *x)
+{
+    hr_table *ts[2] = {atomic_load(&idx->cur), atomic_load(&idx->aux)};
+    for (int i = 0; i < 2; i++) {
+        if (!ts[i])
+            continue;
+        hr_item *gone = hr_head_fix(ts[i], hr_bucket(ts[i], x->hash), x);
+        if (gone && gone != x)
+            hr_unlinked(idx, gone);
+    }
+    hr_retire(x);
+}
+
+/* ----------------------------------------------------------------- search */
+
+/* Is k in the cyclic interval (p, n]? c = cmp(k, p), cn = cmp(k, n). */
+bool hr_in_window(const hr_item *p, const hr_item *n, int c, int cn)
+{
+    int cpn = hr_cmp_items(p, n);
+    if (cpn < 0)
+        return c > 0 && cn <= 0;
+    if (cpn > 0) /* p is the ring's maximum, n its minimum */
+        return c > 0 || cn <= 0;
+    return false; /* p is an occupied old version of n */
+}
+
+hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, hr_item *x, unsigned *visited)
+{
+    hr_item *start = x;
+    unsigned vis = 1;
+    int c = hr_cmp_key(k, x);
+    for (;;) {
+        uint64_t w = hr_load(&x->next);
+        hr_item *n = hr_addr(w);
+        if (c == 0) {
+            *visited = vis;
+            if (!(w & HR_N_OCC))
+                return x;
+            /* Occupied: the replacement (same key) follows, else deleted. */
+            if (n == x || hr_cmp_items(x, n) != 0)
+                return NULL;
+            x = n;
+            vis++;
+            continue;
+        }
+        if (n == x)
+            break;
+        n = hr_hop(t, b, n);
+        int cn = hr_cmp_key(k, n);
+        if (hr_in_window(x, n, c, cn) && cn != 0)
+            break;
+        if (n == start && cn != 0)
+            break;
+        x = n;
+        c = cn;
+        vis++;
+    }
+    *visited = vis;
+    return NULL;
+}
+
+/* Unlinks the occupied successor n of prev (prev's word was *pw). Returns
+ * false when prev itself turned out to be occupied (restart from the head). */
+bool hr_help_unlink(hr_index *idx, hr_item *prev, uint64_t *pw, hr_item *n, uint64_t nw)
+{
+    uint64_t nv = hr_with_addr(*pw, hr_addr(nw));
+    /* CAS site: prev's next word. Protects: prev is live (Occupied clear, the
+     * expected value has it clear) and still points at the deleted n; swings
+     * it past n, keeping prev's own counter and Rehash bits. */
+    if (atomic_compare_exchange_strong(&prev->next, pw, nv)) {
+        hr_unlinked(idx, n);
+        *pw = nv;
+        return true;
+    }
+    return !(*pw & HR_N_OCC);
+}
+
+int hr_wfind(hr_index *idx, hr_table *t, uint64_t b, const hr_okey *k, int cleanup, hr_win *w)
+{
+    _Atomic uint64_t *head = &t->heads[b];
+    unsigned vis = 0;
+retry:;
+    hr_item *x = hr_addr(hr_load(head));
+    if (!x) {
+        w->visited = vis;
+        return HR_FIND_EMPTY;
+    }
+    uint64_t pw = hr_load(&x->next);
+    if (pw & HR_N_OCC) { /* start from a live item: inherit the head first */
+        hr_item *gone = hr_head_fix(t, b, x);
+        if (gone)
+            hr_unlinked(idx, gone);
+        goto retry;
+    }
+    vis++;
+    int c = hr_cmp_key(k, x);
+    if (c == 0 && cleanup == HR_MODE_LOOKUP) {
+        *w = (hr_win){NULL, pw, x, true, vis};
+        return HR_FIND_OK;
+    }
+    hr_item *start = x, *prev = x;
+    for (;;) {
+        hr_item *n = hr_addr(pw);
+        if (n == prev) { /* one-item ring */
+            *w = (hr_win){prev, pw, prev, c == 0, vis};
+            return HR_FIND_OK;
+        }
+        uint64_t nw = hr_load(&n->next);
+        if (nw & HR_N_OCC) {
+            if (!hr_help_unlink(idx, prev, &pw, n, nw))
+                goto retry;
+            continue;
+        }
+        vis++;
+        hr_item *v = hr_hop(t, b, n); /* v != n: not-yet-split link, see hr_hop */
+        int cn = hr_cmp_key(k, v);
+        if (hr_in_window(prev, v, c, cn)) {
+            *w = (hr_win){prev, pw, n, cn == 0, vis};
+            return HR_FIND_OK;
+        }
+        if (v == start)
+            goto retry; /* a concurrent change broke our view of the cycle */
+        if (v != n && ((nw = hr_load(&v->next)) & HR_N_OCC))
+            goto retry;
+        prev = v;
+        pw = nw;
+        c = cn;
+    }
+}
+
+/* --------------------------------------------------------- item plumbing */
+
+uint32_t hr_cur_flags(const hr_item *x)
+{
+    uint64_t s = atomic_load_explicit(&((hr_item *)x)->seq, memory_order_acquire);
+    return atomic_load_explicit(&hr_slots(x)[(s >> 1) & 1].flags, memory_order_relaxed);
+}
+
+hr_item *hr_item_new_rehash(uint64_t hash)
+{
+    hr_item *x = calloc(1, hr_align8(sizeof(hr_item)) + 2 * sizeof(hr_slot));
+    if (!x)
+        return NULL;
+    x->hash = hash;
+    x->rehash = 1;
+    atomic_init(&x->next, HR_N_REHASH);
+    return x;
+}
+
+int hr_insert_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *n)
+{
+    hr_okey k = hr_okey_of(n);
+    uint64_t own = n->rehash ? HR_N_REHASH : 0;
+    for (;;) {
+        hr_win w;
+        if (hr_wfind(idx, t, b, &k, HR_MODE_LOOKUP, &w) == HR_FIND_EMPTY) {
+            uint64_t zero = 0;
+            atomic_store_explicit(&n->next, own | (uint64_t)(uintptr_t)n, memory_order_relaxed);
+            /* CAS site: an empty bucket head. Protects: the bucket is still
+             * empty; publishes n as a one-item ring. */
+            if (atomic_compare_exchange_strong(&t->heads[b], &zero, (uint64_t)(uintptr_t)n))
+                return 0;
+            continue;
+        }
+        if (w.found)
+            return -1;
+        atomic_store_explicit(&n->next, own | (uint64_t)(uintptr_t)w.cur, memory_order_relaxed);
+        /* CAS site: the predecessor's next word. Protects: pred is live and
+         * still points at cur (so n lands in order between them); publishes n
+         * with release semantics. */
+        if (atomic_compare_exchange_strong(&w.pred->next, &w.pw, hr_with_addr(w.pw, n)))
+            return 0;
+    }
+}
+
+void hr_delete_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *x)
+{
+    uint64_t xw = hr_load(&x->next);
+    /* CAS site: x's own next word. Protects: x is live; sets Occupied, which
+     * freezes the word (logical deletion). Retries only on counter or
+     * insert-after-x changes; rehash items have a single deleter. */
+    while (!atomic_compare_exchange_strong(&x->next, &xw, xw | HR_N_OCC))
+        ;
+    hr_item *gone = hr_head_fix(t, b, x);
+    if (gone) {
+        hr_unlinked(idx, gone);
+        return;
+    }
+    hr_okey k = hr_okey_of(x);
+    hr_win w;
+    (void)hr_wfind(idx, t, b, &k, HR_MODE_CLEANUP, &w);
+}

@@ -1,0 +1,214 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Concurrency stress for the HotRing index: 4 threads run mixed inserts,
+ * in-place and RCU updates, deletes, gets, pins (forced head moves) and a
+ * rehash in the middle, on small rings with sampling or random movement.
+ * Each thread owns a key range and checks that every acknowledged insert is
+ * found and no deleted key reappears; all threads read all keys and check
+ * that a found value belongs to its key. At the end every key must be
+ * reachable from its ring's head and the packed words must be intact.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/hash.h"
+#include "node/index/hotring.h"
+#include "tests/node/index/hr_check.h"
+
+#define THREADS 4
+#define KEYS_PER_THREAD 512
+
+typedef struct worker {
+    hr_index *idx;
+    int id;
+    _Atomic int *stop;
+    int present[KEYS_PER_THREAD];
+    uint64_t version[KEYS_PER_THREAD];
+    long ops, errors;
+} worker;
+
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static int key_of(char *buf, int thread, int i)
+{
+    return snprintf(buf, 32, "t%d-key-%d", thread, i);
+}
+
+/* Value encodes owner, key and version; long values force RCU updates. */
+static size_t val_of(char *buf, int thread, int i, uint64_t ver, bool big)
+{
+    return (size_t)snprintf(buf, 64, big ? "%d:%d:%llu:padding-to-force-rcu" : "%d:%d:%llu", thread,
+                            i, (unsigned long long)(ver % 1000));
+}
+
+typedef struct seen {
+    int thread, key;
+    unsigned long long ver;
+    int ok;
+    uint64_t version;
+} seen;
+
+static void check_cb(void *arg, const hr_view *v)
+{
+    seen *s = arg;
+    char buf[64];
+    size_t n = v->vlen < sizeof buf - 1 ? v->vlen : sizeof buf - 1;
+    memcpy(buf, v->val, n);
+    buf[n] = 0;
+    int t, k;
+    unsigned long long ver;
+    s->ok = sscanf(buf, "%d:%d:%llu", &t, &k, &ver) == 3 && t == s->thread && k == s->key &&
+            ver == v->meta.version % 1000;
+    s->version = v->meta.version;
+}
+
+static void one_op(worker *w, uint64_t *seed)
+{
+    char k[32], v[64];
+    int i = (int)(rnd(seed) % KEYS_PER_THREAD);
+    int kl = key_of(k, w->id, i);
+    unsigned op = (unsigned)(rnd(seed) % 100);
+    if (op < 30) { /* upsert: insert or update, small or big value */
+        uint64_t ver = ++w->version[i];
+        size_t vl = val_of(v, w->id, i, ver, rnd(seed) % 2);
+        hr_meta m = {ver, ver, 0, HR_F_DIRTY};
+        if (hr_upsert(w->idx, k, (size_t)kl, v, vl, &m, NULL, NULL) != KV_OK) {
+            fprintf(stderr, "upsert failed %s\n", k);
+            w->errors++;
+        }
+        w->present[i] = 1;
+    } else if (op < 45) {
+        kv_err rv = hr_remove(w->idx, k, (size_t)kl, NULL, NULL);
+        if (rv != (w->present[i] ? KV_OK : KV_NOT_FOUND)) {
+            fprintf(stderr, "remove %s: %d model %d\n", k, rv, w->present[i]);
+            w->errors++;
+        }
+        w->present[i] = 0;
+    } else if (op < 47) {
+        kv_err rv = hr_pin(w->idx, k, (size_t)kl);
+        if (rv != (w->present[i] ? KV_OK : KV_NOT_FOUND))
+            w->errors++;
+    } else if (op < 75) { /* own key: must match our model exactly */
+        seen s = {w->id, i, 0, 0, 0};
+        kv_err rv = hr_get(w->idx, k, (size_t)kl, check_cb, &s);
+        if (rv != (w->present[i] ? KV_OK : KV_NOT_FOUND) ||
+            (rv == KV_OK && (!s.ok || s.version != w->version[i]))) {
+            fprintf(stderr, "get own %s: rv %d model %d ok %d ver %llu model %llu\n", k, rv,
+                    w->present[i], s.ok, (unsigned long long)s.version,
+                    (unsigned long long)w->version[i]);
+            w->errors++;
+        }
+    } else { /* someone's key: a hit must be self-consistent */
+        int t = (int)(rnd(seed) % THREADS);
+        kl = key_of(k, t, i);
+        seen s = {t, i, 0, 0, 1};
+        if (hr_get(w->idx, k, (size_t)kl, check_cb, &s) == KV_OK && !s.ok) {
+            fprintf(stderr, "get other %s inconsistent\n", k);
+            w->errors++;
+        }
+    }
+    w->ops++;
+}
+
+static void *run(void *arg)
+{
+    worker *w = arg;
+    uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1);
+    hr_thread_register();
+    while (!atomic_load(w->stop))
+        for (int j = 0; j < 64; j++)
+            one_op(w, &seed);
+    hr_thread_unregister();
+    return NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void stress(hr_mode mode, double seconds)
+{
+    hr_thread_register();
+    hr_opts o = {8, mode, 3, false, 0};
+    hr_index *idx = NULL;
+    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    _Atomic int stop = 0;
+    static worker ws[THREADS];
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        memset(&ws[t], 0, sizeof ws[t]);
+        ws[t] = (worker){.idx = idx, .id = t, .stop = &stop};
+        pthread_create(&th[t], NULL, run, &ws[t]);
+    }
+    double t0 = now_s();
+    int rehashes = 0;
+    while (now_s() - t0 < seconds) {
+        usleep(50000);
+        double el = now_s() - t0;
+        if (!getenv("NOREHASH") &&
+            ((rehashes == 0 && el > seconds * 0.3) || (rehashes == 1 && el > seconds * 0.6))) {
+            cr_assert_eq(hr_rehash(idx), KV_OK);
+            rehashes++;
+        }
+    }
+    atomic_store(&stop, 1);
+    long ops = 0, errors = 0, present = 0;
+    for (int t = 0; t < THREADS; t++) {
+        pthread_join(th[t], NULL);
+        ops += ws[t].ops;
+        errors += ws[t].errors;
+    }
+    cr_assert_eq(errors, 0, "%ld of %ld operations saw a wrong result", errors, ops);
+    cr_assert_eq(rehashes, 2);
+    char k[32];
+    for (int t = 0; t < THREADS; t++) {
+        for (int i = 0; i < KEYS_PER_THREAD; i++) {
+            int kl = key_of(k, t, i);
+            present += ws[t].present[i];
+            hr_rcu_lock();
+            hr_okey key = {kv_hash64(k, (size_t)kl, HR_HASH_SEED), k, (uint32_t)kl, 0};
+            hr_item *h = hr_test_head(idx, k, (size_t)kl);
+            hr_table *tb = atomic_load(&idx->cur);
+            unsigned vis;
+            hr_item *x = h ? hr_walk(tb, hr_bucket(tb, key.hash), &key, h, &vis) : NULL;
+            hr_rcu_unlock();
+            cr_assert_eq(x != NULL, ws[t].present[i] != 0, "key %s reachable=%d, model=%d", k,
+                         x != NULL, ws[t].present[i]);
+        }
+    }
+    cr_assert_eq(hr_check_rings(idx), (uint64_t)present);
+    hr_stats st;
+    hr_get_stats(idx, &st);
+    cr_assert_eq(st.items, (uint64_t)present);
+    cr_assert_eq(st.rehashes, 2);
+    cr_assert_eq(st.buckets, 32);
+    cr_log_info("%s: %ld ops, %llu head moves, %llu rounds",
+                mode == HR_MODE_SAMPLE ? "sample" : "random", ops,
+                (unsigned long long)st.head_moves, (unsigned long long)st.sample_rounds);
+    hr_close(idx);
+    hr_thread_unregister();
+}
+
+Test(hotring_stress, sample_mode, .timeout = 40)
+{
+    stress(HR_MODE_SAMPLE, 5.0);
+}
+
+Test(hotring_stress, random_mode, .timeout = 40)
+{
+    stress(HR_MODE_RANDOM, 5.0);
+}

@@ -1,0 +1,484 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Tests for the HotRing index (node/index): keyed operations, write
+ * conditions, in-place vs RCU updates, the W_t head choice, hotspot
+ * inheritance, pinning, sampling/random movement and rehash splitting.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/hash.h"
+#include "node/index/hotring.h"
+#include "tests/node/index/hr_check.h"
+
+static hr_index *open_idx(uint64_t buckets, hr_mode mode, bool rehash)
+{
+    hr_opts o = {buckets, mode, 5, rehash, 0};
+    hr_index *idx = NULL;
+    kv_err rv = hr_open(&idx, &o);
+    cr_assert_eq(rv, KV_OK, "hr_open: %s", kv_strerror(rv));
+    return idx;
+}
+
+static void setup(void)
+{
+    hr_thread_register();
+}
+static void teardown(void)
+{
+    hr_barrier();
+    hr_thread_unregister();
+}
+TestSuite(hotring, .init = setup, .fini = teardown);
+
+typedef struct got {
+    int n;
+    char key[64], val[256];
+    size_t vlen;
+    hr_meta meta;
+    const void *keyptr;
+} got;
+
+static void grab(void *arg, const hr_view *v)
+{
+    got *g = arg;
+    g->n++;
+    memcpy(g->key, v->key, v->klen);
+    g->key[v->klen] = 0;
+    memcpy(g->val, v->val, v->vlen);
+    g->vlen = v->vlen;
+    g->meta = v->meta;
+    g->keyptr = v->key;
+}
+
+static kv_err put(hr_index *idx, const char *k, const char *v, uint64_t version)
+{
+    hr_meta m = {version, version, 0, HR_F_DIRTY};
+    return hr_upsert(idx, k, strlen(k), v, strlen(v), &m, NULL, NULL);
+}
+
+static got get(hr_index *idx, const char *k, kv_err want)
+{
+    got g = {0};
+    kv_err rv = hr_get(idx, k, strlen(k), grab, &g);
+    cr_assert_eq(rv, want, "get %s: %s", k, kv_strerror(rv));
+    return g;
+}
+
+Test(hotring, basic_get_upsert_remove)
+{
+    hr_index *idx = open_idx(4, HR_MODE_NONE, false);
+    char k[32], v[32];
+    for (int i = 0; i < 500; i++) {
+        snprintf(k, sizeof k, "key-%d", i);
+        snprintf(v, sizeof v, "v%d", i);
+        cr_assert_eq(put(idx, k, v, i + 1), KV_OK);
+    }
+    for (int i = 0; i < 500; i++) {
+        snprintf(k, sizeof k, "key-%d", i);
+        snprintf(v, sizeof v, "v%d", i);
+        got g = get(idx, k, KV_OK);
+        cr_assert_eq(g.n, 1);
+        cr_assert_str_eq(g.val, v);
+        cr_assert_eq(g.meta.version, (uint64_t)i + 1);
+        cr_assert_eq(g.meta.flags, HR_F_DIRTY);
+    }
+    get(idx, "absent", KV_NOT_FOUND);
+    for (int i = 0; i < 500; i += 2) {
+        snprintf(k, sizeof k, "key-%d", i);
+        cr_assert_eq(hr_remove(idx, k, strlen(k), NULL, NULL), KV_OK);
+        cr_assert_eq(hr_remove(idx, k, strlen(k), NULL, NULL), KV_NOT_FOUND);
+    }
+    for (int i = 0; i < 500; i++) {
+        snprintf(k, sizeof k, "key-%d", i);
+        get(idx, k, i % 2 ? KV_OK : KV_NOT_FOUND);
+    }
+    cr_assert_eq(hr_check_rings(idx), 250);
+    hr_stats st;
+    hr_get_stats(idx, &st);
+    cr_assert_eq(st.items, 250);
+    cr_assert_eq(st.buckets, 4);
+    cr_assert_gt(st.bytes, 0);
+    hr_close(idx);
+}
+
+Test(hotring, invalid_arguments)
+{
+    hr_index *idx = NULL;
+    hr_opts bad = {16, (hr_mode)7, 5, false, 0};
+    cr_assert_eq(hr_open(&idx, &bad), KV_INVALID_ARGUMENT);
+    cr_assert_null(idx);
+    cr_assert_eq(hr_open(NULL, NULL), KV_INVALID_ARGUMENT);
+    cr_assert_eq(hr_open(&idx, NULL), KV_OK); /* defaults */
+    char big[4097] = {0};
+    cr_assert_eq(hr_get(idx, "", 0, NULL, NULL), KV_INVALID_ARGUMENT);
+    cr_assert_eq(hr_get(idx, big, sizeof big, NULL, NULL), KV_INVALID_ARGUMENT);
+    cr_assert_eq(hr_upsert(idx, "k", 1, NULL, 3, NULL, NULL, NULL), KV_INVALID_ARGUMENT);
+    cr_assert_eq(hr_upsert(idx, big, 4096, NULL, 0, NULL, NULL, NULL), KV_OK);
+    cr_assert_eq(hr_get(idx, big, 4096, NULL, NULL), KV_OK);
+    hr_close(idx);
+    hr_close(NULL);
+}
+
+static void count_cb(void *arg, const hr_view *v)
+{
+    int *seen = arg;
+    int i;
+    cr_assert_eq(sscanf((const char *)v->key, "it-%d", &i), 1);
+    seen[i]++;
+}
+
+Test(hotring, iterate_visits_each_item_once)
+{
+    hr_index *idx = open_idx(8, HR_MODE_SAMPLE, false);
+    static int seen[300];
+    char k[32];
+    for (int i = 0; i < 300; i++) {
+        snprintf(k, sizeof k, "it-%d", i);
+        cr_assert_eq(put(idx, k, "x", 1), KV_OK);
+    }
+    for (int i = 0; i < 300; i += 3) {
+        snprintf(k, sizeof k, "it-%d", i);
+        cr_assert_eq(hr_remove(idx, k, strlen(k), NULL, NULL), KV_OK);
+    }
+    hr_iterate(idx, count_cb, seen);
+    for (int i = 0; i < 300; i++)
+        cr_assert_eq(seen[i], i % 3 ? 1 : 0, "item %d seen %d times", i, seen[i]);
+    hr_close(idx);
+}
+
+Test(hotring, set_flags_checks_seqno)
+{
+    hr_index *idx = open_idx(4, HR_MODE_NONE, false);
+    cr_assert_eq(put(idx, "a", "small", 7), KV_OK);
+    cr_assert_eq(put(idx, "b", "a value longer than eight bytes", 9), KV_OK);
+    cr_assert_eq(hr_set_flags(idx, "a", 1, 6, 0, HR_F_DIRTY), KV_FAILED_PRECONDITION);
+    cr_assert_eq(get(idx, "a", KV_OK).meta.flags, HR_F_DIRTY);
+    cr_assert_eq(hr_set_flags(idx, "a", 1, 7, HR_F_PINNED, HR_F_DIRTY), KV_OK);
+    got g = get(idx, "a", KV_OK);
+    cr_assert_eq(g.meta.flags, HR_F_PINNED);
+    cr_assert_str_eq(g.val, "small");
+    cr_assert_eq(hr_set_flags(idx, "b", 1, 9, 0, HR_F_DIRTY), KV_OK);
+    g = get(idx, "b", KV_OK);
+    cr_assert_eq(g.meta.flags, 0);
+    cr_assert_str_eq(g.val, "a value longer than eight bytes");
+    cr_assert_eq(hr_set_flags(idx, "zz", 2, 9, 0, 0), KV_NOT_FOUND);
+    hr_close(idx);
+}
+
+/* Write condition: last-writer-wins on version, records what it saw. */
+typedef struct lww {
+    uint64_t version;
+    int calls, saw_absent;
+    uint64_t saw_version;
+} lww;
+
+static kv_err lww_cond(void *arg, const hr_view *cur)
+{
+    lww *c = arg;
+    c->calls++;
+    c->saw_absent = cur == NULL;
+    c->saw_version = cur ? cur->meta.version : 0;
+    if (cur && cur->meta.version >= c->version)
+        return KV_FAILED_PRECONDITION;
+    return KV_OK;
+}
+
+Test(hotring, cond_callback_semantics)
+{
+    hr_index *idx = open_idx(4, HR_MODE_NONE, false);
+    hr_meta m = {10, 1, 0, 0};
+    lww c = {10};
+    cr_assert_eq(hr_upsert(idx, "k", 1, "v1", 2, &m, lww_cond, &c), KV_OK);
+    cr_assert(c.saw_absent);
+    m.version = 5;
+    c = (lww){5};
+    cr_assert_eq(hr_upsert(idx, "k", 1, "old", 3, &m, lww_cond, &c), KV_FAILED_PRECONDITION);
+    cr_assert_eq(c.saw_version, 10);
+    cr_assert_str_eq(get(idx, "k", KV_OK).val, "v1");
+    m.version = 11;
+    c = (lww){11};
+    cr_assert_eq(hr_upsert(idx, "k", 1, "v2", 2, &m, lww_cond, &c), KV_OK);
+    cr_assert_str_eq(get(idx, "k", KV_OK).val, "v2");
+    c = (lww){3};
+    cr_assert_eq(hr_remove(idx, "k", 1, lww_cond, &c), KV_FAILED_PRECONDITION);
+    cr_assert_eq(c.saw_version, 11);
+    get(idx, "k", KV_OK);
+    c = (lww){12};
+    cr_assert_eq(hr_remove(idx, "k", 1, lww_cond, &c), KV_OK);
+    get(idx, "k", KV_NOT_FOUND);
+    c = (lww){0};
+    cr_assert_eq(hr_remove(idx, "k", 1, lww_cond, &c), KV_NOT_FOUND);
+    cr_assert_eq(c.calls, 0, "cond not called for a missing key on remove");
+    hr_close(idx);
+}
+
+Test(hotring, in_place_vs_rcu_updates)
+{
+    hr_index *idx = open_idx(4, HR_MODE_NONE, false);
+    cr_assert_eq(put(idx, "small", "12345678", 1), KV_OK);
+    const void *p1 = get(idx, "small", KV_OK).keyptr;
+    cr_assert_eq(put(idx, "small", "abc", 2), KV_OK);
+    got g = get(idx, "small", KV_OK);
+    cr_assert_eq(g.keyptr, p1, "8-byte update must be in place");
+    cr_assert_str_eq(g.val, "abc");
+    cr_assert_eq(g.vlen, 3);
+    cr_assert_eq(g.meta.version, 2);
+    cr_assert_eq(put(idx, "small", "now a long value of 26 ch", 3), KV_OK);
+    g = get(idx, "small", KV_OK);
+    cr_assert_neq(g.keyptr, p1, "a larger value must be an RCU update");
+    cr_assert_str_eq(g.val, "now a long value of 26 ch");
+    const void *p2 = g.keyptr;
+    cr_assert_eq(put(idx, "small", "tiny", 4), KV_OK);
+    g = get(idx, "small", KV_OK);
+    cr_assert_neq(g.keyptr, p2, "a big-value item is replaced, not written in place");
+    cr_assert_str_eq(g.val, "tiny");
+    cr_assert_eq(g.meta.version, 4);
+    cr_assert_eq(hr_upsert(idx, "empty", 5, NULL, 0, NULL, NULL, NULL), KV_OK);
+    cr_assert_eq(get(idx, "empty", KV_OK).vlen, 0);
+    cr_assert_eq(hr_check_rings(idx), 2);
+    hr_close(idx);
+}
+
+/* ------------------------------------------------------------ W_t units */
+
+static unsigned best_of(const uint32_t *cnt, unsigned len, const uint8_t *pin)
+{
+    static hr_ring_view rv;
+    memset(&rv, 0, sizeof rv);
+    rv.len = len;
+    for (unsigned i = 0; i < len; i++) {
+        rv.cnt[i] = cnt[i];
+        rv.cand[i] = 1;
+        rv.pin[i] = pin ? pin[i] : 0;
+        rv.total += cnt[i];
+    }
+    return hr_best_head(&rv);
+}
+
+/* Brute force W_t = sum_k n_k * dist(t, k). */
+static uint64_t wt(const uint32_t *cnt, unsigned len, unsigned t)
+{
+    uint64_t w = 0;
+    for (unsigned k = 0; k < len; k++)
+        w += (uint64_t)cnt[k] * ((k + len - t) % len);
+    return w;
+}
+
+Test(hotring, wt_single_hotspot)
+{
+    uint32_t c[8] = {1, 0, 1, 0, 0, 40, 1, 0};
+    cr_assert_eq(best_of(c, 8, NULL), 5);
+    uint32_t first[8] = {50, 1, 1, 1, 1, 1, 1, 1};
+    cr_assert_eq(best_of(first, 8, NULL), 0, "hot head stays");
+}
+
+Test(hotring, wt_multiple_hotspots_prefers_the_earlier_of_a_pair)
+{
+    /* Two equally hot items at 2 and 3: heading at 2 costs 1 hop for item 3,
+     * heading at 3 costs 7 hops for item 2 (Fig. 5: the head goes to the item
+     * from which the hot set is reached in the fewest steps). */
+    uint32_t c[8] = {0, 0, 20, 20, 0, 0, 0, 0};
+    cr_assert_eq(best_of(c, 8, NULL), 2);
+    uint32_t wrap[8] = {20, 0, 0, 0, 0, 0, 0, 20};
+    cr_assert_eq(best_of(wrap, 8, NULL), 7, "hot pair across the wrap point");
+}
+
+Test(hotring, wt_matches_brute_force)
+{
+    uint32_t c[13];
+    unsigned seed = 1;
+    for (int round = 0; round < 200; round++) {
+        unsigned len = 1 + round % 13;
+        for (unsigned i = 0; i < len; i++) {
+            seed = seed * 1103515245 + 12345;
+            c[i] = (seed >> 16) % 50;
+        }
+        unsigned b = best_of(c, len, NULL), bf = 0;
+        for (unsigned t = 1; t < len; t++)
+            if (wt(c, len, t) < wt(c, len, bf))
+                bf = t;
+        cr_assert_eq(wt(c, len, b), wt(c, len, bf), "round %d: %u vs %u", round, b, bf);
+    }
+}
+
+Test(hotring, wt_pin_prior)
+{
+    /* Item 0 pinned: item 4 is hotter but does not halve the cost. */
+    uint32_t c[8] = {10, 0, 0, 0, 14, 0, 0, 0};
+    uint8_t pin[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+    cr_assert_eq(best_of(c, 8, NULL), 4);
+    cr_assert_eq(best_of(c, 8, pin), 0);
+    /* Overwhelming evidence still moves a pinned head. */
+    uint32_t d[8] = {1, 0, 0, 0, 60, 0, 0, 0};
+    cr_assert_eq(best_of(d, 8, pin), 4);
+    /* Between pinned items, W_t decides. */
+    uint8_t two[8] = {1, 0, 0, 0, 1, 0, 0, 0};
+    cr_assert_eq(best_of(c, 8, two), 4);
+}
+
+/* ------------------------------------------------- hotspots and heads */
+
+static void fill(hr_index *idx, int n, const char *fmt)
+{
+    char k[32];
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof k, fmt, i);
+        cr_assert_eq(put(idx, k, "v", 1), KV_OK);
+    }
+}
+
+static void hammer(hr_index *idx, const char *hot, int n, int cold_every, const char *fmt)
+{
+    char k[32];
+    for (int i = 0; i < n; i++) {
+        if (cold_every && i % cold_every == 0) {
+            snprintf(k, sizeof k, fmt, (i / cold_every) % 16);
+            hr_get(idx, k, strlen(k), NULL, NULL);
+        } else {
+            hr_get(idx, hot, strlen(hot), NULL, NULL);
+        }
+    }
+}
+
+Test(hotring, sampling_moves_head_to_hotspot)
+{
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
+    fill(idx, 16, "s-%d");
+    hammer(idx, "s-11", 5000, 10, "s-%d");
+    cr_assert(hr_test_is(hr_test_head(idx, "s-11", 4), "s-11"), "head did not move to hot key");
+    hr_stats st;
+    hr_get_stats(idx, &st);
+    cr_assert_gt(st.sample_rounds, 0);
+    cr_assert_gt(st.head_moves, 0);
+    hr_stats a;
+    hr_get_stats(idx, &a);
+    hammer(idx, "s-11", 1000, 0, "s-%d");
+    hr_get_stats(idx, &st);
+    cr_assert_eq(st.head_hits - a.head_hits, 1000, "every read of the hot key hits the head");
+    cr_assert_eq(st.read_visited - a.read_visited, 1000);
+    cr_assert_eq(hr_check_rings(idx), 16);
+    hr_close(idx);
+}
+
+Test(hotring, random_movement_moves_head)
+{
+    hr_index *idx = open_idx(2, HR_MODE_RANDOM, false);
+    fill(idx, 16, "r-%d");
+    hammer(idx, "r-3", 200, 0, "r-%d");
+    cr_assert(hr_test_is(hr_test_head(idx, "r-3", 3), "r-3"));
+    hr_close(idx);
+}
+
+Test(hotring, mode_none_never_moves)
+{
+    hr_index *idx = open_idx(2, HR_MODE_NONE, false);
+    fill(idx, 16, "n-%d");
+    hr_item *h = hr_test_head(idx, "n-3", 3);
+    hammer(idx, "n-3", 500, 0, "n-%d");
+    cr_assert_eq(hr_test_head(idx, "n-3", 3), h);
+    hr_close(idx);
+}
+
+Test(hotring, pin_makes_head_and_resists_random_moves)
+{
+    hr_index *idx = open_idx(2, HR_MODE_RANDOM, false);
+    fill(idx, 16, "p-%d");
+    cr_assert_eq(hr_pin(idx, "p-5", 3), KV_OK);
+    cr_assert_eq(hr_pin(idx, "nope", 4), KV_NOT_FOUND);
+    hr_item *h = hr_test_head(idx, "p-5", 3);
+    cr_assert(hr_test_is(h, "p-5"));
+    cr_assert(get(idx, "p-5", KV_OK).meta.flags & HR_F_PINNED);
+    /* hammer another key of the same bucket, if any, with random movement */
+    char k[32];
+    for (int i = 0; i < 16; i++) {
+        snprintf(k, sizeof k, "p-%d", i);
+        if (hr_test_head(idx, k, strlen(k)) == h && i != 5)
+            hammer(idx, k, 200, 0, "p-%d");
+    }
+    cr_assert_eq(hr_test_head(idx, "p-5", 3), h, "random movement left a pinned head");
+    hr_close(idx);
+}
+
+Test(hotring, inheritance_on_rcu_update_and_delete_of_head)
+{
+    hr_index *idx = open_idx(2, HR_MODE_NONE, false);
+    fill(idx, 16, "h-%d");
+    cr_assert_eq(hr_pin(idx, "h-7", 3), KV_OK);
+    cr_assert(hr_test_is(hr_test_head(idx, "h-7", 3), "h-7"));
+    hr_item *old = hr_test_head(idx, "h-7", 3);
+    cr_assert_eq(put(idx, "h-7", "a value needing an RCU update", 2), KV_OK);
+    hr_item *nh = hr_test_head(idx, "h-7", 3);
+    cr_assert(hr_test_is(nh, "h-7"), "RCU update of the head must move the head to it");
+    cr_assert_neq(nh, old);
+    hr_item *succ = hr_addr(atomic_load(&nh->next));
+    cr_assert_eq(hr_remove(idx, "h-7", 3, NULL, NULL), KV_OK);
+    cr_assert_eq(hr_test_head(idx, "h-7", 3), succ, "delete of the head moves it to the next item");
+    cr_assert_eq(hr_check_rings(idx), 15);
+    hr_close(idx);
+}
+
+Test(hotring, last_item_of_ring_removed_and_reinserted)
+{
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
+    for (int round = 0; round < 3; round++) {
+        cr_assert_eq(put(idx, "solo", "a long value, RCU-updated", 1), KV_OK);
+        cr_assert_eq(put(idx, "solo", "and again replaced by RCU", 2), KV_OK);
+        cr_assert_str_eq(get(idx, "solo", KV_OK).val, "and again replaced by RCU");
+        cr_assert_eq(hr_remove(idx, "solo", 4, NULL, NULL), KV_OK);
+        get(idx, "solo", KV_NOT_FOUND);
+        cr_assert_null(hr_test_head(idx, "solo", 4));
+    }
+    hr_close(idx);
+}
+
+/* ------------------------------------------------------------ rehash */
+
+Test(hotring, rehash_keeps_every_key_reachable_and_ordered)
+{
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
+    char k[32], v[48];
+    for (int i = 0; i < 2000; i++) {
+        snprintf(k, sizeof k, "rh-%d", i);
+        snprintf(v, sizeof v, i % 2 ? "%d" : "long value number %d", i);
+        cr_assert_eq(put(idx, k, v, 1), KV_OK);
+    }
+    hammer(idx, "rh-77", 3000, 4, "rh-%d");
+    for (int r = 0; r < 5; r++) {
+        cr_assert_eq(hr_rehash(idx), KV_OK);
+        cr_assert_eq(hr_check_rings(idx), 2000);
+    }
+    hr_stats st;
+    hr_get_stats(idx, &st);
+    cr_assert_eq(st.buckets, 64);
+    cr_assert_eq(st.rehashes, 5);
+    for (int i = 0; i < 2000; i++) {
+        snprintf(k, sizeof k, "rh-%d", i);
+        snprintf(v, sizeof v, i % 2 ? "%d" : "long value number %d", i);
+        cr_assert_str_eq(get(idx, k, KV_OK).val, v);
+    }
+    hr_close(idx);
+}
+
+Test(hotring, access_cost_triggers_rehash)
+{
+    hr_opts o = {2, HR_MODE_NONE, 5, true, 4.0};
+    hr_index *idx = NULL;
+    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    fill(idx, 400, "c-%d");
+    char k[32];
+    hr_stats st = {0};
+    for (int round = 0; round < 200 && st.rehashes == 0; round++) {
+        for (int i = 0; i < 400; i++) {
+            snprintf(k, sizeof k, "c-%d", i);
+            hr_get(idx, k, strlen(k), NULL, NULL);
+        }
+        hr_get_stats(idx, &st);
+        if (st.rehashes == 0)
+            usleep(10000);
+    }
+    cr_assert_gt(st.rehashes, 0, "long rings did not trigger a rehash");
+    hr_close(idx);
+}
