@@ -29,6 +29,7 @@ werror=()
 cmake -S . -B "$dir" "${flags[@]}" "${werror[@]}" >/dev/null
 cmake --build "$dir" -j"$(nproc)"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:${ASAN_OPTIONS:-}"
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:${LSAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:${TSAN_OPTIONS:-}"
 cd "$dir"

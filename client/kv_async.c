@@ -52,7 +52,8 @@ static kv_err copy_results(kv_op *ops, size_t n, const Kv__BatchReply *br)
                 kv_batch_free(ops, i);
                 return KV_RESOURCE_EXHAUSTED;
             }
-            memcpy(ops[i].value, r->value.data, r->value.len);
+            if (r->value.len)
+                memcpy(ops[i].value, r->value.data, r->value.len);
             ops[i].value_len = r->value.len;
         }
     }
@@ -191,7 +192,8 @@ static async_call *async_new(kv_client *c, async_kind kind, const void *key, siz
         done(arg, KV_RESOURCE_EXHAUSTED, &res);
         return NULL;
     }
-    memcpy(buf, key, klen);
+    if (klen)
+        memcpy(buf, key, klen);
     if (vlen)
         memcpy(buf + klen, val, vlen);
     a->c = c;

@@ -139,7 +139,8 @@ kv_err kv_get_ex(kv_client *c, const void *key, size_t klen, kv_consistency cons
         if (!data) {
             rv = KV_RESOURCE_EXHAUSTED;
         } else {
-            memcpy(data, g->value.data, g->value.len);
+            if (g->value.len)
+                memcpy(data, g->value.data, g->value.len);
             out->data = data;
             out->len = g->value.len;
             out->version = g->version;

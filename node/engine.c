@@ -90,7 +90,8 @@ static void get_visit(void *arg, const hr_view *v)
         g->oom = true;
         return;
     }
-    memcpy(copy, v->val, v->vlen);
+    if (v->vlen)
+        memcpy(copy, v->val, v->vlen);
     g->out->found = true;
     g->out->val = copy;
     g->out->vlen = v->vlen;

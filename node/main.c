@@ -38,8 +38,10 @@ int main(int argc, char **argv)
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};
     char err[512];
     kv_err rv = kv_opts_parse(&set, argc, argv, NULL, err, sizeof(err));
-    if (rv == KV_CANCELLED)
+    if (rv == KV_CANCELLED) {
+        kv_opts_free(&set);
         return 0;
+    }
     if (rv == KV_OK && !n.cfg.id) {
         snprintf(err, sizeof(err), "--id is required");
         rv = KV_INVALID_ARGUMENT;

@@ -312,7 +312,8 @@ static kv_err persist_map(node *n, const cmap *m, char *err, size_t errlen)
     ok = ok && rename(tmp, path) == 0;
     free(buf);
     if (!ok) {
-        snprintf(err, errlen, "cannot persist the cluster map to %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot persist the cluster map to %.150s: %s", path,
+                 strerror(errno));
         return KV_INTERNAL;
     }
     return KV_OK;

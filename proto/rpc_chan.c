@@ -257,7 +257,13 @@ void rpc_chan_close(rpc_chan *ch)
 {
     if (!ch)
         return;
-    nng_close(ch->sock); /* pending calls complete with CANCELLED */
+    /* Stop every context's aio before closing the socket: a completion that
+     * is running may submit the receive phase, and nng (1.5) must not see
+     * that race with the socket tearing its contexts down. A stopped aio
+     * fails new submissions, so pending calls complete with CANCELLED. */
+    for (size_t i = 0; i < ch->nall; i++)
+        nng_aio_stop(ch->all[i]->aio);
+    nng_close(ch->sock);
     for (size_t i = 0; i < ch->nall; i++) {
         nng_aio_free(ch->all[i]->aio); /* waits for a running callback */
         free(ch->all[i]);

@@ -284,7 +284,12 @@ void rpc_server_close(rpc_server *s)
         while (atomic_load(&s->busy) > 0 && kv_now_ns() < until)
             nng_msleep(2);
     }
-    nng_close(s->sock); /* aborts every pending receive */
+    /* Stop the workers' aios before the socket goes (see rpc_chan_close):
+     * a blocked receive completes with CANCELLED and the worker exits. */
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
+        if (s->workers[i].aio)
+            nng_aio_stop(s->workers[i].aio);
+    nng_close(s->sock);
     for (unsigned i = 0; s->workers && i < s->nworkers; i++) {
         rpc_worker *w = &s->workers[i];
         if (w->started)

@@ -141,8 +141,8 @@ Test(bad_input, garbage_truncated_unknown_method, .timeout = 120)
         for (size_t cut = 1; cut < n; cut += 3) { /* truncated envelopes */
             code = -1;
             cr_assert_eq(raw_exchange(targets[t], pk, cut, &code), 0, "cut %zu", cut);
-            cr_assert(code == KV_INVALID_ARGUMENT || code == KV_UNIMPLEMENTED ||
-                          code == KV_OK || code == KV_FAILED_PRECONDITION,
+            cr_assert(code == KV_INVALID_ARGUMENT || code == KV_UNIMPLEMENTED || code == KV_OK ||
+                          code == KV_FAILED_PRECONDITION,
                       "cut %zu -> %d", cut, code);
         }
         const char garbage[] = "\xff\x13\x37garbage\x00\x01\xfe";

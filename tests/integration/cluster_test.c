@@ -97,8 +97,11 @@ Test(cluster, batch_across_all_nodes_keeps_order, .timeout = 120)
     for (int i = 0; i < N; i++) {
         snprintf(keys[i], sizeof(keys[i]), "b:%d", i);
         snprintf(vals[i], sizeof(vals[i]), "v%d", i * 3);
-        ops[i] = (kv_op){.type = KV_OP_PUT, .key = keys[i], .klen = strlen(keys[i]),
-                         .val = vals[i], .vlen = strlen(vals[i])};
+        ops[i] = (kv_op){.type = KV_OP_PUT,
+                         .key = keys[i],
+                         .klen = strlen(keys[i]),
+                         .val = vals[i],
+                         .vlen = strlen(vals[i])};
     }
     cr_assert_eq(kv_batch(c, ops, N, KV_CONSISTENCY_DEFAULT), KV_OK, "%s", kv_last_error());
     for (int i = 0; i < N; i++)

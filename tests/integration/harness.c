@@ -108,9 +108,18 @@ static kv_err start_nodes(kvt_cluster *c)
         snprintf(dir, sizeof(dir), "%s/%s", c->dir, id);
         snprintf(log, sizeof(log), "%s/%s.log", c->dir, id);
         snprintf(c->node_url[i], sizeof(c->node_url[i]), "tcp://127.0.0.1:%d", kvt_free_port());
-        char *argv[] = {strdup(kvt_bin("node/kvnode")), "--id", id, "--listen", c->node_url[i],
-                        "--data-dir", dir, "--mem-mb", "512", "--auth",
-                        (char *)(c->auth ? c->auth : ""), NULL};
+        char *argv[] = {strdup(kvt_bin("node/kvnode")),
+                        "--id",
+                        id,
+                        "--listen",
+                        c->node_url[i],
+                        "--data-dir",
+                        dir,
+                        "--mem-mb",
+                        "512",
+                        "--auth",
+                        (char *)(c->auth ? c->auth : ""),
+                        NULL};
         c->node_pid[i] = spawn(log, argv);
         free(argv[0]);
     }
@@ -151,8 +160,9 @@ kv_err kvt_cluster_start(kvt_cluster *c, int nnodes, int rf, const char *auth)
                  c->node_url[i]);
     snprintf(c->router_url, sizeof(c->router_url), "tcp://127.0.0.1:%d", kvt_free_port());
     snprintf(log, sizeof(log), "%s/router.log", c->dir);
-    char *argv[] = {strdup(kvt_bin("shard/kvrouter")), "--listen", c->router_url, "--seeds", seeds,
-                    "--auth", (char *)(auth ? auth : ""), NULL};
+    char *argv[] = {
+        strdup(kvt_bin("shard/kvrouter")), "--listen", c->router_url, "--seeds", seeds, "--auth",
+        (char *)(auth ? auth : ""),        NULL};
     c->router_pid = spawn(log, argv);
     free(argv[0]);
     return router_has_map(c->router_url, auth, 10000) ? KV_OK : KV_UNAVAILABLE;
