@@ -35,6 +35,7 @@ typedef struct cjob {
     const uint8_t *lo, *hi; /* key range of in[0] */
     size_t lolen, hilen;
     bool trivial;
+    uint64_t retain_budget; /* bytes the route hook may keep on the from level */
 } cjob;
 
 /* ---- picking ---- */
@@ -68,6 +69,14 @@ static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
         if (!j->hi || lsm_key_cmp(f->largest, f->llen, j->hi, j->hilen) > 0)
             j->hi = f->largest, j->hilen = f->llen;
     }
+    uint64_t in_bytes = 0, lvl = lsm_level_bytes(v, j->from);
+    for (size_t i = 0; i < j->nin[0]; i++)
+        in_bytes += j->in[0][i]->size;
+    /* retention may refill the from level only up to 3/4 of its target (the
+     * rest covers SST overhead), so its score drops below 1 and compaction
+     * always makes progress */
+    if (j->from > 0 && db->target[j->from] > lvl - in_bytes)
+        j->retain_budget = (db->target[j->from] - (lvl - in_bytes)) / 4 * 3;
     for (size_t i = 0; i < v->nfiles[j->to]; i++)
         if (overlaps(v->files[j->to][i], j->lo, j->lolen, j->hi, j->hilen))
             j->in[1][j->nin[1]++] = v->files[j->to][i];
@@ -215,15 +224,22 @@ static kv_err out_add(output *o, int slot, const lsm_rec *r)
     return rv;
 }
 
-/* Output slot for r: 1 to retain it on the from level. */
-static int route(lsm_db *db, const cjob *j, const lsm_rec *r)
+/* Output slot for r: 1 to retain it on the from level (within the job's
+ * key range and retention budget), else 0. */
+static int route(lsm_db *db, cjob *j, const lsm_rec *r)
 {
     if (!db->o.route || j->from == 0 || r->type != LSM_PUT)
         return 0;
     if (lsm_key_cmp(r->key, r->klen, j->lo, j->lolen) < 0 ||
         lsm_key_cmp(r->key, r->klen, j->hi, j->hilen) > 0)
         return 0;
-    return db->o.route(db->o.route_arg, r, j->from) == j->from ? 1 : 0;
+    if (db->o.route(db->o.route_arg, r, j->from) != j->from)
+        return 0;
+    uint64_t sz = lsm_rec_size(r) + 4;
+    if (sz > j->retain_budget)
+        return 0;
+    j->retain_budget -= sz;
+    return 1;
 }
 
 /* Decides the fate of the newest record of a key and writes it. */
@@ -332,6 +348,8 @@ static kv_err run_job(lsm_db *db, cjob *j)
         KV_ERROR(LSM_LOG, "compaction L%d -> L%d failed: %s", j->from, j->to, kv_strerror(rv));
     } else {
         atomic_fetch_add(&db->compactions, 1);
+        KV_DEBUG(LSM_LOG, "compaction L%d -> L%d%s: %zu + %zu inputs, %zu outputs", j->from, j->to,
+                 j->trivial ? " (move)" : "", j->nin[0], j->nin[1], e.nadd);
     }
     lsm_edit_free(&e);
     db->busy[j->from] = db->busy[j->to] = false;

@@ -489,7 +489,8 @@ static kv_err list_segments(lsm_vol *v, uint64_t **out, size_t *n)
         nums[cnt++] = num;
     }
     closedir(d);
-    qsort(nums, cnt, sizeof(*nums), cmp_u64);
+    if (cnt)
+        qsort(nums, cnt, sizeof(*nums), cmp_u64);
     *out = nums;
     *n = cnt;
     return KV_OK;
