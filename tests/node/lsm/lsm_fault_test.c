@@ -1,0 +1,420 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Fault tests of the LSM: a flipped byte in the WAL (records from the flip on
+ * are dropped, earlier ones intact), in an SST data block (DATA_LOSS for the
+ * keys of that block only, a log line naming the file, no crash) and in the
+ * MANIFEST (lsm_open fails with DATA_LOSS naming the file); and a full fast
+ * volume (a 2 MiB tmpfs): writes fail with RESOURCE_EXHAUSTED, reads keep
+ * working and nothing acknowledged is lost.
+ */
+#include "lsm_test_util.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <sys/mount.h>
+
+#include "node/lsm/lsm_int.h"
+
+/* ---- stderr capture (log lines) ---- */
+
+static int cap_begin(const char *path)
+{
+    fflush(stderr);
+    int saved = dup(2);
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    dup2(fd, 2);
+    close(fd);
+    return saved;
+}
+
+static char *cap_end(int saved, const char *path)
+{
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    FILE *f = fopen(path, "r");
+    char *buf = calloc(1, 65536);
+    size_t n = f ? fread(buf, 1, 65535, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+    fputs(buf, stderr); /* keep the lines visible in the test output */
+    return buf;
+}
+
+static void base_opts(lsm_opts *o, const char *dir)
+{
+    lsm_opts_default(o);
+    o->fast_dir = dir;
+    o->sync = LSM_SYNC_NONE;
+    o->no_auto_compaction = true;
+}
+
+static void value_of(char *v, size_t len, uint64_t seq)
+{
+    for (size_t i = 0; i < len; i++)
+        v[i] = (char)('a' + (seq * 7 + i) % 26);
+}
+
+/* ---- WAL ---- */
+
+typedef struct seqs {
+    int n;
+    uint64_t s[1024];
+} seqs;
+
+static kv_err collect(void *arg, const lsm_rec *r)
+{
+    seqs *c = arg;
+    char v[64];
+    value_of(v, sizeof(v), r->seqno);
+    cr_assert_eq(r->vlen, sizeof(v));
+    cr_assert(memcmp(r->value, v, sizeof(v)) == 0, "replayed value of seqno %llu differs",
+              (unsigned long long)r->seqno);
+    if (c->n < 1024)
+        c->s[c->n++] = r->seqno;
+    return KV_OK;
+}
+
+static void append_range(lsm_db *db, uint64_t from, uint64_t to)
+{
+    for (uint64_t s = from; s <= to; s++) {
+        char k[16], v[64];
+        int kn = snprintf(k, sizeof(k), "w%05llu", (unsigned long long)s);
+        value_of(v, sizeof(v), s);
+        lsm_rec r = {.key = k,
+                     .klen = (size_t)kn,
+                     .value = v,
+                     .vlen = sizeof(v),
+                     .seqno = s,
+                     .type = LSM_PUT};
+        cr_assert_eq(lsm_wal_append(db, &r, 1), KV_OK);
+    }
+}
+
+Test(corrupt, wal_flip_drops_records_from_the_flip_on)
+{
+    char *dir = lt_mkdtemp("cwal");
+    lsm_opts o;
+    base_opts(&o, dir);
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    append_range(db, 1, 200);
+    lsm_close(db);
+    char *wal = lt_find(dir, ".wal", 1);
+    cr_assert_not_null(wal);
+    long size = lt_size(wal);
+    cr_assert_eq(lt_flip(wal, size * 6 / 10), 0);
+
+    seqs c = {0};
+    char logp[300];
+    snprintf(logp, sizeof(logp), "%s.log", dir);
+    int saved = cap_begin(logp);
+    kv_err rv = lsm_open(&db, &o, collect, &c);
+    char *log = cap_end(saved, logp);
+    cr_assert_eq(rv, KV_OK, "%s", kv_strerror(rv));
+    cr_assert(strstr(log, "torn or corrupt frame") != NULL, "no log line about the tail");
+    cr_assert(c.n > 100 && c.n < 200, "replayed %d records", c.n);
+    for (int i = 0; i < c.n; i++)
+        cr_assert_eq(c.s[i], (uint64_t)i + 1);
+    cr_assert_eq(lsm_last_seqno(db), (uint64_t)c.n);
+    long frame = size / 200;
+    cr_assert_eq(lt_size(wal), frame * c.n, "segment not truncated at the bad frame");
+    int kept = c.n;
+    append_range(db, (uint64_t)kept + 1, (uint64_t)kept + 10); /* the log goes on */
+    lsm_close(db);
+    seqs c2 = {0};
+    cr_assert_eq(lsm_open(&db, &o, collect, &c2), KV_OK);
+    cr_assert_eq(c2.n, kept + 10);
+    lsm_close(db);
+    free(log);
+    free(wal);
+    unlink(logp);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+/* ---- SST ---- */
+
+#define NK 2000
+
+static void flush_keys(lsm_db *db, int n, uint64_t seq0, size_t vlen)
+{
+    lsm_rec *run = calloc((size_t)n, sizeof(*run));
+    char(*keys)[16] = calloc((size_t)n, 16);
+    char *vals = malloc((size_t)n * vlen);
+    for (int i = 0; i < n; i++) {
+        int kn = snprintf(keys[i], 16, "c%05d", i);
+        value_of(vals + (size_t)i * vlen, vlen, seq0 + (uint64_t)i);
+        run[i] = (lsm_rec){.key = keys[i],
+                           .klen = (size_t)kn,
+                           .value = vals + (size_t)i * vlen,
+                           .vlen = vlen,
+                           .seqno = seq0 + (uint64_t)i,
+                           .type = LSM_PUT};
+    }
+    kv_err rv = lsm_flush(db, run, (size_t)n, seq0 + (uint64_t)n - 1);
+    cr_assert_eq(rv, KV_OK, "flush: %s", kv_strerror(rv));
+    free(run);
+    free(keys);
+    free(vals);
+}
+
+/* Flips a byte inside the data block holding key in SST path; returns the
+ * block's offset. */
+static long flip_block_of(const char *dir, const char *path, const char *key)
+{
+    const char *base = strrchr(path, '/') + 1;
+    uint64_t number = strtoull(base, NULL, 10);
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, false), KV_OK);
+    lsm_sst *s;
+    cr_assert_eq(lsm_sst_open(&v, number, &s), KV_OK);
+    int blk = lsm_sst_find_block(s, key, strlen(key));
+    cr_assert_geq(blk, 0);
+    lsm_io io;
+    cr_assert_eq(lsm_sst_block_io(s, blk, &io), KV_OK);
+    free(io.buf);
+    lsm_sst_close(s);
+    lsm_vol_fini(&v);
+    cr_assert_eq(lt_flip(path, (long)io.off + 20), 0);
+    return (long)io.off;
+}
+
+/* Every key is either intact or DATA_LOSS; returns the DATA_LOSS count. */
+static int scan_keys(lsm_db *db, uint64_t seq0, size_t vlen, bool multiget)
+{
+    int lost = 0, first = -1, last = -1;
+    char *want = malloc(vlen);
+    for (int i = 0; i < NK; i++) {
+        char k[16];
+        int kn = snprintf(k, sizeof(k), "c%05d", i);
+        lsm_rec r;
+        kv_err rv;
+        if (multiget) {
+            const void *kp[1] = {k};
+            size_t kl[1] = {(size_t)kn};
+            cr_assert_eq(lsm_multiget(db, 1, kp, kl, &r, NULL, &rv), KV_OK);
+        } else {
+            rv = lsm_get(db, k, (size_t)kn, &r, NULL);
+        }
+        if (rv == KV_DATA_LOSS) {
+            lost++;
+            first = first < 0 ? i : first;
+            last = i;
+            continue;
+        }
+        cr_assert_eq(rv, KV_OK, "key %d: %s", i, kv_strerror(rv));
+        value_of(want, vlen, seq0 + (uint64_t)i);
+        cr_assert_eq(r.seqno, seq0 + (uint64_t)i);
+        cr_assert(r.vlen == vlen && memcmp(r.value, want, vlen) == 0, "key %d wrong value", i);
+        lsm_rec_free(&r);
+    }
+    free(want);
+    cr_assert(lost == 0 || last - first + 1 == lost, "lost keys are not one block");
+    return lost;
+}
+
+Test(corrupt, sst_block_flip_gives_data_loss_for_that_block_only)
+{
+    char *dir = lt_mkdtemp("csst");
+    lsm_opts o;
+    base_opts(&o, dir);
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    flush_keys(db, NK, 1, 100);
+    cr_assert_eq(scan_keys(db, 1, 100, false), 0);
+    char *sst = lt_find(dir, ".sst", 1);
+    cr_assert_not_null(sst);
+    flip_block_of(dir, sst, "c01000");
+
+    char logp[300];
+    snprintf(logp, sizeof(logp), "%s.log", dir);
+    int saved = cap_begin(logp);
+    int lost = scan_keys(db, 1, 100, false);
+    int lost_mg = scan_keys(db, 1, 100, true);
+    kv_err crv = lsm_compact_all(db); /* cannot read the block either */
+    char *log = cap_end(saved, logp);
+    cr_assert(lost > 0 && lost < 100, "lost %d keys", lost);
+    cr_assert_eq(lost_mg, lost);
+    cr_assert_eq(crv, KV_DATA_LOSS, "compaction over a corrupt block: %s", kv_strerror(crv));
+    const char *base = strrchr(sst, '/') + 1;
+    cr_assert(strstr(log, base) != NULL, "log does not name %s", base);
+    lsm_rec r;
+    cr_assert_eq(lsm_get(db, "c01000", 6, &r, NULL), KV_DATA_LOSS);
+    lsm_close(db);
+
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK); /* footer and index are fine */
+    cr_assert_eq(scan_keys(db, 1, 100, false), lost);
+    lsm_close(db);
+    free(log);
+    free(sst);
+    unlink(logp);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+/* ---- MANIFEST ---- */
+
+static void manifest_flip(long where)
+{
+    char *dir = lt_mkdtemp("cman");
+    lsm_opts o;
+    base_opts(&o, dir);
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    flush_keys(db, 100, 1, 20);
+    lsm_close(db);
+    char path[400];
+    snprintf(path, sizeof(path), "%s/CURRENT", dir);
+    FILE *f = fopen(path, "r");
+    char name[64] = {0};
+    cr_assert(f && fgets(name, sizeof(name), f));
+    fclose(f);
+    name[strcspn(name, "\n")] = '\0';
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    long size = lt_size(path);
+    cr_assert_gt(size, 16);
+    cr_assert_eq(lt_flip(path, where >= 0 ? where : size + where), 0);
+
+    char logp[300];
+    snprintf(logp, sizeof(logp), "%s.log", dir);
+    lsm_db *sentinel = (lsm_db *)0x1;
+    db = sentinel;
+    int saved = cap_begin(logp);
+    kv_err rv = lsm_open(&db, &o, NULL, NULL);
+    char *log = cap_end(saved, logp);
+    cr_assert_eq(rv, KV_DATA_LOSS, "open over a corrupt MANIFEST: %s", kv_strerror(rv));
+    cr_assert_eq(db, sentinel, "out written on failure");
+    cr_assert(strstr(log, name) != NULL, "log does not name %s", name);
+    free(log);
+    unlink(logp);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+Test(corrupt, manifest_flip_first_edit)
+{
+    manifest_flip(12);
+}
+
+Test(corrupt, manifest_flip_last_edit)
+{
+    manifest_flip(-3);
+}
+
+Test(corrupt, current_names_missing_manifest)
+{
+    char *dir = lt_mkdtemp("ccur");
+    lsm_opts o;
+    base_opts(&o, dir);
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    lsm_close(db);
+    char path[400];
+    snprintf(path, sizeof(path), "%s/CURRENT", dir);
+    FILE *f = fopen(path, "w");
+    fputs("MANIFEST-999999\n", f);
+    fclose(f);
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_DATA_LOSS);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+/* ---- ENOSPC ---- */
+
+static int acked;
+
+static kv_err count_big(void *arg, const lsm_rec *r)
+{
+    (void)arg;
+    static char want[8192];
+    value_of(want, sizeof(want), r->seqno);
+    cr_assert_eq(r->vlen, sizeof(want));
+    cr_assert(memcmp(r->value, want, sizeof(want)) == 0);
+    acked--;
+    return KV_OK;
+}
+
+static void enospc(bool uring)
+{
+    char *dir = lt_mkdtemp("nospc");
+    cr_assert_not_null(dir);
+    char fd[300];
+    snprintf(fd, sizeof(fd), "%s/fd", dir);
+    mkdir(fd, 0755);
+    if (mount("tmpfs", fd, "tmpfs", 0, "size=2m") != 0) {
+        int e = errno;
+        lt_rmrf(dir);
+        free(dir);
+        cr_skip_test("cannot mount a 2 MiB tmpfs (%s): ENOSPC test needs root", strerror(e));
+    }
+    lsm_opts o;
+    base_opts(&o, fd);
+    o.sync = LSM_SYNC_ALWAYS;
+    o.disable_io_uring = !uring;
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    flush_keys(db, NK, 1, 100); /* ~250 KiB SST */
+    uint64_t seq = NK;
+    static char v[8192];
+    kv_err rv = KV_OK;
+    acked = 0;
+    for (int i = 0; i < 1000 && rv == KV_OK; i++) {
+        seq++;
+        char k[16];
+        int kn = snprintf(k, sizeof(k), "big%05d", i);
+        value_of(v, sizeof(v), seq);
+        lsm_rec r = {.key = k,
+                     .klen = (size_t)kn,
+                     .value = v,
+                     .vlen = sizeof(v),
+                     .seqno = seq,
+                     .type = LSM_PUT};
+        rv = lsm_wal_append(db, &r, 1);
+        acked += rv == KV_OK;
+    }
+    cr_assert_eq(rv, KV_RESOURCE_EXHAUSTED, "append on a full volume: %s", kv_strerror(rv));
+    cr_assert_gt(acked, 10);
+    cr_assert_eq(scan_keys(db, 1, 100, false), 0, "reads failed on a full volume");
+    lsm_rec *run = calloc((size_t)acked, sizeof(*run));
+    char(*keys)[16] = calloc((size_t)acked, 16);
+    for (int i = 0; i < acked; i++) { /* the acknowledged records cannot be flushed */
+        int kn = snprintf(keys[i], 16, "big%05d", i);
+        run[i] = (lsm_rec){.key = keys[i],
+                           .klen = (size_t)kn,
+                           .value = v,
+                           .vlen = sizeof(v),
+                           .seqno = NK + 1 + (uint64_t)i,
+                           .type = LSM_PUT};
+    }
+    rv = lsm_flush(db, run, (size_t)acked, seq - 1);
+    cr_assert_eq(rv, KV_RESOURCE_EXHAUSTED, "flush on a full volume: %s", kv_strerror(rv));
+    free(run);
+    free(keys);
+    cr_assert_eq(scan_keys(db, 1, 100, false), 0, "reads failed after a failed flush");
+    lsm_rec r = {
+        .key = "x", .klen = 1, .value = v, .vlen = sizeof(v), .seqno = seq + 1, .type = LSM_PUT};
+    rv = lsm_wal_append(db, &r, 1);
+    cr_assert_eq(rv, KV_RESOURCE_EXHAUSTED);
+    lsm_close(db);
+
+    cr_assert_eq(mount("tmpfs", fd, "tmpfs", MS_REMOUNT, "size=16m"), 0, "%s", strerror(errno));
+    cr_assert_eq(lsm_open(&db, &o, count_big, NULL), KV_OK);
+    cr_assert_eq(acked, 0, "%d acknowledged records were not replayed", acked);
+    cr_assert_eq(scan_keys(db, 1, 100, false), 0);
+    lsm_close(db);
+    umount(fd);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+Test(enospc, full_fast_volume_io_uring)
+{
+    enospc(true);
+}
+
+Test(enospc, full_fast_volume_pread)
+{
+    enospc(false);
+}
