@@ -238,6 +238,13 @@ static inline void hr_rcu_unlock(void)
     urcu_memb_read_unlock();
 }
 
+/* Waits for a grace period (never inside a read-side section). */
+static inline void hr_sync_rcu(void)
+{
+    urcu_memb_synchronize_rcu();
+    HR_TSAN_ACQUIRE(); /* every read-side section that ended has released */
+}
+
 /* ---- shared between the .c files ---- */
 /* Is k in the cyclic interval (p, n]? c = cmp(k, p), cn = cmp(k, n). */
 bool hr_in_window(const hr_item *p, const hr_item *n, int c, int cn);

@@ -184,10 +184,10 @@ kv_err hr_rehash(hr_index *idx)
     hr_split_phase(idx, old, nt, ri);
     atomic_store(&idx->cur, nt);
     atomic_store(&idx->aux, old);
-    urcu_memb_synchronize_rcu();
+    hr_sync_rcu();
     hr_delete_phase(idx, nt, ri);
     atomic_store(&idx->aux, NULL);
-    urcu_memb_synchronize_rcu();
+    hr_sync_rcu();
     free(old);
     free(ri);
     uint64_t r, v;

@@ -4,7 +4,7 @@
  * conditions, in-place vs RCU updates, the W_t head choice, hotspot
  * inheritance, pinning, sampling/random movement and rehash splitting.
  */
-#include <criterion/criterion.h>
+#include "tests/node/index/hr_testfw.h"
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -125,8 +125,12 @@ Test(hotring, invalid_arguments)
 static void count_cb(void *arg, const hr_view *v)
 {
     int *seen = arg;
-    int i;
-    cr_assert_eq(sscanf((const char *)v->key, "it-%d", &i), 1);
+    char k[32] = {0};
+    int i = -1;
+    cr_assert_lt(v->klen, sizeof k);
+    memcpy(k, v->key, v->klen);
+    cr_assert_eq(sscanf(k, "it-%d", &i), 1);
+    cr_assert(i >= 0 && i < 300);
     seen[i]++;
 }
 
