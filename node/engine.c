@@ -1,29 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Engine: point reads and writes over the HotRing memory tier, with the
- * wire contract's semantics. Every decision about an existing record (LWW,
- * if_absent, if_version) is taken inside hr_upsert's condition callback, so
- * it is atomic with the write that follows: a concurrent writer forces the
- * index to re-run the condition against the record that won.
+ * Engine point operations over the memory tier (HotRing) and the LSM.
+ *
+ * Writes: under the key's stripe lock the engine finds the current record
+ * (memory, else the LSM), decides last-writer-wins and the conditions,
+ * appends the record to the WAL with a fresh seqno, and inserts it into the
+ * memory tier as dirty. Reads: memory first; on a miss the LSM, and a
+ * record read twice within the sketch's window is filled into memory, but
+ * only if no item appeared meanwhile and no flush was installed since the
+ * lookup began (so a fill can never hide a newer, flushed-and-evicted
+ * write).
  */
-#include "node/engine.h"
+#include "node/engine_int.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "node/index/hotring.h"
+#include "common/hash.h"
+#include "common/log.h"
 
-#define ITEM_OVERHEAD 64u /* per-item bytes beyond key and value, for the budget */
-
-struct engine {
-    hr_index *idx;
-    kv_hlc hlc;
-    uint64_t mem_limit;
-    _Atomic uint64_t mem_bytes;
-    _Atomic uint64_t gets, puts, deletes;
-};
+static const char *const sync_names[] = {"always", "batch", "none"};
 
 void engine_thread_register(void)
 {
@@ -35,26 +32,131 @@ void engine_thread_unregister(void)
     hr_thread_unregister();
 }
 
-kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errlen)
+uint64_t engine_rec_bytes(size_t klen, size_t vlen)
 {
-    engine *e = calloc(1, sizeof(*e));
-    if (!e)
-        return KV_RESOURCE_EXHAUSTED;
-    e->mem_limit = (uint64_t)(opts->mem_mb ? opts->mem_mb : 256) << 20;
+    return (uint64_t)klen + vlen + ENGINE_ITEM_OVERHEAD;
+}
+
+static bool rec_live(uint32_t flags, uint64_t expire_at, uint64_t now_ms)
+{
+    return !(flags & HR_F_TOMBSTONE) && (expire_at == 0 || expire_at > now_ms);
+}
+
+/* ---- recovery ---------------------------------------------------------- */
+
+typedef struct put_acct {
+    uint64_t old_bytes;
+    bool old_dirty, had_old;
+    uint64_t version;
+} put_acct;
+
+/* Applies only over an older version (replay, and the write path's final
+ * insert, where the stripe lock leaves fills as the only concurrent change). */
+static kv_err newer_cond(void *arg, const hr_view *cur)
+{
+    put_acct *a = arg;
+    a->had_old = cur != NULL;
+    a->old_bytes = cur ? engine_rec_bytes(cur->klen, cur->vlen) : 0;
+    a->old_dirty = cur && (cur->meta.flags & HR_F_DIRTY);
+    if (cur && cur->meta.version > a->version)
+        return KV_ABORTED;
+    return KV_OK;
+}
+
+static void account(engine *e, const put_acct *a, uint64_t bytes, bool dirty)
+{
+    atomic_fetch_add(&e->mem_bytes, bytes);
+    if (a->had_old)
+        atomic_fetch_sub(&e->mem_bytes, a->old_bytes);
+    if (dirty)
+        atomic_fetch_add(&e->dirty_bytes, bytes);
+    if (a->old_dirty)
+        atomic_fetch_sub(&e->dirty_bytes, a->old_bytes);
+}
+
+static kv_err replay_one(void *arg, const lsm_rec *r)
+{
+    engine *e = arg;
+    hr_meta m = {.version = r->version, .seqno = r->seqno, .expire_at = r->expire_at};
+    m.flags = HR_F_DIRTY | (r->type == LSM_DELETE ? HR_F_TOMBSTONE : 0);
+    put_acct a = {.version = r->version};
+    kv_err rv =
+        hr_upsert(e->idx, r->key, r->klen, r->value ? r->value : "", r->vlen, &m, newer_cond, &a);
+    if (rv == KV_OK)
+        account(e, &a, engine_rec_bytes(r->klen, r->vlen), true);
+    kv_hlc_observe(&e->hlc, r->version);
+    return rv == KV_ABORTED ? KV_OK : rv;
+}
+
+static kv_err open_tiers(engine *e, char *err, size_t errlen)
+{
     hr_opts ho = {0};
-    /* About one bucket per 8 items of ~128 bytes: rehash grows it from there. */
-    ho.buckets = opts->index_buckets ? opts->index_buckets : e->mem_limit / 1024;
-    if (ho.buckets < 1024)
-        ho.buckets = 1024;
+    ho.buckets = e->o.index_buckets ? e->o.index_buckets : e->mem_limit / 1024;
+    ho.buckets = ho.buckets < 1024 ? 1024 : ho.buckets;
     ho.mode = HR_MODE_SAMPLE;
     ho.r = 5;
     ho.rehash = true;
+    ho.rehash_cost = 2.0;
     kv_err rv = hr_open(&e->idx, &ho);
     if (rv != KV_OK) {
         snprintf(err, errlen, "cannot create the HotRing index: %s", kv_strerror(rv));
-        free(e);
         return rv;
     }
+    lsm_opts lo;
+    lsm_opts_default(&lo);
+    lo.fast_dir = e->o.fast_dir;
+    lo.slow_dir = e->o.slow_dir;
+    lo.fast_mb = e->o.fast_mb ? e->o.fast_mb : 1024;
+    lo.sync = e->o.sync == ENGINE_SYNC_ALWAYS  ? LSM_SYNC_ALWAYS
+              : e->o.sync == ENGINE_SYNC_BATCH ? LSM_SYNC_BATCH
+                                               : LSM_SYNC_NONE;
+    lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
+    lo.disable_io_uring = e->o.disable_io_uring;
+    hr_thread_register(); /* the replay callback inserts into the index */
+    rv = lsm_open(&e->db, &lo, replay_one, e);
+    hr_thread_unregister();
+    if (rv != KV_OK) {
+        snprintf(err, errlen, "cannot open the LSM in %s%s%s: %s (see the log for the file)",
+                 e->o.fast_dir, e->o.slow_dir ? " / " : "", e->o.slow_dir ? e->o.slow_dir : "",
+                 kv_err_name(rv));
+        return rv;
+    }
+    atomic_store(&e->next_seqno, lsm_last_seqno(e->db) + 1);
+    return KV_OK;
+}
+
+kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errlen)
+{
+    if (!opts->fast_dir) {
+        snprintf(err, errlen, "no fast directory given");
+        return KV_INVALID_ARGUMENT;
+    }
+    engine *e = calloc(1, sizeof(*e));
+    if (!e || !(e->sketch = calloc(ENGINE_SKETCH_SIZE, 1))) {
+        free(e);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    e->o = *opts;
+    e->mem_limit = (uint64_t)(opts->mem_mb ? opts->mem_mb : 256) << 20;
+    e->write_buffer = opts->write_buffer_kb   ? (uint64_t)opts->write_buffer_kb << 10
+                      : opts->write_buffer_mb ? (uint64_t)opts->write_buffer_mb << 20
+                                              : 64ull << 20;
+    for (int i = 0; i < ENGINE_STRIPES; i++)
+        pthread_mutex_init(&e->stripes[i], NULL);
+    pthread_rwlock_init(&e->apply_lock, NULL);
+    pthread_mutex_init(&e->bg_mu, NULL);
+    pthread_cond_init(&e->bg_cv, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
+    kv_err rv = open_tiers(e, err, errlen);
+    if (rv == KV_OK && (rv = engine_bg_start(e)) != KV_OK)
+        snprintf(err, errlen, "cannot start the flush thread");
+    if (rv != KV_OK) {
+        engine_close(e);
+        return rv;
+    }
+    KV_INFO("engine", "recovered %llu unflushed bytes from the WAL, next seqno %llu, sync %s",
+            (unsigned long long)atomic_load(&e->dirty_bytes),
+            (unsigned long long)atomic_load(&e->next_seqno), sync_names[e->o.sync]);
     *out = e;
     return KV_OK;
 }
@@ -63,16 +165,20 @@ void engine_close(engine *e)
 {
     if (!e)
         return;
+    engine_bg_stop(e);
+    lsm_close(e->db);
     hr_close(e->idx);
+    for (int i = 0; i < ENGINE_STRIPES; i++)
+        pthread_mutex_destroy(&e->stripes[i]);
+    pthread_rwlock_destroy(&e->apply_lock);
+    pthread_mutex_destroy(&e->bg_mu);
+    pthread_cond_destroy(&e->bg_cv);
+    pthread_cond_destroy(&e->done_cv);
+    free((void *)e->sketch);
     free(e);
 }
 
-static bool is_live(const hr_view *v, uint64_t now_ms)
-{
-    if (v->meta.flags & HR_F_TOMBSTONE)
-        return false;
-    return v->meta.expire_at == 0 || v->meta.expire_at > now_ms;
-}
+/* ---- reads ------------------------------------------------------------- */
 
 typedef struct get_state {
     uint64_t now_ms;
@@ -83,7 +189,8 @@ typedef struct get_state {
 static void get_visit(void *arg, const hr_view *v)
 {
     get_state *g = arg;
-    if (!is_live(v, g->now_ms))
+    g->out->version = v->meta.version;
+    if (!rec_live(v->meta.flags, v->meta.expire_at, g->now_ms))
         return;
     uint8_t *copy = malloc(v->vlen ? v->vlen : 1);
     if (!copy) {
@@ -95,7 +202,73 @@ static void get_visit(void *arg, const hr_view *v)
     g->out->found = true;
     g->out->val = copy;
     g->out->vlen = v->vlen;
-    g->out->version = v->meta.version;
+}
+
+typedef struct fill_state {
+    engine *e;
+    uint64_t gen;
+} fill_state;
+
+/* A fill goes in only into an empty slot and only while no flush has been
+ * installed since the lookup began: otherwise a newer record may have been
+ * flushed and evicted, and this one would shadow it. */
+static kv_err fill_cond(void *arg, const hr_view *cur)
+{
+    fill_state *f = arg;
+    if (cur || lsm_flush_generation(f->e->db) != f->gen)
+        return KV_ABORTED;
+    return KV_OK;
+}
+
+static void maybe_fill(engine *e, const lsm_rec *r, uint64_t gen)
+{
+    if (!engine_admit(e, r->key, r->klen))
+        return;
+    uint64_t bytes = engine_rec_bytes(r->klen, r->vlen);
+    if (atomic_load(&e->mem_bytes) + bytes > e->mem_limit) {
+        engine_bg_kick(e);
+        return;
+    }
+    hr_meta m = {.version = r->version, .seqno = r->seqno, .expire_at = r->expire_at};
+    m.flags = r->type == LSM_DELETE ? HR_F_TOMBSTONE : 0;
+    fill_state f = {e, gen};
+    if (hr_upsert(e->idx, r->key, r->klen, r->value ? r->value : "", r->vlen, &m, fill_cond, &f) ==
+        KV_OK) {
+        atomic_fetch_add(&e->mem_bytes, bytes);
+        atomic_fetch_add_explicit(&e->fills, 1, memory_order_relaxed);
+    }
+}
+
+static kv_err get_from_lsm(engine *e, const void *key, size_t klen, engine_result *r,
+                           uint64_t now_ms)
+{
+    uint64_t gen = lsm_flush_generation(e->db);
+    lsm_rec rec;
+    lsm_tier tier = LSM_TIER_NONE;
+    kv_err rv = lsm_get(e->db, key, klen, &rec, &tier);
+    if (rv == KV_NOT_FOUND) {
+        atomic_fetch_add_explicit(&e->reads_miss, 1, memory_order_relaxed);
+        return KV_OK;
+    }
+    if (rv != KV_OK)
+        return rv;
+    atomic_fetch_add_explicit(tier == LSM_TIER_SD ? &e->reads_sd : &e->reads_fd, 1,
+                              memory_order_relaxed);
+    r->version = rec.version;
+    if (rec.type == LSM_PUT && (rec.expire_at == 0 || rec.expire_at > now_ms)) {
+        r->val = malloc(rec.vlen ? rec.vlen : 1);
+        if (!r->val) {
+            lsm_rec_free(&rec);
+            return KV_RESOURCE_EXHAUSTED;
+        }
+        if (rec.vlen)
+            memcpy(r->val, rec.value, rec.vlen);
+        r->vlen = rec.vlen;
+        r->found = true;
+    }
+    maybe_fill(e, &rec, gen);
+    lsm_rec_free(&rec);
+    return KV_OK;
 }
 
 kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
@@ -104,119 +277,141 @@ kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
     get_state g = {kv_wall_ms(), &r, false};
     atomic_fetch_add_explicit(&e->gets, 1, memory_order_relaxed);
     kv_err rv = hr_get(e->idx, key, klen, get_visit, &g);
-    if (rv != KV_OK && rv != KV_NOT_FOUND)
+    if (rv == KV_OK) {
+        atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
+    } else if (rv == KV_NOT_FOUND) {
+        rv = get_from_lsm(e, key, klen, &r, g.now_ms);
+    }
+    if (rv == KV_OK && g.oom)
+        rv = KV_RESOURCE_EXHAUSTED;
+    if (rv != KV_OK) {
+        free(r.val);
         return rv;
-    if (g.oom)
-        return KV_RESOURCE_EXHAUSTED;
+    }
     *out = r;
     return KV_OK;
 }
 
-/* State shared with the write condition; re-filled on every (re)run. */
-typedef struct write_state {
-    const engine_write *w;
-    uint64_t version, now_ms;
-    uint64_t old_bytes; /* bytes of the record replaced */
-    uint64_t current;   /* version of the record that won, when superseded */
-    bool existed_live;
-    char *err;
-    size_t errlen;
-} write_state;
+/* ---- writes ------------------------------------------------------------ */
 
-static uint64_t view_bytes(const hr_view *v)
+typedef struct current {
+    bool exists, live;
+    uint64_t version;
+} current;
+
+static void cur_visit(void *arg, const hr_view *v)
 {
-    return v ? v->klen + v->vlen + ITEM_OVERHEAD : 0;
+    current *c = arg;
+    c->exists = true;
+    c->version = v->meta.version;
+    c->live = rec_live(v->meta.flags, v->meta.expire_at, kv_wall_ms());
 }
 
-static kv_err write_cond(void *arg, const hr_view *cur)
+/* The record governing key right now: memory, else the LSM. */
+static kv_err find_current(engine *e, const engine_write *w, current *c, char *err, size_t errlen)
 {
-    write_state *s = arg;
-    const engine_write *w = s->w;
-    bool live = cur && is_live(cur, s->now_ms);
-    s->old_bytes = view_bytes(cur);
-    s->existed_live = live;
-    if (w->if_absent && live) {
-        snprintf(s->err, s->errlen, "key exists (if_absent)");
+    memset(c, 0, sizeof(*c));
+    if (hr_get(e->idx, w->key, w->klen, cur_visit, c) == KV_OK)
+        return KV_OK;
+    lsm_rec rec;
+    kv_err rv = lsm_get(e->db, w->key, w->klen, &rec, NULL);
+    if (rv == KV_NOT_FOUND)
+        return KV_OK;
+    if (rv != KV_OK) {
+        snprintf(err, errlen, "cannot read the current record: %s", kv_strerror(rv));
+        return rv;
+    }
+    c->exists = true;
+    c->version = rec.version;
+    c->live = rec.type == LSM_PUT && (rec.expire_at == 0 || rec.expire_at > kv_wall_ms());
+    lsm_rec_free(&rec);
+    return KV_OK;
+}
+
+static kv_err check_conditions(const engine_write *w, const current *c, char *err, size_t errlen)
+{
+    if (w->if_absent && c->live) {
+        snprintf(err, errlen, "key exists (if_absent)");
         return KV_ALREADY_EXISTS;
     }
-    if (w->if_version && (!live || cur->meta.version != w->if_version)) {
-        snprintf(s->err, s->errlen, "version mismatch (if_version %llu, current %llu)",
-                 (unsigned long long)w->if_version,
-                 (unsigned long long)(live ? cur->meta.version : 0));
+    if (w->if_version && (!c->live || c->version != w->if_version)) {
+        snprintf(err, errlen, "version mismatch (if_version %llu, current %llu)",
+                 (unsigned long long)w->if_version, (unsigned long long)(c->live ? c->version : 0));
         return KV_FAILED_PRECONDITION;
     }
-    if (cur && cur->meta.version >= s->version) {
-        s->current = cur->meta.version; /* a newer (or the same) write already won */
-        return KV_ABORTED;
-    }
     return KV_OK;
+}
+
+/* Appends to the WAL and inserts into memory; the caller holds the stripe. */
+static kv_err apply(engine *e, const engine_write *w, uint64_t version, char *err, size_t errlen)
+{
+    uint64_t now = kv_wall_ms();
+    lsm_rec rec = {.key = w->key, .klen = w->klen, .version = version};
+    rec.type = w->is_delete ? LSM_DELETE : LSM_PUT;
+    rec.value = w->is_delete ? NULL : w->val;
+    rec.vlen = w->is_delete ? 0 : w->vlen;
+    rec.expire_at = w->ttl_ms && !w->is_delete ? now + w->ttl_ms : 0;
+    pthread_rwlock_rdlock(&e->apply_lock);
+    rec.seqno = atomic_fetch_add(&e->next_seqno, 1);
+    kv_err rv = lsm_wal_append(e->db, &rec, 1);
+    if (rv != KV_OK) {
+        pthread_rwlock_unlock(&e->apply_lock);
+        snprintf(err, errlen, "%s",
+                 rv == KV_RESOURCE_EXHAUSTED ? "the fast volume is full (WAL append failed)"
+                                             : "WAL append failed");
+        return rv;
+    }
+    hr_meta m = {.version = version, .seqno = rec.seqno, .expire_at = rec.expire_at};
+    m.flags = HR_F_DIRTY | (w->is_delete ? HR_F_TOMBSTONE : 0);
+    put_acct a = {.version = version};
+    rv = hr_upsert(e->idx, w->key, w->klen, rec.value ? rec.value : "", rec.vlen, &m, newer_cond,
+                   &a);
+    pthread_rwlock_unlock(&e->apply_lock);
+    if (rv == KV_OK)
+        account(e, &a, engine_rec_bytes(w->klen, rec.vlen), true);
+    else if (rv != KV_ABORTED)
+        snprintf(err, errlen, "memory tier insert failed: %s", kv_strerror(rv));
+    return rv == KV_ABORTED ? KV_OK : rv;
 }
 
 kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
                         size_t errlen)
 {
-    write_state s = {.w = w, .now_ms = kv_wall_ms(), .err = err, .errlen = errlen};
-    if (w->version) {
+    uint64_t version = w->version ? w->version : kv_hlc_now(&e->hlc);
+    if (w->version)
         kv_hlc_observe(&e->hlc, w->version);
-        s.version = w->version;
-    } else {
-        s.version = kv_hlc_now(&e->hlc);
-    }
-    uint64_t new_bytes = w->klen + (w->is_delete ? 0 : w->vlen) + ITEM_OVERHEAD;
-    if (atomic_load_explicit(&e->mem_bytes, memory_order_relaxed) + new_bytes > e->mem_limit &&
-        !w->is_delete) {
-        snprintf(err, errlen, "memory tier is full (mem-mb budget of %llu MiB)",
-                 (unsigned long long)(e->mem_limit >> 20));
-        return KV_RESOURCE_EXHAUSTED;
-    }
-    hr_meta meta = {.version = s.version};
-    meta.expire_at = w->ttl_ms && !w->is_delete ? s.now_ms + w->ttl_ms : 0;
-    meta.flags = HR_F_DIRTY | (w->is_delete ? HR_F_TOMBSTONE : 0);
     atomic_fetch_add_explicit(w->is_delete ? &e->deletes : &e->puts, 1, memory_order_relaxed);
-    kv_err rv = hr_upsert(e->idx, w->key, w->klen, w->is_delete ? "" : w->val,
-                          w->is_delete ? 0 : w->vlen, &meta, write_cond, &s);
-    engine_result r = {0};
-    if (rv == KV_ABORTED) { /* superseded by a newer version: LWW says done */
-        r.version = s.current;
-        r.found = s.existed_live;
-        *out = r;
-        return KV_OK;
+    kv_err rv = engine_wait_room(e);
+    if (rv != KV_OK) {
+        snprintf(err, errlen, "write buffer full: flushing to the fast volume is behind");
+        return rv;
     }
+    pthread_mutex_t *stripe = &e->stripes[kv_hash64(w->key, w->klen, 7) % ENGINE_STRIPES];
+    pthread_mutex_lock(stripe);
+    current c;
+    rv = find_current(e, w, &c, err, errlen);
+    if (rv == KV_OK)
+        rv = check_conditions(w, &c, err, errlen);
+    engine_result r = {.found = c.live};
+    if (rv == KV_OK && c.exists && c.version >= version) {
+        r.version = c.version; /* a newer (or the same) write already won: LWW says done */
+    } else if (rv == KV_OK) {
+        rv = apply(e, w, version, err, errlen);
+        r.version = version;
+    }
+    pthread_mutex_unlock(stripe);
     if (rv != KV_OK)
         return rv;
-    atomic_fetch_add_explicit(&e->mem_bytes, new_bytes, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&e->mem_bytes, s.old_bytes, memory_order_relaxed);
-    r.version = s.version;
-    r.found = s.existed_live;
+    if (atomic_load(&e->dirty_bytes) >= e->write_buffer ||
+        atomic_load(&e->mem_bytes) > e->mem_limit)
+        engine_bg_kick(e);
     *out = r;
     return KV_OK;
 }
 
-void engine_get_stats(engine *e, engine_stats *out)
-{
-    hr_stats hs;
-    hr_get_stats(e->idx, &hs);
-    engine_stats s = {0};
-    s.items = hs.items;
-    s.mem_bytes = atomic_load(&e->mem_bytes);
-    s.mem_limit = e->mem_limit;
-    s.gets = atomic_load(&e->gets);
-    s.puts = atomic_load(&e->puts);
-    s.deletes = atomic_load(&e->deletes);
-    s.index_reads = hs.reads;
-    s.index_visited = hs.read_visited;
-    s.index_head_hits = hs.head_hits;
-    s.index_head_moves = hs.head_moves;
-    s.index_sample_rounds = hs.sample_rounds;
-    s.index_rehashes = hs.rehashes;
-    s.index_buckets = hs.buckets;
-    *out = s;
-}
-
 const char *engine_durability(const engine *e)
 {
-    (void)e;
-    return "none";
+    return sync_names[e->o.sync];
 }
 
 kv_hlc *engine_hlc(engine *e)

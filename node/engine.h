@@ -5,8 +5,18 @@
  * last-writer-wins on the HLC version, TTLs, tombstones, and the conditional
  * writes of kv.Put / kv.Delete (if_version, if_absent).
  *
- * Threads: every function may be called from any thread that was registered
- * with engine_thread_register() (the RPC workers do it in their start hook).
+ *   write: WAL (lsm_wal_append) -> HotRing item marked dirty
+ *   read:  HotRing -> LSM levels on FD -> LSM levels on SD
+ *   flush: dirty items up to a seqno, sorted -> L0 SST on FD -> items clean
+ *
+ * The memory tier holds every unflushed record (the memtable) plus hot clean
+ * records (a cache) within mem_mb; only clean items are evicted. A record
+ * read from an SST is admitted to memory only when it is read again within
+ * a window (a small frequency sketch), and never when a flush was installed
+ * since the lookup began (no stale fills).
+ *
+ * Threads: every function may be called from any thread registered with
+ * engine_thread_register() (the RPC workers do it in their start hook).
  */
 #ifndef KV_NODE_ENGINE_H
 #define KV_NODE_ENGINE_H
@@ -17,12 +27,23 @@
 
 #include "common/clock.h"
 #include "kv/kv_err.h"
+#include "proto/statlist.h"
 
 typedef struct engine engine;
 
+typedef enum engine_sync { ENGINE_SYNC_ALWAYS, ENGINE_SYNC_BATCH, ENGINE_SYNC_NONE } engine_sync;
+
 typedef struct engine_opts {
+    const char *fast_dir;   /* FD: WAL, MANIFEST and the upper levels (required) */
+    const char *slow_dir;   /* SD: the lower levels; NULL = every level on FD */
+    uint64_t fast_mb;       /* FD capacity for the levels */
     size_t mem_mb;          /* memory-tier budget */
+    size_t write_buffer_mb; /* dirty bytes that trigger a flush (may be 0 for KiB below) */
+    size_t write_buffer_kb; /* finer setting for tests; wins when non-zero */
+    engine_sync sync;
+    unsigned sync_ms;
     uint64_t index_buckets; /* initial HotRing buckets (0 = from mem_mb) */
+    bool disable_io_uring;
 } engine_opts;
 
 /* A write. version 0 = the engine assigns one from its HLC (direct writes);
@@ -47,8 +68,9 @@ typedef struct engine_result {
 } engine_result;
 
 typedef struct engine_stats {
-    uint64_t items, mem_bytes, mem_limit;
+    uint64_t items, mem_bytes, mem_limit, dirty_bytes;
     uint64_t gets, puts, deletes;
+    uint64_t reads_mem, reads_fd, reads_sd, reads_miss, fills, evictions, flushes;
     uint64_t index_reads, index_visited, index_head_hits, index_head_moves;
     uint64_t index_sample_rounds, index_rehashes, index_buckets;
 } engine_stats;
@@ -56,24 +78,36 @@ typedef struct engine_stats {
 void engine_thread_register(void);
 void engine_thread_unregister(void);
 
-/* Opens the engine. On failure writes a message to err. */
+/* Opens the engine: the memory tier, then the LSM (recovering the WAL into
+ * the memory tier), then the flush/evict thread. On failure writes a message
+ * naming the problem (and the damaged file) to err. */
 kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errlen);
-/* Frees everything. No other thread may use the engine. NULL is a no-op. */
+/* Stops the background thread and closes the tiers without an extra flush
+ * (the WAL holds what is dirty). No other thread may use the engine. NULL is
+ * a no-op. */
 void engine_close(engine *e);
 
 /* Reads key. Returns KV_OK with out->found false for a missing, deleted or
- * expired key. On success with found, out->val is owned by the caller. */
+ * expired key; DATA_LOSS when the block holding it is corrupt. On success
+ * with found, out->val is owned by the caller. */
 kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out);
 
 /* Applies a put or delete. Returns KV_OK (out->version = the version now
  * governing the key: the write's own, or a newer one that superseded it),
- * ALREADY_EXISTS (if_absent), FAILED_PRECONDITION (if_version mismatch, with
- * a message in err), RESOURCE_EXHAUSTED (memory budget). */
+ * ALREADY_EXISTS (if_absent), FAILED_PRECONDITION (if_version mismatch),
+ * RESOURCE_EXHAUSTED (volume full or flush far behind), DATA_LOSS; err gets
+ * a message for every failure. Nothing is acknowledged before the WAL holds
+ * it per the sync mode. */
 kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
                         size_t errlen);
 
+/* Flushes every dirty item now and waits for it (tests, admin). */
+kv_err engine_flush(engine *e);
+
 void engine_get_stats(engine *e, engine_stats *out);
-/* "none" until the persistent tiers land; then the WAL sync mode. */
+/* Appends the LSM/tier statistics (levels, volumes, WAL) to l. */
+void engine_lsm_stats(engine *e, rpc_statlist *l);
+/* The WAL sync mode: "always", "batch" or "none". */
 const char *engine_durability(const engine *e);
 /* The node's hybrid logical clock (versions for direct writes). */
 kv_hlc *engine_hlc(engine *e);

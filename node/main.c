@@ -19,6 +19,11 @@ int main(int argc, char **argv)
     n.cfg.listen = "tcp://127.0.0.1:7001";
     n.cfg.mem_mb = 256;
     n.cfg.workers = 8;
+    n.cfg.fast_mb = 1024;
+    n.cfg.sync = ENGINE_SYNC_BATCH;
+    n.cfg.sync_ms = 5;
+    n.cfg.write_buffer_mb = 64;
+    static const char *const sync_modes[] = {"always", "batch", "none", NULL};
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
     char *log_level = "info";
@@ -27,6 +32,24 @@ int main(int argc, char **argv)
         {"listen", KV_OPT_STR, &n.cfg.listen, "RPC address", NULL, 0, 0},
         {"data-dir", KV_OPT_STR, &n.cfg.data_dir, "data directory (default ./data/ID)", NULL, 0, 0},
         {"mem-mb", KV_OPT_INT, &n.cfg.mem_mb, "memory-tier budget in MiB", NULL, 1, 1 << 20},
+        {"fast-dir", KV_OPT_STR, &n.cfg.fast_dir,
+         "fast volume: WAL, MANIFEST, upper levels "
+         "(default DATA_DIR/fast)",
+         NULL, 0, 0},
+        {"slow-dir", KV_OPT_STR, &n.cfg.slow_dir,
+         "slow volume for the lower levels (default: none, "
+         "all levels on the fast volume)",
+         NULL, 0, 0},
+        {"fast-mb", KV_OPT_INT, &n.cfg.fast_mb, "fast-volume capacity for LSM levels in MiB", NULL,
+         1, 1L << 30},
+        {"sync", KV_OPT_ENUM, &n.cfg.sync, "WAL sync: always|batch|none", sync_modes, 0, 0},
+        {"sync-ms", KV_OPT_INT, &n.cfg.sync_ms, "batch sync period in ms", NULL, 1, 10000},
+        {"write-buffer-mb", KV_OPT_INT, &n.cfg.write_buffer_mb,
+         "dirty memory-tier bytes that trigger a flush, MiB", NULL, 1, 1 << 20},
+        {"write-buffer-kb", KV_OPT_INT, &n.cfg.write_buffer_kb,
+         "the same in KiB (tests); wins when set", NULL, 0, 1 << 30},
+        {"no-io-uring", KV_OPT_BOOL, &n.cfg.no_io_uring, "use pread/pwrite instead of io_uring",
+         NULL, 0, 0},
         {"workers", KV_OPT_INT, &n.cfg.workers, "RPC worker threads", NULL, 1, 1024},
         {"auth", KV_OPT_STR, &n.cfg.auth, "cluster auth token (empty = off)", NULL, 0, 0},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},

@@ -20,6 +20,14 @@ typedef struct node_config {
     char *listen;
     char *data_dir;
     char *auth;
+    char *fast_dir; /* default DATA_DIR/fast */
+    char *slow_dir; /* NULL = every level on the fast volume */
+    long fast_mb;
+    int sync; /* engine_sync */
+    long sync_ms;
+    long write_buffer_mb;
+    long write_buffer_kb; /* finer, for tests; wins when set */
+    bool no_io_uring;
     long mem_mb;
     long workers;
     kv_limits limits;

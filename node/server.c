@@ -406,6 +406,22 @@ static kv_err load_map(node *n, char *err, size_t errlen)
     return rv;
 }
 
+/* mkdir -p: creates path and its missing parents. */
+static int mkdir_p(const char *path)
+{
+    char buf[4096];
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 static void worker_start(int worker, void *user)
 {
     engine_thread_register();
@@ -420,14 +436,30 @@ kv_err node_start(node *n, char *err, size_t errlen)
 {
     kv_err rv;
     n->started_ns = kv_now_ns();
-    if (mkdir(n->cfg.data_dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir_p(n->cfg.data_dir) != 0) {
         snprintf(err, errlen, "cannot create --data-dir %s: %s", n->cfg.data_dir, strerror(errno));
         return KV_INVALID_ARGUMENT;
     }
     if ((rv = cmap_slot_create(&n->maps)) != KV_OK || (rv = load_map(n, err, errlen)) != KV_OK)
         return rv;
-    engine_opts eo = {.mem_mb = (size_t)n->cfg.mem_mb};
-    if ((rv = engine_open(&n->eng, &eo, err, errlen)) != KV_OK)
+    char fast[4200];
+    if (!n->cfg.fast_dir) {
+        snprintf(fast, sizeof(fast), "%s/fast", n->cfg.data_dir);
+        n->cfg.fast_dir = fast; /* only used during open */
+    }
+    engine_opts eo = {.fast_dir = n->cfg.fast_dir,
+                      .slow_dir = n->cfg.slow_dir,
+                      .fast_mb = (uint64_t)n->cfg.fast_mb,
+                      .mem_mb = (size_t)n->cfg.mem_mb,
+                      .write_buffer_mb = (size_t)n->cfg.write_buffer_mb,
+                      .write_buffer_kb = (size_t)n->cfg.write_buffer_kb,
+                      .sync = (engine_sync)n->cfg.sync,
+                      .sync_ms = (unsigned)n->cfg.sync_ms,
+                      .disable_io_uring = n->cfg.no_io_uring};
+    rv = engine_open(&n->eng, &eo, err, errlen);
+    if (n->cfg.fast_dir == fast)
+        n->cfg.fast_dir = NULL;
+    if (rv != KV_OK)
         return rv;
     rpc_server_opts ro = {.url = n->cfg.listen,
                           .methods = node_methods,

@@ -20,8 +20,16 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
     rpc_stats_add(l, "gets", "%llu", (unsigned long long)es.gets);
     rpc_stats_add(l, "puts", "%llu", (unsigned long long)es.puts);
     rpc_stats_add(l, "deletes", "%llu", (unsigned long long)es.deletes);
+    rpc_stats_add(l, "dirty_bytes", "%llu", (unsigned long long)es.dirty_bytes);
     if (!verbose)
         return;
+    rpc_stats_add(l, "reads.memory", "%llu", (unsigned long long)es.reads_mem);
+    rpc_stats_add(l, "reads.fast", "%llu", (unsigned long long)es.reads_fd);
+    rpc_stats_add(l, "reads.slow", "%llu", (unsigned long long)es.reads_sd);
+    rpc_stats_add(l, "reads.miss", "%llu", (unsigned long long)es.reads_miss);
+    rpc_stats_add(l, "memory.fills", "%llu", (unsigned long long)es.fills);
+    rpc_stats_add(l, "memory.evictions", "%llu", (unsigned long long)es.evictions);
+    rpc_stats_add(l, "memory.flushes", "%llu", (unsigned long long)es.flushes);
     double reads = es.index_reads ? (double)es.index_reads : 1.0;
     rpc_stats_add(l, "index.buckets", "%llu", (unsigned long long)es.index_buckets);
     rpc_stats_add(l, "index.reads", "%llu", (unsigned long long)es.index_reads);
@@ -30,4 +38,5 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
     rpc_stats_add(l, "index.head_moves", "%llu", (unsigned long long)es.index_head_moves);
     rpc_stats_add(l, "index.sample_rounds", "%llu", (unsigned long long)es.index_sample_rounds);
     rpc_stats_add(l, "index.rehashes", "%llu", (unsigned long long)es.index_rehashes);
+    engine_lsm_stats(n->eng, l);
 }

@@ -87,10 +87,31 @@ static kv_err fan_error(rpc_ctx *c, rpc_reply *reps, bool *have, int n, int ok, 
                     reps[pick].message ? reps[pick].message : kv_strerror(reps[pick].status));
 }
 
+static void repair_done(void *arg, rpc_reply *r)
+{
+    rpc_reply_free(r);
+}
+
+/* A conditional write that won at the consistency level is re-sent without
+ * its condition (same version, so last-writer-wins makes it idempotent) to
+ * the replicas that refused it: they converge instead of keeping the value
+ * the condition was checked against. Fire-and-forget. */
+static void repair_refusals(router *r, cmap *m, const uint32_t *idx, rpc_reply *reps, bool *have,
+                            int n, const char *method, const ProtobufCMessage *repair, uint32_t dl)
+{
+    for (int i = 0; repair && i < n; i++) {
+        bool refused = have[i] && ((reps[i].status == KV_FAILED_PRECONDITION && !reps[i].len) ||
+                                   reps[i].status == KV_ALREADY_EXISTS);
+        rpc_chan *ch = refused ? router_chan(r, cmap_node_at(m, idx[i])->addr) : NULL;
+        if (ch)
+            rpc_call_async(ch, method, cmap_epoch(m), repair, dl, repair_done, NULL);
+    }
+}
+
 /* Sends msg to every replica of key and waits for `need` OK replies. */
 static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufCMessage *msg,
-                      const ProtobufCBinaryData *key, Kv__Consistency cons, Kv__Consistency dflt,
-                      bool is_read, bool *stale)
+                      const ProtobufCMessage *repair, const ProtobufCBinaryData *key,
+                      Kv__Consistency cons, Kv__Consistency dflt, bool is_read, bool *stale)
 {
     kv_err rv = KV_OK;
     cmap *m = current_map(r, c, &rv);
@@ -130,6 +151,7 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
         c->reply_len = reps[chosen].len;
         reps[chosen].body = NULL;
         rv = KV_OK;
+        repair_refusals(r, m, idx, reps, have, n, method, repair, dl);
     } else {
         atomic_fetch_add_explicit(&r->forward_errors, 1, memory_order_relaxed);
         rv = fan_error(c, reps, have, n, ok, need);
@@ -143,18 +165,18 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
 
 /* Runs fan_key, and once more after learning a newer map. */
 static kv_err forward_key(router *r, rpc_ctx *c, const char *method, const ProtobufCMessage *msg,
-                          const ProtobufCBinaryData *key, Kv__Consistency cons,
-                          Kv__Consistency dflt, bool is_read)
+                          const ProtobufCMessage *repair, const ProtobufCBinaryData *key,
+                          Kv__Consistency cons, Kv__Consistency dflt, bool is_read)
 {
     bool stale = false;
-    kv_err rv = fan_key(r, c, method, msg, key, cons, dflt, is_read, &stale);
+    kv_err rv = fan_key(r, c, method, msg, repair, key, cons, dflt, is_read, &stale);
     if (rv == KV_OK || !stale)
         return rv;
     free(c->reply);
     c->reply = NULL;
     c->reply_len = 0;
     stale = false;
-    return fan_key(r, c, method, msg, key, cons, dflt, is_read, &stale);
+    return fan_key(r, c, method, msg, repair, key, cons, dflt, is_read, &stale);
 }
 
 kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
@@ -166,7 +188,7 @@ kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
-        rv = forward_key(r, c, "kv.Get", &req->base, &req->key, req->consistency,
+        rv = forward_key(r, c, "kv.Get", &req->base, NULL, &req->key, req->consistency,
                          KV__CONSISTENCY__ONE, true);
     kv__get_request__free_unpacked(req, NULL);
     return rv;
@@ -185,8 +207,12 @@ kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len)
     if (rv == KV_OK) {
         if (!req->version)
             req->version = kv_hlc_now(&r->hlc);
-        rv = forward_key(r, c, "kv.Put", &req->base, &req->key, req->consistency,
-                         KV__CONSISTENCY__QUORUM, false);
+        Kv__PutRequest repair = *req;
+        repair.if_version = 0;
+        repair.if_absent = false;
+        bool conditional = req->if_version || req->if_absent;
+        rv = forward_key(r, c, "kv.Put", &req->base, conditional ? &repair.base : NULL, &req->key,
+                         req->consistency, KV__CONSISTENCY__QUORUM, false);
     }
     kv__put_request__free_unpacked(req, NULL);
     return rv;
@@ -203,8 +229,10 @@ kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
     if (rv == KV_OK) {
         if (!req->version)
             req->version = kv_hlc_now(&r->hlc);
-        rv = forward_key(r, c, "kv.Delete", &req->base, &req->key, req->consistency,
-                         KV__CONSISTENCY__QUORUM, false);
+        Kv__DeleteRequest repair = *req;
+        repair.if_version = 0;
+        rv = forward_key(r, c, "kv.Delete", &req->base, req->if_version ? &repair.base : NULL,
+                         &req->key, req->consistency, KV__CONSISTENCY__QUORUM, false);
     }
     kv__delete_request__free_unpacked(req, NULL);
     return rv;

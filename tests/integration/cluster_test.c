@@ -142,8 +142,8 @@ Test(cluster, conditional_writes_ttl_and_delete, .timeout = 60)
     cas.if_version = v1;
     cr_assert_eq(kv_put(c, "cas", 3, "d", 1, &cas, &v2), KV_OK, "%s", kv_last_error());
     cr_assert_gt(v2, v1);
-    kv_value v;
-    cr_assert_eq(kv_get(c, "cas", 3, &v), KV_OK);
+    kv_value v; /* QUORUM read after QUORUM write: R + W > N, so it sees "d" */
+    cr_assert_eq(kv_get_ex(c, "cas", 3, KV_CONSISTENCY_QUORUM, &v), KV_OK);
     cr_assert_eq(v.len, 1);
     cr_assert_eq(v.data[0], 'd');
     cr_assert_eq(v.version, v2);

@@ -43,9 +43,9 @@ Test(kvctl, round_trips_and_exit_codes, .timeout = 120)
         cr_assert(strstr(out, id), "status lists %s: %s", id, out);
     }
     cr_assert(strstr(out, "up"), "%s", out);
-    cr_assert(strstr(out, "none"), "durability shown: %s", out);
+    cr_assert(strstr(out, "batch"), "durability (the WAL sync mode) shown: %s", out);
     cr_assert_eq(kvctl("--json status", out, sizeof(out)), 0);
-    cr_assert(strstr(out, "\"durability\":\"none\""), "%s", out);
+    cr_assert(strstr(out, "\"durability\":\"batch\""), "%s", out);
     cr_assert_eq(kvctl("ring", out, sizeof(out)), 0, "%s", out);
     cr_assert(strstr(out, "%"), "%s", out);
     cr_assert_eq(kvctl("ping", out, sizeof(out)), 0);

@@ -1,0 +1,372 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Engine background work: one thread that flushes dirty items to L0 when
+ * they pass the write buffer (or on request) and evicts clean items when
+ * the memory tier passes its budget; the admission sketch; statistics.
+ *
+ * Flush: take the apply lock exclusively for an instant to pick S, the
+ * highest seqno handed out (every write with a seqno <= S is then in
+ * memory); collect the dirty items with seqno <= S, sort them by key, write
+ * them with lsm_flush(.., S), then clear the dirty bit of each item whose
+ * seqno is still the one flushed (hr_set_flags compares it atomically).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/hash.h"
+#include "common/log.h"
+#include "node/engine_int.h"
+
+#define SKETCH_AGE_EVERY (8u << 20) /* halve every counter after this many adds */
+#define WAIT_ROOM_MS 10000u
+
+/* ---- admission sketch -------------------------------------------------- */
+
+bool engine_admit(engine *e, const void *key, size_t klen)
+{
+    uint64_t h = kv_hash64(key, klen, 0x9e3779b97f4a7c15ull);
+    size_t a = h % ENGINE_SKETCH_SIZE, b = (h >> 32) % ENGINE_SKETCH_SIZE;
+    uint8_t ca = atomic_load_explicit(&e->sketch[a], memory_order_relaxed);
+    uint8_t cb = atomic_load_explicit(&e->sketch[b], memory_order_relaxed);
+    /* Relaxed read-modify-write: a lost increment only delays one admission. */
+    if (ca < 15)
+        atomic_store_explicit(&e->sketch[a], (uint8_t)(ca + 1), memory_order_relaxed);
+    if (cb < 15)
+        atomic_store_explicit(&e->sketch[b], (uint8_t)(cb + 1), memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&e->sketch_adds, 1, memory_order_relaxed) % SKETCH_AGE_EVERY ==
+        SKETCH_AGE_EVERY - 1) {
+        for (size_t i = 0; i < ENGINE_SKETCH_SIZE; i++) /* aging: the window slides */
+            atomic_store_explicit(&e->sketch[i],
+                                  atomic_load_explicit(&e->sketch[i], memory_order_relaxed) / 2,
+                                  memory_order_relaxed);
+    }
+    return (ca < cb ? ca : cb) >= 1; /* seen before within the window */
+}
+
+/* ---- flush ------------------------------------------------------------- */
+
+typedef struct collect {
+    uint64_t max_seqno;
+    lsm_rec *recs;
+    size_t n, cap;
+    bool oom;
+} collect;
+
+static void collect_dirty(void *arg, const hr_view *v)
+{
+    collect *c = arg;
+    if (!(v->meta.flags & HR_F_DIRTY) || v->meta.seqno > c->max_seqno || c->oom)
+        return;
+    if (c->n == c->cap) {
+        size_t ncap = c->cap ? c->cap * 2 : 1024;
+        lsm_rec *n = realloc(c->recs, ncap * sizeof(*n));
+        if (!n) {
+            c->oom = true;
+            return;
+        }
+        c->recs = n;
+        c->cap = ncap;
+    }
+    uint8_t *buf = malloc(v->klen + v->vlen + 1);
+    if (!buf) {
+        c->oom = true;
+        return;
+    }
+    memcpy(buf, v->key, v->klen);
+    if (v->vlen)
+        memcpy(buf + v->klen, v->val, v->vlen);
+    bool del = v->meta.flags & HR_F_TOMBSTONE;
+    c->recs[c->n++] = (lsm_rec){.key = buf,
+                                .klen = v->klen,
+                                .value = del ? NULL : buf + v->klen,
+                                .vlen = del ? 0 : v->vlen,
+                                .version = v->meta.version,
+                                .seqno = v->meta.seqno,
+                                .expire_at = v->meta.expire_at,
+                                .type = del ? LSM_DELETE : LSM_PUT};
+}
+
+static int rec_cmp(const void *a, const void *b)
+{
+    const lsm_rec *x = a, *y = b;
+    size_t n = x->klen < y->klen ? x->klen : y->klen;
+    int c = memcmp(x->key, y->key, n);
+    if (c)
+        return c;
+    return x->klen < y->klen ? -1 : x->klen > y->klen;
+}
+
+static kv_err flush_now(engine *e)
+{
+    pthread_rwlock_wrlock(&e->apply_lock);
+    uint64_t s = atomic_load(&e->next_seqno) - 1;
+    pthread_rwlock_unlock(&e->apply_lock);
+    collect c = {.max_seqno = s};
+    hr_iterate(e->idx, collect_dirty, &c);
+    kv_err rv = c.oom ? KV_RESOURCE_EXHAUSTED : KV_OK;
+    if (rv == KV_OK) {
+        qsort(c.recs, c.n, sizeof(*c.recs), rec_cmp);
+        rv = lsm_flush(e->db, c.recs, c.n, s);
+    }
+    for (size_t i = 0; rv == KV_OK && i < c.n; i++) {
+        const lsm_rec *r = &c.recs[i];
+        if (hr_set_flags(e->idx, r->key, r->klen, r->seqno, 0, HR_F_DIRTY) == KV_OK)
+            atomic_fetch_sub(&e->dirty_bytes, engine_rec_bytes(r->klen, r->vlen));
+    }
+    for (size_t i = 0; i < c.n; i++)
+        free((void *)c.recs[i].key);
+    free(c.recs);
+    if (rv == KV_OK)
+        atomic_fetch_add(&e->flushes, 1);
+    else
+        KV_WARN("engine", "flush of %zu records failed: %s", c.n, kv_strerror(rv));
+    return rv;
+}
+
+/* ---- eviction ---------------------------------------------------------- */
+
+typedef struct victims {
+    uint64_t want, got;
+    struct victim {
+        uint8_t *key;
+        size_t klen;
+        uint64_t seqno;
+    } * v;
+    size_t n, cap;
+} victims;
+
+static void pick_clean(void *arg, const hr_view *v)
+{
+    victims *vs = arg;
+    if (vs->got >= vs->want || (v->meta.flags & (HR_F_DIRTY | HR_F_PINNED)))
+        return;
+    if (vs->n == vs->cap) {
+        size_t ncap = vs->cap ? vs->cap * 2 : 1024;
+        struct victim *n = realloc(vs->v, ncap * sizeof(*n));
+        if (!n)
+            return;
+        vs->v = n;
+        vs->cap = ncap;
+    }
+    uint8_t *k = malloc(v->klen);
+    if (!k)
+        return;
+    memcpy(k, v->key, v->klen);
+    vs->v[vs->n++] = (struct victim){k, v->klen, v->meta.seqno};
+    vs->got += engine_rec_bytes(v->klen, v->vlen);
+}
+
+typedef struct evict_cond_arg {
+    uint64_t seqno, bytes;
+} evict_cond_arg;
+
+/* Removes only the clean, unpinned version that was picked. */
+static kv_err evict_cond(void *arg, const hr_view *cur)
+{
+    evict_cond_arg *a = arg;
+    if (!cur || (cur->meta.flags & (HR_F_DIRTY | HR_F_PINNED)) || cur->meta.seqno != a->seqno)
+        return KV_ABORTED;
+    a->bytes = engine_rec_bytes(cur->klen, cur->vlen);
+    return KV_OK;
+}
+
+static void evict(engine *e)
+{
+    uint64_t used = atomic_load(&e->mem_bytes), low = e->mem_limit / 10 * 8;
+    if (used <= e->mem_limit / 10 * 9)
+        return;
+    victims vs = {.want = used - low};
+    hr_iterate(e->idx, pick_clean, &vs);
+    for (size_t i = 0; i < vs.n; i++) {
+        evict_cond_arg a = {vs.v[i].seqno, 0};
+        if (hr_remove(e->idx, vs.v[i].key, vs.v[i].klen, evict_cond, &a) == KV_OK) {
+            atomic_fetch_sub(&e->mem_bytes, a.bytes);
+            atomic_fetch_add_explicit(&e->evictions, 1, memory_order_relaxed);
+        }
+        free(vs.v[i].key);
+    }
+    free(vs.v);
+}
+
+/* ---- the background thread --------------------------------------------- */
+
+static bool needs_flush(engine *e)
+{
+    return atomic_load(&e->dirty_bytes) >= e->write_buffer || e->flush_req > e->flush_done;
+}
+
+static void *bg_main(void *arg)
+{
+    engine *e = arg;
+    hr_thread_register();
+    pthread_mutex_lock(&e->bg_mu);
+    while (!e->stop) {
+        if (!needs_flush(e) && atomic_load(&e->mem_bytes) <= e->mem_limit / 10 * 9) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&e->bg_cv, &e->bg_mu, &ts);
+            continue;
+        }
+        uint64_t req = e->flush_req;
+        bool flush = needs_flush(e);
+        pthread_mutex_unlock(&e->bg_mu);
+        kv_err rv = flush ? flush_now(e) : KV_OK;
+        evict(e);
+        pthread_mutex_lock(&e->bg_mu);
+        if (flush) {
+            e->flush_done = req;
+            e->flush_err = rv;
+        }
+        pthread_cond_broadcast(&e->done_cv);
+        if (rv != KV_OK) { /* back off; writers see RESOURCE_EXHAUSTED meanwhile */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&e->bg_cv, &e->bg_mu, &ts);
+        }
+    }
+    pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->bg_mu);
+    hr_thread_unregister();
+    return NULL;
+}
+
+kv_err engine_bg_start(engine *e)
+{
+    if (pthread_create(&e->bg, NULL, bg_main, e) != 0)
+        return KV_RESOURCE_EXHAUSTED;
+    e->bg_started = true;
+    return KV_OK;
+}
+
+void engine_bg_stop(engine *e)
+{
+    if (!e->bg_started)
+        return;
+    pthread_mutex_lock(&e->bg_mu);
+    e->stop = true;
+    pthread_cond_broadcast(&e->bg_cv);
+    pthread_mutex_unlock(&e->bg_mu);
+    pthread_join(e->bg, NULL);
+    e->bg_started = false;
+}
+
+void engine_bg_kick(engine *e)
+{
+    pthread_mutex_lock(&e->bg_mu);
+    pthread_cond_signal(&e->bg_cv);
+    pthread_mutex_unlock(&e->bg_mu);
+}
+
+kv_err engine_wait_room(engine *e)
+{
+    if (atomic_load(&e->dirty_bytes) < 2 * e->write_buffer)
+        return KV_OK;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += WAIT_ROOM_MS / 1000;
+    kv_err rv = KV_OK;
+    pthread_mutex_lock(&e->bg_mu);
+    pthread_cond_signal(&e->bg_cv);
+    while (!e->stop && atomic_load(&e->dirty_bytes) >= 2 * e->write_buffer)
+        if (pthread_cond_timedwait(&e->done_cv, &e->bg_mu, &ts) != 0) {
+            rv = KV_RESOURCE_EXHAUSTED;
+            break;
+        }
+    pthread_mutex_unlock(&e->bg_mu);
+    return rv;
+}
+
+kv_err engine_flush(engine *e)
+{
+    pthread_mutex_lock(&e->bg_mu);
+    uint64_t ticket = ++e->flush_req;
+    pthread_cond_signal(&e->bg_cv);
+    while (!e->stop && e->flush_done < ticket)
+        pthread_cond_wait(&e->done_cv, &e->bg_mu);
+    kv_err rv = e->stop ? KV_CANCELLED : e->flush_err;
+    pthread_mutex_unlock(&e->bg_mu);
+    return rv;
+}
+
+/* ---- stats ------------------------------------------------------------- */
+
+void engine_get_stats(engine *e, engine_stats *out)
+{
+    hr_stats hs;
+    hr_get_stats(e->idx, &hs);
+    engine_stats s = {.items = hs.items, .mem_limit = e->mem_limit};
+    s.mem_bytes = atomic_load(&e->mem_bytes);
+    s.dirty_bytes = atomic_load(&e->dirty_bytes);
+    s.gets = atomic_load(&e->gets);
+    s.puts = atomic_load(&e->puts);
+    s.deletes = atomic_load(&e->deletes);
+    s.reads_mem = atomic_load(&e->reads_mem);
+    s.reads_fd = atomic_load(&e->reads_fd);
+    s.reads_sd = atomic_load(&e->reads_sd);
+    s.reads_miss = atomic_load(&e->reads_miss);
+    s.fills = atomic_load(&e->fills);
+    s.evictions = atomic_load(&e->evictions);
+    s.flushes = atomic_load(&e->flushes);
+    s.index_reads = hs.reads;
+    s.index_visited = hs.read_visited;
+    s.index_head_hits = hs.head_hits;
+    s.index_head_moves = hs.head_moves;
+    s.index_sample_rounds = hs.sample_rounds;
+    s.index_rehashes = hs.rehashes;
+    s.index_buckets = hs.buckets;
+    *out = s;
+}
+
+static void vol_stats(rpc_statlist *l, const char *vol, const lsm_vol_stats *v)
+{
+    char name[64];
+#define VOL_STAT(field)                                                                            \
+    snprintf(name, sizeof(name), "%s." #field, vol);                                               \
+    rpc_stats_add(l, name, "%llu", (unsigned long long)v->field);
+    VOL_STAT(reads)
+    VOL_STAT(read_bytes)
+    VOL_STAT(writes)
+    VOL_STAT(write_bytes)
+    VOL_STAT(fsyncs)
+    VOL_STAT(read_lat_ewma_ns)
+    VOL_STAT(write_lat_ewma_ns)
+#undef VOL_STAT
+}
+
+void engine_lsm_stats(engine *e, rpc_statlist *l)
+{
+    lsm_stats s;
+    if (lsm_stats_get(e->db, &s) != KV_OK)
+        return;
+    for (int i = 0; i < LSM_MAX_LEVELS; i++) {
+        char name[64];
+        if (!s.levels[i].files && i > 1)
+            continue;
+        snprintf(name, sizeof(name), "lsm.L%d", i);
+        rpc_stats_add(l, name, "files=%llu bytes=%llu target=%llu volume=%s",
+                      (unsigned long long)s.levels[i].files, (unsigned long long)s.levels[i].bytes,
+                      (unsigned long long)s.levels[i].target_bytes,
+                      s.levels[i].volume == LSM_TIER_SD ? "slow" : "fast");
+    }
+    rpc_stats_add(l, "lsm.write_amp", "%.3f", s.write_amp);
+    rpc_stats_add(l, "lsm.user_bytes", "%llu", (unsigned long long)s.user_bytes);
+    rpc_stats_add(l, "lsm.wal_bytes", "%llu", (unsigned long long)s.wal_bytes);
+    rpc_stats_add(l, "lsm.wal_fsyncs", "%llu", (unsigned long long)s.wal_fsyncs);
+    rpc_stats_add(l, "lsm.flushes", "%llu", (unsigned long long)s.flushes);
+    rpc_stats_add(l, "lsm.flush_bytes", "%llu", (unsigned long long)s.flush_bytes);
+    rpc_stats_add(l, "lsm.compactions", "%llu", (unsigned long long)s.compactions);
+    rpc_stats_add(l, "lsm.compact_read_bytes", "%llu", (unsigned long long)s.compact_read_bytes);
+    rpc_stats_add(l, "lsm.compact_write_bytes", "%llu", (unsigned long long)s.compact_write_bytes);
+    rpc_stats_add(l, "lsm.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
+    vol_stats(l, "fast", &s.fd);
+    if (e->o.slow_dir)
+        vol_stats(l, "slow", &s.sd);
+}

@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+/* Engine internals shared by engine.c (point operations) and engine_bg.c
+ * (flush, eviction, admission sketch, stats). */
+#ifndef KV_NODE_ENGINE_INT_H
+#define KV_NODE_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "node/engine.h"
+#include "node/index/hotring.h"
+#include "node/lsm/lsm.h"
+
+#define ENGINE_STRIPES 1024
+#define ENGINE_ITEM_OVERHEAD 64u /* per-item bytes beyond key and value, for the budget */
+#define ENGINE_SKETCH_SIZE (1u << 20)
+
+struct engine {
+    hr_index *idx;
+    lsm_db *db;
+    engine_opts o;
+    kv_hlc hlc;
+    uint64_t mem_limit, write_buffer;
+    _Atomic uint64_t mem_bytes, dirty_bytes, next_seqno;
+    /* Writers of one key are serialised by its stripe, so the condition
+     * check, the WAL append and the memory-tier update act as one step. */
+    pthread_mutex_t stripes[ENGINE_STRIPES];
+    /* Held shared by writers from seqno assignment until their record is in
+     * the memory tier; a flush takes it exclusively for an instant to pick a
+     * seqno below which every write is visible in memory. */
+    pthread_rwlock_t apply_lock;
+    pthread_t bg;
+    bool bg_started;
+    pthread_mutex_t bg_mu; /* protects stop, flush_req, flush_done; pairs with the cvs */
+    pthread_cond_t bg_cv, done_cv;
+    bool stop;
+    uint64_t flush_req, flush_done;
+    kv_err flush_err;
+    _Atomic uint8_t *sketch; /* admission: saturating per-slot counters */
+    _Atomic uint64_t sketch_adds;
+    _Atomic uint64_t gets, puts, deletes, reads_mem, reads_fd, reads_sd, reads_miss;
+    _Atomic uint64_t fills, evictions, flushes;
+};
+
+uint64_t engine_rec_bytes(size_t klen, size_t vlen);
+/* Counts a read of key from an SST; true when it should enter memory. */
+bool engine_admit(engine *e, const void *key, size_t klen);
+/* Starts / stops the background flush + eviction thread. */
+kv_err engine_bg_start(engine *e);
+void engine_bg_stop(engine *e);
+/* Wakes the background thread (dirty bytes or memory over their marks). */
+void engine_bg_kick(engine *e);
+/* Blocks (bounded) while dirty bytes are far over the write buffer. Returns
+ * RESOURCE_EXHAUSTED when the flush stays behind. */
+kv_err engine_wait_room(engine *e);
+
+#endif
