@@ -317,6 +317,8 @@ Test(corrupt, current_names_missing_manifest)
     fputs("MANIFEST-999999\n", f);
     fclose(f);
     cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_DATA_LOSS);
+    unlink(path); /* no CURRENT but a MANIFEST: refuse to start empty */
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_DATA_LOSS);
     lt_rmrf(dir);
     free(dir);
 }
