@@ -13,10 +13,24 @@
  * newest record of a key is the one with the highest seqno (promoted records
  * of a later issue keep their old seqno, so L0 lookups compare seqnos).
  *
+ * Write path contract (the node's engine):
+ *   1. seq = next seqno; lsm_wal_append(rec with seq); on KV_OK insert the
+ *      record into the memory tier as dirty (on error: fail the write).
+ *   2. To flush: pick s such that every seqno <= s has returned from
+ *      lsm_wal_append; collect the newest dirty record of each key with
+ *      seqno <= s, sorted by key; lsm_flush(run, n, s); on KV_OK mark those
+ *      items clean (a newer dirty version of a key stays dirty). WAL segments
+ *      holding only seqnos <= s are deleted by lsm_flush itself.
+ *   3. On restart: lsm_open replays every WAL record with seqno > the last
+ *      flushed s; re-insert them as dirty; continue at lsm_last_seqno() + 1.
+ * lsm_get returns tombstones and expired records as stored; filtering them
+ * (and last-writer-wins on version) is the caller's job.
+ *
  * Threads: every function may be called from any thread unless its comment
  * says otherwise; lsm_close() must not race with any other call on the same
- * handle. Errors are kv_err (gRPC numbers); out-parameters are written only
- * on KV_OK.
+ * handle. Each thread that does I/O gets its own io_uring (created on first
+ * use, freed at thread exit). Errors are kv_err (gRPC numbers);
+ * out-parameters are written only on KV_OK.
  */
 #ifndef KV_NODE_LSM_LSM_H
 #define KV_NODE_LSM_LSM_H

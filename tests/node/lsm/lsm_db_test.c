@@ -295,7 +295,7 @@ Test(model, random_ops_pread_fallback, .timeout = 200)
 {
     world *w = w_new("modelp", false, 1);
     lsm_stats s;
-    run_model(w, 50000, &s);
+    run_model(w, 30000, &s);
     cr_assert(!s.io_uring);
     cr_assert_gt(s.compactions, 0);
     w_free(w);
@@ -324,7 +324,7 @@ Test(model, routing_hook_retains_records, .timeout = 200)
     w->rng = 7;
     w->now = kv_wall_ms();
     w_open(w);
-    run_model(w, 50000, NULL);
+    run_model(w, 30000, NULL);
     cr_assert_gt(atomic_load(&routed), 0, "route hook never called");
     w_free(w);
 }
@@ -368,6 +368,69 @@ Test(lookup, l0_highest_seqno_wins)
     lt_rmrf(w->dir);
     free(w->dir);
     free(w);
+}
+
+/* ---- tombstones, expiry and WAL segment deletion ---- */
+
+static void flush_range(lsm_db *db, int n, uint64_t seq0, uint8_t type, uint64_t expire)
+{
+    static char keys[1000][16];
+    static lsm_rec run[1000];
+    for (int i = 0; i < n; i++) {
+        int kn = snprintf(keys[i], 16, "d%05d", i);
+        run[i] = (lsm_rec){.key = keys[i],
+                           .klen = (size_t)kn,
+                           .value = keys[i],
+                           .vlen = type == LSM_PUT ? (size_t)kn : 0,
+                           .seqno = seq0 + (uint64_t)i,
+                           .expire_at = expire,
+                           .type = type};
+    }
+    cr_assert_eq(lsm_flush(db, run, (size_t)n, seq0 + (uint64_t)n - 1), KV_OK);
+}
+
+Test(compaction, last_level_drops_tombstones_and_expired)
+{
+    char *dir = lt_mkdtemp("drop");
+    lsm_opts o;
+    lsm_opts_default(&o);
+    o.fast_dir = dir;
+    o.sync = LSM_SYNC_NONE;
+    o.no_auto_compaction = true;
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    flush_range(db, 1000, 1, LSM_PUT, 0);
+    cr_assert_eq(lt_count(dir, ".wal"), 1, "WAL segments covered by the flush were kept");
+    flush_range(db, 500, 2001, LSM_DELETE, 0); /* d0..d499 deleted */
+    lsm_rec r;
+    cr_assert_eq(lsm_get(db, "d00010", 6, &r, NULL), KV_OK);
+    cr_assert_eq(r.type, LSM_DELETE, "tombstone must shadow the older put");
+    lsm_rec_free(&r);
+    cr_assert_eq(lsm_compact_all(db), KV_OK);
+    lsm_stats s;
+    cr_assert_eq(lsm_stats_get(db, &s), KV_OK);
+    cr_assert_eq(s.levels[0].files, 0);
+    cr_assert_gt(s.levels[1].files, 0);
+    cr_assert_eq(lsm_get(db, "d00010", 6, &r, NULL), KV_NOT_FOUND, "tombstone kept at last level");
+    cr_assert_eq(lsm_get(db, "d00700", 6, &r, NULL), KV_OK);
+    lsm_rec_free(&r);
+    flush_range(db, 1000, 3001, LSM_PUT, 1); /* everything overwritten by expired puts */
+    cr_assert_eq(lsm_get(db, "d00700", 6, &r, NULL), KV_OK);
+    cr_assert_eq(r.expire_at, 1); /* returned as is: the caller checks expiry */
+    lsm_rec_free(&r);
+    cr_assert_eq(lsm_compact_all(db), KV_OK);
+    cr_assert_eq(lsm_stats_get(db, &s), KV_OK);
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        cr_assert_eq(s.levels[l].files, 0, "L%d still has files", l);
+    cr_assert_eq(lt_count(dir, ".sst"), 0, "obsolete SSTs not deleted");
+    cr_assert_eq(lsm_get(db, "d00700", 6, &r, NULL), KV_NOT_FOUND);
+    lsm_close(db);
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    cr_assert_eq(lsm_get(db, "d00700", 6, &r, NULL), KV_NOT_FOUND);
+    cr_assert_eq(lsm_last_seqno(db), 3000 + 1000);
+    lsm_close(db);
+    lt_rmrf(dir);
+    free(dir);
 }
 
 /* ---- concurrency ---- */
