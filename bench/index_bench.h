@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internals of index_bench shared by its option handling (index_bench.c) and
+ * its runner (index_run.c): the parsed options, the pre-drawn traces and one
+ * implementation's result. Not a library interface.
+ */
+#ifndef KV_BENCH_INDEX_BENCH_H
+#define KV_BENCH_INDEX_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bench/index_impl.h"
+#include "bench/workload.h"
+
+#define IB_MAX_IMPLS 8
+
+typedef struct ib_opts {
+    char *impl_list;
+    const ib_impl *impls[IB_MAX_IMPLS];
+    int nimpls;
+    int workload_idx, dist_idx;
+    bool scramble, rehash;
+    long keys, ratio, threads, value_size, hr_r, seed, trace_ops, series_ms, lfht_init;
+    double seconds, shift_at, rehash_cost;
+    wl_config wl;     /* the generator's view of the above */
+    uint64_t buckets; /* keys / ratio rounded up to a power of two */
+} ib_opts;
+
+typedef struct ib_traces {
+    wl_op **ops[2]; /* [phase][thread] -> n ops */
+    int phases;     /* 2 with --shift-at */
+    size_t n;
+    uint64_t *order; /* load order: a permutation of [0, keys) */
+} ib_traces;
+
+typedef struct ib_sample {
+    double t_ms, mops, head_hit; /* head_hit < 0: unknown */
+} ib_sample;
+
+typedef struct ib_result {
+    const char *impl;
+    double mops, seconds, load_s;
+    uint64_t ops, reads, hits, bucket_bytes;
+    double visited_per_read, head_hit; /* < 0: the index cannot tell */
+    ib_sample *series;                 /* with --shift-at; free() it */
+    size_t nseries;
+    double steady_head_hit, dip_head_hit, recover_ms; /* shift only; recover < 0: never */
+} ib_result;
+
+/* Loads and measures one implementation. */
+kv_err ib_run(const ib_opts *o, const ib_traces *tr, const ib_impl *impl, ib_result *out);
+/* One JSON line per result (and its series line), then the summary line. */
+void ib_print_result(const ib_opts *o, const ib_result *r);
+void ib_print_summary(const ib_opts *o, const ib_result *res);
+
+#endif

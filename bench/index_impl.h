@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The interface index_bench drives: one table of functions per in-memory hash
+ * index under comparison (HotRing in two modes, a lock-free chaining hash,
+ * liburcu's cds_lfht fixed and auto-resizing). Every implementation copies
+ * keys and values, copies the value out on a hit, and reclaims memory through
+ * liburcu's memb flavour, so the comparison measures the index and not the
+ * harness. All entry points except open/close/settle/bucket_bytes may be
+ * called concurrently from threads that called thread_enter().
+ */
+#ifndef KV_BENCH_INDEX_IMPL_H
+#define KV_BENCH_INDEX_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/kv_err.h"
+
+typedef struct ib_params {
+    uint64_t keys;    /* records to be loaded */
+    uint64_t buckets; /* bucket count: keys / ratio rounded up to a power of two */
+    size_t value_size;
+    bool rehash;        /* hotring: lock-free rehash on */
+    unsigned hr_r;      /* hotring: access period R */
+    double rehash_cost; /* hotring: 0 = library default */
+    uint64_t lfht_init; /* lfht-auto: initial bucket count (power of two) */
+} ib_params;
+
+/* What one read saw, for chains whose index keeps no statistics itself. */
+typedef struct ib_probe {
+    uint32_t visited; /* items compared */
+    bool head;        /* answered by the first item of the chain */
+} ib_probe;
+
+/* Cumulative read statistics kept by the index itself (hotring). */
+typedef struct ib_rstats {
+    uint64_t reads, visited, head_hits;
+} ib_rstats;
+
+typedef struct ib_impl {
+    const char *name;
+    /* Creates an empty index. */
+    kv_err (*open)(void **h, const ib_params *p);
+    /* Frees the index and its items; no other thread may use it. NULL is ok. */
+    void (*close)(void *h);
+    /* Registers / unregisters the calling thread with RCU. */
+    void (*thread_enter)(void);
+    void (*thread_exit)(void);
+    /* On a hit copies up to cap bytes of the value to val and returns true.
+     * Fills *pr when the implementation can (visited == 0 otherwise). */
+    bool (*get)(void *h, const void *key, size_t klen, void *val, size_t cap, ib_probe *pr);
+    /* Inserts or replaces key's value. */
+    kv_err (*put)(void *h, const void *key, size_t klen, const void *val, size_t vlen);
+    /* Native read statistics; NULL when the index keeps none. */
+    void (*rstats)(void *h, ib_rstats *out);
+    /* Waits for background work after the load (lfht resizes); may be NULL. */
+    void (*settle)(void *h);
+    /* Bytes of bucket memory (head array / bucket nodes), excluding items. */
+    uint64_t (*bucket_bytes)(void *h);
+    bool probes; /* get() fills ib_probe */
+} ib_impl;
+
+extern const ib_impl ib_chain_impl;
+extern const ib_impl ib_lfht_impl;
+extern const ib_impl ib_lfht_auto_impl;
+#ifdef KV_BENCH_HAVE_HOTRING
+extern const ib_impl ib_hotring_s_impl;
+extern const ib_impl ib_hotring_r_impl;
+#endif
+
+#endif
