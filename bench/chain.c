@@ -36,8 +36,10 @@
  * Ordering: CAS and unmark stores are release (publish the new item's
  * contents), link loads are acquire. The in-place value word is relaxed: it is
  * the datum itself and carries no other data.
+ *
+ * Like HotRing, this file calls liburcu through its library entry points
+ * (no _LGPL_SOURCE inlining), so both pay the same read-side cost.
  */
-#define _LGPL_SOURCE
 #include "bench/chain.h"
 
 #include <stdatomic.h>

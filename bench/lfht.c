@@ -23,8 +23,10 @@
  * worker thread. Started small (--lfht-init 1) and loaded at full speed the
  * resizes lag badly on a loaded 2-core machine (chains of hundreds, minutes
  * to load 4M keys), so lfht-auto starts at the run's bucket count by default.
+ *
+ * Like HotRing, this file calls liburcu through its library entry points
+ * (no _LGPL_SOURCE inlining), so both pay the same read-side cost.
  */
-#define _LGPL_SOURCE
 #include <malloc.h>
 #include <stdatomic.h>
 #include <stdlib.h>
