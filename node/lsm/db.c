@@ -48,6 +48,8 @@ static void fill_defaults(lsm_opts *o)
     o->block_size = o->block_size ? o->block_size : d.block_size;
     o->l0_trigger = o->l0_trigger ? o->l0_trigger : d.l0_trigger;
     o->l0_stop = o->l0_stop ? o->l0_stop : d.l0_stop;
+    o->compaction_threads = o->compaction_threads ? o->compaction_threads : 1;
+    o->compaction_threads = o->compaction_threads > 16 ? 16 : o->compaction_threads;
     if (o->l0_stop <= o->l0_trigger)
         o->l0_stop = o->l0_trigger + 1;
 }

@@ -90,7 +90,7 @@ typedef struct lsm_opts {
     unsigned l0_stop;            /* lsm_flush waits while L0 has this many files, default 20 */
     uint64_t file_mb;            /* target SST size for L1+, 0 = derived from fast_mb */
     bool disable_io_uring;       /* force the pread/pwrite path (tests, old kernels) */
-    unsigned compaction_threads; /* background compaction threads, default 1 */
+    unsigned compaction_threads; /* background compaction threads, default (and 0) = 1, max 16 */
     bool no_auto_compaction;     /* only lsm_compact_all compacts (tests) */
     lsm_route_fn route;          /* NULL = plain leveled compaction */
     void *route_arg;

@@ -73,6 +73,18 @@ static struct io_uring *ring_get(const lsm_vol *v)
     return r;
 }
 
+/* Drops the thread's ring after a submission/completion error so no stale
+ * SQE can ever be submitted later; the next call creates a fresh ring. */
+static void ring_reset(void)
+{
+    struct io_uring *r = tl_ring;
+    if (!r)
+        return;
+    tl_ring = NULL;
+    pthread_setspecific(ring_key, NULL);
+    ring_destroy(r);
+}
+
 static void ewma(_Atomic uint64_t *e, uint64_t sample)
 {
     uint64_t old = atomic_load_explicit(e, memory_order_relaxed);
@@ -179,7 +191,8 @@ static void uring_read_chunk(struct io_uring *r, lsm_io *ios, size_t n)
         int e = s < 0 ? s : io_uring_wait_cqe(r, &cqe);
         if (e == -EINTR)
             continue;
-        if (e < 0) { /* ring broken: finish the rest synchronously */
+        if (e < 0) { /* ring broken: drop it, finish synchronously */
+            ring_reset();
             for (size_t i = 0; i < n; i++)
                 ios[i].res = pread_full(ios[i].fd, ios[i].buf, ios[i].len, ios[i].off);
             return;
@@ -201,9 +214,9 @@ kv_err lsm_vol_read(lsm_io *ios, size_t n)
     if (n == 0)
         return KV_OK;
     uint64_t t0 = kv_now_ns();
-    struct io_uring *r = ring_get(ios[0].vol);
     for (size_t i = 0; i < n; i += RING_DEPTH) {
         size_t m = n - i < RING_DEPTH ? n - i : RING_DEPTH;
+        struct io_uring *r = ring_get(ios[0].vol); /* a chunk may reset it */
         if (r)
             uring_read_chunk(r, ios + i, m);
         else
@@ -237,8 +250,10 @@ static long uring_write(struct io_uring *r, int fd, const void *buf, size_t len,
 {
     struct io_uring_sqe *w = io_uring_get_sqe(r);
     struct io_uring_sqe *f = sync ? io_uring_get_sqe(r) : NULL;
-    if (!w || (sync && !f))
+    if (!w || (sync && !f)) {
+        ring_reset();
         return -EAGAIN;
+    }
     io_uring_prep_write(w, fd, buf, (unsigned)len, off);
     io_uring_sqe_set_data64(w, 0);
     if (sync) {
@@ -248,15 +263,21 @@ static long uring_write(struct io_uring *r, int fd, const void *buf, size_t len,
     }
     unsigned want = sync ? 2 : 1;
     int s = io_uring_submit_and_wait(r, want);
-    long wres = s < 0 ? s : -EIO;
     *sync_res = -ECANCELED;
-    for (unsigned got = 0; s >= 0 && got < want;) {
+    if (s < 0) { /* nothing ran: retry the whole write synchronously */
+        ring_reset();
+        return -EAGAIN;
+    }
+    long wres = -EIO;
+    for (unsigned got = 0; got < want;) {
         struct io_uring_cqe *cqe;
         int e = io_uring_wait_cqe(r, &cqe);
         if (e == -EINTR)
             continue;
-        if (e < 0)
+        if (e < 0) {
+            ring_reset();
             return e;
+        }
         if (io_uring_cqe_get_data64(cqe) == 0)
             wres = cqe->res;
         else
@@ -312,6 +333,8 @@ kv_err lsm_vol_fsync(lsm_vol *v, int fd)
             if (io_uring_submit_and_wait(r, 1) >= 0 && io_uring_wait_cqe(r, &cqe) == 0) {
                 res = cqe->res;
                 io_uring_cqe_seen(r, cqe);
+            } else {
+                ring_reset();
             }
         }
     }
