@@ -154,7 +154,9 @@ kv_err lsm_block_search(const uint8_t *buf, size_t len, const void *key, size_t 
 typedef struct lsm_sst_iter {
     lsm_sst *s;
     int blk;
-    lsm_io io;
+    lsm_buf ra;        /* read-ahead window: consecutive blocks read at once */
+    uint64_t ra_off;   /* file offset of ra.p[0] */
+    const uint8_t *bp; /* current block inside ra, NULL before it is loaded */
     uint32_t n, i;
     size_t payload;
     lsm_rec cur;
@@ -163,8 +165,9 @@ typedef struct lsm_sst_iter {
     uint64_t bytes_read;
 } lsm_sst_iter;
 
-/* Positions it on the first record; it->valid false at the end or on error
- * (it->err). */
+/* Sequential scan (compaction): blocks are read ahead up to 512 KiB per
+ * read and each is verified. Positions it on the first record; it->valid is
+ * false at the end or on error (it->err). */
 void lsm_sst_iter_init(lsm_sst_iter *it, lsm_sst *s);
 void lsm_sst_iter_next(lsm_sst_iter *it);
 void lsm_sst_iter_fini(lsm_sst_iter *it);

@@ -510,42 +510,66 @@ kv_err lsm_block_search(const uint8_t *buf, size_t len, const void *key, size_t 
 
 /* ---- sequential iterator (compaction) ---- */
 
+#define READ_AHEAD (512u << 10)
+
+/* Reads blocks blk.. (contiguous, up to READ_AHEAD bytes) into it->ra. */
+static kv_err iter_fill(lsm_sst_iter *it)
+{
+    const lsm_sst *s = it->s;
+    uint32_t e = (uint32_t)it->blk;
+    uint64_t total = (uint64_t)s->blen[e] + 4;
+    while (e + 1 < s->nblocks && s->boff[e + 1] == s->boff[e] + s->blen[e] + 4 &&
+           total + s->blen[e + 1] + 4 <= READ_AHEAD)
+        total += (uint64_t)s->blen[++e] + 4;
+    it->ra.len = 0;
+    kv_err rv = lsm_buf_reserve(&it->ra, total);
+    if (rv != KV_OK)
+        return rv;
+    lsm_io io = {.vol = s->v, .fd = s->fd, .buf = it->ra.p, .len = total, .off = s->boff[it->blk]};
+    lsm_vol_read(&io, 1);
+    if (io.res < 0 || (uint64_t)io.res != total) /* let block_check name the failure */
+        return lsm_sst_block_check(s, it->blk, &io);
+    it->ra.len = total;
+    it->ra_off = s->boff[it->blk];
+    it->bytes_read += total;
+    return KV_OK;
+}
+
 static void iter_load(lsm_sst_iter *it)
 {
-    free(it->io.buf);
-    it->io.buf = NULL;
-    it->valid = false;
-    if ((uint32_t)it->blk >= it->s->nblocks)
-        return;
-    kv_err rv = lsm_sst_block_io(it->s, it->blk, &it->io);
+    const lsm_sst *s = it->s;
+    uint64_t off = s->boff[it->blk], len = (uint64_t)s->blen[it->blk] + 4;
+    kv_err rv = KV_OK;
+    if (off < it->ra_off || off + len > it->ra_off + it->ra.len)
+        rv = iter_fill(it);
     if (rv == KV_OK) {
-        lsm_vol_read(&it->io, 1);
-        rv = lsm_sst_block_check(it->s, it->blk, &it->io);
+        it->bp = it->ra.p + (off - it->ra_off);
+        lsm_io io = {.buf = (void *)it->bp, .len = len, .res = (long)len};
+        rv = lsm_sst_block_check(s, it->blk, &io);
     }
     if (rv != KV_OK) {
         it->err = rv;
+        it->bp = NULL;
         return;
     }
-    uint32_t len = it->s->blen[it->blk];
-    it->bytes_read += len + 4;
-    it->n = lsm_get32((uint8_t *)it->io.buf + len - 4);
-    it->payload = len - 4 - (size_t)it->n * 4;
+    uint32_t blen = s->blen[it->blk];
+    it->n = lsm_get32(it->bp + blen - 4);
+    it->payload = blen - 4 - (size_t)it->n * 4;
     it->i = 0;
 }
 
 static void iter_decode(lsm_sst_iter *it)
 {
     while (!it->err && (uint32_t)it->blk < it->s->nblocks) {
-        if (!it->io.buf)
+        if (!it->bp)
             iter_load(it);
         if (it->err)
             return;
         if (it->i < it->n) {
-            const uint8_t *p = it->io.buf;
-            uint32_t at = lsm_get32(p + it->payload + (size_t)it->i * 4);
+            uint32_t at = lsm_get32(it->bp + it->payload + (size_t)it->i * 4);
             size_t used;
             if (at >= it->payload ||
-                lsm_rec_decode(p + at, it->payload - at, &it->cur, &used) != KV_OK) {
+                lsm_rec_decode(it->bp + at, it->payload - at, &it->cur, &used) != KV_OK) {
                 it->err = sst_corrupt(it->s, "malformed record");
                 return;
             }
@@ -553,8 +577,7 @@ static void iter_decode(lsm_sst_iter *it)
             return;
         }
         it->blk++;
-        free(it->io.buf);
-        it->io.buf = NULL;
+        it->bp = NULL;
     }
     it->valid = false;
 }
@@ -575,7 +598,7 @@ void lsm_sst_iter_next(lsm_sst_iter *it)
 
 void lsm_sst_iter_fini(lsm_sst_iter *it)
 {
-    free(it->io.buf);
-    it->io.buf = NULL;
+    lsm_buf_free(&it->ra);
+    it->bp = NULL;
     it->valid = false;
 }
