@@ -364,11 +364,17 @@ static kv_err run_job(lsm_db *db, cjob *j)
 
 /* ---- threads ---- */
 
-static void wait_backoff(lsm_db *db, unsigned ms)
+#define BACKOFF_NS 1000000000ull
+
+/* Waits on db->cv until woken or until the monotonic time `until` (ns). */
+static void wait_until(lsm_db *db, uint64_t until)
 {
+    uint64_t now = kv_now_ns();
+    if (until <= now)
+        return;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000u;
+    uint64_t ns = (uint64_t)ts.tv_nsec + (until - now);
     ts.tv_sec += (time_t)(ns / 1000000000u);
     ts.tv_nsec = (long)(ns % 1000000000u);
     pthread_cond_timedwait(&db->cv, &db->mu, &ts);
@@ -380,14 +386,18 @@ static void *cthread_main(void *arg)
     pthread_mutex_lock(&db->mu);
     while (!db->stop) {
         cjob j;
+        if (kv_now_ns() < db->retry_at) { /* back off after a failed job */
+            wait_until(db, db->retry_at);
+            continue;
+        }
         if (db->manual || db->o.no_auto_compaction || !pick(db, &j)) {
             pthread_cond_wait(&db->cv, &db->mu);
             continue;
         }
         pthread_mutex_unlock(&db->mu);
         kv_err rv = run_job(db, &j); /* returns with mu held */
-        if (rv != KV_OK && !db->stop)
-            wait_backoff(db, 1000);
+        if (rv != KV_OK)
+            db->retry_at = kv_now_ns() + BACKOFF_NS;
     }
     pthread_mutex_unlock(&db->mu);
     return NULL;

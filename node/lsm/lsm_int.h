@@ -293,6 +293,7 @@ struct lsm_db {
     bool busy[LSM_MAX_LEVELS];
     int running;
     kv_err bg_err;
+    uint64_t retry_at; /* kv_now_ns() before which threads do not compact */
 
     _Atomic uint64_t reads_fd, reads_sd, user_bytes, flush_bytes, flushes;
     _Atomic uint64_t c_read, c_write, compactions;

@@ -420,3 +420,71 @@ Test(enospc, full_fast_volume_pread)
 {
     enospc(false);
 }
+
+Test(enospc, full_slow_volume_stops_compaction_not_reads)
+{
+    char *dir = lt_mkdtemp("sdfull");
+    cr_assert_not_null(dir);
+    char fd[300], sd[300];
+    snprintf(fd, sizeof(fd), "%s/fd", dir);
+    snprintf(sd, sizeof(sd), "%s/sd", dir);
+    mkdir(sd, 0755);
+    if (mount("tmpfs", sd, "tmpfs", 0, "size=256k") != 0) {
+        int e = errno;
+        lt_rmrf(dir);
+        free(dir);
+        cr_skip_test("cannot mount a tmpfs (%s): ENOSPC test needs root", strerror(e));
+    }
+    lsm_opts o;
+    base_opts(&o, fd);
+    o.slow_dir = sd;
+    o.fast_mb = 1;
+    o.no_auto_compaction = false;
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    static char keys[1000][16], vals[1000][200];
+    static lsm_rec run[1000];
+    uint64_t seq = 0;
+    for (int round = 0; round < 15; round++) {
+        for (int i = 0; i < 1000; i++) {
+            int kn = snprintf(keys[i], 16, "s%02d%05d", round, i);
+            value_of(vals[i], 200, ++seq);
+            run[i] = (lsm_rec){.key = keys[i],
+                               .klen = (size_t)kn,
+                               .value = vals[i],
+                               .vlen = 200,
+                               .seqno = seq,
+                               .type = LSM_PUT};
+        }
+        cr_assert_eq(lsm_flush(db, run, 1000, seq), KV_OK);
+    }
+    kv_err rv = lsm_compact_wait_idle(db);
+    cr_assert_eq(rv, KV_RESOURCE_EXHAUSTED, "compaction into a full SD: %s", kv_strerror(rv));
+    for (int round = 0; round < 15; round++) { /* every record still readable */
+        for (int i = 0; i < 1000; i += 7) {
+            char k[16], want[200];
+            int kn = snprintf(k, sizeof(k), "s%02d%05d", round, i);
+            lsm_rec r;
+            rv = lsm_get(db, k, (size_t)kn, &r, NULL);
+            cr_assert_eq(rv, KV_OK, "%s: %s", k, kv_strerror(rv));
+            value_of(want, 200, (uint64_t)round * 1000 + (uint64_t)i + 1);
+            cr_assert(r.vlen == 200 && memcmp(r.value, want, 200) == 0, "%s wrong value", k);
+            lsm_rec_free(&r);
+        }
+    }
+    lsm_close(db);
+    int on_sd = lt_count(sd, ".sst"); /* failed jobs must leave no orphans */
+    o.no_auto_compaction = true;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    lsm_stats st;
+    cr_assert_eq(lsm_stats_get(db, &st), KV_OK);
+    uint64_t live = 0;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        live += st.levels[l].volume == LSM_TIER_SD ? st.levels[l].files : 0;
+    cr_assert_eq((uint64_t)on_sd, live, "%d SSTs on SD, %llu live", on_sd,
+                 (unsigned long long)live);
+    lsm_close(db);
+    umount(sd);
+    lt_rmrf(dir);
+    free(dir);
+}
