@@ -18,6 +18,9 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,6 +166,8 @@ static void db_free(lsm_db *db)
     lsm_version_unref(db->cur);
     for (int i = 0; i < 2; i++)
         lsm_vol_fini(&db->vols[i]);
+    if (db->lock_fd >= 0)
+        close(db->lock_fd); /* releases the flock */
     for (int l = 0; l < LSM_MAX_LEVELS; l++)
         free(db->cptr[l]);
     free(db->fast_dir);
@@ -249,6 +254,20 @@ static kv_err check_fresh(lsm_db *db)
     return KV_OK;
 }
 
+/* One process (and one handle) per directory: an exclusive flock on LOCK. */
+static kv_err lock_dir(lsm_db *db)
+{
+    db->lock_fd = lsm_vol_open(&db->vols[0], "LOCK", O_RDWR | O_CREAT);
+    if (db->lock_fd < 0)
+        return lsm_errno(db->lock_fd);
+    if (flock(db->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        KV_ERROR(LSM_LOG, "%s/LOCK is held by another handle or process: %s", db->fast_dir,
+                 strerror(errno));
+        return errno == EWOULDBLOCK ? KV_FAILED_PRECONDITION : KV_INTERNAL;
+    }
+    return KV_OK;
+}
+
 static kv_err recover(lsm_db *db, lsm_replay_fn fn, void *arg)
 {
     lsm_recovered st = {0};
@@ -327,6 +346,7 @@ kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg)
     db->o.fast_dir = db->fast_dir;
     db->o.slow_dir = db->slow_dir;
     db->vols[0].dirfd = db->vols[1].dirfd = -1;
+    db->lock_fd = -1;
     pthread_mutex_init(&db->vmu, NULL);
     pthread_mutex_init(&db->mu, NULL);
     pthread_mutex_init(&db->flush_mu, NULL);
@@ -338,6 +358,8 @@ kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg)
         rv = lsm_vol_init(&db->vols[0], db->fast_dir, LSM_TIER_FD, uring);
     if (rv == KV_OK && db->has_sd)
         rv = lsm_vol_init(&db->vols[1], db->slow_dir, LSM_TIER_SD, uring);
+    if (rv == KV_OK)
+        rv = lock_dir(db);
     if (rv == KV_OK)
         rv = recover(db, fn, arg);
     if (rv == KV_OK)

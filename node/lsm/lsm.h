@@ -76,7 +76,11 @@ typedef enum lsm_sync {
  * record a compaction from from_level (>= 1) into from_level + 1 keeps;
  * returns the level the record is written to: from_level + 1 (default) or
  * from_level (retain it on the upper level). Any other value means
- * from_level + 1. Runs on a compaction thread; must not call into the db. */
+ * from_level + 1. Retention is honoured only for PUTs inside the key range
+ * of the compacted from_level files and while the from level stays under 3/4
+ * of its target size (so compaction always makes progress); tombstones and
+ * expired records always go down. Runs on a compaction thread; must not call
+ * into the db. */
 typedef int (*lsm_route_fn)(void *arg, const lsm_rec *rec, int from_level);
 
 typedef struct lsm_opts {
@@ -109,8 +113,12 @@ void lsm_opts_default(lsm_opts *o);
  * unflushed WAL records through fn (may be NULL), starts the WAL and
  * compaction threads. Returns KV_OK and *out; INVALID_ARGUMENT on bad
  * options; DATA_LOSS (logged, naming the file) on a corrupt MANIFEST or SST
- * footer; INTERNAL/UNAVAILABLE on I/O errors. On failure nothing is left
- * open. Call once per directory (no locking across processes). */
+ * footer, or when CURRENT is missing next to existing data;
+ * RESOURCE_EXHAUSTED when FD is full (open writes a new MANIFEST and WAL
+ * segment); FAILED_PRECONDITION when another handle or process holds the
+ * directory (flock on FD/LOCK); INTERNAL on other I/O errors; or the error
+ * fn returned (DATA_LOSS from fn is reported as INTERNAL). On failure
+ * nothing is left open and records already passed to fn must be discarded. */
 kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg);
 
 /* Stops background threads, fsyncs the WAL, closes files and frees db. Does

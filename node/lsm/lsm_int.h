@@ -271,6 +271,7 @@ struct lsm_db {
     bool has_sd;
     lsm_wal *wal;
     lsm_manifest *man;
+    int lock_fd; /* flock'ed FD/LOCK */
 
     pthread_mutex_t vmu; /* protects cur only */
     lsm_version *cur;

@@ -351,6 +351,10 @@ Test(lookup, l0_highest_seqno_wins)
                  .flags = LSM_F_PROMOTED};
     cr_assert_eq(lsm_flush(w->db, &b, 1, 60), KV_OK);
     cr_assert_eq(lsm_flush(w->db, &b, 1, 10), KV_INVALID_ARGUMENT, "seqno above max accepted");
+    lsm_db *second = NULL;
+    cr_assert_eq(lsm_open(&second, &w->o, NULL, NULL), KV_FAILED_PRECONDITION,
+                 "a second handle opened a locked directory");
+    cr_assert_null(second);
     lsm_rec r;
     cr_assert_eq(lsm_get(w->db, "k", 1, &r, NULL), KV_OK);
     cr_assert_eq(r.seqno, 50);
