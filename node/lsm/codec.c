@@ -3,7 +3,7 @@
  * Byte-level helpers of the LSM: growable buffers, CRC32C (Castagnoli
  * polynomial 0x82F63B78, table-driven slice-by-8 with an SSE4.2 path chosen at
  * run time), the on-disk record codec shared by WAL frames and SST blocks,
- * the WAL/MANIFEST frame and errno mapping. Everything here is pure and
+ * and errno mapping. Everything here is pure and
  * thread-safe.
  */
 #include <errno.h>
@@ -213,19 +213,6 @@ kv_err lsm_errno(int e)
     if (e == ENOSPC || e == EDQUOT)
         return KV_RESOURCE_EXHAUSTED;
     return KV_INTERNAL;
-}
-
-kv_err lsm_frame(lsm_buf *out, const void *payload, size_t len)
-{
-    kv_err rv = lsm_buf_reserve(out, LSM_FRAME_HDR + len);
-    if (rv != KV_OK)
-        return rv;
-    uint8_t *h = out->p + out->len;
-    lsm_set32(h + 4, (uint32_t)len);
-    memcpy(h + LSM_FRAME_HDR, payload, len);
-    lsm_set32(h, lsm_crc32c(0, h + 4, len + 4));
-    out->len += LSM_FRAME_HDR + len;
-    return KV_OK;
 }
 
 /* ---- public helpers ---- */

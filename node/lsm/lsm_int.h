@@ -209,10 +209,8 @@ void lsm_wal_release(lsm_wal *w, uint64_t flushed_seq);
 void lsm_wal_close(lsm_wal *w);
 void lsm_wal_counters(lsm_wal *w, uint64_t *bytes, uint64_t *fsyncs, uint64_t *segments);
 
-/* Frame format shared by the WAL and the MANIFEST:
- * [u32 crc32c(len || payload)][u32 len][payload]. */
+/* WAL frame: [u32 crc32c(len || payload)][u32 len][payload]. */
 #define LSM_FRAME_HDR 8u
-kv_err lsm_frame(lsm_buf *out, const void *payload, size_t len);
 
 /* ---- versions and MANIFEST (manifest.c) ---- */
 

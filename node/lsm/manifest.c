@@ -29,6 +29,26 @@
 
 enum { TAG_FLUSHED = 1, TAG_NEXT = 2, TAG_LOG = 3, TAG_DEL = 4, TAG_ADD = 5 };
 
+/* MANIFEST frame: [u32 crc32c(len || payload)][u32 len][u32 crc32c(len)]
+ * [payload]. The header's own checksum tells a torn last append (header
+ * intact, payload cut by end of file: tolerated) from a corrupt length
+ * (DATA_LOSS), so a flipped length can never silently hide later edits. */
+#define MFRAME_HDR 12u
+
+static kv_err man_frame(lsm_buf *out, const void *payload, size_t len)
+{
+    kv_err rv = lsm_buf_reserve(out, MFRAME_HDR + len);
+    if (rv != KV_OK)
+        return rv;
+    uint8_t *h = out->p + out->len;
+    lsm_set32(h + 4, (uint32_t)len);
+    lsm_set32(h + 8, lsm_crc32c(0, h + 4, 4));
+    memcpy(h + MFRAME_HDR, payload, len);
+    lsm_set32(h, lsm_crc32c(lsm_crc32c(0, h + 4, 4), payload, len));
+    out->len += MFRAME_HDR + len;
+    return KV_OK;
+}
+
 struct lsm_manifest {
     lsm_vol *v;
     int fd;
@@ -358,20 +378,30 @@ static kv_err replay_manifest(lsm_vol *v, const char *name, const lsm_buf *b, ls
 {
     uint64_t off = 0;
     while (off < b->len) {
-        if (b->len - off < LSM_FRAME_HDR ||
-            b->len - off - LSM_FRAME_HDR < lsm_get32(b->p + off + 4)) {
+        const uint8_t *h = b->p + off;
+        size_t left = b->len - off;
+        if (left < MFRAME_HDR) {
+            KV_WARN(LSM_LOG,
+                    "MANIFEST %s/%s: %zu stray bytes at offset %" PRIu64
+                    " ignored (writer died mid-append)",
+                    v->dir, name, left, off);
+            break;
+        }
+        uint32_t len = lsm_get32(h + 4);
+        if (lsm_crc32c(0, h + 4, 4) != lsm_get32(h + 8))
+            return man_corrupt(v->dir, name, "frame header checksum mismatch", off);
+        if (left - MFRAME_HDR < len) {
             KV_WARN(LSM_LOG,
                     "MANIFEST %s/%s: incomplete last edit at offset %" PRIu64
                     " ignored (writer died mid-append)",
                     v->dir, name, off);
             break;
         }
-        uint32_t len = lsm_get32(b->p + off + 4);
-        if (lsm_crc32c(0, b->p + off + 4, (size_t)len + 4) != lsm_get32(b->p + off))
+        if (lsm_crc32c(lsm_crc32c(0, h + 4, 4), h + MFRAME_HDR, len) != lsm_get32(h))
             return man_corrupt(v->dir, name, "checksum mismatch", off);
-        if (!edit_apply_raw(b->p + off + LSM_FRAME_HDR, len, out))
+        if (!edit_apply_raw(h + MFRAME_HDR, len, out))
             return man_corrupt(v->dir, name, "malformed edit", off);
-        off += LSM_FRAME_HDR + len;
+        off += MFRAME_HDR + len;
     }
     if (!out->state.has_next)
         return man_corrupt(v->dir, name, "no next-file number", off);
@@ -450,7 +480,7 @@ kv_err lsm_manifest_create(lsm_manifest **out, lsm_vol *v, uint64_t number,
     if (rv == KV_OK)
         rv = edit_encode(snapshot, &payload);
     if (rv == KV_OK)
-        rv = lsm_frame(&frame, payload.p, payload.len);
+        rv = man_frame(&frame, payload.p, payload.len);
     if (rv == KV_OK)
         rv = lsm_vol_write(v, m->fd, frame.p, frame.len, 0, true);
     if (rv == KV_OK)
@@ -480,7 +510,7 @@ kv_err lsm_manifest_append(lsm_manifest *m, const lsm_edit *e)
     lsm_buf payload = {0}, frame = {0};
     kv_err rv = edit_encode(e, &payload);
     if (rv == KV_OK)
-        rv = lsm_frame(&frame, payload.p, payload.len);
+        rv = man_frame(&frame, payload.p, payload.len);
     if (rv == KV_OK)
         rv = lsm_vol_write(m->v, m->fd, frame.p, frame.len, m->off, true);
     if (rv == KV_OK)

@@ -303,6 +303,11 @@ Test(corrupt, manifest_flip_last_edit)
     manifest_flip(-3);
 }
 
+Test(corrupt, manifest_flip_length_field)
+{
+    manifest_flip(7); /* high byte of the first frame's length */
+}
+
 Test(corrupt, current_names_missing_manifest)
 {
     char *dir = lt_mkdtemp("ccur");
