@@ -182,33 +182,47 @@ static long flip_block_of(const char *dir, const char *path, const char *key)
 }
 
 /* Every key is either intact or DATA_LOSS; returns the DATA_LOSS count. */
+/* Looks up keys [i, i + n) with lsm_get (n == 1) or one lsm_multiget. */
+static void lookup_keys(lsm_db *db, int i, int n, bool multiget, lsm_rec *r, kv_err *rv)
+{
+    char k[64][16];
+    const void *kp[64];
+    size_t kl[64];
+    for (int j = 0; j < n; j++) {
+        kl[j] = (size_t)snprintf(k[j], 16, "c%05d", i + j);
+        kp[j] = k[j];
+    }
+    if (multiget)
+        cr_assert_eq(lsm_multiget(db, (size_t)n, kp, kl, r, NULL, rv), KV_OK);
+    else
+        rv[0] = lsm_get(db, kp[0], kl[0], &r[0], NULL);
+}
+
+/* Every key is either intact or DATA_LOSS; returns the DATA_LOSS count. */
 static int scan_keys(lsm_db *db, uint64_t seq0, size_t vlen, bool multiget)
 {
-    int lost = 0, first = -1, last = -1;
+    int lost = 0, first = -1, last = -1, step = multiget ? 64 : 1;
     char *want = malloc(vlen);
-    for (int i = 0; i < NK; i++) {
-        char k[16];
-        int kn = snprintf(k, sizeof(k), "c%05d", i);
-        lsm_rec r;
-        kv_err rv;
-        if (multiget) {
-            const void *kp[1] = {k};
-            size_t kl[1] = {(size_t)kn};
-            cr_assert_eq(lsm_multiget(db, 1, kp, kl, &r, NULL, &rv), KV_OK);
-        } else {
-            rv = lsm_get(db, k, (size_t)kn, &r, NULL);
+    for (int base = 0; base < NK; base += step) {
+        int n = NK - base < step ? NK - base : step;
+        lsm_rec r[64];
+        kv_err rv[64];
+        lookup_keys(db, base, n, multiget, r, rv);
+        for (int j = 0; j < n; j++) {
+            int i = base + j;
+            if (rv[j] == KV_DATA_LOSS) {
+                lost++;
+                first = first < 0 ? i : first;
+                last = i;
+                continue;
+            }
+            cr_assert_eq(rv[j], KV_OK, "key %d: %s", i, kv_strerror(rv[j]));
+            value_of(want, vlen, seq0 + (uint64_t)i);
+            cr_assert_eq(r[j].seqno, seq0 + (uint64_t)i);
+            cr_assert(r[j].vlen == vlen && memcmp(r[j].value, want, vlen) == 0,
+                      "key %d wrong value", i);
+            lsm_rec_free(&r[j]);
         }
-        if (rv == KV_DATA_LOSS) {
-            lost++;
-            first = first < 0 ? i : first;
-            last = i;
-            continue;
-        }
-        cr_assert_eq(rv, KV_OK, "key %d: %s", i, kv_strerror(rv));
-        value_of(want, vlen, seq0 + (uint64_t)i);
-        cr_assert_eq(r.seqno, seq0 + (uint64_t)i);
-        cr_assert(r.vlen == vlen && memcmp(r.value, want, vlen) == 0, "key %d wrong value", i);
-        lsm_rec_free(&r);
     }
     free(want);
     cr_assert(lost == 0 || last - first + 1 == lost, "lost keys are not one block");
