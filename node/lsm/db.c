@@ -481,10 +481,11 @@ kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno
         return KV_INVALID_ARGUMENT;
     pthread_mutex_lock(&db->flush_mu);
     pthread_mutex_lock(&db->mu);
-    if (max_seqno < db->flushed_seq) {
+    if (max_seqno < db->flushed_seq || (n == 0 && max_seqno == db->flushed_seq)) {
+        rv = max_seqno < db->flushed_seq ? KV_INVALID_ARGUMENT : KV_OK; /* or nothing to do */
         pthread_mutex_unlock(&db->mu);
         pthread_mutex_unlock(&db->flush_mu);
-        return KV_INVALID_ARGUMENT;
+        return rv;
     }
     stall_l0(db);
     uint64_t sst_no = lsm_db_new_number(db), wal_no = lsm_db_new_number(db);

@@ -147,7 +147,8 @@ kv_err lsm_wal_append(lsm_db *db, const lsm_rec *recs, size_t n);
  * whose records all have seqno <= the flushed seqno. sorted must hold the
  * newest record of every key written with a seqno in (previous flushed
  * seqno, max_seqno] (tombstones included), and may hold nothing newer than
- * max_seqno. n == 0 only advances the flushed seqno. Rotates the WAL to a new
+ * max_seqno. n == 0 only advances the flushed seqno (no-op, no generation
+ * bump, when max_seqno equals it). Rotates the WAL to a new
  * segment first, so lsm_wal_append may run concurrently. Blocks while L0 has
  * l0_stop files (until compaction catches up). Returns INVALID_ARGUMENT if
  * the run is not sorted or max_seqno is below the flushed seqno,
