@@ -199,11 +199,6 @@ uint64_t lsm_sst_builder_size(const lsm_sst_builder *b)
     return b->off + b->out.len + b->blk.len;
 }
 
-uint64_t lsm_sst_builder_count(const lsm_sst_builder *b)
-{
-    return b->count;
-}
-
 static void builder_free(lsm_sst_builder *b)
 {
     if (b->fd >= 0)
