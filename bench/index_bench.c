@@ -29,6 +29,11 @@
 #include "common/opts.h"
 
 #define MOD "index_bench"
+#ifdef KV_BENCH_HAVE_HOTRING
+#define IMPL_HELP "comma list of hotring-s,hotring-r,chain,lfht,lfht-auto"
+#else
+#define IMPL_HELP "comma list of chain,lfht,lfht-auto (built without HotRing)"
+#endif
 
 static const ib_impl *const all_impls[] = {
 #ifdef KV_BENCH_HAVE_HOTRING
@@ -100,7 +105,7 @@ static kv_err check_opts(ib_opts *o, char *err, size_t errlen)
 static kv_err parse_opts(ib_opts *o, int argc, char **argv)
 {
     const kv_opt table[] = {
-        {"impl", KV_OPT_STR, &o->impl_list, "comma list of indexes to compare"},
+        {"impl", KV_OPT_STR, &o->impl_list, IMPL_HELP},
         {"workload", KV_OPT_ENUM, &o->workload_idx, "YCSB workload", workload_choices},
         {"dist", KV_OPT_ENUM, &o->dist_idx, "key distribution", dist_choices},
         {"theta", KV_OPT_DOUBLE, &o->wl.theta, "zipfian skew"},
