@@ -357,6 +357,26 @@ static kv_err count_big(void *arg, const lsm_rec *r)
     return KV_OK;
 }
 
+/* The tmpfs mounted by the running ENOSPC test, unmounted by the fixture
+ * even when an assertion ends the test early. */
+static char mounted[300];
+
+static int mount_tmpfs(const char *dir, const char *opts)
+{
+    if (mount("tmpfs", dir, "tmpfs", 0, opts) != 0)
+        return -1;
+    snprintf(mounted, sizeof(mounted), "%s", dir);
+    return 0;
+}
+
+static void unmount_tmpfs(void)
+{
+    if (mounted[0]) {
+        umount2(mounted, MNT_DETACH); /* lazy: a failed test may hold files open */
+        mounted[0] = '\0';
+    }
+}
+
 static void enospc(bool uring)
 {
     char *dir = lt_mkdtemp("nospc");
@@ -364,7 +384,7 @@ static void enospc(bool uring)
     char fd[300];
     snprintf(fd, sizeof(fd), "%s/fd", dir);
     mkdir(fd, 0755);
-    if (mount("tmpfs", fd, "tmpfs", 0, "size=2m") != 0) {
+    if (mount_tmpfs(fd, "size=2m") != 0) {
         int e = errno;
         lt_rmrf(dir);
         free(dir);
@@ -425,22 +445,22 @@ static void enospc(bool uring)
     cr_assert_eq(acked, 0, "%d acknowledged records were not replayed", acked);
     cr_assert_eq(scan_keys(db, 1, 100, false), 0);
     lsm_close(db);
-    umount(fd);
+    unmount_tmpfs();
     lt_rmrf(dir);
     free(dir);
 }
 
-Test(enospc, full_fast_volume_io_uring)
+Test(enospc, full_fast_volume_io_uring, .fini = unmount_tmpfs)
 {
     enospc(true);
 }
 
-Test(enospc, full_fast_volume_pread)
+Test(enospc, full_fast_volume_pread, .fini = unmount_tmpfs)
 {
     enospc(false);
 }
 
-Test(enospc, full_slow_volume_stops_compaction_not_reads)
+Test(enospc, full_slow_volume_stops_compaction_not_reads, .fini = unmount_tmpfs)
 {
     char *dir = lt_mkdtemp("sdfull");
     cr_assert_not_null(dir);
@@ -448,7 +468,7 @@ Test(enospc, full_slow_volume_stops_compaction_not_reads)
     snprintf(fd, sizeof(fd), "%s/fd", dir);
     snprintf(sd, sizeof(sd), "%s/sd", dir);
     mkdir(sd, 0755);
-    if (mount("tmpfs", sd, "tmpfs", 0, "size=256k") != 0) {
+    if (mount_tmpfs(sd, "size=256k") != 0) {
         int e = errno;
         lt_rmrf(dir);
         free(dir);
@@ -503,7 +523,7 @@ Test(enospc, full_slow_volume_stops_compaction_not_reads)
     cr_assert_eq((uint64_t)on_sd, live, "%d SSTs on SD, %llu live", on_sd,
                  (unsigned long long)live);
     lsm_close(db);
-    umount(sd);
+    unmount_tmpfs();
     lt_rmrf(dir);
     free(dir);
 }
