@@ -212,3 +212,29 @@ int kvt_run(const char *cmd, char *out, size_t outlen)
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+pid_t kvt_node_start(const char *dir, const char *id, const char *url, const char *const *extra)
+{
+    char data[400], log[400];
+    snprintf(data, sizeof(data), "%s/%s", dir, id);
+    snprintf(log, sizeof(log), "%s/%s.log", dir, id);
+    char *argv[32] = {strdup(kvt_bin("node/kvnode")),
+                      "--id",
+                      (char *)id,
+                      "--listen",
+                      (char *)url,
+                      "--data-dir",
+                      data};
+    int n = 7;
+    for (int i = 0; extra && extra[i] && n < 31; i++)
+        argv[n++] = (char *)extra[i];
+    argv[n] = NULL;
+    pid_t pid = spawn(log, argv);
+    free(argv[0]);
+    if (!kvt_wait_ping(url, NULL, 15000)) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return pid;
+}

@@ -38,6 +38,11 @@ void kvt_cluster_stop(kvt_cluster *c);
 void kvt_kill_node(kvt_cluster *c, int i, int sig);
 /* Waits until url answers admin.Ping (timeout_ms). */
 bool kvt_wait_ping(const char *url, const char *auth, int timeout_ms);
+/* Starts one kvnode (no cluster map: it serves every key) with the given
+ * extra flags (NULL-terminated, may be NULL), logging to dir/ID.log. Returns
+ * its pid once it answers admin.Ping, or -1. */
+pid_t kvt_node_start(const char *dir, const char *id, const char *url, const char *const *extra);
+
 /* Runs a shell command line; captures stdout (and stderr when err is set)
  * into out. Returns the exit status, or -1. */
 int kvt_run(const char *cmd, char *out, size_t outlen);

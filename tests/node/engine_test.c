@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Engine model test: random puts, deletes, conditional writes and gets
+ * against the engine (memory tier + WAL + LSM, tiny write buffer and memory
+ * budget so flushes, evictions, fills and compactions all happen) and an
+ * in-memory model, with forced flushes and close/reopen cycles; results must
+ * be identical. Plus last-writer-wins and the no-stale-fill rule.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "node/engine.h"
+
+#define KEYS 6000
+
+typedef struct mrec {
+    bool live;
+    uint64_t version;
+    char val[600];
+    size_t vlen;
+} mrec;
+
+static engine *open_engine(const char *dir, const char *slow)
+{
+    engine_opts o = {.fast_dir = dir,
+                     .slow_dir = slow,
+                     .fast_mb = 2,
+                     .mem_mb = 1,
+                     .write_buffer_kb = 96,
+                     .sync = ENGINE_SYNC_NONE};
+    engine *e = NULL;
+    char err[256];
+    kv_err rv = engine_open(&e, &o, err, sizeof(err));
+    cr_assert_eq(rv, KV_OK, "engine_open: %s", err);
+    return e;
+}
+
+static void check_get(engine *e, const mrec *m, int k)
+{
+    char key[16];
+    snprintf(key, sizeof(key), "m%d", k);
+    engine_result r;
+    kv_err rv = engine_get(e, key, strlen(key), &r);
+    cr_assert_eq(rv, KV_OK, "get %s: %s", key, kv_err_name(rv));
+    cr_assert_eq(r.found, m[k].live, "key %s found=%d model=%d", key, r.found, m[k].live);
+    if (r.found) {
+        cr_assert_eq(r.vlen, m[k].vlen, "key %s length", key);
+        cr_assert_eq(memcmp(r.val, m[k].val, r.vlen), 0, "key %s value", key);
+        cr_assert_eq(r.version, m[k].version, "key %s version", key);
+    }
+    free(r.val);
+}
+
+static void do_write(engine *e, mrec *m, int k, unsigned *seed)
+{
+    char key[16], err[256];
+    snprintf(key, sizeof(key), "m%d", k);
+    engine_write w = {.key = key, .klen = strlen(key)};
+    char val[600];
+    size_t vlen = (size_t)(rand_r(seed) % 500);
+    for (size_t i = 0; i < vlen; i++)
+        val[i] = (char)('A' + rand_r(seed) % 50);
+    int kind = rand_r(seed) % 10;
+    w.is_delete = kind == 0;
+    w.val = val;
+    w.vlen = vlen;
+    w.if_absent = kind == 1;
+    w.if_version = kind == 2 ? (m[k].live ? m[k].version : 1) : 0;
+    engine_result r;
+    kv_err rv = engine_write_one(e, &w, &r, err, sizeof(err));
+    bool expect_ok = !(w.if_absent && m[k].live) && !(kind == 2 && !m[k].live);
+    if (!expect_ok) {
+        cr_assert(rv == KV_ALREADY_EXISTS || rv == KV_FAILED_PRECONDITION, "%s: %s", key,
+                  kv_err_name(rv));
+        return;
+    }
+    cr_assert_eq(rv, KV_OK, "%s: %s (%s)", key, kv_err_name(rv), err);
+    m[k].live = !w.is_delete;
+    m[k].version = r.version;
+    m[k].vlen = w.is_delete ? 0 : vlen;
+    memcpy(m[k].val, val, m[k].vlen);
+}
+
+Test(engine, model_100k_ops_with_flushes_and_reopens, .timeout = 280)
+{
+    char dir[] = "/tmp/hotkv-engine-XXXXXX", slow[300];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(slow, sizeof(slow), "%s/slow", dir);
+    engine_thread_register();
+    engine *e = open_engine(dir, slow);
+    mrec *m = calloc(KEYS, sizeof(*m));
+    unsigned seed = 42;
+    engine_stats s, total = {0};
+    for (int op = 0; op < 100000; op++) {
+        int k = (int)(rand_r(&seed) % KEYS);
+        if (rand_r(&seed) % 2)
+            do_write(e, m, k, &seed);
+        else
+            check_get(e, m, k);
+        if (op % 20000 == 19999) {
+            cr_assert_eq(engine_flush(e), KV_OK);
+            engine_get_stats(e, &s);
+            total.flushes += s.flushes;
+            total.reads_fd += s.reads_fd + s.reads_sd;
+            total.evictions += s.evictions;
+            total.fills += s.fills;
+            engine_close(e);
+            e = open_engine(dir, slow);
+            for (int i = 0; i < KEYS; i++)
+                check_get(e, m, i);
+        }
+    }
+    cr_assert_gt(total.flushes, 10, "flushes happened (%llu)", (unsigned long long)total.flushes);
+    cr_assert_gt(total.reads_fd, 1000, "reads reached the LSM (%llu)",
+                 (unsigned long long)total.reads_fd);
+    cr_assert_gt(total.evictions, 0, "clean items were evicted");
+    cr_assert_gt(total.fills, 0, "re-read records were filled into memory");
+    engine_close(e);
+    engine_thread_unregister();
+    free(m);
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+Test(engine, last_writer_wins_and_ttl)
+{
+    char dir[] = "/tmp/hotkv-engine-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    engine_thread_register();
+    engine *e = open_engine(dir, NULL);
+    char err[256];
+    engine_result r;
+    engine_write w = {.key = "k", .klen = 1, .val = "new", .vlen = 3, .version = 1000};
+    cr_assert_eq(engine_write_one(e, &w, &r, err, sizeof(err)), KV_OK);
+    engine_write old = {.key = "k", .klen = 1, .val = "old", .vlen = 3, .version = 900};
+    cr_assert_eq(engine_write_one(e, &old, &r, err, sizeof(err)), KV_OK);
+    cr_assert_eq(r.version, 1000, "the older write is superseded");
+    cr_assert_eq(engine_flush(e), KV_OK);
+    cr_assert_eq(engine_write_one(e, &old, &r, err, sizeof(err)), KV_OK);
+    cr_assert_eq(engine_get(e, "k", 1, &r), KV_OK);
+    cr_assert(r.found && r.vlen == 3 && memcmp(r.val, "new", 3) == 0, "LWW across a flush");
+    free(r.val);
+    engine_write del = {.key = "k", .klen = 1, .version = 950, .is_delete = true};
+    cr_assert_eq(engine_write_one(e, &del, &r, err, sizeof(err)), KV_OK);
+    cr_assert_eq(engine_get(e, "k", 1, &r), KV_OK);
+    cr_assert(r.found, "an older delete does not remove a newer value");
+    free(r.val);
+    engine_write ttl = {.key = "t", .klen = 1, .val = "x", .vlen = 1, .ttl_ms = 50};
+    cr_assert_eq(engine_write_one(e, &ttl, &r, err, sizeof(err)), KV_OK);
+    usleep(120000);
+    cr_assert_eq(engine_get(e, "t", 1, &r), KV_OK);
+    cr_assert_not(r.found, "expired");
+    engine_close(e);
+    engine_thread_unregister();
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
