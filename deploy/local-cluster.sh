@@ -74,7 +74,9 @@ specs=() seeds=()
 for i in $(seq 1 "$nodes"); do
   addr="tcp://127.0.0.1:$((port + i))"
   mkdir -p "$data/n$i"
-  "$bin/node/kvnode" --id "n$i" --listen "$addr" --data-dir "$data/n$i" "${authflag[@]}" \
+  # each node gets a fast and a slow volume (here two folders of one disk)
+  "$bin/node/kvnode" --id "n$i" --listen "$addr" --data-dir "$data/n$i" \
+    --fast-dir "$data/n$i/fast" --slow-dir "$data/n$i/slow" "${authflag[@]}" \
     >> "$data/logs/n$i.log" 2>&1 &
   echo "$! n$i" >> "$pids"
   specs+=("n$i=$addr")
