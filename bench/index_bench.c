@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <urcu/urcu-memb.h>
 
 #include "bench/index_bench.h"
 #include "common/clock.h"
@@ -87,6 +88,10 @@ static kv_err check_opts(ib_opts *o, char *err, size_t errlen)
         snprintf(err, errlen, "--shift-at must be 0 (off) or below --seconds");
         return KV_INVALID_ARGUMENT;
     }
+    if (o->shift_at > 0 && o->rounds > 1) {
+        snprintf(err, errlen, "--shift-at needs --rounds 1");
+        return KV_INVALID_ARGUMENT;
+    }
     o->wl.workload = (wl_workload)o->workload_idx;
     o->wl.dist = dist_map[o->dist_idx];
     if (o->wl.dist == WL_ZIPF && o->scramble)
@@ -126,6 +131,9 @@ static kv_err parse_opts(ib_opts *o, int argc, char **argv)
         {"trace-ops", KV_OPT_INT, &o->trace_ops, "pre-drawn ops per thread", NULL, 1024, 1L << 28},
         {"lfht-init", KV_OPT_INT, &o->lfht_init, "lfht-auto: initial buckets (0 = keys / ratio)",
          NULL, 0, 1L << 40},
+        {"rounds", KV_OPT_INT, &o->rounds,
+         "interleave the indexes' timed phases in this many rounds (all loaded at once)", NULL, 1,
+         IB_MAX_ROUNDS},
         {"series-ms", KV_OPT_INT, &o->series_ms, "series interval with --shift-at", NULL, 10,
          10000},
     };
@@ -165,6 +173,7 @@ static void default_opts(ib_opts *o)
     o->trace_ops = 1L << 21;
     o->series_ms = 100;
     o->lfht_init = 0;
+    o->rounds = 1;
 }
 
 /* Pre-draws every thread's trace: phase 0, and with a shift phase 1 over the
@@ -207,6 +216,36 @@ static void free_traces(const ib_opts *o, ib_traces *tr)
     free(tr->order);
 }
 
+/* One index at a time (load, measure, close), or with --rounds R every index
+ * loaded first and the timed phases interleaved: round r runs each index for
+ * seconds / R, so a change in the machine's load hits all of them alike. */
+static int run_all(const ib_opts *o, const ib_traces *tr, ib_result *res)
+{
+    static ib_state st[IB_MAX_IMPLS];
+    int loaded = o->rounds > 1 ? o->nimpls : 1;
+    kv_err rv = KV_OK;
+    for (int i = 0; i < o->nimpls && rv == KV_OK; i += loaded) {
+        int n = i + loaded < o->nimpls ? loaded : o->nimpls - i, k = 0;
+        for (; k < n && rv == KV_OK; k++)
+            if ((rv = ib_load(o, tr, o->impls[i + k], &st[i + k])) != KV_OK)
+                fprintf(stderr, "index_bench: %s: %s\n", o->impls[i + k]->name, kv_strerror(rv));
+        if (rv != KV_OK) {
+            for (int j = 0; j < k - 1; j++)
+                o->impls[i + j]->close(st[i + j].h);
+            return 1;
+        }
+        for (long r = 0; r < o->rounds; r++)
+            for (int j = 0; j < n; j++)
+                ib_measure(o, tr, &st[i + j], o->seconds / (double)o->rounds);
+        for (int j = 0; j < n; j++) {
+            ib_finish(o, &st[i + j], &res[i + j]);
+            ib_print_result(o, &res[i + j]);
+            free(res[i + j].series);
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     ib_opts o;
@@ -219,6 +258,9 @@ int main(int argc, char **argv)
     /* Fixed mmap threshold: big arrays always come from mmap, which lets the
      * lfht-auto adaptor measure its bucket arrays (see lfht.c). */
     mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+    /* The main thread opens, settles and closes the indexes; closing an lfht
+     * walks it under an RCU read lock, which needs a registered reader. */
+    urcu_memb_register_thread();
     ib_traces tr;
     uint64_t t0 = kv_now_ns();
     if ((rv = make_traces(&o, &tr)) != KV_OK) {
@@ -228,18 +270,10 @@ int main(int argc, char **argv)
     KV_INFO(MOD, "traces: %ld threads x %ld ops x %d phase(s) in %.2f s", o.threads, o.trace_ops,
             tr.phases, (double)(kv_now_ns() - t0) / 1e9);
     ib_result res[IB_MAX_IMPLS];
-    int rc = 0;
-    for (int i = 0; i < o.nimpls && rc == 0; i++) {
-        if ((rv = ib_run(&o, &tr, o.impls[i], &res[i])) != KV_OK) {
-            fprintf(stderr, "index_bench: %s: %s\n", o.impls[i]->name, kv_strerror(rv));
-            rc = 1;
-            break;
-        }
-        ib_print_result(&o, &res[i]);
-        free(res[i].series);
-    }
+    int rc = run_all(&o, &tr, res);
     if (rc == 0)
         ib_print_summary(&o, res);
     free_traces(&o, &tr);
+    urcu_memb_unregister_thread();
     return rc;
 }

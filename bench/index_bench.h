@@ -15,6 +15,7 @@
 #include "bench/workload.h"
 
 #define IB_MAX_IMPLS 8
+#define IB_MAX_ROUNDS 64
 
 typedef struct ib_opts {
     char *impl_list;
@@ -22,7 +23,7 @@ typedef struct ib_opts {
     int nimpls;
     int workload_idx, dist_idx;
     bool scramble, rehash;
-    long keys, ratio, threads, value_size, hr_r, seed, trace_ops, series_ms, lfht_init;
+    long keys, ratio, threads, value_size, hr_r, seed, trace_ops, series_ms, lfht_init, rounds;
     double seconds, shift_at, rehash_cost;
     wl_config wl;     /* the generator's view of the above */
     uint64_t buckets; /* keys / ratio rounded up to a power of two */
@@ -47,10 +48,31 @@ typedef struct ib_result {
     ib_sample *series;                 /* with --shift-at; free() it */
     size_t nseries;
     double steady_head_hit, dip_head_hit, recover_ms; /* shift only; recover < 0: never */
+    double round_mops[IB_MAX_ROUNDS];
+    int nrounds;
 } ib_result;
 
-/* Loads and measures one implementation. */
-kv_err ib_run(const ib_opts *o, const ib_traces *tr, const ib_impl *impl, ib_result *out);
+/* Counters summed over the workers of one timed phase. */
+typedef struct ib_local {
+    uint64_t ops, reads, hits, visited, head_hits;
+} ib_local;
+
+/* One loaded index and what its timed phases measured so far. */
+typedef struct ib_state {
+    const ib_impl *impl;
+    void *h;
+    ib_result r;
+    ib_local acc;
+    ib_rstats racc;
+} ib_state;
+
+/* Opens impl and loads every key from the worker threads (then lets it
+ * settle). On failure the index is closed. */
+kv_err ib_load(const ib_opts *o, const ib_traces *tr, const ib_impl *impl, ib_state *st);
+/* One timed phase of `seconds`, added to st. */
+kv_err ib_measure(const ib_opts *o, const ib_traces *tr, ib_state *st, double seconds);
+/* Computes the result, closes the index and copies the result to out. */
+void ib_finish(const ib_opts *o, ib_state *st, ib_result *out);
 /* One JSON line per result (and its series line), then the summary line. */
 void ib_print_result(const ib_opts *o, const ib_result *r);
 void ib_print_summary(const ib_opts *o, const ib_result *res);

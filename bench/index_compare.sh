@@ -16,9 +16,12 @@ set -euo pipefail
 
 usage() {
   cat <<EOF
-usage: $0 [-k KEYS] [-s SECONDS] [-t THREADS] [-q] [-o DIR] [-b INDEX_BENCH] [-x 'extra flags']
+usage: $0 [-k KEYS] [-s SECONDS] [-r ROUNDS] [-t THREADS] [-q] [-o DIR] [-b INDEX_BENCH] [-x 'extra flags']
   -k KEYS      keys loaded per run (default 4000000)
   -s SECONDS   timed phase per index (default 5; the shift run uses max(4, SECONDS))
+  -r ROUNDS    interleave the indexes of a run in ROUNDS slices of SECONDS/ROUNDS
+               (default 5; all indexes of a run are loaded at once) so that the
+               machine's load drifts alike for all of them
   -t THREADS   worker threads (default 2)
   -q           quick: 400000 keys, 1 s runs (a smoke test, numbers are not comparable)
   -o DIR       where to keep the JSON lines (default a new temporary directory)
@@ -31,11 +34,12 @@ EOF
 
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../build/bench/index_bench"
-keys=4000000 secs=5 threads=2 out="" extra=""
-while getopts "k:s:t:qo:b:x:h" opt; do
+keys=4000000 secs=5 rounds=5 threads=2 out="" extra=""
+while getopts "k:s:r:t:qo:b:x:h" opt; do
   case $opt in
     k) keys=$OPTARG ;;
     s) secs=$OPTARG ;;
+    r) rounds=$OPTARG ;;
     t) threads=$OPTARG ;;
     q) keys=400000 secs=1 ;;
     o) out=$OPTARG ;;
@@ -60,12 +64,13 @@ shift_secs=$(awk -v s="$secs" 'BEGIN { print (s < 4 ? 4 : s) }')
 shift_at=$(awk -v s="$shift_secs" 'BEGIN { print s / 2 }')
 
 # run NAME FLAGS...: one index_bench invocation, JSON lines to $out/NAME.jsonl.
+# Flags given later override the common ones (--rounds 1 for the shift run).
 run() {
   local name=$1
   shift
   echo "== $name: index_bench $*" >&2
   # shellcheck disable=SC2086
-  "$bin" --keys "$keys" --seconds "$secs" --threads "$threads" $extra "$@" \
+  "$bin" --keys "$keys" --seconds "$secs" --rounds "$rounds" --threads "$threads" $extra "$@" \
     >"$out/$name.jsonl" 2>"$out/$name.log" || {
     echo "$0: $name failed, see $out/$name.log" >&2
     tail -5 "$out/$name.log" >&2
@@ -100,7 +105,7 @@ run miss --impl hotring-s,chain --workload C --dist "$miss_dist" --theta 0.99 --
   --miss-ratio "$miss_ratio"
 run ycsba --impl hotring-s,chain --workload A --dist zipf --theta 1.22 --ratio 8 --value-size 100
 run shift --impl hotring-s,hotring-r --workload C --dist zipf --theta "$shift_theta" --ratio 8 \
-  --seconds "$shift_secs" --shift-at "$shift_at"
+  --seconds "$shift_secs" --shift-at "$shift_at" --rounds 1
 elapsed=$(($(date +%s) - start))
 
 mem=$(awk -v a="$(val t122 'map(select(.impl == "lfht-auto"))[0].bucket_bytes')" \
@@ -108,8 +113,8 @@ mem=$(awk -v a="$(val t122 'map(select(.impl == "lfht-auto"))[0].bucket_bytes')"
   'BEGIN { if (a == "null" || b == "null" || b == 0) print "null"; else printf "%.2f", a / b }')
 
 echo
-echo "index_compare: keys=$keys seconds=$secs threads=$threads (raw JSON in $out, ${elapsed} s)"
-printf "%-46s %12s %9s %s\n" "check" "measured" "target" ""
+echo "index_compare: keys=$keys seconds=$secs rounds=$rounds threads=$threads (raw JSON in $out, ${elapsed} s)"
+printf "%-46s %12s %10s  %s\n" "check" "measured" "target" "result"
 row "theta 1.22 r8 C: hotring-s / chain" "$(ratio t122 hotring-s chain)" ">=" 3.0 x
 row "theta 1.22 r8 C: hotring-s / lfht" "$(ratio t122 hotring-s lfht)" ">=" 1.5 x
 row "theta 1.22 r8 C: hotring-s visited/read" \

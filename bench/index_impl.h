@@ -6,7 +6,9 @@
  * keys and values, copies the value out on a hit, and reclaims memory through
  * liburcu's memb flavour, so the comparison measures the index and not the
  * harness. All entry points except open/close/settle/bucket_bytes may be
- * called concurrently from threads that called thread_enter().
+ * called concurrently from threads that called thread_enter(); those four are
+ * called from one thread registered with liburcu's memb flavour while no
+ * other thread uses the index.
  */
 #ifndef KV_BENCH_INDEX_IMPL_H
 #define KV_BENCH_INDEX_IMPL_H

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * index_bench runner: loads one index from the worker threads, runs the timed
- * phase (each thread loops over its pre-drawn trace and publishes its
- * counters every batch), samples the counters every --series-ms for the
- * hot-set shift series, and prints the JSON result and summary lines.
+ * index_bench runner: loads one index from the worker threads, runs timed
+ * phases (each thread loops over its pre-drawn trace and publishes its
+ * counters every batch; with --rounds the phases of the indexes are
+ * interleaved and their counts summed), samples the counters every
+ * --series-ms for the hot-set shift series, and prints the JSON result and
+ * summary lines.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -29,10 +31,11 @@ typedef struct ib_shared {
     const ib_traces *tr;
     const ib_impl *impl;
     void *h;
-    pthread_barrier_t loaded, start;
+    pthread_barrier_t start;
     _Atomic int phase;
     _Atomic bool stop;
     _Atomic int load_err; /* first kv_err of the load */
+    bool loading;         /* workers load their share instead of running */
 } ib_shared;
 
 typedef struct ib_worker {
@@ -41,10 +44,6 @@ typedef struct ib_worker {
     unsigned id;
     pthread_t th;
 } ib_worker;
-
-typedef struct ib_local {
-    uint64_t ops, reads, hits, visited, head_hits;
-} ib_local;
 
 /* Loads this thread's share of the load order: ids t, t + T, t + 2T, ... */
 static void load_share(ib_worker *w, unsigned char *val)
@@ -124,14 +123,15 @@ static void *worker_main(void *arg)
     size_t vs = (size_t)s->o->value_size;
     unsigned char *val = calloc(1, vs + 8), *out = calloc(1, vs + 8);
     s->impl->thread_enter();
-    if (val && out)
-        load_share(w, val);
-    else
+    if (!val || !out)
         atomic_store(&s->load_err, (int)KV_RESOURCE_EXHAUSTED);
-    pthread_barrier_wait(&s->loaded);
-    pthread_barrier_wait(&s->start);
-    if (atomic_load(&s->load_err) == KV_OK)
-        run_trace(w, val, out);
+    else if (s->loading)
+        load_share(w, val);
+    if (!s->loading) {
+        pthread_barrier_wait(&s->start);
+        if (atomic_load(&s->load_err) == KV_OK)
+            run_trace(w, val, out);
+    }
     s->impl->thread_exit();
     free(val);
     free(out);
@@ -176,13 +176,13 @@ static void sleep_until(uint64_t ns)
 }
 
 /* The timed phase seen from the main thread: one sample per series tick. */
-static void timed_phase(ib_shared *s, ib_worker *w, ib_result *r, ib_local *first,
-                        ib_rstats *rfirst, ib_local *last, ib_rstats *rlast)
+static double timed_phase(ib_shared *s, ib_worker *w, ib_result *r, double seconds, ib_local *first,
+                          ib_rstats *rfirst, ib_local *last, ib_rstats *rlast)
 {
     const ib_opts *o = s->o;
     uint64_t tick = (uint64_t)o->series_ms * 1000000u;
-    uint64_t t0 = kv_now_ns(), end = t0 + (uint64_t)(o->seconds * 1e9);
-    size_t cap = (size_t)(o->seconds * 1000 / (double)o->series_ms) + 2;
+    uint64_t t0 = kv_now_ns(), end = t0 + (uint64_t)(seconds * 1e9);
+    size_t cap = (size_t)(seconds * 1000 / (double)o->series_ms) + 2;
     r->series = o->shift_at > 0 ? calloc(cap, sizeof(*r->series)) : NULL;
     ib_local prev = *first;
     ib_rstats rprev = *rfirst;
@@ -208,8 +208,9 @@ static void timed_phase(ib_shared *s, ib_worker *w, ib_result *r, ib_local *firs
     atomic_store(&s->stop, true);
     for (long t = 0; t < o->threads; t++)
         pthread_join(w[t].th, NULL);
-    r->seconds = (double)(kv_now_ns() - t0) / 1e9;
+    double elapsed = (double)(kv_now_ns() - t0) / 1e9;
     snapshot(s, w, last, rlast);
+    return elapsed;
 }
 
 /* Steady head-hit share over the second before the shift, the lowest share
@@ -241,38 +242,28 @@ static void shift_metrics(const ib_opts *o, ib_result *r)
         r->dip_head_hit = -1;
 }
 
-static kv_err start_workers(ib_shared *s, ib_worker *w)
+static void start_workers(ib_shared *s, ib_worker *w)
 {
     for (long t = 0; t < s->o->threads; t++) {
         w[t].s = s;
         w[t].id = (unsigned)t;
         if (pthread_create(&w[t].th, NULL, worker_main, &w[t]) != 0) {
             KV_ERROR(MOD, "pthread_create failed");
-            exit(1); /* the barriers would wait forever */
+            exit(1); /* the barrier would wait forever */
         }
     }
-    return KV_OK;
 }
 
-static void fill_result(const ib_shared *s, ib_result *r, const ib_local *a, const ib_local *b,
-                        const ib_rstats *ra, const ib_rstats *rb)
+static ib_worker *workers_new(long n)
 {
-    r->ops = b->ops - a->ops;
-    r->reads = b->reads - a->reads;
-    r->hits = b->hits - a->hits;
-    r->mops = (double)r->ops / r->seconds / 1e6;
-    r->visited_per_read = -1;
-    if (s->impl->rstats && rb->reads > ra->reads)
-        r->visited_per_read = (double)(rb->visited - ra->visited) / (double)(rb->reads - ra->reads);
-    else if (s->impl->probes && r->reads)
-        r->visited_per_read = (double)(b->visited - a->visited) / (double)r->reads;
-    r->head_hit = head_share(s, a, b, ra, rb);
-    r->bucket_bytes = s->impl->bucket_bytes(s->h);
+    ib_worker *w = aligned_alloc(64, sizeof(*w) * (size_t)n);
+    if (w)
+        memset(w, 0, sizeof(*w) * (size_t)n);
+    return w;
 }
 
-kv_err ib_run(const ib_opts *o, const ib_traces *tr, const ib_impl *impl, ib_result *out)
+kv_err ib_load(const ib_opts *o, const ib_traces *tr, const ib_impl *impl, ib_state *st)
 {
-    ib_shared s = {.o = o, .tr = tr, .impl = impl};
     ib_params p = {.keys = o->wl.keys,
                    .buckets = o->buckets,
                    .value_size = (size_t)o->value_size,
@@ -282,48 +273,95 @@ kv_err ib_run(const ib_opts *o, const ib_traces *tr, const ib_impl *impl, ib_res
     p.lfht_init = 1;
     while (p.lfht_init < (o->lfht_init > 0 ? (uint64_t)o->lfht_init : o->buckets))
         p.lfht_init <<= 1;
-    ib_result r = {.impl = impl->name};
-    kv_err rv = impl->open(&s.h, &p);
+    memset(st, 0, sizeof(*st));
+    st->impl = impl;
+    st->r.impl = impl->name;
+    kv_err rv = impl->open(&st->h, &p);
     if (rv != KV_OK)
         return rv;
-    ib_worker *w = aligned_alloc(64, sizeof(*w) * (size_t)o->threads);
+    ib_shared s = {.o = o, .tr = tr, .impl = impl, .h = st->h, .loading = true};
+    ib_worker *w = workers_new(o->threads);
     if (!w) {
-        impl->close(s.h);
+        impl->close(st->h);
         return KV_RESOURCE_EXHAUSTED;
     }
-    memset(w, 0, sizeof(*w) * (size_t)o->threads);
-    pthread_barrier_init(&s.loaded, NULL, (unsigned)o->threads + 1);
-    pthread_barrier_init(&s.start, NULL, (unsigned)o->threads + 1);
     KV_INFO(MOD, "%s: loading %" PRIu64 " keys into %" PRIu64 " buckets", impl->name, o->wl.keys,
             o->buckets);
     uint64_t t0 = kv_now_ns();
     start_workers(&s, w);
-    pthread_barrier_wait(&s.loaded);
+    for (long t = 0; t < o->threads; t++)
+        pthread_join(w[t].th, NULL);
+    free(w);
+    if ((rv = (kv_err)atomic_load(&s.load_err)) != KV_OK) {
+        impl->close(st->h);
+        return rv;
+    }
     if (impl->settle)
-        impl->settle(s.h);
-    r.load_s = (double)(kv_now_ns() - t0) / 1e9;
+        impl->settle(st->h);
+    st->r.load_s = (double)(kv_now_ns() - t0) / 1e9;
+    KV_INFO(MOD, "%s: loaded in %.2f s", impl->name, st->r.load_s);
+    return KV_OK;
+}
+
+static void accumulate(ib_state *st, const ib_local *a, const ib_local *b, const ib_rstats *ra,
+                       const ib_rstats *rb, double seconds)
+{
+    st->acc.ops += b->ops - a->ops;
+    st->acc.reads += b->reads - a->reads;
+    st->acc.hits += b->hits - a->hits;
+    st->acc.visited += b->visited - a->visited;
+    st->acc.head_hits += b->head_hits - a->head_hits;
+    st->racc.reads += rb->reads - ra->reads;
+    st->racc.visited += rb->visited - ra->visited;
+    st->racc.head_hits += rb->head_hits - ra->head_hits;
+    st->r.seconds += seconds;
+    if (st->r.nrounds < IB_MAX_ROUNDS)
+        st->r.round_mops[st->r.nrounds++] = (double)(b->ops - a->ops) / seconds / 1e6;
+}
+
+kv_err ib_measure(const ib_opts *o, const ib_traces *tr, ib_state *st, double seconds)
+{
+    ib_shared s = {.o = o, .tr = tr, .impl = st->impl, .h = st->h};
+    ib_worker *w = workers_new(o->threads);
+    if (!w)
+        return KV_RESOURCE_EXHAUSTED;
+    pthread_barrier_init(&s.start, NULL, (unsigned)o->threads + 1);
     ib_local a, b;
     ib_rstats ra, rb;
-    snapshot(&s, w, &a, &ra);
-    KV_INFO(MOD, "%s: loaded in %.2f s; running %.1f s", impl->name, r.load_s, o->seconds);
+    start_workers(&s, w);
+    snapshot(&s, w, &a, &ra); /* before the start: workers count from zero */
     pthread_barrier_wait(&s.start);
-    if ((rv = (kv_err)atomic_load(&s.load_err)) != KV_OK) {
-        atomic_store(&s.stop, true);
-        for (long t = 0; t < o->threads; t++)
-            pthread_join(w[t].th, NULL);
-    } else {
-        timed_phase(&s, w, &r, &a, &ra, &b, &rb);
-        fill_result(&s, &r, &a, &b, &ra, &rb);
-        if (o->shift_at > 0)
-            shift_metrics(o, &r);
-        KV_INFO(MOD, "%s: %.3f Mops/s", impl->name, r.mops);
-    }
-    pthread_barrier_destroy(&s.loaded);
+    double elapsed = timed_phase(&s, w, &st->r, seconds, &a, &ra, &b, &rb);
+    accumulate(st, &a, &b, &ra, &rb, elapsed);
     pthread_barrier_destroy(&s.start);
     free(w);
-    impl->close(s.h);
-    *out = r;
-    return rv;
+    KV_INFO(MOD, "%s: %.3f Mops/s over %.1f s", st->impl->name,
+            (double)(b.ops - a.ops) / elapsed / 1e6, elapsed);
+    return KV_OK;
+}
+
+void ib_finish(const ib_opts *o, ib_state *st, ib_result *out)
+{
+    ib_result *r = &st->r;
+    const ib_local *acc = &st->acc;
+    r->ops = acc->ops;
+    r->reads = acc->reads;
+    r->hits = acc->hits;
+    r->mops = r->seconds > 0 ? (double)r->ops / r->seconds / 1e6 : 0;
+    r->visited_per_read = r->head_hit = -1;
+    if (st->impl->rstats && st->racc.reads) {
+        r->visited_per_read = (double)st->racc.visited / (double)st->racc.reads;
+        r->head_hit = (double)st->racc.head_hits / (double)st->racc.reads;
+    } else if (st->impl->probes && acc->reads) {
+        r->visited_per_read = (double)acc->visited / (double)acc->reads;
+        r->head_hit = (double)acc->head_hits / (double)acc->reads;
+    }
+    r->bucket_bytes = st->impl->bucket_bytes(st->h);
+    if (o->shift_at > 0)
+        shift_metrics(o, r);
+    st->impl->close(st->h);
+    st->h = NULL;
+    *out = *r;
 }
 
 /* ---- output -------------------------------------------------------------------- */
@@ -352,6 +390,12 @@ void ib_print_result(const ib_opts *o, const ib_result *r)
     json_num("head_hit", r->head_hit);
     json_num("hit_ratio", r->reads ? (double)r->hits / (double)r->reads : -1);
     printf(",\"bucket_bytes\":%" PRIu64, r->bucket_bytes);
+    if (r->nrounds > 1) {
+        printf(",\"round_mops\":[");
+        for (int i = 0; i < r->nrounds; i++)
+            printf("%s%.4f", i ? "," : "", r->round_mops[i]);
+        printf("]");
+    }
     if (o->shift_at > 0) {
         printf(",\"shift_at\":%g", o->shift_at);
         json_num("steady_head_hit", r->steady_head_hit);

@@ -10,21 +10,34 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAXOUT (1 << 20)
 
+/* Runs index_bench with args; returns its stdout. A failing run's last
+ * stderr lines go to the test's stderr (progress lines are dropped). */
 static char *run(const char *args, int *status)
 {
     const char *dir = getenv("KV_BUILD_DIR");
     cr_assert_not_null(dir, "KV_BUILD_DIR is set by ctest");
+    char errf[] = "/tmp/index_bench_test.XXXXXX";
+    int fd = mkstemp(errf);
+    cr_assert_geq(fd, 0);
+    close(fd);
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/bench/index_bench %s 2>/dev/null", dir, args);
+    snprintf(cmd, sizeof(cmd), "%s/bench/index_bench %s 2>%s", dir, args, errf);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     char *out = calloc(1, MAXOUT);
     size_t n = fread(out, 1, MAXOUT - 1, p);
     out[n] = '\0';
     *status = pclose(p);
+    if (*status != 0) {
+        snprintf(cmd, sizeof(cmd), "grep -v ' INFO ' %s | tail -5 >&2", errf);
+        if (system(cmd) != 0)
+            fprintf(stderr, "(no stderr)\n");
+    }
+    unlink(errf);
     return out;
 }
 
@@ -75,6 +88,11 @@ Test(index_bench, updates_with_large_values, .timeout = 120)
     check_run("--workload A --dist zipf --value-size 100", false);
 }
 
+Test(index_bench, interleaved_rounds, .timeout = 120)
+{
+    check_run("--workload B --dist zipf --rounds 3", false);
+}
+
 Test(index_bench, rmw_and_inserts, .timeout = 120)
 {
     check_run("--workload F --dist hotspot --hot-pct 5", false);
@@ -104,6 +122,9 @@ Test(index_bench, bad_flags_are_rejected)
     cr_assert_neq(st, 0);
     free(out);
     out = run("--workload E", &st);
+    cr_assert_neq(st, 0);
+    free(out);
+    out = run("--seconds 1 --shift-at 0.5 --rounds 2", &st);
     cr_assert_neq(st, 0);
     free(out);
 }
