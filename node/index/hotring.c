@@ -3,22 +3,27 @@
  * HotRing keyed API: get / upsert / remove / set_flags / pin / iterate on top
  * of the lock-free rings of hr_ring.c, plus open/close and statistics.
  *
- * Record consistency (value + hr_meta). Every item carries two record slots
- * (meta + an 8-byte inline value) and a seq word. seq/2 selects the current
- * slot; bit 0 set means a writer owns the item. A writer takes ownership by
- * CAS(seq: even s -> s+1), fills the *other* slot, and publishes with a
- * release store of s+2. A reader loads seq (acquire), copies the current slot
- * with relaxed atomic loads, issues an acquire fence and re-reads seq: the
- * copy is consistent unless seq advanced by 3 or more from the even base
- * (only then can a second writer have started overwriting the slot it read).
- * So readers never wait for a writer, even a preempted one, and retry only
- * when two updates completed during their copy. Writers of one key serialise
- * on the ownership bit (others back off and retry their search); a replacing
- * or deleting writer owns the item, evaluates the write condition on a stable
- * record, sets Occupied, and never releases ownership (the item is dead), so
- * no in-place write can be lost behind an RCU update. Values of up to 8 bytes
- * (in an item whose value is inline) are updated in place; others by RCU
- * replacement. Metadata-only changes (set_flags, pin) are always in place.
+ * Record consistency (value + hr_meta). Every item carries one record slot
+ * (meta + an 8-byte inline value) and a 32-bit seq word used as a seqlock
+ * whose odd state is also the per-item writer lock. A writer takes ownership
+ * with CAS(seq: even s -> s+1), issues a release fence, rewrites the slot
+ * with relaxed atomic stores and releases with a store of s+2 (release).
+ * A reader loads seq (acquire), waits while it is odd, copies the slot with
+ * relaxed atomic loads, issues an acquire fence and retries if seq changed.
+ * The slot is 40 bytes; a second (double-buffered) slot would let readers
+ * skip even the wait, but costs 40 bytes on every item, and item size is what
+ * bounds a memory-bound index (an 8-byte key/value item is 72 bytes). The
+ * wait only covers an in-place write of that same item: a dozen stores, no
+ * allocation, no call-outs; readers yield after a short spin.
+ *
+ * Writers of one key serialise on the ownership bit (a loser backs off and
+ * redoes its search). A replacing or deleting writer owns the item, evaluates
+ * the write condition on the stable record, sets Occupied (linearisation)
+ * and only then releases ownership; a later owner that finds Occupied set
+ * drops ownership and retries, so no in-place write can be lost behind an
+ * RCU update or a delete. Values of up to 8 bytes (in an item whose value is
+ * inline) are updated in place; others by RCU replacement. Metadata-only
+ * changes (set_flags, pin) are always in place.
  *
  * Every function here takes its own RCU read-side section (memb flavour);
  * callers may already be inside one. hr_close/hr_barrier/hr_rehash must not.
@@ -59,26 +64,44 @@ static void hr_slot_get(const hr_slot *s, uint64_t *val, uint32_t *vlen, hr_meta
 /* Consistent snapshot of x into v; an inline value is copied to *vbuf. */
 static void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
 {
-    const hr_slot *sl = hr_slots(x);
+    const hr_slot *sl = hr_slot_of(x);
     uint32_t vlen;
-    for (;;) {
-        uint64_t s = atomic_load_explicit(&x->seq, memory_order_acquire);
-        hr_slot_get(&sl[(s >> 1) & 1], vbuf, &vlen, &v->meta);
+    for (unsigned spins = 0;; spins++) {
+        uint32_t s = atomic_load_explicit(&x->seq, memory_order_acquire);
+        if (s & 1) { /* an in-place write of this item is in flight */
+            if (spins % 128 == 127)
+                sched_yield();
+            else
+                caa_cpu_relax();
+            continue;
+        }
+        hr_slot_get(sl, vbuf, &vlen, &v->meta);
         atomic_thread_fence(memory_order_acquire);
-        uint64_t s2 = atomic_load_explicit(&x->seq, memory_order_relaxed);
-        if (s2 < (s & ~UINT64_C(1)) + 3)
+        if (atomic_load_explicit(&x->seq, memory_order_relaxed) == s)
             break;
     }
     v->key = x->key;
     v->klen = x->klen;
     v->val = x->big ? (const void *)hr_bigval(x) : (const void *)vbuf;
-    v->vlen = x->big ? x->bvlen : vlen;
+    v->vlen = vlen;
 }
 
-/* Takes writer ownership of x; returns false if another writer owns it. */
-static bool hr_own(hr_item *x, uint64_t *s)
+/* Snapshot by x's owner: the record cannot change under it. */
+static void hr_snapshot_owned(hr_item *x, hr_view *v, uint64_t *vbuf)
 {
-    uint64_t v = atomic_load_explicit(&x->seq, memory_order_relaxed);
+    uint32_t vlen;
+    hr_slot_get(hr_slot_of(x), vbuf, &vlen, &v->meta);
+    v->key = x->key;
+    v->klen = x->klen;
+    v->val = x->big ? (const void *)hr_bigval(x) : (const void *)vbuf;
+    v->vlen = vlen;
+}
+
+/* Takes writer ownership of x (seq even -> odd); false if another writer owns
+ * it or x is already logically deleted. */
+static bool hr_own(hr_item *x, uint32_t *s)
+{
+    uint32_t v = atomic_load_explicit(&x->seq, memory_order_relaxed);
     if (v & 1)
         return false;
     /* CAS site: x's seq word. Protects: writer exclusion for x's record. */
@@ -86,25 +109,24 @@ static bool hr_own(hr_item *x, uint64_t *s)
                                                  memory_order_relaxed))
         return false;
     atomic_thread_fence(memory_order_release); /* odd seq before slot stores */
+    if (atomic_load_explicit(&x->next, memory_order_acquire) & HR_N_OCC) {
+        atomic_store_explicit(&x->seq, v, memory_order_release); /* dead: follow next */
+        return false;
+    }
     *s = v;
     return true;
 }
 
-static void hr_disown(hr_item *x, uint64_t s, bool changed)
+static void hr_disown(hr_item *x, uint32_t s, bool changed)
 {
     atomic_store_explicit(&x->seq, changed ? s + 2 : s, memory_order_release);
-}
-
-static hr_slot *hr_cur_slot(hr_item *x, uint64_t s)
-{
-    return &hr_slots(x)[(s >> 1) & 1];
 }
 
 static kv_err hr_item_alloc(const hr_okey *k, const void *val, size_t vlen, const hr_meta *m,
                             hr_item **out)
 {
     bool big = vlen > HR_INLINE_MAX;
-    size_t sz = hr_align8(sizeof(hr_item) + k->klen) + 2 * sizeof(hr_slot) + (big ? vlen : 0);
+    size_t sz = hr_align8(sizeof(hr_item) + k->klen) + sizeof(hr_slot) + (big ? vlen : 0);
     hr_item *x = malloc(sz);
     if (!x)
         return KV_RESOURCE_EXHAUSTED;
@@ -115,15 +137,12 @@ static kv_err hr_item_alloc(const hr_okey *k, const void *val, size_t vlen, cons
     }
     atomic_init(&x->next, 0);
     x->hash = k->hash;
-    x->klen = k->klen;
+    atomic_init(&x->seq, 0);
+    x->klen = (uint16_t)k->klen;
     x->rehash = 0;
     x->big = big;
-    x->bvlen = big ? (uint32_t)vlen : 0;
-    x->pad_ = 0;
-    atomic_init(&x->seq, 0);
     memcpy(x->key, k->key, k->klen);
-    hr_slot_put(&hr_slots(x)[0], val, vlen, m);
-    hr_slot_put(&hr_slots(x)[1], val, vlen, m);
+    hr_slot_put(hr_slot_of(x), val, vlen, m);
     if (big)
         memcpy((unsigned char *)hr_bigval(x), val, vlen);
     *out = x;
@@ -132,7 +151,8 @@ static kv_err hr_item_alloc(const hr_okey *k, const void *val, size_t vlen, cons
 
 static size_t hr_item_bytes(const hr_item *x)
 {
-    return hr_align8(sizeof(hr_item) + x->klen) + 2 * sizeof(hr_slot) + (x->big ? x->bvlen : 0);
+    uint32_t vlen = atomic_load_explicit(&hr_slot_of(x)->vlen, memory_order_relaxed);
+    return hr_align8(sizeof(hr_item) + x->klen) + sizeof(hr_slot) + (x->big ? vlen : 0);
 }
 
 static kv_err hr_check_key(const hr_index *idx, const void *key, size_t klen)
@@ -253,7 +273,7 @@ static kv_err hr_wr_insert(hr_wr *wr, hr_table *t, uint64_t b, hr_win *w, int fo
 
 /* Marks the owned item x Occupied; with repl, x's next points at repl, whose
  * next becomes x's successor. Then moves heads off x and unlinks it. */
-static void hr_kill(hr_index *idx, hr_item *x, hr_item *repl, const hr_okey *k)
+static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const hr_okey *k)
 {
     uint64_t xw = atomic_load_explicit(&x->next, memory_order_acquire);
     for (;;) {
@@ -270,6 +290,7 @@ static void hr_kill(hr_index *idx, hr_item *x, hr_item *repl, const hr_okey *k)
         if (atomic_compare_exchange_strong(&x->next, &xw, nv))
             break;
     }
+    hr_disown(x, s, false); /* readers may still snapshot the dead item */
     hr_table *t = atomic_load(&idx->cur);
     uint64_t b = hr_bucket(t, k->hash);
     hr_item *gone = hr_head_fix(t, b, x);
@@ -285,13 +306,13 @@ static void hr_kill(hr_index *idx, hr_item *x, hr_item *repl, const hr_okey *k)
 static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_win *w)
 {
     hr_item *x = w->cur;
-    uint64_t s;
+    uint32_t s;
     if (!hr_own(x, &s))
         return KV_ABORTED;
     if (wr->cond) {
         hr_view v;
         uint64_t vbuf;
-        hr_snapshot(x, &v, &vbuf);
+        hr_snapshot_owned(x, &v, &vbuf);
         kv_err rv = wr->cond(wr->arg, &v);
         if (rv != KV_OK) {
             hr_disown(x, s, false);
@@ -299,7 +320,7 @@ static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_w
         }
     }
     if (wr->vlen <= HR_INLINE_MAX && !x->big) {
-        hr_slot_put(&hr_slots(x)[((s >> 1) + 1) & 1], wr->val, wr->vlen, wr->meta);
+        hr_slot_put(hr_slot_of(x), wr->val, wr->vlen, wr->meta);
         hr_disown(x, s, true);
         hr_hot_access(wr->idx, t, b, hw, x, x);
         return KV_OK;
@@ -312,7 +333,7 @@ static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_w
     hr_item *n = wr->nx;
     wr->nx = NULL;
     hr_cnt_add(hr_my_shard(wr->idx), HR_C_BYTES, hr_item_bytes(n) - hr_item_bytes(x));
-    hr_kill(wr->idx, x, n, wr->k);
+    hr_kill(wr->idx, x, s, n, wr->k);
     /* The paper counts an RCU update on the predecessor (its next word is
      * what the update rewrites); with x at the head, on the new version. */
     hr_hot_access(wr->idx, t, b, hw, n, w->pred ? w->pred : n);
@@ -365,7 +386,8 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
     hr_rcu_lock();
     for (;;) {
         hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
-        uint64_t b = hr_bucket(t, k.hash), s;
+        uint64_t b = hr_bucket(t, k.hash);
+        uint32_t s;
         if (hr_wfind(idx, t, b, &k, HR_MODE_LOOKUP, &w) == HR_FIND_EMPTY || !w.found) {
             rv = KV_NOT_FOUND;
             break;
@@ -377,7 +399,7 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
         if (cond) {
             hr_view v;
             uint64_t vbuf;
-            hr_snapshot(w.cur, &v, &vbuf);
+            hr_snapshot_owned(w.cur, &v, &vbuf);
             if ((rv = cond(arg, &v)) != KV_OK) {
                 hr_disown(w.cur, s, false);
                 break;
@@ -386,7 +408,7 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
         hr_shard *sh = hr_my_shard(idx);
         hr_cnt_add(sh, HR_C_ITEMS, (uint64_t)-1);
         hr_cnt_add(sh, HR_C_BYTES, (uint64_t)0 - hr_item_bytes(w.cur));
-        hr_kill(idx, w.cur, NULL, &k);
+        hr_kill(idx, w.cur, s, NULL, &k);
         rv = KV_OK;
         break;
     }
@@ -399,7 +421,7 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
 
 /* Finds key's item and owns it (in a read-side section). */
 static kv_err hr_find_owned(hr_index *idx, const hr_okey *k, hr_table **t, uint64_t *b, hr_item **x,
-                            uint64_t *s)
+                            uint32_t *s)
 {
     unsigned spins = 0;
     for (;;) {
@@ -417,17 +439,11 @@ static kv_err hr_find_owned(hr_index *idx, const hr_okey *k, hr_table **t, uint6
 }
 
 /* Rewrites x's metadata flags in place (x owned with seq s). */
-static void hr_flags_put(hr_item *x, uint64_t s, uint32_t set, uint32_t clear)
+static void hr_flags_put(hr_item *x, uint32_t s, uint32_t set, uint32_t clear)
 {
-    uint64_t val;
-    uint32_t vlen;
-    hr_meta m;
-    hr_slot_get(hr_cur_slot(x, s), &val, &vlen, &m);
-    m.flags = (m.flags | set) & ~clear;
-    hr_slot *o = &hr_slots(x)[((s >> 1) + 1) & 1];
-    hr_slot_put(o, NULL, 0, &m);
-    atomic_store_explicit(&o->val, val, memory_order_relaxed);
-    atomic_store_explicit(&o->vlen, vlen, memory_order_relaxed);
+    hr_slot *sl = hr_slot_of(x);
+    uint32_t f = atomic_load_explicit(&sl->flags, memory_order_relaxed);
+    atomic_store_explicit(&sl->flags, (f | set) & ~clear, memory_order_relaxed);
     hr_disown(x, s, true);
 }
 
@@ -439,12 +455,13 @@ kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno,
         return rv;
     hr_okey k = hr_key(key, klen);
     hr_table *t;
-    uint64_t b, s;
+    uint64_t b;
+    uint32_t s;
     hr_item *x;
     hr_rcu_lock();
     rv = hr_find_owned(idx, &k, &t, &b, &x, &s);
     if (rv == KV_OK) {
-        uint64_t cur = atomic_load_explicit(&hr_cur_slot(x, s)->seqno, memory_order_relaxed);
+        uint64_t cur = atomic_load_explicit(&hr_slot_of(x)->seqno, memory_order_relaxed);
         if (cur != seqno) {
             hr_disown(x, s, false);
             rv = KV_FAILED_PRECONDITION;
@@ -463,7 +480,8 @@ kv_err hr_pin(hr_index *idx, const void *key, size_t klen)
         return rv;
     hr_okey k = hr_key(key, klen);
     hr_table *t;
-    uint64_t b, s;
+    uint64_t b;
+    uint32_t s;
     hr_item *x;
     hr_rcu_lock();
     rv = hr_find_owned(idx, &k, &t, &b, &x, &s);

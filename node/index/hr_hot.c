@@ -9,7 +9,7 @@
  *
  * Sampling: an R-th cold access sets the head word's Active bit and
  * pre-charges the 15-bit total so that it saturates after
- * max(ring length, HR_SAMPLE_MIN) samples. While Active, each hit bumps the
+ * max(average ring length, HR_SAMPLE_MIN) samples. While Active, each hit bumps the
  * total (CAS on the head word) and the item's 14-bit counter (one CAS on its
  * next word, skipped when it would overflow or the item is Occupied, so the
  * counters never carry into the flag or address bits). The thread whose
@@ -35,21 +35,17 @@ static uint64_t hr_ld(_Atomic uint64_t *w)
     return atomic_load_explicit(w, memory_order_acquire);
 }
 
-static unsigned hr_ring_len(hr_item *h)
-{
-    unsigned n = 1;
-    for (hr_item *x = hr_addr(hr_ld(&h->next)); x != h && n < HR_RING_SCAN; n++)
-        x = hr_addr(hr_ld(&x->next));
-    return n;
-}
-
 static void hr_activate(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw)
 {
     if (atomic_load_explicit(&idx->aux, memory_order_relaxed))
         return; /* no sampling while a rehash reshapes the rings */
-    unsigned target = hr_ring_len(hr_addr(hw));
+    /* About one sample per item of an average ring (no walk to measure this
+     * ring: activation happens on every R-th cold access). */
+    unsigned target = atomic_load_explicit(&idx->avg_ring, memory_order_relaxed);
     if (target < HR_SAMPLE_MIN)
         target = HR_SAMPLE_MIN;
+    if (target > HR_N_CNT_MAX)
+        target = HR_N_CNT_MAX;
     uint64_t nh =
         (hw & HR_ADDR_MASK) | HR_H_ACTIVE | ((HR_H_TOTAL_MAX - target) << HR_H_TOTAL_SHIFT);
     /* CAS site: the bucket head. Protects: same head, not sampling yet;

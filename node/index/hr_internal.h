@@ -40,24 +40,22 @@
 #define HR_COST_WINDOW 4096u                      /* ops per thread between access-cost checks */
 #define HR_HASH_SEED UINT64_C(0x6a09e667f3bcc909) /* differs from the router's ring seed */
 
-/* Record metadata + inline value; two of them per item (double buffer). */
+/* Record metadata + inline value (one per item, guarded by the item's seq). */
 typedef struct hr_slot {
-    _Atomic uint64_t val;
+    _Atomic uint64_t val; /* inline value bytes; a rehash item's sibling */
     _Atomic uint64_t version, seqno, expire_at;
-    _Atomic uint32_t flags, vlen;
+    _Atomic uint32_t flags, vlen; /* vlen: inline or big value length */
 } hr_slot;
 
+/* 24-byte header + key + slot (+ big value): 72 bytes for an 8-byte key. */
 typedef struct hr_item {
     _Atomic uint64_t next; /* packed next word */
     uint64_t hash;         /* order key part 1 (bucket = top bits) */
-    uint32_t klen;         /* order key part 2 (key bytes follow the header) */
-    uint16_t rehash;       /* 1 = rehash (split) item, sorts before equal hashes */
-    uint16_t big;          /* 1 = value stored out of the slots (immutable) */
-    uint32_t bvlen;        /* big value length */
-    uint32_t pad_;
-    _Atomic uint64_t seq; /* slot seqlock; bit 0 = a writer owns the item */
-    struct rcu_head rcu;  /* reclamation (header stays in one cache line with an 8-byte key) */
-    unsigned char key[];  /* key, then 2 slots, then the big value */
+    _Atomic uint32_t seq;  /* slot seqlock; odd = a writer owns the item */
+    uint16_t klen;         /* order key part 2: key bytes follow the header */
+    uint8_t rehash;        /* 1 = rehash (split) item, sorts before equal hashes */
+    uint8_t big;           /* 1 = value stored after the slot (immutable) */
+    unsigned char key[];
 } hr_item;
 
 typedef struct hr_table {
@@ -99,6 +97,7 @@ struct hr_index {
     pthread_cond_t wk_cond;
     pthread_t worker;
     bool has_worker;
+    _Atomic unsigned avg_ring;                 /* items per bucket, refreshed per cost window */
     _Atomic int after_pending;                 /* log the access cost after a rehash */
     _Atomic uint64_t base_reads, base_visited; /* stats at the last rehash */
     hr_shard shards[HR_SHARDS];
@@ -119,13 +118,13 @@ static inline size_t hr_align8(size_t n)
 {
     return (n + 7) & ~(size_t)7;
 }
-static inline hr_slot *hr_slots(const hr_item *x)
+static inline hr_slot *hr_slot_of(const hr_item *x)
 {
     return (hr_slot *)(uintptr_t)((const unsigned char *)x + hr_align8(sizeof(hr_item) + x->klen));
 }
 static inline const unsigned char *hr_bigval(const hr_item *x)
 {
-    return (const unsigned char *)(hr_slots(x) + 2);
+    return (const unsigned char *)(hr_slot_of(x) + 1);
 }
 
 /* ---- order: (hash, rehash items first, key bytes, key length) ---- */
@@ -180,13 +179,66 @@ static inline _Atomic uint64_t *hr_head_of(hr_table *t, uint64_t hash)
  * is exactly where the half's closed ring would continue. */
 static inline hr_item *hr_sibling(const hr_item *r)
 {
-    return (hr_item *)(uintptr_t)atomic_load_explicit(&hr_slots(r)[0].val, memory_order_relaxed);
+    return (hr_item *)(uintptr_t)atomic_load_explicit(&hr_slot_of(r)->val, memory_order_relaxed);
 }
 static inline hr_item *hr_hop(const hr_table *t, uint64_t b, hr_item *n)
 {
-    if (__builtin_expect(n->rehash, 0) && hr_bucket(t, n->hash) != b)
+    /* The Rehash bit sits in n's next word, which shares n's first 16 bytes
+     * (one cache line) with the hash the walk reads anyway. */
+    if (__builtin_expect(atomic_load_explicit(&n->next, memory_order_relaxed) & HR_N_REHASH, 0) &&
+        hr_bucket(t, n->hash) != b)
         return hr_sibling(n);
     return n;
+}
+
+/* ---- search (hr_ring.c has the design notes) ---- */
+/* Is k in the cyclic interval (p, n]? c = cmp(k, p), cn = cmp(k, n). */
+static inline bool hr_in_window(const hr_item *p, const hr_item *n, int c, int cn)
+{
+    int cpn = hr_cmp_items(p, n);
+    if (cpn < 0)
+        return c > 0 && cn <= 0;
+    if (cpn > 0) /* p is the ring's maximum, n its minimum */
+        return c > 0 || cn <= 0;
+    return false; /* p is an occupied old version of n */
+}
+
+/* Reader walk from x in bucket b of t; returns the live item with key k or
+ * NULL (miss early-stop). */
+static inline hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, hr_item *x,
+                               unsigned *visited)
+{
+    hr_item *start = x;
+    unsigned vis = 1;
+    int c = hr_cmp_key(k, x);
+    for (;;) {
+        uint64_t w = atomic_load_explicit(&x->next, memory_order_acquire);
+        hr_item *n = hr_addr(w);
+        if (c == 0) {
+            *visited = vis;
+            if (!(w & HR_N_OCC))
+                return x;
+            /* Occupied: the replacement (same key) follows, else deleted. */
+            if (n == x || hr_cmp_items(x, n) != 0)
+                return NULL;
+            x = n;
+            vis++;
+            continue;
+        }
+        if (n == x)
+            break;
+        n = hr_hop(t, b, n);
+        int cn = hr_cmp_key(k, n);
+        if (hr_in_window(x, n, c, cn) && cn != 0)
+            break;
+        if (n == start && cn != 0)
+            break;
+        x = n;
+        c = cn;
+        vis++;
+    }
+    *visited = vis;
+    return NULL;
 }
 
 /* ---- statistics: per-thread shards, plain load+store on the read path ---- */
@@ -246,14 +298,10 @@ static inline void hr_sync_rcu(void)
 }
 
 /* ---- shared between the .c files ---- */
-/* Is k in the cyclic interval (p, n]? c = cmp(k, p), cn = cmp(k, n). */
-bool hr_in_window(const hr_item *p, const hr_item *n, int c, int cn);
 hr_table *hr_table_new(unsigned bits);
 /* Unlinks prev's occupied successor n (n's word nw); false if prev is
  * occupied itself (restart from the head). */
 bool hr_help_unlink(hr_index *idx, hr_item *prev, uint64_t *pw, hr_item *n, uint64_t nw);
-/* Reader walk from x; returns the live item with key k or NULL. */
-hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, hr_item *x, unsigned *visited);
 /* Writer search window: pred is live and pred->next was pw when read. */
 typedef struct hr_win {
     hr_item *pred;

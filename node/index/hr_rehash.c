@@ -81,9 +81,10 @@ void hr_cost_window(hr_index *idx, hr_shard *s, unsigned visited)
         return;
     if (atomic_load_explicit(&idx->after_pending, memory_order_relaxed))
         hr_after_log(idx);
+    uint64_t items = hr_items(idx), nb = atomic_load(&idx->cur)->nb;
+    atomic_store_explicit(&idx->avg_ring, (unsigned)((items + nb - 1) / nb), memory_order_relaxed);
     if (!idx->rehash || (double)vis / (double)ops <= idx->rehash_cost ||
-        atomic_load_explicit(&idx->rehash_want, memory_order_relaxed) ||
-        hr_items(idx) <= atomic_load(&idx->cur)->nb)
+        atomic_load_explicit(&idx->rehash_want, memory_order_relaxed) || items <= nb)
         return;
     int zero = 0;
     if (atomic_compare_exchange_strong(&idx->rehash_want, &zero, 1)) {
@@ -120,7 +121,7 @@ static void hr_close_half(hr_index *idx, hr_item *from, hr_item *to)
 
 static void hr_set_sibling(hr_item *r, hr_item *sib)
 {
-    atomic_store_explicit(&hr_slots(r)[0].val, (uint64_t)(uintptr_t)sib, memory_order_relaxed);
+    atomic_store_explicit(&hr_slot_of(r)->val, (uint64_t)(uintptr_t)sib, memory_order_relaxed);
 }
 
 static void hr_split_phase(hr_index *idx, hr_table *old, hr_table *nt, hr_item **ri)

@@ -37,12 +37,11 @@
  * - Ordering: every load of a next/head word is acquire, every CAS is
  *   seq_cst, so a published item's contents are visible to whoever loads the
  *   word that points at it, and head fixes observe any table swap.
- * - Progress: readers are lock-free (they never wait; they only retry a
- *   snapshot copy when two in-place writes completed during it); inserts and
- *   deletes are lock-free (a failed CAS means another operation made
- *   progress). Writers of the *same key* serialise on the item's seq word
- *   (see hotring.c); that short, allocation-free section is the one place
- *   where a preempted thread can delay another (only writers of that key).
+ * - Progress: ring traversal is lock-free for readers and writers (a failed
+ *   CAS means another operation made progress; helpers finish deletions).
+ *   The one place where a preempted thread can delay another is the per-item
+ *   seqlock of hotring.c: accesses to *the same key* wait for an in-flight
+ *   in-place write of it (a dozen stores, no allocation or call-outs).
  */
 #include <sched.h>
 #include <stdlib.h>
@@ -71,10 +70,19 @@ static uint64_t hr_load(_Atomic uint64_t *w)
 
 /* ---------------------------------------------------------------- reclaim */
 
+/* Items carry no rcu_head (16 bytes on every item would cost more than one
+ * small allocation per retirement). */
+typedef struct hr_retired {
+    struct rcu_head rcu;
+    hr_item *x;
+} hr_retired;
+
 static void hr_free_cb2(struct rcu_head *h)
 {
+    hr_retired *r = caa_container_of(h, hr_retired, rcu);
     HR_TSAN_ACQUIRE();
-    free(caa_container_of(h, hr_item, rcu));
+    free(r->x);
+    free(r);
 }
 
 static void hr_free_cb1(struct rcu_head *h)
@@ -84,8 +92,14 @@ static void hr_free_cb1(struct rcu_head *h)
 
 static void hr_retire(hr_item *x)
 {
+    hr_retired *r = malloc(sizeof(*r));
+    if (!r) { /* out of memory: leaking one item beats freeing it early */
+        KV_ERROR("hotring", "cannot allocate a retirement record; item leaked");
+        return;
+    }
+    r->x = x;
     HR_TSAN_RELEASE();
-    urcu_memb_call_rcu(&x->rcu, hr_free_cb1);
+    urcu_memb_call_rcu(&r->rcu, hr_free_cb1);
 }
 
 /* ------------------------------------------------------------------ heads */
@@ -161,52 +175,6 @@ void hr_unlinked(hr_index *idx, hr_item *x)
 
 /* ----------------------------------------------------------------- search */
 
-/* Is k in the cyclic interval (p, n]? c = cmp(k, p), cn = cmp(k, n). */
-bool hr_in_window(const hr_item *p, const hr_item *n, int c, int cn)
-{
-    int cpn = hr_cmp_items(p, n);
-    if (cpn < 0)
-        return c > 0 && cn <= 0;
-    if (cpn > 0) /* p is the ring's maximum, n its minimum */
-        return c > 0 || cn <= 0;
-    return false; /* p is an occupied old version of n */
-}
-
-hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, hr_item *x, unsigned *visited)
-{
-    hr_item *start = x;
-    unsigned vis = 1;
-    int c = hr_cmp_key(k, x);
-    for (;;) {
-        uint64_t w = hr_load(&x->next);
-        hr_item *n = hr_addr(w);
-        if (c == 0) {
-            *visited = vis;
-            if (!(w & HR_N_OCC))
-                return x;
-            /* Occupied: the replacement (same key) follows, else deleted. */
-            if (n == x || hr_cmp_items(x, n) != 0)
-                return NULL;
-            x = n;
-            vis++;
-            continue;
-        }
-        if (n == x)
-            break;
-        n = hr_hop(t, b, n);
-        int cn = hr_cmp_key(k, n);
-        if (hr_in_window(x, n, c, cn) && cn != 0)
-            break;
-        if (n == start && cn != 0)
-            break;
-        x = n;
-        c = cn;
-        vis++;
-    }
-    *visited = vis;
-    return NULL;
-}
-
 /* Unlinks the occupied successor n of prev (prev's word was *pw). Returns
  * false when prev itself turned out to be occupied (restart from the head). */
 bool hr_help_unlink(hr_index *idx, hr_item *prev, uint64_t *pw, hr_item *n, uint64_t nw)
@@ -280,15 +248,16 @@ retry:;
 
 uint32_t hr_cur_flags(const hr_item *x)
 {
-    uint64_t s = atomic_load_explicit(&((hr_item *)x)->seq, memory_order_acquire);
-    return atomic_load_explicit(&hr_slots(x)[(s >> 1) & 1].flags, memory_order_relaxed);
+    return atomic_load_explicit(&hr_slot_of(x)->flags, memory_order_relaxed);
 }
 
 hr_item *hr_item_new_rehash(uint64_t hash)
 {
-    hr_item *x = calloc(1, hr_align8(sizeof(hr_item)) + 2 * sizeof(hr_slot));
-    if (!x)
+    hr_item *x = calloc(1, hr_align8(sizeof(hr_item)) + sizeof(hr_slot));
+    if (!x || ((uintptr_t)x >> 48)) {
+        free(x);
         return NULL;
+    }
     x->hash = hash;
     x->rehash = 1;
     atomic_init(&x->next, HR_N_REHASH);
