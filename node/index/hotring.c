@@ -4,17 +4,19 @@
  * of the lock-free rings of hr_ring.c, plus open/close and statistics.
  *
  * Record consistency (value + hr_meta). Every item carries one record slot
- * (meta + an 8-byte inline value) and a 32-bit seq word used as a seqlock
- * whose odd state is also the per-item writer lock. A writer takes ownership
- * with CAS(seq: even s -> s+1), issues a release fence, rewrites the slot
- * with relaxed atomic stores and releases with a store of s+2 (release).
- * A reader loads seq (acquire), waits while it is odd, copies the slot with
- * relaxed atomic loads, issues an acquire fence and retries if seq changed.
- * The slot is 40 bytes; a second (double-buffered) slot would let readers
- * skip even the wait, but costs 40 bytes on every item, and item size is what
- * bounds a memory-bound index (an 8-byte key/value item is 72 bytes). The
- * wait only covers an in-place write of that same item: a dozen stores, no
- * allocation, no call-outs; readers yield after a short spin.
+ * (meta + an 8-byte inline value) and a 32-bit seq word: bit 0 = the slot is
+ * being rewritten (a seqlock's odd state), bit 1 = a writer owns the item,
+ * the rest counts completed rewrites (steps of 4). A writer takes ownership
+ * with CAS(seq: s -> s|2) from a state with both bits clear. To rewrite in
+ * place it stores s|3, issues a release fence, rewrites the slot with relaxed
+ * atomic stores and releases with a store of s+4 (release). A reader loads
+ * seq (acquire), waits while bit 0 is set, copies the slot with relaxed
+ * atomic loads, issues an acquire fence and retries if seq (ignoring bit 1)
+ * changed. So readers wait only for the dozen stores of an in-place rewrite
+ * of that same item (never for a write condition, an allocation or an RCU
+ * update), and yield after a short spin. A second, double-buffered slot would
+ * remove even that wait but costs 40 bytes on every item, and item size is
+ * what bounds a memory-bound index (an 8-byte key/value item is 72 bytes).
  *
  * Writers of one key serialise on the ownership bit (a loser backs off and
  * redoes its search). A replacing or deleting writer owns the item, evaluates
@@ -68,7 +70,7 @@ static void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
     uint32_t vlen;
     for (unsigned spins = 0;; spins++) {
         uint32_t s = atomic_load_explicit(&x->seq, memory_order_acquire);
-        if (s & 1) { /* an in-place write of this item is in flight */
+        if (s & HR_SEQ_WRITING) { /* an in-place rewrite of this item is in flight */
             if (spins % 128 == 127)
                 sched_yield();
             else
@@ -77,7 +79,8 @@ static void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
         }
         hr_slot_get(sl, vbuf, &vlen, &v->meta);
         atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&x->seq, memory_order_relaxed) == s)
+        uint32_t s2 = atomic_load_explicit(&x->seq, memory_order_relaxed);
+        if ((s2 & ~HR_SEQ_OWNED) == (s & ~HR_SEQ_OWNED))
             break;
     }
     v->key = x->key;
@@ -97,18 +100,17 @@ static void hr_snapshot_owned(hr_item *x, hr_view *v, uint64_t *vbuf)
     v->vlen = vlen;
 }
 
-/* Takes writer ownership of x (seq even -> odd); false if another writer owns
- * it or x is already logically deleted. */
+/* Takes writer ownership of x; false if another writer owns it or x is
+ * already logically deleted. */
 static bool hr_own(hr_item *x, uint32_t *s)
 {
     uint32_t v = atomic_load_explicit(&x->seq, memory_order_relaxed);
-    if (v & 1)
+    if (v & (HR_SEQ_OWNED | HR_SEQ_WRITING))
         return false;
     /* CAS site: x's seq word. Protects: writer exclusion for x's record. */
-    if (!atomic_compare_exchange_strong_explicit(&x->seq, &v, v + 1, memory_order_acq_rel,
-                                                 memory_order_relaxed))
+    if (!atomic_compare_exchange_strong_explicit(&x->seq, &v, v | HR_SEQ_OWNED,
+                                                 memory_order_acq_rel, memory_order_relaxed))
         return false;
-    atomic_thread_fence(memory_order_release); /* odd seq before slot stores */
     if (atomic_load_explicit(&x->next, memory_order_acquire) & HR_N_OCC) {
         atomic_store_explicit(&x->seq, v, memory_order_release); /* dead: follow next */
         return false;
@@ -117,9 +119,18 @@ static bool hr_own(hr_item *x, uint32_t *s)
     return true;
 }
 
-static void hr_disown(hr_item *x, uint32_t s, bool changed)
+/* Owner only: marks the slot as being rewritten (readers wait). */
+static hr_slot *hr_rewrite_begin(hr_item *x, uint32_t s)
 {
-    atomic_store_explicit(&x->seq, changed ? s + 2 : s, memory_order_release);
+    atomic_store_explicit(&x->seq, s | HR_SEQ_OWNED | HR_SEQ_WRITING, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release); /* odd seq before the slot stores */
+    return hr_slot_of(x);
+}
+
+/* Releases ownership; after a rewrite, publishes it. */
+static void hr_disown(hr_item *x, uint32_t s, bool rewritten)
+{
+    atomic_store_explicit(&x->seq, rewritten ? s + HR_SEQ_STEP : s, memory_order_release);
 }
 
 static kv_err hr_item_alloc(const hr_okey *k, const void *val, size_t vlen, const hr_meta *m,
@@ -307,28 +318,26 @@ static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_w
 {
     hr_item *x = w->cur;
     uint32_t s;
+    bool in_place = wr->vlen <= HR_INLINE_MAX && !x->big;
+    kv_err rv = in_place ? KV_OK : hr_wr_item(wr); /* allocate before owning */
+    if (rv != KV_OK)
+        return rv;
     if (!hr_own(x, &s))
         return KV_ABORTED;
     if (wr->cond) {
         hr_view v;
         uint64_t vbuf;
         hr_snapshot_owned(x, &v, &vbuf);
-        kv_err rv = wr->cond(wr->arg, &v);
-        if (rv != KV_OK) {
+        if ((rv = wr->cond(wr->arg, &v)) != KV_OK) {
             hr_disown(x, s, false);
             return rv;
         }
     }
-    if (wr->vlen <= HR_INLINE_MAX && !x->big) {
-        hr_slot_put(hr_slot_of(x), wr->val, wr->vlen, wr->meta);
+    if (in_place) {
+        hr_slot_put(hr_rewrite_begin(x, s), wr->val, wr->vlen, wr->meta);
         hr_disown(x, s, true);
         hr_hot_access(wr->idx, t, b, hw, x, x);
         return KV_OK;
-    }
-    kv_err rv = hr_wr_item(wr);
-    if (rv != KV_OK) {
-        hr_disown(x, s, false);
-        return rv;
     }
     hr_item *n = wr->nx;
     wr->nx = NULL;
@@ -441,7 +450,7 @@ static kv_err hr_find_owned(hr_index *idx, const hr_okey *k, hr_table **t, uint6
 /* Rewrites x's metadata flags in place (x owned with seq s). */
 static void hr_flags_put(hr_item *x, uint32_t s, uint32_t set, uint32_t clear)
 {
-    hr_slot *sl = hr_slot_of(x);
+    hr_slot *sl = hr_rewrite_begin(x, s);
     uint32_t f = atomic_load_explicit(&sl->flags, memory_order_relaxed);
     atomic_store_explicit(&sl->flags, (f | set) & ~clear, memory_order_relaxed);
     hr_disown(x, s, true);

@@ -51,7 +51,7 @@ typedef struct hr_slot {
 typedef struct hr_item {
     _Atomic uint64_t next; /* packed next word */
     uint64_t hash;         /* order key part 1 (bucket = top bits) */
-    _Atomic uint32_t seq;  /* slot seqlock; odd = a writer owns the item */
+    _Atomic uint32_t seq;  /* HR_SEQ_* bits + rewrite count, see hotring.c */
     uint16_t klen;         /* order key part 2: key bytes follow the header */
     uint8_t rehash;        /* 1 = rehash (split) item, sorts before equal hashes */
     uint8_t big;           /* 1 = value stored after the slot (immutable) */
@@ -102,6 +102,10 @@ struct hr_index {
     _Atomic uint64_t base_reads, base_visited; /* stats at the last rehash */
     hr_shard shards[HR_SHARDS];
 };
+
+#define HR_SEQ_WRITING 1u /* the slot is being rewritten: readers wait */
+#define HR_SEQ_OWNED 2u   /* a writer owns the item */
+#define HR_SEQ_STEP 4u
 
 /* ---- packing ---- */
 static inline hr_item *hr_addr(uint64_t w)

@@ -45,16 +45,21 @@ static int key_of(char *buf, int thread, int i)
     return snprintf(buf, 32, "t%d-key-%d", thread, i);
 }
 
-/* Value encodes owner, key and version; long values force RCU updates. */
+/* Value encodes owner, key and version. Small values are 8 raw bytes
+ * (updated in place: exercises the per-item seqlock against readers); long
+ * ones are text (RCU updates). Readers check value and meta agree. */
 static size_t val_of(char *buf, int thread, int i, uint64_t ver, bool big)
 {
-    return (size_t)snprintf(buf, 64, big ? "%d:%d:%llu:padding-to-force-rcu" : "%d:%d:%llu", thread,
-                            i, (unsigned long long)(ver % 1000));
+    if (big)
+        return (size_t)snprintf(buf, 64, "%d:%d:%llu:padding-to-force-rcu", thread, i,
+                                (unsigned long long)ver);
+    uint64_t v = (uint64_t)thread | (uint64_t)i << 8 | (ver & 0xffffffffffull) << 24;
+    memcpy(buf, &v, 8);
+    return 8;
 }
 
 typedef struct seen {
     int thread, key;
-    unsigned long long ver;
     int ok;
     uint64_t version;
 } seen;
@@ -62,14 +67,24 @@ typedef struct seen {
 static void check_cb(void *arg, const hr_view *v)
 {
     seen *s = arg;
-    char buf[64];
-    size_t n = v->vlen < sizeof buf - 1 ? v->vlen : sizeof buf - 1;
-    memcpy(buf, v->val, n);
-    buf[n] = 0;
-    int t, k;
-    unsigned long long ver;
-    s->ok = sscanf(buf, "%d:%d:%llu", &t, &k, &ver) == 3 && t == s->thread && k == s->key &&
-            ver == v->meta.version % 1000;
+    int t = -1, k = -1;
+    unsigned long long ver = 0;
+    if (v->vlen == 8) {
+        uint64_t x;
+        memcpy(&x, v->val, 8);
+        t = (int)(x & 0xff);
+        k = (int)(x >> 8 & 0xffff);
+        ver = x >> 24;
+        s->ok = t == s->thread && k == s->key && ver == (v->meta.version & 0xffffffffffull);
+    } else {
+        char buf[64];
+        size_t n = v->vlen < sizeof buf - 1 ? v->vlen : sizeof buf - 1;
+        memcpy(buf, v->val, n);
+        buf[n] = 0;
+        s->ok = sscanf(buf, "%d:%d:%llu", &t, &k, &ver) == 3 && t == s->thread && k == s->key &&
+                ver == v->meta.version;
+    }
+    s->ok = s->ok && v->meta.seqno == v->meta.version;
     s->version = v->meta.version;
 }
 
@@ -100,7 +115,7 @@ static void one_op(worker *w, uint64_t *seed)
         if (rv != (w->present[i] ? KV_OK : KV_NOT_FOUND))
             w->errors++;
     } else if (op < 75) { /* own key: must match our model exactly */
-        seen s = {w->id, i, 0, 0, 0};
+        seen s = {w->id, i, 0, 0};
         kv_err rv = hr_get(w->idx, k, (size_t)kl, check_cb, &s);
         if (rv != (w->present[i] ? KV_OK : KV_NOT_FOUND) ||
             (rv == KV_OK && (!s.ok || s.version != w->version[i]))) {
@@ -112,7 +127,7 @@ static void one_op(worker *w, uint64_t *seed)
     } else { /* someone's key: a hit must be self-consistent */
         int t = (int)(rnd(seed) % THREADS);
         kl = key_of(k, t, i);
-        seen s = {t, i, 0, 0, 1};
+        seen s = {t, i, 1, 0};
         if (hr_get(w->idx, k, (size_t)kl, check_cb, &s) == KV_OK && !s.ok) {
             fprintf(stderr, "get other %s inconsistent\n", k);
             w->errors++;
@@ -210,4 +225,98 @@ Test(hotring_stress, sample_mode, .timeout = 40)
 Test(hotring_stress, random_mode, .timeout = 40)
 {
     stress(HR_MODE_RANDOM, 5.0);
+}
+
+/* Several writers race on the same few keys with a last-writer-wins condition
+ * (small values: in-place rewrites under the item's ownership bit; every
+ * 4th write is large: RCU replacement) while a reader checks that value and
+ * meta always agree. The highest version ever written must win. */
+#define HOT_KEYS 4
+typedef struct lww_ctx {
+    hr_index *idx;
+    _Atomic uint64_t *clock;
+    _Atomic int *stop;
+    uint64_t max_ok[HOT_KEYS];
+    long bad;
+} lww_ctx;
+
+static kv_err lww_newer(void *arg, const hr_view *cur)
+{
+    uint64_t mine = *(const uint64_t *)arg;
+    return cur && cur->meta.version >= mine ? KV_FAILED_PRECONDITION : KV_OK;
+}
+
+static void *lww_writer(void *arg)
+{
+    lww_ctx *c = arg;
+    char k[16], v[64];
+    hr_thread_register();
+    for (uint64_t n = 0; !atomic_load(c->stop); n++) {
+        int i = (int)(n % HOT_KEYS);
+        int kl = snprintf(k, sizeof k, "hot-%d", i);
+        uint64_t ver = atomic_fetch_add(c->clock, 1) + 1;
+        size_t vl = val_of(v, 0, i, ver, n % 4 == 3);
+        hr_meta m = {ver, ver, 0, 0};
+        kv_err rv = hr_upsert(c->idx, k, (size_t)kl, v, vl, &m, lww_newer, &ver);
+        if (rv == KV_OK && ver > c->max_ok[i])
+            c->max_ok[i] = ver;
+        else if (rv != KV_OK && rv != KV_FAILED_PRECONDITION)
+            c->bad++;
+    }
+    hr_thread_unregister();
+    return NULL;
+}
+
+static void *lww_reader(void *arg)
+{
+    lww_ctx *c = arg;
+    char k[16];
+    hr_thread_register();
+    for (uint64_t n = 0; !atomic_load(c->stop); n++) {
+        int i = (int)(n % HOT_KEYS);
+        int kl = snprintf(k, sizeof k, "hot-%d", i);
+        seen s = {0, i, 0, 0};
+        if (hr_get(c->idx, k, (size_t)kl, check_cb, &s) == KV_OK && !s.ok)
+            c->bad++;
+    }
+    hr_thread_unregister();
+    return NULL;
+}
+
+Test(hotring_stress, same_key_writers_last_writer_wins, .timeout = 40)
+{
+    hr_thread_register();
+    hr_opts o = {2, HR_MODE_SAMPLE, 2, false, 0};
+    hr_index *idx = NULL;
+    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    _Atomic uint64_t clock = 0;
+    _Atomic int stop = 0;
+    static lww_ctx ctx[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        ctx[t] = (lww_ctx){.idx = idx, .clock = &clock, .stop = &stop};
+        pthread_create(&th[t], NULL, t == 3 ? lww_reader : lww_writer, &ctx[t]);
+    }
+    usleep(2000000);
+    atomic_store(&stop, 1);
+    uint64_t max_ok[HOT_KEYS] = {0};
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        cr_assert_eq(ctx[t].bad, 0, "thread %d saw %ld inconsistent results", t, ctx[t].bad);
+        for (int i = 0; i < HOT_KEYS; i++)
+            if (ctx[t].max_ok[i] > max_ok[i])
+                max_ok[i] = ctx[t].max_ok[i];
+    }
+    char k[16];
+    for (int i = 0; i < HOT_KEYS; i++) {
+        int kl = snprintf(k, sizeof k, "hot-%d", i);
+        seen s = {0, i, 0, 0};
+        cr_assert_eq(hr_get(idx, k, (size_t)kl, check_cb, &s), KV_OK);
+        cr_assert(s.ok);
+        cr_assert_eq(s.version, max_ok[i], "key %d: final version %llu, newest acked %llu", i,
+                     (unsigned long long)s.version, (unsigned long long)max_ok[i]);
+    }
+    cr_assert_eq(hr_check_rings(idx), HOT_KEYS);
+    hr_close(idx);
+    hr_thread_unregister();
 }
