@@ -1,0 +1,366 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tier_bench adapters for RocksDB (librocksdb C API) in three layouts:
+ *   rocksdb-tiering: db_paths {FD, fast-mb MiB}, {SD, 1 TiB}: RocksDB puts a
+ *                    level on the first path whose remaining target still
+ *                    holds it (L0 counted as large as L1), WAL/MANIFEST on FD;
+ *   rocksdb-fd:      everything (WAL too) under --fast-dir;
+ *   rocksdb-sd:      everything (WAL too) under --slow-dir.
+ * Settings mirror hotkv's LSM so that only the design differs: leveled
+ * compaction, L1 = fast-mb / 12 and x10 per level (hotkv's sizing, which
+ * puts L0..L2 on FD), SST files of L1 / 4, 4 KiB blocks, 10-bit bloom
+ * filters, no compression, memtable = --write-buffer-mb, block cache =
+ * --mem-mb (hotkv's memory-tier budget), no manual compaction, two
+ * background jobs. WAL sync follows --sync as hotkv's: always = sync on
+ * every write; batch = writes reach the kernel and a thread calls
+ * FlushWAL(sync) every --sync-ms (hotkv's WAL thread does the same);
+ * none = never fsync.
+ *
+ * Reads per tier come from the per-level perf context (rocks_perf.cc): a
+ * read answered by an FD level, or by the memtable, counts as memory+FD; a
+ * read answered by an SD level counts as SD when it missed the block cache
+ * there (the level's block-cache misses, capped by its hits) and as memory
+ * otherwise. SD read bytes = block bytes read x the SD levels' share of
+ * block-cache misses. Write amplification = (WAL + flush + compaction bytes
+ * written, from RocksDB's statistics) / key+value bytes put.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <rocksdb/c.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/tier/rocks_perf.h"
+#include "bench/tier/tier_bench.h"
+
+typedef enum rk_layout { RK_TIERING, RK_FD, RK_SD } rk_layout;
+
+typedef struct rk {
+    rocksdb_t *db;
+    rocksdb_options_t *opts;
+    rocksdb_block_based_table_options_t *topts;
+    rocksdb_cache_t *cache;
+    rocksdb_filterpolicy_t *filter; /* owned by topts once set */
+    rocksdb_writeoptions_t *wopts;
+    rocksdb_readoptions_t *ropts;
+    rk_layout layout;
+    bool fd_level[TB_ROCKS_MAX_LEVELS]; /* level lives on the fast volume */
+    int fd_levels;
+    _Atomic uint64_t user_bytes;
+    pthread_mutex_t mu; /* guards lv, gets, found */
+    tb_rocks_levels lv;
+    uint64_t gets, found;
+    pthread_t syncer;
+    _Atomic bool stop;
+    bool have_syncer;
+    unsigned sync_ms;
+} rk;
+
+static _Thread_local uint64_t t_gets, t_found;
+static _Thread_local bool t_measuring;
+
+/* Levels on FD: RocksDB's LevelCompactionBuilder::GetPathId for our sizes. */
+static void place_levels(rk *r, uint64_t fast, uint64_t base)
+{
+    uint64_t left = fast, size = base;
+    r->fd_levels = 0;
+    for (int l = 0; l < TB_ROCKS_MAX_LEVELS; l++) {
+        bool fd =
+            r->layout == RK_FD || (r->layout == RK_TIERING && size <= left && r->fd_levels == l);
+        r->fd_level[l] = fd;
+        if (fd) {
+            r->fd_levels++;
+            left -= size;
+            if (l > 0)
+                size *= 10;
+        }
+    }
+}
+
+static void set_table_options(rk *r, const tb_opts *o)
+{
+    r->topts = rocksdb_block_based_options_create();
+    rocksdb_block_based_options_set_block_size(r->topts, 4096);
+    r->cache = rocksdb_cache_create_lru((size_t)o->mem_mb << 20);
+    rocksdb_block_based_options_set_block_cache(r->topts, r->cache);
+    r->filter = rocksdb_filterpolicy_create_bloom_full(10);
+    rocksdb_block_based_options_set_filter_policy(r->topts, r->filter);
+    rocksdb_options_set_block_based_table_factory(r->opts, r->topts);
+}
+
+static void set_options(rk *r, const tb_opts *o)
+{
+    uint64_t fast = (uint64_t)o->fast_mb << 20, base = fast / 12;
+    if (base < (64u << 10))
+        base = 64u << 10;
+    r->opts = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(r->opts, 1);
+    rocksdb_options_set_compression(r->opts, rocksdb_no_compression);
+    rocksdb_options_set_write_buffer_size(r->opts, (size_t)o->write_buffer_mb << 20);
+    rocksdb_options_set_max_bytes_for_level_base(r->opts, base);
+    rocksdb_options_set_max_bytes_for_level_multiplier(r->opts, 10.0);
+    rocksdb_options_set_level_compaction_dynamic_level_bytes(r->opts, 0);
+    rocksdb_options_set_target_file_size_base(r->opts, base / 4);
+    rocksdb_options_set_max_background_jobs(r->opts, 2);
+    rocksdb_options_enable_statistics(r->opts);
+    set_table_options(r, o);
+    place_levels(r, fast, base);
+    r->wopts = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(r->wopts, o->sync_idx == TB_SYNC_ALWAYS);
+    r->ropts = rocksdb_readoptions_create();
+}
+
+static void *syncer_main(void *arg)
+{
+    rk *r = arg;
+    struct timespec ts = {(time_t)(r->sync_ms / 1000), (long)(r->sync_ms % 1000) * 1000000L};
+    while (!atomic_load(&r->stop)) {
+        nanosleep(&ts, NULL);
+        char *err = NULL;
+        rocksdb_flush_wal(r->db, 1, &err);
+        if (err) {
+            fprintf(stderr, "tier_bench: rocksdb: FlushWAL: %s\n", err);
+            rocksdb_free(err);
+        }
+    }
+    return NULL;
+}
+
+static void rk_close(void *h)
+{
+    rk *r = h;
+    if (!r)
+        return;
+    if (r->have_syncer) {
+        atomic_store(&r->stop, true);
+        pthread_join(r->syncer, NULL);
+    }
+    if (r->db)
+        rocksdb_close(r->db);
+    if (r->wopts)
+        rocksdb_writeoptions_destroy(r->wopts);
+    if (r->ropts)
+        rocksdb_readoptions_destroy(r->ropts);
+    if (r->opts)
+        rocksdb_options_destroy(r->opts);
+    if (r->topts)
+        rocksdb_block_based_options_destroy(r->topts);
+    if (r->cache)
+        rocksdb_cache_destroy(r->cache);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* The database directory of the layout; the tiering layout's db_paths. */
+static kv_err rk_paths(rk *r, const tb_opts *o, char *name, size_t len, char *err, size_t errlen)
+{
+    const char *root = r->layout == RK_SD ? o->slow_dir : o->fast_dir;
+    if (!root) {
+        snprintf(err, errlen, "rocksdb-sd needs --slow-dir");
+        return KV_INVALID_ARGUMENT;
+    }
+    snprintf(name, len, "%s/rocksdb", root);
+    if (r->layout == RK_TIERING) {
+        char slow[4096];
+        snprintf(slow, sizeof(slow), "%s/rocksdb", o->slow_dir);
+        rocksdb_dbpath_t *p[2] = {rocksdb_dbpath_create(name, (uint64_t)o->fast_mb << 20),
+                                  rocksdb_dbpath_create(slow, UINT64_C(1) << 40)};
+        rocksdb_options_set_db_paths(r->opts, (const rocksdb_dbpath_t **)p, 2);
+        rocksdb_dbpath_destroy(p[0]);
+        rocksdb_dbpath_destroy(p[1]);
+    }
+    return KV_OK;
+}
+
+static kv_err rk_open_layout(const tb_opts *o, void **h, rk_layout layout, char *err, size_t errlen)
+{
+    rk *r = calloc(1, sizeof(*r));
+    if (!r)
+        return KV_RESOURCE_EXHAUSTED;
+    pthread_mutex_init(&r->mu, NULL);
+    r->layout = layout;
+    set_options(r, o);
+    char name[4096], *e = NULL;
+    kv_err rv = rk_paths(r, o, name, sizeof(name), err, errlen);
+    if (rv == KV_OK) {
+        r->db = rocksdb_open(r->opts, name, &e);
+        if (e) {
+            snprintf(err, errlen, "%s", e);
+            rocksdb_free(e);
+            r->db = NULL;
+            rv = KV_UNAVAILABLE;
+        }
+    }
+    if (rv == KV_OK && o->sync_idx == TB_SYNC_BATCH) {
+        r->sync_ms = (unsigned)o->sync_ms;
+        r->have_syncer = pthread_create(&r->syncer, NULL, syncer_main, r) == 0;
+        if (!r->have_syncer)
+            rv = KV_RESOURCE_EXHAUSTED;
+    }
+    if (rv != KV_OK) {
+        rk_close(r);
+        return rv;
+    }
+    *h = r;
+    return KV_OK;
+}
+
+static kv_err rk_open_tiering(const tb_opts *o, void **h, char *err, size_t errlen)
+{
+    return rk_open_layout(o, h, RK_TIERING, err, errlen);
+}
+
+static kv_err rk_open_fd(const tb_opts *o, void **h, char *err, size_t errlen)
+{
+    return rk_open_layout(o, h, RK_FD, err, errlen);
+}
+
+static kv_err rk_open_sd(const tb_opts *o, void **h, char *err, size_t errlen)
+{
+    return rk_open_layout(o, h, RK_SD, err, errlen);
+}
+
+static void rk_noop(void *h) {}
+
+static void rk_measure_begin(void *h)
+{
+    t_gets = t_found = 0;
+    t_measuring = true;
+    tb_rocks_perf_begin();
+}
+
+static void rk_measure_end(void *h)
+{
+    rk *r = h;
+    pthread_mutex_lock(&r->mu);
+    tb_rocks_perf_collect(&r->lv);
+    r->gets += t_gets;
+    r->found += t_found;
+    pthread_mutex_unlock(&r->mu);
+    t_measuring = false;
+}
+
+static kv_err rk_put(void *h, const void *key, size_t klen, const void *val, size_t vlen)
+{
+    rk *r = h;
+    char *e = NULL;
+    rocksdb_put(r->db, r->wopts, key, klen, val, vlen, &e);
+    if (e) {
+        fprintf(stderr, "tier_bench: rocksdb: put: %s\n", e);
+        rocksdb_free(e);
+        return KV_UNAVAILABLE;
+    }
+    atomic_fetch_add_explicit(&r->user_bytes, klen + vlen, memory_order_relaxed);
+    return KV_OK;
+}
+
+static kv_err rk_get(void *h, const void *key, size_t klen, bool *found)
+{
+    rk *r = h;
+    char *e = NULL;
+    rocksdb_pinnableslice_t *v = rocksdb_get_pinned(r->db, r->ropts, key, klen, &e);
+    if (e) {
+        fprintf(stderr, "tier_bench: rocksdb: get: %s\n", e);
+        rocksdb_free(e);
+        return KV_UNAVAILABLE;
+    }
+    *found = v != NULL;
+    rocksdb_pinnableslice_destroy(v);
+    if (t_measuring) {
+        t_gets++;
+        t_found += *found;
+    }
+    return KV_OK;
+}
+
+/* The COUNT of ticker `name` in RocksDB's statistics dump (0 when absent). */
+static uint64_t ticker(const char *dump, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = dump; p && (p = strstr(p, name)); p += n) {
+        if ((p == dump || p[-1] == '\n') && p[n] == ' ') {
+            unsigned long long v = 0;
+            if (sscanf(p + n, " COUNT : %llu", &v) == 1)
+                return v;
+        }
+    }
+    return 0;
+}
+
+static double rk_write_amp(rk *r)
+{
+    char *dump = rocksdb_options_statistics_get_string(r->opts);
+    if (!dump)
+        return -1.0;
+    uint64_t w = ticker(dump, "rocksdb.wal.bytes") + ticker(dump, "rocksdb.flush.write.bytes") +
+                 ticker(dump, "rocksdb.compact.write.bytes");
+    rocksdb_free(dump);
+    uint64_t user = atomic_load(&r->user_bytes);
+    return user ? (double)w / (double)user : -1.0;
+}
+
+static void rk_stats(void *h, tb_stats *out)
+{
+    rk *r = h;
+    memset(out, 0, sizeof(*out));
+    out->write_amp = rk_write_amp(r);
+    pthread_mutex_lock(&r->mu);
+    uint64_t in_levels = 0, sd_miss = 0, all_miss = 0;
+    for (int l = 0; l < TB_ROCKS_MAX_LEVELS; l++) {
+        uint64_t hits = r->lv.hits[l], miss = r->lv.cache_misses[l];
+        in_levels += hits;
+        all_miss += miss;
+        if (r->fd_level[l]) {
+            out->reads_fd += hits;
+            continue;
+        }
+        sd_miss += miss;
+        uint64_t from_sd = miss < hits ? miss : hits;
+        out->reads_sd += from_sd;
+        out->reads_mem += hits - from_sd; /* block-cache hits */
+    }
+    out->reads_mem += r->found > in_levels ? r->found - in_levels : 0; /* memtables */
+    out->reads_miss = r->gets - r->found;
+    if (all_miss)
+        out->sd_read_bytes =
+            (uint64_t)((double)r->lv.block_read_bytes * (double)sd_miss / (double)all_miss);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void rk_json_extra(void *h, char *buf, size_t len)
+{
+    rk *r = h;
+    char levels[256] = "", val[64];
+    size_t off = 0;
+    for (int l = 0; l < TB_ROCKS_MAX_LEVELS; l++) {
+        snprintf(val, sizeof(val), "rocksdb.num-files-at-level%d", l);
+        char *files = rocksdb_property_value(r->db, val);
+        if (files && strcmp(files, "0") != 0 && off < sizeof(levels))
+            off += (size_t)snprintf(levels + off, sizeof(levels) - off, "%sL%d=%s/%s",
+                                    off ? " " : "", l, files, r->fd_level[l] ? "fast" : "slow");
+        rocksdb_free(files);
+    }
+    snprintf(buf, len,
+             ",\"hotrap_available\":false,\"levels\":\"%s\",\"fd_levels\":%d,"
+             "\"note\":\"tiers from RocksDB's per-level perf context; sd_read_bytes counts get "
+             "block reads only\"",
+             levels, r->fd_levels);
+}
+
+const tb_engine tb_rocksdb_tiering_engine = {
+    "rocksdb-tiering", rk_open_tiering, rk_close, rk_noop,  rk_noop,       rk_measure_begin,
+    rk_measure_end,    rk_put,          rk_get,   rk_stats, rk_json_extra,
+};
+
+const tb_engine tb_rocksdb_fd_engine = {
+    "rocksdb-fd",   rk_open_fd, rk_close, rk_noop,  rk_noop,       rk_measure_begin,
+    rk_measure_end, rk_put,     rk_get,   rk_stats, rk_json_extra,
+};
+
+const tb_engine tb_rocksdb_sd_engine = {
+    "rocksdb-sd",   rk_open_sd, rk_close, rk_noop,  rk_noop,       rk_measure_begin,
+    rk_measure_end, rk_put,     rk_get,   rk_stats, rk_json_extra,
+};

@@ -1,0 +1,249 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tier_bench's driver: flags, the mapping of the HotRAP paper's workloads
+ * onto the shared YCSB generator, and the JSON result line.
+ *
+ * Keys are 8-byte big-endian ids (wl_key8, DESIGN.md §6), so key order is id
+ * order; values are value-size deterministic bytes of (id, version).
+ * Workloads (HotRAP, ATC'25, §5, plus YCSB): RO = 100% reads; RW = 50% reads,
+ * 50% inserts; WH = 10% reads, 90% inserts; UH = 50% reads, 50% updates (YCSB
+ * A's mix); C and A = YCSB C and A. Reads and updates draw ids of the loaded
+ * records from --dist; inserts write new ids past them (YCSB insert order;
+ * once a thread's trace wraps its inserts become updates of its own ids).
+ * Distributions: hotspotX (X% of the ids, a contiguous range, get 100-X% of
+ * the accesses, YCSB's hotspot), zipfT (YCSB's scrambled zipfian with theta
+ * T, hot ids spread over the key space), uniform. With --shift-at S the hot
+ * set moves at second S of the timed phase (ids rotated by records / 2).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/tier/tier_bench.h"
+#include "common/opts.h"
+
+static const tb_engine *const engines[] = {
+    &tb_hotkv_engine,           &tb_hotkv_nohotrap_engine,
+#ifdef KV_TIER_HAVE_ROCKSDB
+    &tb_rocksdb_tiering_engine, &tb_rocksdb_fd_engine,     &tb_rocksdb_sd_engine,
+#endif
+};
+#define NENGINES (sizeof(engines) / sizeof(engines[0]))
+
+static const char *const workload_choices[] = {"RO", "RW", "WH", "UH", "C", "A", NULL};
+static const char *const sync_choices[] = {"always", "batch", "none", NULL};
+/* read, update, insert shares per tb_workload */
+static const double mixes[TB_NWORKLOADS][3] = {
+    [TB_RO] = {1.0, 0.0, 0.0}, [TB_RW] = {0.5, 0.0, 0.5}, [TB_WH] = {0.1, 0.0, 0.9},
+    [TB_UH] = {0.5, 0.5, 0.0}, [TB_C] = {1.0, 0.0, 0.0},  [TB_A] = {0.5, 0.5, 0.0},
+};
+
+kv_err tb_model(const tb_opts *o, uint64_t offset, wl_model *m, char *err, size_t errlen)
+{
+    wl_config c = o->wl;
+    c.workload = o->workload_idx == TB_A || o->workload_idx == TB_UH ? WL_A : WL_C;
+    c.offset = offset;
+    kv_err rv = wl_model_init(m, &c, err, errlen);
+    if (rv != KV_OK)
+        return rv;
+    m->read = mixes[o->workload_idx][0];
+    m->update = mixes[o->workload_idx][1];
+    m->insert = mixes[o->workload_idx][2];
+    m->rmw = 0.0;
+    return KV_OK;
+}
+
+/* "hotspot5", "zipf0.99", "uniform" -> o->wl.dist and its parameter. */
+static kv_err parse_dist(tb_opts *o, char *err, size_t errlen)
+{
+    const char *d = o->dist_name;
+    char *end = NULL;
+    if (!strcmp(d, "uniform")) {
+        o->wl.dist = WL_UNIFORM;
+        return KV_OK;
+    }
+    if (!strncmp(d, "hotspot", 7)) {
+        o->wl.dist = WL_HOTSPOT;
+        o->wl.hot_pct = d[7] ? strtod(d + 7, &end) : 5.0;
+    } else if (!strncmp(d, "zipf", 4)) {
+        o->wl.dist = WL_SCRAMBLED_ZIPF;
+        o->wl.theta = d[4] ? strtod(d + 4, &end) : 0.99;
+    } else {
+        end = (char *)d;
+    }
+    if (end && *end) {
+        snprintf(err, errlen, "--dist: '%s' is not hotspotX, zipfT or uniform", d);
+        return KV_INVALID_ARGUMENT;
+    }
+    return KV_OK;
+}
+
+static kv_err check_opts(tb_opts *o, const tb_engine **eng, char *err, size_t errlen)
+{
+    *eng = NULL;
+    for (size_t i = 0; i < NENGINES; i++)
+        if (!strcmp(engines[i]->name, o->engine_name))
+            *eng = engines[i];
+    if (!*eng) {
+        snprintf(err, errlen,
+                 "--engine: '%s' is not hotkv, hotkv-nohotrap, rocksdb-tiering, rocksdb-fd or "
+                 "rocksdb-sd (or this build has no RocksDB)",
+                 o->engine_name);
+        return KV_INVALID_ARGUMENT;
+    }
+    if (!o->fast_dir || (!o->slow_dir && strcmp(o->engine_name, "rocksdb-fd") != 0)) {
+        snprintf(err, errlen, "--fast-dir and --slow-dir are required");
+        return KV_INVALID_ARGUMENT;
+    }
+    if (!(o->seconds > 0) || o->warmup < 0 || o->shift_at < 0 || o->shift_at >= o->seconds) {
+        snprintf(err, errlen, "need --seconds > 0, --warmup >= 0, 0 <= --shift-at < --seconds");
+        return KV_INVALID_ARGUMENT;
+    }
+    if (o->load_only && o->no_load) {
+        snprintf(err, errlen, "--load-only and --no-load exclude each other");
+        return KV_INVALID_ARGUMENT;
+    }
+    o->workload_name = workload_choices[o->workload_idx];
+    o->wl.keys = (uint64_t)o->records;
+    o->wl.seed = (uint64_t)o->seed;
+    o->wl.scramble = (uint64_t)o->seed * 31 + 7;
+    kv_err rv = parse_dist(o, err, errlen);
+    if (rv != KV_OK)
+        return rv;
+    wl_model m; /* validates the distribution's parameters */
+    return tb_model(o, 0, &m, err, errlen);
+}
+
+static void default_opts(tb_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    wl_config_default(&o->wl);
+    o->engine_name = "hotkv";
+    o->fast_mb = 200;
+    o->mem_mb = 256;
+    o->write_buffer_mb = 64;
+    o->records = 200000;
+    o->value_size = 1024;
+    o->workload_idx = TB_RO;
+    o->dist_name = "hotspot5";
+    o->threads = 4;
+    o->seconds = 10;
+    o->warmup = 5;
+    o->trace_ops = 1L << 20;
+    o->seed = 1;
+    o->sync_idx = TB_SYNC_BATCH;
+    o->sync_ms = 5;
+    o->progress_s = 2;
+}
+
+/* Parses argv into o; returns KV_CANCELLED after --help. */
+static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **eng)
+{
+    const kv_opt table[] = {
+        {"engine", KV_OPT_STR, &o->engine_name,
+         "hotkv|hotkv-nohotrap|rocksdb-tiering|rocksdb-fd|rocksdb-sd"},
+        {"fast-dir", KV_OPT_STR, &o->fast_dir, "fast volume directory (FD)"},
+        {"slow-dir", KV_OPT_STR, &o->slow_dir, "slow volume directory (SD)"},
+        {"fast-mb", KV_OPT_INT, &o->fast_mb, "FD capacity for LSM levels, MiB", NULL, 1, 1L << 24},
+        {"mem-mb", KV_OPT_INT, &o->mem_mb,
+         "memory budget (hotkv memory tier = RocksDB block cache)", NULL, 1, 1L << 20},
+        {"write-buffer-mb", KV_OPT_INT, &o->write_buffer_mb, "memtable / dirty bytes per flush",
+         NULL, 1, 4096},
+        {"records", KV_OPT_INT, &o->records, "records loaded", NULL, 1, 1L << 34},
+        {"value-size", KV_OPT_INT, &o->value_size, "value bytes", NULL, 1, 1L << 20},
+        {"workload", KV_OPT_ENUM, &o->workload_idx, "RO|RW|WH|UH|C|A", workload_choices},
+        {"dist", KV_OPT_STR, &o->dist_name, "hotspotX|zipfT|uniform (e.g. hotspot5, zipf0.99)"},
+        {"threads", KV_OPT_INT, &o->threads, "worker threads (load and run)", NULL, 1, 256},
+        {"seconds", KV_OPT_DOUBLE, &o->seconds, "timed phase"},
+        {"warmup", KV_OPT_DOUBLE, &o->warmup, "warm-up before the timed phase"},
+        {"shift-at", KV_OPT_DOUBLE, &o->shift_at, "second of the timed phase the hot set moves"},
+        {"load-only", KV_OPT_BOOL, &o->load_only, "load, report, exit"},
+        {"no-load", KV_OPT_BOOL, &o->no_load, "reuse the records already in the directories"},
+        {"sync", KV_OPT_ENUM, &o->sync_idx, "WAL sync: always|batch|none (both engines)",
+         sync_choices},
+        {"sync-ms", KV_OPT_INT, &o->sync_ms, "batch sync period", NULL, 1, 10000},
+        {"trace-ops", KV_OPT_INT, &o->trace_ops, "pre-drawn ops per thread", NULL, 1024, 1L << 28},
+        {"seed", KV_OPT_INT, &o->seed, "PRNG seed", NULL, 0, 1L << 62},
+        {"progress", KV_OPT_DOUBLE, &o->progress_s, "seconds between progress lines"},
+    };
+    kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "tier_bench", NULL};
+    char err[512] = "";
+    kv_err rv = kv_opts_parse(&set, argc, argv, NULL, err, sizeof(err));
+    if (rv == KV_OK)
+        rv = check_opts(o, eng, err, sizeof(err));
+    if (rv != KV_OK && rv != KV_CANCELLED)
+        fprintf(stderr, "tier_bench: %s\n", err);
+    /* The strings stay owned by the set until exit (not freed: main returns). */
+    return rv;
+}
+
+/* A JSON number, or null for an unknown (negative or NaN) value. */
+static void jnum(char *buf, size_t len, double v)
+{
+    if (isnan(v) || v < 0)
+        snprintf(buf, len, "null");
+    else
+        snprintf(buf, len, "%.6g", v);
+}
+
+static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const tb_result *r)
+{
+    const tb_stats *a = &r->after, *b = &r->before;
+    uint64_t mem = a->reads_mem - b->reads_mem, fd = a->reads_fd - b->reads_fd;
+    uint64_t sd = a->reads_sd - b->reads_sd, miss = a->reads_miss - b->reads_miss;
+    uint64_t tot = mem + fd + sd + miss;
+    bool ran = !o->load_only;
+    char load[32], ops[32], hit[32], sdb[32], wa[32], prom[32], ret[32], extra[1024] = "";
+    jnum(load, sizeof(load), o->no_load ? -1 : r->load_ops_per_s);
+    jnum(ops, sizeof(ops), ran ? r->ops_per_s : -1);
+    jnum(hit, sizeof(hit), ran && tot ? (double)(mem + fd) / (double)tot : -1);
+    jnum(sdb, sizeof(sdb),
+         ran && r->gets ? (double)(a->sd_read_bytes - b->sd_read_bytes) / (double)r->gets : -1);
+    jnum(wa, sizeof(wa), a->write_amp);
+    jnum(prom, sizeof(prom), a->have_hotrap ? (double)(a->promoted - b->promoted) : -1);
+    jnum(ret, sizeof(ret), a->have_hotrap ? (double)(a->retained - b->retained) : -1);
+    eng->json_extra(h, extra, sizeof(extra));
+    printf("{\"engine\":\"%s\",\"workload\":\"%s\",\"dist\":\"%s\",\"records\":%ld,"
+           "\"value_size\":%ld,\"threads\":%ld,\"fast_mb\":%ld,\"mem_mb\":%ld,\"sync\":\"%s\","
+           "\"load_s\":%.3f,\"load_ops_per_s\":%s,\"seconds\":%.3f,\"ops\":%llu,\"ops_per_s\":%s,"
+           "\"gets\":%llu,\"found_ratio\":%.6g,\"p50_get_us\":%.2f,\"p99_get_us\":%.2f,"
+           "\"p999_get_us\":%.2f,\"p50_put_us\":%.2f,\"p99_put_us\":%.2f,"
+           "\"reads_mem\":%llu,\"reads_fd\":%llu,\"reads_sd\":%llu,\"reads_miss\":%llu,"
+           "\"fd_hit_rate\":%s,\"sd_read_bytes_per_get\":%s,\"write_amp\":%s,\"promoted\":%s,"
+           "\"retained\":%s%s}\n",
+           o->engine_name, o->workload_name, o->dist_name, o->records, o->value_size, o->threads,
+           o->fast_mb, o->mem_mb, sync_choices[o->sync_idx], r->load_s, load, r->run_s,
+           (unsigned long long)r->ops, ops, (unsigned long long)r->gets,
+           r->gets ? (double)r->gets_found / (double)r->gets : 0.0, r->p50_get_us, r->p99_get_us,
+           r->p999_get_us, r->p50_put_us, r->p99_put_us, (unsigned long long)mem,
+           (unsigned long long)fd, (unsigned long long)sd, (unsigned long long)miss, hit, sdb, wa,
+           prom, ret, extra);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    tb_opts o;
+    const tb_engine *eng = NULL;
+    default_opts(&o);
+    kv_err rv = parse_opts(&o, argc, argv, &eng);
+    if (rv == KV_CANCELLED)
+        return 0;
+    if (rv != KV_OK)
+        return 2;
+    char err[512] = "";
+    void *h = NULL;
+    if ((rv = eng->open(&o, &h, err, sizeof(err))) != KV_OK) {
+        fprintf(stderr, "tier_bench: %s: open: %s: %s\n", o.engine_name, kv_strerror(rv), err);
+        return 1;
+    }
+    tb_result res;
+    eng->thread_begin(h); /* the main thread reads stats and closes */
+    rv = tb_run(&o, eng, h, &res);
+    if (rv == KV_OK)
+        print_result(&o, eng, h, &res);
+    eng->close(h);
+    eng->thread_end(h);
+    return rv == KV_OK ? 0 : 1;
+}

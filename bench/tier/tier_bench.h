@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tier_bench: the tiered-storage benchmark (issues 4 and 5). One run loads
+ * N records into one engine (hotkv's storage engine or RocksDB through its C
+ * API, laid out over a fast and a slow directory), then replays pre-drawn
+ * per-thread YCSB traces (bench/workload.h) for a warm-up and a timed phase
+ * and prints one JSON line (DESIGN.md §6). This header is shared by the
+ * driver (tier_bench.c), the runner (tier_run.c) and the engine adapters
+ * (eng_hotkv.c, eng_rocksdb.c): an engine is a table of functions over an
+ * opaque handle, the same shape for every engine.
+ */
+#ifndef KV_BENCH_TIER_BENCH_H
+#define KV_BENCH_TIER_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bench/workload.h"
+#include "kv/kv_err.h"
+
+/* The workloads of the HotRAP paper plus YCSB C and A (see tier_bench.c). */
+typedef enum tb_workload { TB_RO, TB_RW, TB_WH, TB_UH, TB_C, TB_A, TB_NWORKLOADS } tb_workload;
+typedef enum tb_sync { TB_SYNC_ALWAYS, TB_SYNC_BATCH, TB_SYNC_NONE } tb_sync;
+
+typedef struct tb_opts {
+    const char *engine_name;
+    const char *fast_dir, *slow_dir;
+    long fast_mb, mem_mb, write_buffer_mb;
+    long records, value_size, threads, trace_ops, seed;
+    double seconds, warmup, shift_at, progress_s;
+    int workload_idx, dist_idx, sync_idx;
+    long sync_ms;
+    bool load_only, no_load;
+    const char *workload_name, *dist_name; /* as given: "RO", "hotspot5", ... */
+    wl_config wl;                          /* distribution, keys, seed */
+} tb_opts;
+
+/* What an engine reports; counters are cumulative since open, the runner
+ * takes differences over the timed phase. A field an engine cannot measure
+ * is left at its "unknown" value (a negative double, or have_* false). */
+typedef struct tb_stats {
+    uint64_t reads_mem, reads_fd, reads_sd, reads_miss; /* point reads by serving tier */
+    uint64_t sd_read_bytes;                             /* bytes read from the slow volume */
+    double write_amp; /* bytes written / user bytes, < 0 unknown */
+    bool have_hotrap; /* promoted/retained are meaningful */
+    uint64_t promoted, retained;
+} tb_stats;
+
+typedef struct tb_engine {
+    const char *name;
+    /* Opens (creating when absent) the engine's store under the options'
+     * directories; writes a message to err on failure. */
+    kv_err (*open)(const tb_opts *o, void **h, char *err, size_t errlen);
+    void (*close)(void *h);
+    /* Per worker thread, around all its calls into the engine. */
+    void (*thread_begin)(void *h);
+    void (*thread_end)(void *h);
+    /* Per worker thread: the timed phase starts / ends (per-thread counters). */
+    void (*measure_begin)(void *h);
+    void (*measure_end)(void *h);
+    kv_err (*put)(void *h, const void *key, size_t klen, const void *val, size_t vlen);
+    /* A point read; *found tells whether a live record was there. */
+    kv_err (*get)(void *h, const void *key, size_t klen, bool *found);
+    void (*stats)(void *h, tb_stats *out);
+    /* Extra JSON members for the result line (",\"k\":v..."), may be empty. */
+    void (*json_extra)(void *h, char *buf, size_t len);
+} tb_engine;
+
+extern const tb_engine tb_hotkv_engine, tb_hotkv_nohotrap_engine;
+extern const tb_engine tb_rocksdb_tiering_engine, tb_rocksdb_fd_engine, tb_rocksdb_sd_engine;
+
+/* The result of one run (tier_run.c fills it, tier_bench.c prints it). */
+typedef struct tb_result {
+    double load_s, load_ops_per_s;
+    double run_s, ops_per_s;
+    uint64_t ops, gets, gets_found, puts;
+    double p50_get_us, p99_get_us, p999_get_us, p50_put_us, p99_put_us;
+    tb_stats before, after; /* engine stats at the start and end of the timed phase */
+} tb_result;
+
+/* The value of record id (vlen bytes, deterministic): the runner writes it
+ * and may check it. */
+void tb_fill_value(uint64_t id, uint64_t version, unsigned char *buf, size_t vlen);
+
+/* Loads o->records records (unless --no-load), then warms up and measures
+ * (unless --load-only). Returns KV_OK or the first engine error (printed). */
+kv_err tb_run(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res);
+
+/* Builds the workload model of o (HotRAP mixes mapped onto wl_model). */
+kv_err tb_model(const tb_opts *o, uint64_t offset, wl_model *m, char *err, size_t errlen);
+
+#endif

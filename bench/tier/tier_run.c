@@ -1,0 +1,388 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tier_bench's runner: the load phase (every thread puts its slice of one
+ * random load order), then the warm-up and the timed phase, in which each
+ * worker loops over its own pre-drawn trace (bench/workload.h) and the main
+ * thread flips a shared phase word (warm-up -> measure -> stop), moves the
+ * hot set at --shift-at and prints a progress line on stderr. Latencies go
+ * to per-thread log-linear histograms (16 sub-buckets per power of two, so
+ * a percentile is within ~6%), merged after the run. Engine statistics are
+ * taken right before and right after the timed phase.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench/tier/tier_bench.h"
+#include "common/clock.h"
+
+#define NBUCKETS (64 * 16)
+#define PH_WARMUP 0
+#define PH_MEASURE 1
+#define PH_STOP 2
+
+typedef struct hist {
+    uint64_t n[NBUCKETS];
+} hist;
+
+typedef struct worker {
+    pthread_t tid;
+    const tb_opts *o;
+    const tb_engine *eng;
+    void *h;
+    unsigned idx;
+    /* load: ids order[lo..hi); run: trace[shift][i % n] */
+    const uint64_t *order;
+    size_t lo, hi;
+    wl_op *trace[2];
+    size_t n;
+    _Atomic uint64_t done; /* ops so far (progress), any phase */
+    _Atomic bool finished; /* the thread returned */
+    uint64_t ops, gets, found, puts, version;
+    hist hget, hput;
+    kv_err rv;
+    unsigned char *val;
+} worker;
+
+typedef struct run_state {
+    _Atomic int phase;
+    _Atomic int shift;
+} run_state;
+
+static run_state g_run;
+
+static unsigned bucket_of(uint64_t v)
+{
+    if (v < 16)
+        return (unsigned)v;
+    unsigned msb = 63u - (unsigned)__builtin_clzll(v);
+    unsigned b = msb * 16 + (unsigned)((v >> (msb - 4)) & 15);
+    return b < NBUCKETS ? b : NBUCKETS - 1;
+}
+
+static double bucket_mid(unsigned b)
+{
+    if (b < 16)
+        return (double)b;
+    unsigned msb = b / 16, sub = b % 16;
+    double lo = (double)((16u + sub) * (1ull << (msb - 4)));
+    return lo + (double)(1ull << (msb - 4)) / 2.0;
+}
+
+/* The q-quantile of h in microseconds (0 when empty). */
+static double hist_quantile_us(const hist *h, double q)
+{
+    uint64_t total = 0, seen = 0;
+    for (unsigned b = 0; b < NBUCKETS; b++)
+        total += h->n[b];
+    if (total == 0)
+        return 0.0;
+    uint64_t want = (uint64_t)(q * (double)total);
+    for (unsigned b = 0; b < NBUCKETS; b++) {
+        seen += h->n[b];
+        if (seen > want)
+            return bucket_mid(b) / 1000.0;
+    }
+    return bucket_mid(NBUCKETS - 1) / 1000.0;
+}
+
+void tb_fill_value(uint64_t id, uint64_t version, unsigned char *buf, size_t vlen)
+{
+    uint64_t x = id * UINT64_C(0x9e3779b97f4a7c15) ^ version;
+    for (size_t i = 0; i < vlen; i++) {
+        if ((i & 7) == 0)
+            x = x * UINT64_C(6364136223846793005) + UINT64_C(1442695040888963407);
+        buf[i] = (unsigned char)(x >> (8 * (i & 7)));
+    }
+}
+
+static kv_err put_id(worker *w, uint64_t id, uint64_t version)
+{
+    unsigned char key[WL_KEY8_LEN];
+    wl_key8(id, key);
+    tb_fill_value(id, version, w->val, (size_t)w->o->value_size);
+    return w->eng->put(w->h, key, sizeof(key), w->val, (size_t)w->o->value_size);
+}
+
+static void *load_main(void *arg)
+{
+    worker *w = arg;
+    w->eng->thread_begin(w->h);
+    for (size_t i = w->lo; i < w->hi && w->rv == KV_OK; i++) {
+        w->rv = put_id(w, w->order[i], 0);
+        atomic_fetch_add_explicit(&w->done, 1, memory_order_relaxed);
+    }
+    w->eng->thread_end(w->h);
+    atomic_store(&w->finished, true);
+    return NULL;
+}
+
+/* One op of the trace; counts and times it when measuring. */
+static kv_err do_op(worker *w, wl_op op, bool measuring)
+{
+    unsigned char key[WL_KEY8_LEN];
+    bool found = false;
+    kv_err rv = KV_OK;
+    uint64_t t0 = kv_now_ns();
+    if (op.type == WL_OP_READ || op.type == WL_OP_RMW) {
+        wl_key8(op.key, key);
+        rv = w->eng->get(w->h, key, sizeof(key), &found);
+        uint64_t t1 = kv_now_ns();
+        if (measuring) {
+            w->hget.n[bucket_of(t1 - t0)]++;
+            w->gets++;
+            w->found += found;
+        }
+        t0 = t1;
+    }
+    if (rv == KV_OK && op.type != WL_OP_READ) {
+        rv = put_id(w, op.key, ++w->version);
+        if (measuring) {
+            w->hput.n[bucket_of(kv_now_ns() - t0)]++;
+            w->puts++;
+        }
+    }
+    w->ops += measuring;
+    return rv;
+}
+
+static void *run_main(void *arg)
+{
+    worker *w = arg;
+    int seen = PH_WARMUP;
+    w->eng->thread_begin(w->h);
+    for (size_t i = w->idx * 7919u; w->rv == KV_OK; i++) {
+        int ph = atomic_load_explicit(&g_run.phase, memory_order_acquire);
+        if (ph != seen) {
+            if (ph == PH_STOP)
+                break;
+            w->eng->measure_begin(w->h);
+            seen = ph;
+        }
+        int sh = atomic_load_explicit(&g_run.shift, memory_order_relaxed);
+        w->rv = do_op(w, w->trace[sh][i % w->n], seen == PH_MEASURE);
+        atomic_fetch_add_explicit(&w->done, 1, memory_order_relaxed);
+    }
+    if (seen == PH_MEASURE)
+        w->eng->measure_end(w->h);
+    w->eng->thread_end(w->h);
+    return NULL;
+}
+
+static uint64_t total_done(worker *ws, long n, bool *all_finished)
+{
+    uint64_t s = 0;
+    bool fin = true;
+    for (long i = 0; i < n; i++) {
+        s += atomic_load_explicit(&ws[i].done, memory_order_relaxed);
+        fin = fin && atomic_load(&ws[i].finished);
+    }
+    if (all_finished)
+        *all_finished = fin;
+    return s;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits until every worker has finished (load, secs <= 0) or `secs` pass,
+ * printing a progress line every --progress seconds. */
+static void watch(const tb_opts *o, worker *ws, const char *what, double secs)
+{
+    uint64_t start = kv_now_ns(), last_t = start, last_n = total_done(ws, o->threads, NULL);
+    double next = o->progress_s;
+    for (;;) {
+        bool fin;
+        sleep_s(secs > 0 && secs < 0.05 ? secs : 0.05);
+        double el = (double)(kv_now_ns() - start) / 1e9;
+        uint64_t d = total_done(ws, o->threads, &fin);
+        if ((secs > 0 && el >= secs) || (secs <= 0 && fin))
+            return;
+        if (o->shift_at > 0 && !strcmp(what, "run") && el >= o->shift_at &&
+            !atomic_load(&g_run.shift)) {
+            atomic_store(&g_run.shift, 1);
+            fprintf(stderr, "tier_bench: %s: hot set shifted at %.1f s\n", o->engine_name, el);
+        }
+        if (el >= next) {
+            uint64_t now = kv_now_ns();
+            fprintf(stderr, "tier_bench: %s %s %.0f s: %" PRIu64 " ops, %.0f ops/s\n",
+                    o->engine_name, what, el, d,
+                    (double)(d - last_n) * 1e9 / (double)(now - last_t));
+            last_t = now;
+            last_n = d;
+            next += o->progress_s;
+        }
+    }
+}
+
+static kv_err workers_init(const tb_opts *o, const tb_engine *eng, void *h, worker **out)
+{
+    worker *ws = calloc((size_t)o->threads, sizeof(*ws));
+    if (!ws)
+        return KV_RESOURCE_EXHAUSTED;
+    for (long t = 0; t < o->threads; t++) {
+        worker *w = &ws[t];
+        w->o = o;
+        w->eng = eng;
+        w->h = h;
+        w->idx = (unsigned)t;
+        w->val = malloc((size_t)o->value_size);
+        if (!w->val) {
+            *out = ws;
+            return KV_RESOURCE_EXHAUSTED;
+        }
+    }
+    *out = ws;
+    return KV_OK;
+}
+
+static void workers_free(const tb_opts *o, worker *ws)
+{
+    for (long t = 0; ws && t < o->threads; t++) {
+        free(ws[t].val);
+        free(ws[t].trace[0]);
+        free(ws[t].trace[1]);
+    }
+    free(ws);
+}
+
+/* Starts fn on every worker, watches them, joins them; the first error. */
+static kv_err run_threads(const tb_opts *o, worker *ws, void *(*fn)(void *), const char *what,
+                          double secs)
+{
+    long started = 0;
+    kv_err rv = KV_OK;
+    for (; started < o->threads; started++)
+        if (pthread_create(&ws[started].tid, NULL, fn, &ws[started]) != 0) {
+            rv = KV_RESOURCE_EXHAUSTED;
+            atomic_store(&g_run.phase, PH_STOP);
+            break;
+        }
+    if (rv == KV_OK)
+        watch(o, ws, what, secs);
+    return rv;
+}
+
+static kv_err join_threads(const tb_opts *o, worker *ws)
+{
+    kv_err rv = KV_OK;
+    for (long t = 0; t < o->threads; t++) {
+        pthread_join(ws[t].tid, NULL);
+        if (rv == KV_OK && ws[t].rv != KV_OK)
+            rv = ws[t].rv;
+    }
+    return rv;
+}
+
+static kv_err load(const tb_opts *o, worker *ws, tb_result *res)
+{
+    uint64_t *order;
+    kv_err rv = wl_load_order((uint64_t)o->records, (uint64_t)o->seed, &order);
+    if (rv != KV_OK)
+        return rv;
+    size_t n = (size_t)o->records, per = n / (size_t)o->threads;
+    for (long t = 0; t < o->threads; t++) {
+        ws[t].order = order;
+        ws[t].lo = (size_t)t * per;
+        ws[t].hi = t == o->threads - 1 ? n : (size_t)(t + 1) * per;
+    }
+    uint64_t t0 = kv_now_ns();
+    rv = run_threads(o, ws, load_main, "load", 0);
+    kv_err jrv = join_threads(o, ws);
+    res->load_s = (double)(kv_now_ns() - t0) / 1e9;
+    res->load_ops_per_s = (double)n / res->load_s;
+    free(order);
+    for (long t = 0; t < o->threads; t++)
+        atomic_store(&ws[t].done, 0);
+    return rv != KV_OK ? rv : jrv;
+}
+
+static kv_err make_traces(const tb_opts *o, worker *ws)
+{
+    char err[256] = "";
+    for (int phase = 0; phase < 2; phase++) {
+        wl_model m;
+        kv_err rv = tb_model(o, phase ? (uint64_t)o->records / 2 : 0, &m, err, sizeof(err));
+        if (rv != KV_OK) {
+            fprintf(stderr, "tier_bench: %s\n", err);
+            return rv;
+        }
+        for (long t = 0; t < o->threads; t++) {
+            ws[t].n = (size_t)o->trace_ops;
+            rv = wl_trace_make(&m, (unsigned)t, (unsigned)o->threads, ws[t].n, &ws[t].trace[phase]);
+            if (rv != KV_OK)
+                return rv;
+        }
+        if (o->shift_at <= 0) /* no shift: trace[1] is never used */
+            break;
+    }
+    return KV_OK;
+}
+
+static void merge(const tb_opts *o, worker *ws, tb_result *res, double run_s)
+{
+    hist hg, hp;
+    memset(&hg, 0, sizeof(hg));
+    memset(&hp, 0, sizeof(hp));
+    for (long t = 0; t < o->threads; t++) {
+        res->ops += ws[t].ops;
+        res->gets += ws[t].gets;
+        res->gets_found += ws[t].found;
+        res->puts += ws[t].puts;
+        for (unsigned b = 0; b < NBUCKETS; b++) {
+            hg.n[b] += ws[t].hget.n[b];
+            hp.n[b] += ws[t].hput.n[b];
+        }
+    }
+    res->run_s = run_s;
+    res->ops_per_s = (double)res->ops / run_s;
+    res->p50_get_us = hist_quantile_us(&hg, 0.50);
+    res->p99_get_us = hist_quantile_us(&hg, 0.99);
+    res->p999_get_us = hist_quantile_us(&hg, 0.999);
+    res->p50_put_us = hist_quantile_us(&hp, 0.50);
+    res->p99_put_us = hist_quantile_us(&hp, 0.99);
+}
+
+/* Warm-up, then the timed phase with engine stats around it. */
+static kv_err measure(const tb_opts *o, const tb_engine *eng, void *h, worker *ws, tb_result *res)
+{
+    kv_err rv = make_traces(o, ws);
+    if (rv != KV_OK)
+        return rv;
+    atomic_store(&g_run.phase, PH_WARMUP);
+    atomic_store(&g_run.shift, 0);
+    if ((rv = run_threads(o, ws, run_main, "warmup", o->warmup > 0 ? o->warmup : 1e-3)) != KV_OK)
+        return rv;
+    eng->stats(h, &res->before);
+    uint64_t t0 = kv_now_ns();
+    atomic_store(&g_run.phase, PH_MEASURE);
+    watch(o, ws, "run", o->seconds);
+    atomic_store(&g_run.phase, PH_STOP);
+    double run_s = (double)(kv_now_ns() - t0) / 1e9;
+    rv = join_threads(o, ws);
+    eng->stats(h, &res->after);
+    merge(o, ws, res, run_s);
+    return rv;
+}
+
+kv_err tb_run(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
+{
+    worker *ws = NULL;
+    memset(res, 0, sizeof(*res));
+    kv_err rv = workers_init(o, eng, h, &ws);
+    if (rv == KV_OK && !o->no_load)
+        rv = load(o, ws, res);
+    if (rv == KV_OK && !o->load_only)
+        rv = measure(o, eng, h, ws, res);
+    if (rv != KV_OK)
+        fprintf(stderr, "tier_bench: %s: %s\n", o->engine_name, kv_strerror(rv));
+    workers_free(o, ws);
+    return rv;
+}
