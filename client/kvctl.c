@@ -22,6 +22,7 @@ static const kvctl_cmd commands[] = {
     {"ring", kvctl_ring, 0, 0, "ring"},
     {"ping", kvctl_ping, 0, 0, "ping"},
     {"cluster", kvctl_cluster, 1, 1000, "cluster init --rf N ID=ADDR..."},
+    {"hotkeys", kvctl_hotkeys, 0, 0, "hotkeys [--top N] [--watch] [--json]"},
 };
 
 static void usage(FILE *f)
@@ -49,6 +50,8 @@ int main(int argc, char **argv)
         {"ttl", KV_OPT_INT, &env.ttl_ms, "put: time to live in ms", NULL, 0, 1L << 40},
         {"verbose", KV_OPT_BOOL, &env.verbose, "status: per-tier detail", NULL, 0, 0},
         {"rf", KV_OPT_INT, &env.rf, "cluster init: replication factor", NULL, 1, 16},
+        {"top", KV_OPT_INT, &env.top, "hotkeys: how many keys", NULL, 1, 100000},
+        {"watch", KV_OPT_BOOL, &env.watch, "hotkeys: refresh every second", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvctl", "COMMAND [ARGS]"};
     char err[512];

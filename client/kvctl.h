@@ -17,6 +17,8 @@ typedef struct kvctl_env {
     long timeout_ms;
     long ttl_ms;
     long rf;
+    long top;
+    bool watch;
 } kvctl_env;
 
 typedef int (*kvctl_fn)(kvctl_env *env, int argc, char **argv);
@@ -40,5 +42,6 @@ int kvctl_status(kvctl_env *env, int argc, char **argv);
 int kvctl_ring(kvctl_env *env, int argc, char **argv);
 int kvctl_ping(kvctl_env *env, int argc, char **argv);
 int kvctl_cluster(kvctl_env *env, int argc, char **argv);
+int kvctl_hotkeys(kvctl_env *env, int argc, char **argv);
 
 #endif

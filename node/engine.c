@@ -157,6 +157,7 @@ kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errl
     for (int i = 0; i < ENGINE_STRIPES; i++)
         pthread_mutex_init(&e->stripes[i], NULL);
     pthread_rwlock_init(&e->apply_lock, NULL);
+    pthread_rwlock_init(&e->pin_lock, NULL);
     pthread_mutex_init(&e->bg_mu, NULL);
     pthread_cond_init(&e->bg_cv, NULL);
     pthread_cond_init(&e->done_cv, NULL);
@@ -184,6 +185,7 @@ void engine_close(engine *e)
     for (int i = 0; i < ENGINE_STRIPES; i++)
         pthread_mutex_destroy(&e->stripes[i]);
     pthread_rwlock_destroy(&e->apply_lock);
+    pthread_rwlock_destroy(&e->pin_lock);
     pthread_mutex_destroy(&e->bg_mu);
     pthread_cond_destroy(&e->bg_cv);
     pthread_cond_destroy(&e->done_cv);
@@ -376,6 +378,9 @@ static kv_err apply(engine *e, const engine_write *w, uint64_t version, char *er
     }
     hr_meta m = {.version = version, .seqno = rec.seqno, .expire_at = rec.expire_at};
     m.flags = HR_F_DIRTY | (w->is_delete ? HR_F_TOMBSTONE : 0);
+    if (atomic_load_explicit(&e->npins, memory_order_relaxed) &&
+        engine_is_pinned(e, w->key, w->klen))
+        m.flags |= HR_F_PINNED;
     put_acct a = {.version = version};
     rv = hr_upsert(e->idx, w->key, w->klen, rec.value ? rec.value : "", rec.vlen, &m, newer_cond,
                    &a);
@@ -430,4 +435,107 @@ const char *engine_durability(const engine *e)
 kv_hlc *engine_hlc(engine *e)
 {
     return &e->hlc;
+}
+
+/* ---- pins (cluster hot-key hints) -------------------------------------- */
+
+static uint64_t pin_hash(const void *key, size_t klen)
+{
+    uint64_t h = kv_hash64(key, klen, 0x51ed27a1ull);
+    return h < 2 ? h + 2 : h; /* 0 and 1 mark empty and removed slots */
+}
+
+/* Slot of h, or of the first free slot on its probe path; caller locks. */
+static uint64_t *pin_slot(engine *e, uint64_t h, bool for_insert)
+{
+    size_t n = ENGINE_MAX_PINS * 2, i = h % n;
+    uint64_t *free_slot = NULL;
+    for (size_t k = 0; k < n; k++, i = (i + 1) % n) {
+        if (e->pins[i] == h)
+            return &e->pins[i];
+        if (e->pins[i] == 1 && !free_slot)
+            free_slot = &e->pins[i];
+        if (e->pins[i] == 0)
+            return for_insert ? (free_slot ? free_slot : &e->pins[i]) : NULL;
+    }
+    return for_insert ? free_slot : NULL;
+}
+
+bool engine_is_pinned(engine *e, const void *key, size_t klen)
+{
+    uint64_t h = pin_hash(key, klen);
+    pthread_rwlock_rdlock(&e->pin_lock);
+    bool on = pin_slot(e, h, false) != NULL;
+    pthread_rwlock_unlock(&e->pin_lock);
+    return on;
+}
+
+static kv_err pin_set(engine *e, uint64_t h, bool on)
+{
+    kv_err rv = KV_OK;
+    pthread_rwlock_wrlock(&e->pin_lock);
+    uint64_t *slot = pin_slot(e, h, on);
+    if (on && slot && *slot != h) {
+        if (atomic_load(&e->npins) >= ENGINE_MAX_PINS) {
+            rv = KV_RESOURCE_EXHAUSTED;
+        } else {
+            *slot = h;
+            atomic_fetch_add(&e->npins, 1);
+        }
+    } else if (on && !slot) {
+        rv = KV_RESOURCE_EXHAUSTED;
+    } else if (!on && slot) {
+        *slot = 1;
+        atomic_fetch_sub(&e->npins, 1);
+    }
+    pthread_rwlock_unlock(&e->pin_lock);
+    return rv;
+}
+
+typedef struct seq_view {
+    bool found;
+    uint64_t seqno;
+} seq_view;
+
+static void seq_visit(void *arg, const hr_view *v)
+{
+    seq_view *s = arg;
+    s->found = true;
+    s->seqno = v->meta.seqno;
+}
+
+/* Loads key's record from the LSM into memory (clean) when it is absent. */
+static kv_err pin_load(engine *e, const void *key, size_t klen)
+{
+    uint64_t gen = lsm_flush_generation(e->db);
+    lsm_rec rec;
+    kv_err rv = lsm_get(e->db, key, klen, &rec, NULL);
+    if (rv != KV_OK)
+        return rv;
+    hr_meta m = {.version = rec.version, .seqno = rec.seqno, .expire_at = rec.expire_at};
+    m.flags = HR_F_PINNED | (rec.type == LSM_DELETE ? HR_F_TOMBSTONE : 0);
+    fill_state f = {e, gen};
+    if (hr_upsert(e->idx, key, klen, rec.value ? rec.value : "", rec.vlen, &m, fill_cond, &f) ==
+        KV_OK)
+        atomic_fetch_add(&e->mem_bytes, engine_rec_bytes(klen, rec.vlen));
+    lsm_rec_free(&rec);
+    return KV_OK;
+}
+
+kv_err engine_pin(engine *e, const void *key, size_t klen, bool on)
+{
+    kv_err rv = pin_set(e, pin_hash(key, klen), on);
+    if (rv != KV_OK || !on) {
+        for (int tries = 0; !on && tries < 4; tries++) { /* clear the item's flag */
+            seq_view s = {0};
+            if (hr_get(e->idx, key, klen, seq_visit, &s) != KV_OK ||
+                hr_set_flags(e->idx, key, klen, s.seqno, 0, HR_F_PINNED) != KV_FAILED_PRECONDITION)
+                break;
+        }
+        return rv;
+    }
+    seq_view s = {0};
+    if (hr_get(e->idx, key, klen, seq_visit, &s) != KV_OK && (rv = pin_load(e, key, klen)) != KV_OK)
+        return rv;
+    return hr_pin(e->idx, key, klen);
 }

@@ -101,6 +101,16 @@ kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out);
 kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
                         size_t errlen);
 
+/* Cluster hot-key hint. on: the key's record is loaded into the memory
+ * tier if absent (straight from the LSM, no admission check), kept there
+ * (never evicted) and made the head of its HotRing ring; later writes keep
+ * the pin. off: the key becomes an ordinary item again. Returns KV_OK,
+ * NOT_FOUND (on: no record anywhere; the pin is still remembered and
+ * applies to the key's next write), RESOURCE_EXHAUSTED (pin table full). */
+kv_err engine_pin(engine *e, const void *key, size_t klen, bool on);
+/* Whether key is pinned right now. */
+bool engine_is_pinned(engine *e, const void *key, size_t klen);
+
 /* Flushes every dirty item now and waits for it (tests, admin). */
 kv_err engine_flush(engine *e);
 

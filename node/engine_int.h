@@ -14,6 +14,7 @@
 #define ENGINE_STRIPES 1024
 #define ENGINE_ITEM_OVERHEAD 64u /* per-item bytes beyond key and value, for the budget */
 #define ENGINE_SKETCH_SIZE (1u << 20)
+#define ENGINE_MAX_PINS 4096u
 
 struct engine {
     hr_index *idx;
@@ -40,6 +41,11 @@ struct engine {
     _Atomic uint64_t sketch_adds;
     _Atomic uint64_t gets, puts, deletes, reads_mem, reads_fd, reads_sd, reads_miss;
     _Atomic uint64_t fills, evictions, flushes;
+    /* Pinned keys, by 64-bit hash (open addressing, 0 = empty, 1 = removed).
+     * Read on every write (to keep HR_F_PINNED), changed by hot-key hints. */
+    pthread_rwlock_t pin_lock;
+    uint64_t pins[ENGINE_MAX_PINS * 2];
+    _Atomic uint64_t npins;
 };
 
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);

@@ -23,6 +23,7 @@ int main(int argc, char **argv)
     n.cfg.sync = ENGINE_SYNC_BATCH;
     n.cfg.sync_ms = 5;
     n.cfg.write_buffer_mb = 64;
+    n.cfg.hot_threshold = 1000;
     static const char *const sync_modes[] = {"always", "batch", "none", NULL};
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
@@ -48,6 +49,8 @@ int main(int argc, char **argv)
          "dirty memory-tier bytes that trigger a flush, MiB", NULL, 1, 1 << 20},
         {"write-buffer-kb", KV_OPT_INT, &n.cfg.write_buffer_kb,
          "the same in KiB (tests); wins when set", NULL, 0, 1 << 30},
+        {"hot-threshold", KV_OPT_DOUBLE, &n.cfg.hot_threshold,
+         "cluster hot-key rate (ops/s) that pins a key in memory", NULL, 0, 0},
         {"no-io-uring", KV_OPT_BOOL, &n.cfg.no_io_uring, "use pread/pwrite instead of io_uring",
          NULL, 0, 0},
         {"workers", KV_OPT_INT, &n.cfg.workers, "RPC worker threads", NULL, 1, 1024},

@@ -11,6 +11,7 @@
 
 #include "common/limits.h"
 #include "node/engine.h"
+#include "node/hot.h"
 #include "proto/rpc.h"
 #include "proto/statlist.h"
 #include "shard/clustermap.h"
@@ -30,12 +31,14 @@ typedef struct node_config {
     bool no_io_uring;
     long mem_mb;
     long workers;
+    double hot_threshold; /* ops/s summed over routers that pins a key */
     kv_limits limits;
 } node_config;
 
 typedef struct node {
     node_config cfg;
     engine *eng;
+    node_hot *hot;
     cmap_slot *maps; /* the node's cluster map (empty before cluster init) */
     rpc_server *rpc;
     uint64_t started_ns;

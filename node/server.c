@@ -374,10 +374,48 @@ static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     return rv;
 }
 
+/* admin.HotKeys: a router's report (keys set) and/or a read of the view. */
+static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    node *n = c->user;
+    UNPACK_OR_FAIL(req, Kv__HotKeysRequest, kv__hot_keys_request__unpack, c, body, len);
+    uint64_t now = kv_now_ns();
+    if (req->n_keys)
+        node_hot_report(n->hot, req, now);
+    node_hot_item *items = NULL;
+    size_t total = node_hot_view(n->hot, now, &items);
+    size_t top = req->top ? req->top : 20;
+    size_t k = total < top ? total : top;
+    Kv__HotKeyInfo *info = calloc(k ? k : 1, sizeof(*info));
+    Kv__HotKeyInfo **ptrs = calloc(k ? k : 1, sizeof(*ptrs));
+    char *self[1] = {n->cfg.id};
+    kv_err rv = info && ptrs ? KV_OK : rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; rv == KV_OK && i < k; i++) {
+        kv__hot_key_info__init(&info[i]);
+        info[i].key = (ProtobufCBinaryData){items[i].klen, items[i].key};
+        info[i].ops_per_s = items[i].ops_per_s;
+        info[i].pinned = items[i].pinned;
+        info[i].n_nodes = 1;
+        info[i].nodes = self;
+        ptrs[i] = &info[i];
+    }
+    if (rv == KV_OK) {
+        Kv__HotKeysReply rep = KV__HOT_KEYS_REPLY__INIT;
+        rep.n_keys = k;
+        rep.keys = ptrs;
+        rv = rpc_reply_msg(c, &rep.base);
+    }
+    free(info);
+    free(ptrs);
+    node_hot_view_free(items, total);
+    kv__hot_keys_request__free_unpacked(req, NULL);
+    return rv;
+}
+
 static const rpc_method node_methods[] = {
-    {"kv.Get", h_get},           {"kv.Put", h_put},           {"kv.Delete", h_delete},
-    {"kv.Batch", h_batch},       {"admin.Ping", h_ping},      {"admin.Stats", h_stats},
-    {"admin.GetMap", h_get_map}, {"admin.SetMap", h_set_map},
+    {"admin.HotKeys", h_hot_keys}, {"kv.Get", h_get},           {"kv.Put", h_put},
+    {"kv.Delete", h_delete},       {"kv.Batch", h_batch},       {"admin.Ping", h_ping},
+    {"admin.Stats", h_stats},      {"admin.GetMap", h_get_map}, {"admin.SetMap", h_set_map},
 };
 
 /* ---- lifecycle --------------------------------------------------------- */
@@ -459,6 +497,8 @@ kv_err node_start(node *n, char *err, size_t errlen)
     rv = engine_open(&n->eng, &eo, err, errlen);
     if (n->cfg.fast_dir == fast)
         n->cfg.fast_dir = NULL;
+    if (rv == KV_OK)
+        rv = node_hot_create(&n->hot, n->eng, n->cfg.hot_threshold);
     if (rv != KV_OK)
         return rv;
     rpc_server_opts ro = {.url = n->cfg.listen,
@@ -477,6 +517,8 @@ void node_stop(node *n)
 {
     rpc_server_close(n->rpc);
     n->rpc = NULL;
+    node_hot_destroy(n->hot);
+    n->hot = NULL;
     engine_close(n->eng);
     n->eng = NULL;
     cmap_slot_destroy(n->maps);

@@ -19,6 +19,7 @@
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
 #include "shard/clustermap.h"
+#include "shard/hotkeys.h"
 
 #define ROUTER_MAX_RF 16
 
@@ -28,6 +29,9 @@ typedef struct router_config {
     char *auth;
     long workers;
     long refresh_ms;
+    long hot_sample;    /* sample one key in N for hot-key detection (0 = off) */
+    long hot_window_ms; /* detection window */
+    long hot_k;         /* keys per sketch / report */
     kv_limits limits;
 } router_config;
 
@@ -46,6 +50,9 @@ typedef struct router {
     rpc_server *rpc;
     pthread_t refresher;
     bool refresher_started;
+    hk_window *hot; /* NULL when detection is off */
+    pthread_t hot_thread;
+    bool hot_started;
     atomic_bool stopping;
     uint64_t started_ns;
     _Atomic uint64_t requests, forwards, forward_errors, map_refreshes;
@@ -69,6 +76,13 @@ kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_ping(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err router_h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len);
+
+/* Hot-key detection (router_hot.c). */
+kv_err router_hot_start(router *r);
+void router_hot_stop(router *r);
+/* Offers a routed key to the detector; worker = the RPC worker index. */
+void router_hot_sample(router *r, int worker, const void *key, size_t klen);
 
 /* Starts the map refresher and the RPC server. */
 kv_err router_start(router *r, char *err, size_t errlen);

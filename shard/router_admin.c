@@ -226,7 +226,7 @@ static const rpc_method router_methods[] = {
     {"kv.Get", router_h_get},           {"kv.Put", router_h_put},
     {"kv.Delete", router_h_delete},     {"kv.Batch", router_h_batch},
     {"admin.Ping", router_h_ping},      {"admin.Stats", router_h_stats},
-    {"admin.GetMap", router_h_get_map},
+    {"admin.GetMap", router_h_get_map}, {"admin.HotKeys", router_h_hot_keys},
 };
 
 kv_err router_start(router *r, char *err, size_t errlen)
@@ -241,6 +241,10 @@ kv_err router_start(router *r, char *err, size_t errlen)
         return KV_RESOURCE_EXHAUSTED;
     }
     r->refresher_started = true;
+    if ((rv = router_hot_start(r)) != KV_OK) {
+        snprintf(err, errlen, "cannot start hot-key detection: %s", kv_strerror(rv));
+        return rv;
+    }
     rpc_server_opts ro = {.url = r->cfg.listen,
                           .methods = router_methods,
                           .nmethods = sizeof(router_methods) / sizeof(router_methods[0]),
@@ -258,6 +262,7 @@ void router_stop(router *r)
     atomic_store(&r->stopping, true);
     if (r->refresher_started)
         pthread_join(r->refresher, NULL);
+    router_hot_stop(r);
     for (size_t i = 0; i < r->npeers; i++) {
         rpc_chan_close(r->peers[i].chan);
         free(r->peers[i].addr);

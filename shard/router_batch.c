@@ -248,6 +248,8 @@ static kv_err validate_ops(router *r, rpc_ctx *c, Kv__BatchRequest *req, size_t 
             rv = rpc_fail(c, rv, "op %zu: %s", i, why);
         if (op->type != KV__OP_TYPE__GET && !op->version)
             op->version = kv_hlc_now(&r->hlc);
+        if (rv == KV_OK)
+            router_hot_sample(r, c->worker, op->key.data, op->key.len);
     }
     return rv;
 }

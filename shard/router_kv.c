@@ -188,6 +188,8 @@ kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
+        router_hot_sample(r, c->worker, req->key.data, req->key.len);
+    if (rv == KV_OK)
         rv = forward_key(r, c, "kv.Get", &req->base, NULL, &req->key, req->consistency,
                          KV__CONSISTENCY__ONE, true);
     kv__get_request__free_unpacked(req, NULL);
@@ -202,6 +204,8 @@ kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len)
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__PutRequest body");
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    if (rv == KV_OK)
+        router_hot_sample(r, c->worker, req->key.data, req->key.len);
     if (rv == KV_OK)
         rv = kv_check_value(&r->cfg.limits, req->value.len, c->message, sizeof(c->message));
     if (rv == KV_OK) {
@@ -226,6 +230,8 @@ kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    if (rv == KV_OK)
+        router_hot_sample(r, c->worker, req->key.data, req->key.len);
     if (rv == KV_OK) {
         if (!req->version)
             req->version = kv_hlc_now(&r->hlc);

@@ -18,6 +18,9 @@ int main(int argc, char **argv)
     r.cfg.listen = "tcp://127.0.0.1:7000";
     r.cfg.workers = 32;
     r.cfg.refresh_ms = 2000;
+    r.cfg.hot_sample = 16;
+    r.cfg.hot_window_ms = 1000;
+    r.cfg.hot_k = 1024;
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
     char *log_level = "info";
@@ -28,6 +31,11 @@ int main(int argc, char **argv)
         {"workers", KV_OPT_INT, &r.cfg.workers, "RPC worker threads", NULL, 1, 4096},
         {"refresh-ms", KV_OPT_INT, &r.cfg.refresh_ms, "cluster map poll period", NULL, 50, 3600000},
         {"auth", KV_OPT_STR, &r.cfg.auth, "cluster auth token (empty = off)", NULL, 0, 0},
+        {"hot-sample", KV_OPT_INT, &r.cfg.hot_sample,
+         "hot-key detection samples one key in N (0 = off)", NULL, 0, 1 << 20},
+        {"hot-window-ms", KV_OPT_INT, &r.cfg.hot_window_ms, "hot-key detection window", NULL, 50,
+         3600000},
+        {"hot-k", KV_OPT_INT, &r.cfg.hot_k, "keys tracked per hot-key sketch", NULL, 16, 1 << 20},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},

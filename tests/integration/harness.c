@@ -17,6 +17,9 @@
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
 
+const char *const *kvt_router_extra;
+const char *const *kvt_node_extra;
+
 int kvt_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -108,18 +111,21 @@ static kv_err start_nodes(kvt_cluster *c)
         snprintf(dir, sizeof(dir), "%s/%s", c->dir, id);
         snprintf(log, sizeof(log), "%s/%s.log", c->dir, id);
         snprintf(c->node_url[i], sizeof(c->node_url[i]), "tcp://127.0.0.1:%d", kvt_free_port());
-        char *argv[] = {strdup(kvt_bin("node/kvnode")),
-                        "--id",
-                        id,
-                        "--listen",
-                        c->node_url[i],
-                        "--data-dir",
-                        dir,
-                        "--mem-mb",
-                        "512",
-                        "--auth",
-                        (char *)(c->auth ? c->auth : ""),
-                        NULL};
+        char *argv[32] = {strdup(kvt_bin("node/kvnode")),
+                          "--id",
+                          id,
+                          "--listen",
+                          c->node_url[i],
+                          "--data-dir",
+                          dir,
+                          "--mem-mb",
+                          "512",
+                          "--auth",
+                          (char *)(c->auth ? c->auth : "")};
+        int n = 11;
+        for (int k = 0; kvt_node_extra && kvt_node_extra[k] && n < 31; k++)
+            argv[n++] = (char *)kvt_node_extra[k];
+        argv[n] = NULL;
         c->node_pid[i] = spawn(log, argv);
         free(argv[0]);
     }
@@ -140,6 +146,25 @@ static kv_err init_cluster(kvt_cluster *c)
     return kvt_run(cmd, out, sizeof(out)) == 0 ? KV_OK : KV_INTERNAL;
 }
 
+static pid_t start_router(kvt_cluster *c, const char *url, const char *name)
+{
+    char seeds[1024] = "", log[300];
+    for (int i = 0; i < c->nnodes; i++)
+        snprintf(seeds + strlen(seeds), sizeof(seeds) - strlen(seeds), "%s%s", i ? "," : "",
+                 c->node_url[i]);
+    snprintf(log, sizeof(log), "%s/%s.log", c->dir, name);
+    char *argv[32] = {
+        strdup(kvt_bin("shard/kvrouter")), "--listen", (char *)url, "--seeds", seeds, "--auth",
+        (char *)(c->auth ? c->auth : "")};
+    int n = 7;
+    for (int k = 0; kvt_router_extra && kvt_router_extra[k] && n < 31; k++)
+        argv[n++] = (char *)kvt_router_extra[k];
+    argv[n] = NULL;
+    pid_t pid = spawn(log, argv);
+    free(argv[0]);
+    return pid;
+}
+
 kv_err kvt_cluster_start(kvt_cluster *c, int nnodes, int rf, const char *auth)
 {
     memset(c, 0, sizeof(*c));
@@ -154,18 +179,16 @@ kv_err kvt_cluster_start(kvt_cluster *c, int nnodes, int rf, const char *auth)
         rv = init_cluster(c);
     if (rv != KV_OK)
         return rv;
-    char seeds[1024] = "", log[300];
-    for (int i = 0; i < nnodes; i++)
-        snprintf(seeds + strlen(seeds), sizeof(seeds) - strlen(seeds), "%s%s", i ? "," : "",
-                 c->node_url[i]);
     snprintf(c->router_url, sizeof(c->router_url), "tcp://127.0.0.1:%d", kvt_free_port());
-    snprintf(log, sizeof(log), "%s/router.log", c->dir);
-    char *argv[] = {
-        strdup(kvt_bin("shard/kvrouter")), "--listen", c->router_url, "--seeds", seeds, "--auth",
-        (char *)(auth ? auth : ""),        NULL};
-    c->router_pid = spawn(log, argv);
-    free(argv[0]);
+    c->router_pid = start_router(c, c->router_url, "router");
     return router_has_map(c->router_url, auth, 10000) ? KV_OK : KV_UNAVAILABLE;
+}
+
+kv_err kvt_add_router(kvt_cluster *c)
+{
+    snprintf(c->router2_url, sizeof(c->router2_url), "tcp://127.0.0.1:%d", kvt_free_port());
+    c->router2_pid = start_router(c, c->router2_url, "router2");
+    return router_has_map(c->router2_url, c->auth, 10000) ? KV_OK : KV_UNAVAILABLE;
 }
 
 static void stop_pid(pid_t pid)
@@ -194,6 +217,7 @@ void kvt_kill_node(kvt_cluster *c, int i, int sig)
 void kvt_cluster_stop(kvt_cluster *c)
 {
     stop_pid(c->router_pid);
+    stop_pid(c->router2_pid);
     for (int i = 0; i < c->nnodes; i++)
         stop_pid(c->node_pid[i]);
     char cmd[400], out[16];

@@ -16,6 +16,11 @@
 
 #define KVT_MAX_NODES 8
 
+/* Extra flags for the routers and nodes kvt_cluster_start starts
+ * (NULL-terminated; NULL = none). Set before starting. */
+extern const char *const *kvt_router_extra;
+extern const char *const *kvt_node_extra;
+
 typedef struct kvt_cluster {
     int nnodes, rf;
     const char *auth;
@@ -24,7 +29,12 @@ typedef struct kvt_cluster {
     char node_url[KVT_MAX_NODES][64];
     pid_t node_pid[KVT_MAX_NODES];
     pid_t router_pid;
+    char router2_url[64];
+    pid_t router2_pid;
 } kvt_cluster;
+
+/* Starts a second router for c (c->router2_url). */
+kv_err kvt_add_router(kvt_cluster *c);
 
 /* A TCP port that was free a moment ago on 127.0.0.1. */
 int kvt_free_port(void);

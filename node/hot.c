@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The node's merged view of cluster hot keys (issue 7). Every router pushes
+ * the hot keys of its last window (admin.HotKeys); the node keeps, per key,
+ * the latest rate from each router, sums the fresh ones (a router's entry
+ * ages out after 3 of its windows), and pins keys whose summed rate passes
+ * --hot-threshold in the engine (memory-resident, HotRing head), unpinning
+ * them when they cool down. Reports arrive about once per second per
+ * router, so one mutex guards the table.
+ */
+#include "node/hot.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/hash.h"
+#include "common/log.h"
+
+#define SLOTS 16384u /* table capacity (power of two); at most half used */
+#define MAX_ROUTERS 8
+#define AGE_WINDOWS 3
+
+typedef struct hot_src {
+    uint64_t router; /* hash of the router id, 0 = unused */
+    double rate;
+    uint64_t at_ns, window_ns;
+} hot_src;
+
+typedef struct hot_ent {
+    uint64_t hash; /* 0 = empty */
+    uint8_t *key;
+    size_t klen;
+    hot_src src[MAX_ROUTERS];
+    bool pinned;
+} hot_ent;
+
+struct node_hot {
+    engine *eng;
+    double threshold;
+    pthread_mutex_t mu;
+    hot_ent *tab;
+    size_t used;
+};
+
+kv_err node_hot_create(node_hot **out, engine *e, double threshold)
+{
+    node_hot *h = calloc(1, sizeof(*h));
+    if (!h || !(h->tab = calloc(SLOTS, sizeof(hot_ent)))) {
+        free(h);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    h->eng = e;
+    h->threshold = threshold;
+    pthread_mutex_init(&h->mu, NULL);
+    *out = h;
+    return KV_OK;
+}
+
+void node_hot_destroy(node_hot *h)
+{
+    if (!h)
+        return;
+    for (size_t i = 0; i < SLOTS; i++)
+        free(h->tab[i].key);
+    free(h->tab);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}
+
+static uint64_t key_hash(const void *k, size_t n)
+{
+    uint64_t x = kv_hash64(k, n, 0x486f744b6579ull);
+    return x ? x : 1;
+}
+
+/* The key's slot, or the empty slot where it would go (NULL when full). */
+static hot_ent *find(node_hot *h, uint64_t hash, const void *key, size_t klen)
+{
+    for (size_t i = hash & (SLOTS - 1), k = 0; k < SLOTS; k++, i = (i + 1) & (SLOTS - 1)) {
+        hot_ent *e = &h->tab[i];
+        if (!e->hash || (e->hash == hash && e->klen == klen && memcmp(e->key, key, klen) == 0))
+            return e;
+    }
+    return NULL;
+}
+
+static void note(node_hot *h, uint64_t router, uint64_t window_ns, const Kv__HotKey *k,
+                 uint64_t now)
+{
+    uint64_t hash = key_hash(k->key.data, k->key.len);
+    hot_ent *e = find(h, hash, k->key.data, k->key.len);
+    if (!e || (!e->hash && h->used >= SLOTS / 2))
+        return; /* table full: the coldest keys are the ones left out */
+    if (!e->hash) {
+        if (!(e->key = malloc(k->key.len)))
+            return;
+        memcpy(e->key, k->key.data, k->key.len);
+        e->klen = k->key.len;
+        e->hash = hash;
+        h->used++;
+    }
+    hot_src *slot = NULL, *oldest = &e->src[0];
+    for (int i = 0; i < MAX_ROUTERS && !slot; i++) {
+        if (e->src[i].router == router || e->src[i].router == 0)
+            slot = &e->src[i];
+        else if (e->src[i].at_ns < oldest->at_ns)
+            oldest = &e->src[i];
+    }
+    slot = slot ? slot : oldest;
+    *slot = (hot_src){router, k->ops_per_s, now, window_ns};
+}
+
+static double fresh_rate(const hot_ent *e, uint64_t now)
+{
+    double sum = 0;
+    for (int i = 0; i < MAX_ROUTERS; i++)
+        if (e->src[i].router && now - e->src[i].at_ns <= AGE_WINDOWS * e->src[i].window_ns)
+            sum += e->src[i].rate;
+    return sum;
+}
+
+/* Re-inserts every live entry (open addressing has no cheap delete) and
+ * applies pin decisions. Caller holds mu. */
+static void sweep(node_hot *h, uint64_t now)
+{
+    hot_ent *old = h->tab;
+    hot_ent *tab = calloc(SLOTS, sizeof(hot_ent));
+    if (!tab)
+        return;
+    h->tab = tab;
+    h->used = 0;
+    for (size_t i = 0; i < SLOTS; i++) {
+        hot_ent *e = &old[i];
+        if (!e->hash)
+            continue;
+        double rate = fresh_rate(e, now);
+        bool want = rate > 0 && rate >= h->threshold;
+        if (want != e->pinned) {
+            kv_err rv = engine_pin(h->eng, e->key, e->klen, want);
+            e->pinned = want && (rv == KV_OK || rv == KV_NOT_FOUND);
+            KV_DEBUG("hot", "%s %.*s (%.1f ops/s): %s", want ? "pin" : "unpin", (int)e->klen,
+                     (const char *)e->key, rate, kv_err_name(rv));
+        }
+        if (rate <= 0 && !e->pinned) {
+            free(e->key);
+            continue;
+        }
+        hot_ent *dst = find(h, e->hash, e->key, e->klen);
+        *dst = *e;
+        h->used++;
+    }
+    free(old);
+}
+
+void node_hot_report(node_hot *h, const Kv__HotKeysRequest *req, uint64_t now_ns)
+{
+    uint64_t router = key_hash(req->router_id ? req->router_id : "",
+                               strlen(req->router_id ? req->router_id : ""));
+    uint64_t window_ns = (uint64_t)(req->window_ms ? req->window_ms : 1000) * 1000000ull;
+    pthread_mutex_lock(&h->mu);
+    for (size_t i = 0; i < req->n_keys; i++)
+        if (req->keys[i]->key.len > 0)
+            note(h, router, window_ns, req->keys[i], now_ns);
+    sweep(h, now_ns);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int by_rate_desc(const void *a, const void *b)
+{
+    const node_hot_item *x = a, *y = b;
+    return x->ops_per_s < y->ops_per_s ? 1 : x->ops_per_s > y->ops_per_s ? -1 : 0;
+}
+
+size_t node_hot_view(node_hot *h, uint64_t now_ns, node_hot_item **out)
+{
+    pthread_mutex_lock(&h->mu);
+    node_hot_item *items = calloc(h->used ? h->used : 1, sizeof(*items));
+    size_t n = 0;
+    for (size_t i = 0; items && i < SLOTS; i++) {
+        hot_ent *e = &h->tab[i];
+        double rate = e->hash ? fresh_rate(e, now_ns) : 0;
+        if (!e->hash || (rate <= 0 && !e->pinned))
+            continue;
+        if (!(items[n].key = malloc(e->klen)))
+            break;
+        memcpy(items[n].key, e->key, e->klen);
+        items[n].klen = e->klen;
+        items[n].ops_per_s = rate;
+        items[n].pinned = e->pinned;
+        n++;
+    }
+    pthread_mutex_unlock(&h->mu);
+    if (items)
+        qsort(items, n, sizeof(*items), by_rate_desc);
+    *out = items;
+    return n;
+}
+
+void node_hot_view_free(node_hot_item *items, size_t n)
+{
+    for (size_t i = 0; items && i < n; i++)
+        free(items[i].key);
+    free(items);
+}
+
+size_t node_hot_pinned(node_hot *h)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&h->mu);
+    for (size_t i = 0; i < SLOTS; i++)
+        n += h->tab[i].hash && h->tab[i].pinned;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
