@@ -321,6 +321,12 @@ static uint64_t chain_bucket_bytes(void *h)
     return ib_chain_buckets(h) * sizeof(uintptr_t);
 }
 
+static uint64_t chain_item_bytes(void *h, size_t klen, size_t vlen)
+{
+    (void)h;
+    return sizeof(chain_item) + klen + (vlen > 8 ? vlen : 0);
+}
+
 const ib_impl ib_chain_impl = {
     .name = "chain",
     .open = chain_open,
@@ -330,5 +336,6 @@ const ib_impl ib_chain_impl = {
     .get = chain_get,
     .put = chain_put,
     .bucket_bytes = chain_bucket_bytes,
+    .item_bytes = chain_item_bytes,
     .probes = true,
 };

@@ -80,6 +80,16 @@ static uint64_t hr_bucket_bytes(void *h)
     return st.buckets * sizeof(uint64_t);
 }
 
+/* HotRing's own count of item bytes, averaged over its items. */
+static uint64_t hr_item_bytes_avg(void *h, size_t klen, size_t vlen)
+{
+    hr_stats st;
+    (void)klen;
+    (void)vlen;
+    hr_get_stats(h, &st);
+    return st.items ? (st.bytes + st.items / 2) / st.items : 0;
+}
+
 const ib_impl ib_hotring_s_impl = {
     .name = "hotring-s",
     .open = hr_open_s,
@@ -90,6 +100,7 @@ const ib_impl ib_hotring_s_impl = {
     .put = hr_put_impl,
     .rstats = hr_rstats,
     .bucket_bytes = hr_bucket_bytes,
+    .item_bytes = hr_item_bytes_avg,
 };
 
 const ib_impl ib_hotring_r_impl = {
@@ -102,4 +113,5 @@ const ib_impl ib_hotring_r_impl = {
     .put = hr_put_impl,
     .rstats = hr_rstats,
     .bucket_bytes = hr_bucket_bytes,
+    .item_bytes = hr_item_bytes_avg,
 };

@@ -43,7 +43,7 @@ typedef struct ib_sample {
 typedef struct ib_result {
     const char *impl;
     double mops, seconds, load_s;
-    uint64_t ops, reads, hits, bucket_bytes;
+    uint64_t ops, reads, hits, bucket_bytes, item_bytes;
     double visited_per_read, head_hit; /* < 0: the index cannot tell */
     ib_sample *series;                 /* with --shift-at; free() it */
     size_t nseries;

@@ -60,6 +60,8 @@ typedef struct ib_impl {
     void (*settle)(void *h);
     /* Bytes of bucket memory (head array / bucket nodes), excluding items. */
     uint64_t (*bucket_bytes)(void *h);
+    /* Bytes requested from malloc for one item of this key and value size. */
+    uint64_t (*item_bytes)(void *h, size_t klen, size_t vlen);
     bool probes; /* get() fills ib_probe */
 } ib_impl;
 

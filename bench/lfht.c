@@ -277,6 +277,12 @@ static uint64_t lf_bucket_bytes(void *h)
     return x->buckets * sizeof(struct cds_lfht_node);
 }
 
+static uint64_t lf_item_bytes(void *h, size_t klen, size_t vlen)
+{
+    (void)h;
+    return sizeof(lf_item) + klen + (vlen > 8 ? vlen : 0);
+}
+
 const ib_impl ib_lfht_impl = {
     .name = "lfht",
     .open = lf_open,
@@ -286,6 +292,7 @@ const ib_impl ib_lfht_impl = {
     .get = lf_get,
     .put = lf_put,
     .bucket_bytes = lf_bucket_bytes,
+    .item_bytes = lf_item_bytes,
 };
 
 const ib_impl ib_lfht_auto_impl = {
@@ -298,4 +305,5 @@ const ib_impl ib_lfht_auto_impl = {
     .put = lf_put,
     .settle = lf_settle,
     .bucket_bytes = lf_bucket_bytes,
+    .item_bytes = lf_item_bytes,
 };
