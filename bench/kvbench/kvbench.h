@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvbench internals shared by its three files: the options (kvbench.c), the
+ * worker threads that keep --concurrency async requests in flight through
+ * libkvclient (kvb_run.c), and the per-thread statistics merged at the end
+ * (kvb_stats.c): a log-bucket latency histogram and an exact key-count map.
+ * Every statistic is written by one worker thread only; the completion
+ * callbacks (library threads) only hand finished requests back to their
+ * worker through a lock-free stack.
+ */
+#ifndef KV_BENCH_KVBENCH_H
+#define KV_BENCH_KVBENCH_H
+
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "bench/workload.h"
+#include "kv/kv.h"
+
+#define KVB_MAX_ROUTERS 16
+#define KVB_NCODES 17  /* kv_err codes 0..16 */
+#define KVB_NOPTYPES 4 /* wl_optype: read, update, insert, rmw */
+
+/* ---- options ------------------------------------------------------------- */
+
+typedef struct kvb_opts {
+    char *routers; /* --router A[,B] as given */
+    int workload_idx;
+    char *dist; /* uniform | zipf | hotspotX */
+    long keys, value_size, threads, concurrency, report_top, timeout_ms, trace_ops, seed, max_ops;
+    double theta, seconds, shift_at, load_seconds;
+    bool load;
+    char *auth;
+    /* derived by check_opts() */
+    wl_config wl;
+    char router[KVB_MAX_ROUTERS][256];
+    int nrouters;
+    char auth_buf[256]; /* "" = no auth */
+    char dist_buf[32];
+} kvb_opts;
+
+/* ---- statistics (kvb_stats.c) --------------------------------------------- */
+
+/* HDR-style histogram of nanoseconds: values below 64 exactly, above that 64
+ * sub-buckets per power of two (relative error under 1.6 %). */
+#define KVB_HIST_SUB 64
+#define KVB_HIST_BUCKETS (59 * KVB_HIST_SUB)
+
+typedef struct kvb_hist {
+    uint64_t n, sum, max;
+    uint64_t b[KVB_HIST_BUCKETS];
+} kvb_hist;
+
+void kvb_hist_add(kvb_hist *h, uint64_t ns);
+void kvb_hist_merge(kvb_hist *into, const kvb_hist *h);
+/* The q-quantile (0 < q <= 1) in microseconds; 0 for an empty histogram. */
+double kvb_hist_quantile_us(const kvb_hist *h, double q);
+
+/* Exact access counts per key id: open addressing, grown at half load. */
+typedef struct kvb_counts {
+    uint64_t *ids; /* id + 1; 0 = empty */
+    uint64_t *cnt;
+    size_t cap, n;
+    bool oom; /* an insert failed for lack of memory: counts are incomplete */
+} kvb_counts;
+
+void kvb_counts_add(kvb_counts *m, uint64_t id, uint64_t by);
+void kvb_counts_merge(kvb_counts *into, const kvb_counts *m);
+void kvb_counts_free(kvb_counts *m);
+/* Prints `"name":[{"key":..,"count":..},...]` with the k largest counts,
+ * by count descending then key ascending. */
+void kvb_print_top(FILE *f, const char *name, const kvb_counts *m, long k);
+
+/* ---- workers (kvb_run.c) ----------------------------------------------------- */
+
+typedef struct kvb_worker kvb_worker;
+
+/* One request slot of a worker: at most one request in flight per slot. */
+typedef struct kvb_slot {
+    kvb_worker *w;
+    struct kvb_slot *next; /* completion stack link */
+    uint64_t start_ns, end_ns, key;
+    uint32_t type;  /* wl_optype */
+    uint32_t stage; /* RMW: 0 = the read, 1 = the write */
+    kv_err err;
+    char msg[120]; /* error message copied by the callback */
+} kvb_slot;
+
+/* What all workers share; times are set by main before the start barrier. */
+typedef struct kvb_shared {
+    const kvb_opts *o;
+    const uint64_t *load_order; /* permutation of [0, keys) (NULL without --load) */
+    uint64_t load_start_ns, load_end_ns, t0_ns, shift_ns, end_ns;
+    pthread_barrier_t start;
+    _Atomic int loaded, finished;
+    _Atomic bool stop; /* SIGINT */
+} kvb_shared;
+
+struct kvb_worker {
+    kvb_shared *sh;
+    unsigned idx;
+    kv_client *c;
+    pthread_t tid;
+    sem_t sem;                /* posted once per completion */
+    _Atomic(kvb_slot *) done; /* completions not yet reaped (Treiber stack) */
+    kvb_slot *slots;
+    const wl_op *trace[2]; /* before / after the shift */
+    size_t pos;
+    int phase, inflight;
+    bool loading;
+    uint64_t load_pos, budget; /* budget: ops left under --ops (UINT64_MAX = none) */
+    const uint8_t *value;
+    /* statistics, written by this worker only */
+    kvb_hist hist[KVB_NOPTYPES];
+    kvb_counts counts[2];
+    uint64_t codes[KVB_NCODES], not_found, load_errors, abandoned;
+    uint64_t load_finish_ns, finish_ns;
+    char first_error[200];
+    /* progress, read by main */
+    _Atomic uint64_t ok_ops, err_ops, load_done;
+};
+
+/* Thread body: --load stripe (if set), start barrier, timed run. */
+void *kvb_worker_main(void *arg);
+
+#endif
