@@ -88,6 +88,29 @@ static void check_cb(void *arg, const hr_view *v)
     s->version = v->meta.version;
 }
 
+typedef struct iter_ctx {
+    unsigned char seen[THREADS][KEYS_PER_THREAD];
+    long bad;
+} iter_ctx;
+
+/* hr_iterate callback: every record self-consistent, no key twice. */
+static void iter_cb(void *arg, const hr_view *v)
+{
+    iter_ctx *c = arg;
+    char k[32] = {0};
+    int t, i;
+    memcpy(k, v->key, v->klen < sizeof k - 1 ? v->klen : sizeof k - 1);
+    if (sscanf(k, "t%d-key-%d", &t, &i) != 2 || t < 0 || t >= THREADS || i < 0 ||
+        i >= KEYS_PER_THREAD) {
+        c->bad++;
+        return;
+    }
+    seen s = {t, i, 0, 0};
+    check_cb(&s, v);
+    if (!s.ok || c->seen[t][i]++)
+        c->bad++;
+}
+
 static void one_op(worker *w, uint64_t *seed)
 {
     char k[32], v[64];
@@ -110,6 +133,14 @@ static void one_op(worker *w, uint64_t *seed)
             w->errors++;
         }
         w->present[i] = 0;
+    } else if (op < 46 && rnd(seed) % 8 == 0) {
+        static _Thread_local iter_ctx ic;
+        memset(&ic, 0, sizeof ic);
+        hr_iterate(w->idx, iter_cb, &ic);
+        if (ic.bad) {
+            fprintf(stderr, "iterate: %ld bad records\n", ic.bad);
+            w->errors++;
+        }
     } else if (op < 47) {
         kv_err rv = hr_pin(w->idx, k, (size_t)kl);
         if (rv != (w->present[i] ? KV_OK : KV_NOT_FOUND))
