@@ -4,22 +4,27 @@
  * l0_trigger, Ln = bytes / target(n) with target(1) from the FD capacity
  * and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are
  * not busy is compacted. L0 compacts all its files into L1; Ln picks one
- * file round-robin (compaction pointer) plus the overlapping files of Ln+1.
+ * file round-robin (compaction pointer) plus the overlapping files of Ln+1,
+ * except the last FD level under HotRAP, which picks the file with the
+ * highest benefit = file bytes - hot bytes (per RALT) in its key range.
  * A single Ln file with no overlap below on the same volume is moved by a
  * manifest edit only.
  *
  * The merge keeps the highest-seqno record per key (no snapshots). An
  * expired PUT becomes a tombstone; a tombstone is dropped when no level
  * below the output can hold the key. Each kept record may be routed by
- * opts.route (HotRAP retention, later issue): written to the output level
- * (default) or kept on the input level when it lies inside the input
- * level's compacted key range. Outputs go to the volume of their level and
+ * opts.route or, under HotRAP, by the built-in rule: in a compaction from
+ * the last FD level into SD, a record RALT calls hot is kept on the FD level
+ * (retention for FD inputs, promotion for SD inputs) when it lies inside the
+ * input level's compacted key range, within a budget bounded by the level's
+ * target and the hot-set limit. Outputs go to the volume of their level and
  * are cut at file_size. Errors (ENOSPC, a corrupt input block) abort the
  * job, delete its outputs, set bg_err and back off for a second.
  *
  * Threads: compaction_threads background threads plus callers of
  * lsm_compact_all; all coordination is under db->mu / db->cv.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -77,6 +82,8 @@ static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
      * always makes progress */
     if (j->from > 0 && db->target[j->from] > lvl - in_bytes)
         j->retain_budget = (db->target[j->from] - (lvl - in_bytes)) / 4 * 3;
+    if (!db->o.route && j->retain_budget > db->hot_limit)
+        j->retain_budget = db->hot_limit; /* HotRAP retention: at most the hot set */
     for (size_t i = 0; i < v->nfiles[j->to]; i++)
         if (overlaps(v->files[j->to][i], j->lo, j->lolen, j->hi, j->hilen))
             j->in[1][j->nin[1]++] = v->files[j->to][i];
@@ -107,6 +114,34 @@ static void set_cptr(lsm_db *db, int l, const lsm_file *f)
     db->cptr_len[l] = f->llen;
 }
 
+uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f)
+{
+    if (!db->ralt)
+        return 0;
+    return ralt_hot_bytes(db->ralt, f->smallest, f->slen, f->largest, f->llen);
+}
+
+/* HotRAP's choice on the last FD level: the file whose compaction into SD
+ * moves the most cold bytes (file bytes - hot bytes in its range). */
+static size_t benefit_pick(lsm_db *db, const lsm_version *v, int l)
+{
+    size_t best = 0;
+    int64_t bb = INT64_MIN;
+    for (size_t i = 0; i < v->nfiles[l]; i++) {
+        const lsm_file *f = v->files[l][i];
+        int64_t b = (int64_t)f->size - (int64_t)lsm_hot_bytes_in(db, f);
+        if (b > bb)
+            best = i, bb = b;
+    }
+    return best;
+}
+
+static bool hotrap_level(const lsm_db *db, int l)
+{
+    return db->ralt && !db->o.route && l == db->last_fd && l > 0 && l + 1 < LSM_MAX_LEVELS &&
+           db->level_tier[l + 1] == LSM_TIER_SD;
+}
+
 /* With mu held: chooses the most urgent job, marks its levels busy. */
 static bool pick(lsm_db *db, cjob *j)
 {
@@ -125,7 +160,7 @@ static bool pick(lsm_db *db, cjob *j)
     *j = (cjob){.from = best, .to = best + 1, .base = v};
     size_t a = 0, b = v->nfiles[best];
     if (best > 0) {
-        a = rr_pick(db, v, best);
+        a = hotrap_level(db, best) ? benefit_pick(db, v, best) : rr_pick(db, v, best);
         b = a + 1;
         set_cptr(db, best, v->files[best][a]);
     }
@@ -228,17 +263,21 @@ static kv_err out_add(output *o, int slot, const lsm_rec *r)
  * key range and retention budget), else 0. */
 static int route(lsm_db *db, cjob *j, const lsm_rec *r)
 {
-    if (!db->o.route || j->from == 0 || r->type != LSM_PUT)
+    bool builtin = hotrap_level(db, j->from);
+    if ((!db->o.route && !builtin) || j->from == 0 || r->type != LSM_PUT)
         return 0;
     if (lsm_key_cmp(r->key, r->klen, j->lo, j->lolen) < 0 ||
         lsm_key_cmp(r->key, r->klen, j->hi, j->hilen) > 0)
         return 0;
-    if (db->o.route(db->o.route_arg, r, j->from) != j->from)
+    if (builtin ? !ralt_is_hot(db->ralt, r->key, r->klen)
+                : db->o.route(db->o.route_arg, r, j->from) != j->from)
         return 0;
     uint64_t sz = lsm_rec_size(r) + 4;
     if (sz > j->retain_budget)
         return 0;
     j->retain_budget -= sz;
+    atomic_fetch_add(&db->retained_recs, 1);
+    atomic_fetch_add(&db->retained_bytes, r->klen + r->vlen);
     return 1;
 }
 
@@ -265,6 +304,8 @@ static kv_err merge(lsm_db *db, cjob *j, lsm_edit *e)
         lsm_sst_iter_init(&m.it[i],
                           i < j->nin[0] ? j->in[0][i]->sst : j->in[1][i - j->nin[0]]->sst);
     output o = {.db = db, .j = j, .e = e};
+    if (hotrap_level(db, j->from))
+        ralt_flush(db->ralt); /* so that recent accesses count */
     uint64_t now = kv_wall_ms();
     kv_err rv = KV_OK;
     int b;

@@ -40,6 +40,7 @@ void lsm_opts_default(lsm_opts *o)
     o->l0_trigger = 4;
     o->l0_stop = 20;
     o->compaction_threads = 1;
+    o->hotrap = true;
 }
 
 static void fill_defaults(lsm_opts *o)
@@ -70,6 +71,11 @@ static void size_levels(lsm_db *db)
         bool fd = !db->has_sd || (db->level_tier[l - 1] == LSM_TIER_FD && cum <= fast / 100 * 95);
         db->level_tier[l] = fd ? LSM_TIER_FD : LSM_TIER_SD;
     }
+    db->last_fd = 0;
+    for (int l = 1; l < LSM_MAX_LEVELS && db->level_tier[l] == LSM_TIER_FD; l++)
+        db->last_fd = l;
+    uint64_t hot = db->target[db->last_fd ? db->last_fd : 1] / 100 * 85;
+    db->hot_limit = db->o.hot_set_mb ? db->o.hot_set_mb << 20 : hot;
     uint64_t fs = db->o.file_mb ? db->o.file_mb << 20 : t1 / 4;
     db->file_size = fs < (64u << 10) ? (64u << 10) : fs > (64u << 20) ? (64u << 20) : fs;
 }
@@ -161,6 +167,8 @@ kv_err lsm_db_install(lsm_db *db, lsm_edit *e)
 
 static void db_free(lsm_db *db)
 {
+    lsm_promo_close(db);
+    ralt_close(db->ralt);
     lsm_wal_close(db->wal);
     lsm_manifest_close(db->man);
     lsm_version_unref(db->cur);
@@ -268,8 +276,23 @@ static kv_err lock_dir(lsm_db *db)
     return KV_OK;
 }
 
+typedef struct replay_wrap {
+    lsm_db *db;
+    lsm_replay_fn fn;
+    void *arg;
+} replay_wrap;
+
+/* Replayed writes are marked for the promotion check like appended ones. */
+static kv_err replay_mark(void *arg, const lsm_rec *rec)
+{
+    replay_wrap *w = arg;
+    lsm_promo_mark(w->db, rec, 1);
+    return w->fn ? w->fn(w->arg, rec) : KV_OK;
+}
+
 static kv_err recover(lsm_db *db, lsm_replay_fn fn, void *arg)
 {
+    replay_wrap wrap = {db, fn, arg};
     lsm_recovered st = {0};
     kv_err rv = lsm_manifest_recover(&db->vols[0], &st);
     if (rv == KV_NOT_FOUND) {
@@ -284,11 +307,13 @@ static kv_err recover(lsm_db *db, lsm_replay_fn fn, void *arg)
     lsm_wal_seg *segs = NULL;
     size_t nsegs = 0;
     if (rv == KV_OK)
-        rv = lsm_wal_recover(&db->vols[0], db->flushed_seq, fn, arg, &segs, &nsegs, &wmax, &wnum);
+        rv = lsm_wal_recover(&db->vols[0], db->flushed_seq, replay_mark, &wrap, &segs, &nsegs,
+                             &wmax, &wnum);
     if (rv != KV_OK) {
         lsm_edit_free(&st.state);
         return rv;
     }
+    atomic_store(&db->flushed_pub, db->flushed_seq);
     max_seq = wmax > max_seq ? wmax : max_seq;
     max_seq = db->flushed_seq > max_seq ? db->flushed_seq : max_seq;
     atomic_store(&db->last_seq, max_seq);
@@ -328,6 +353,16 @@ static kv_err check_opts(const lsm_opts *o)
     return KV_OK;
 }
 
+/* RALT and the promotion buffer, when HotRAP is on and there is an SD. */
+static kv_err hotrap_create(lsm_db *db)
+{
+    if (!db->o.hotrap || !db->has_sd)
+        return KV_OK;
+    ralt_opts ro = {.hot_limit = db->hot_limit};
+    kv_err rv = ralt_open(&db->ralt, &ro);
+    return rv == KV_OK ? lsm_promo_create(db) : rv;
+}
+
 kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg)
 {
     kv_err rv = check_opts(o);
@@ -361,7 +396,11 @@ kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg)
     if (rv == KV_OK)
         rv = lock_dir(db);
     if (rv == KV_OK)
+        rv = hotrap_create(db);
+    if (rv == KV_OK)
         rv = recover(db, fn, arg);
+    if (rv == KV_OK)
+        rv = lsm_promo_start(db);
     if (rv == KV_OK)
         rv = lsm_compact_start(db);
     if (rv != KV_OK) {
@@ -380,6 +419,7 @@ void lsm_close(lsm_db *db)
 {
     if (!db)
         return;
+    lsm_promo_close(db);
     lsm_compact_stop(db);
     db_free(db);
 }
@@ -405,6 +445,8 @@ uint64_t lsm_flush_generation(lsm_db *db)
 
 kv_err lsm_wal_append(lsm_db *db, const lsm_rec *recs, size_t n)
 {
+    if (n && recs)
+        lsm_promo_mark(db, recs, n); /* before the write can be seen anywhere */
     kv_err rv = lsm_wal_write(db->wal, recs, n);
     if (rv != KV_OK)
         return rv;
@@ -462,6 +504,7 @@ static kv_err install_flush(lsm_db *db, lsm_file *f, uint64_t max_seqno, uint64_
         rv = lsm_db_install(db, &e);
     if (rv == KV_OK) {
         db->flushed_seq = max_seqno;
+        atomic_store(&db->flushed_pub, max_seqno); /* after the version is installed */
         db->log_number = wal_no;
         atomic_fetch_add(&db->flush_gen, 1);
         atomic_fetch_add(&db->flushes, 1);
@@ -664,7 +707,8 @@ static void lookup_fini(lookup *lk)
     free(lk->io);
 }
 
-static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_err *errs)
+static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_err *errs,
+                    uint64_t fread)
 {
     for (size_t k = 0; k < lk->n; k++) {
         errs[k] = lk->err[k];
@@ -674,6 +718,10 @@ static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_
         if (served)
             served[k] = lk->tier[k];
         atomic_fetch_add(lk->tier[k] == LSM_TIER_SD ? &db->reads_sd : &db->reads_fd, 1);
+        if (db->ralt && outs[k].type == LSM_PUT)
+            ralt_access(db->ralt, outs[k].key, outs[k].klen, outs[k].vlen);
+        if (lk->tier[k] == LSM_TIER_SD)
+            lsm_promo_add(db, &outs[k], fread);
     }
 }
 
@@ -690,13 +738,14 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
             lk.done[k] = true;
         }
     }
+    uint64_t fread = atomic_load(&db->flushed_pub); /* before pinning (promote.c) */
     lsm_version *v = rv == KV_OK ? lsm_db_current(db) : NULL;
     for (int l = 0; rv == KV_OK && l < LSM_MAX_LEVELS; l++)
         if (v->nfiles[l])
             rv = probe_level(&lk, v, l);
     lsm_version_unref(v);
     if (rv == KV_OK) {
-        publish(db, &lk, outs, served, errs);
+        publish(db, &lk, outs, served, errs, fread);
     } else {
         for (size_t k = 0; k < n && lk.err; k++)
             if (lk.err[k] == KV_OK)
@@ -726,7 +775,32 @@ kv_err lsm_get(lsm_db *db, const void *key, size_t klen, lsm_rec *out, lsm_tier 
     return err;
 }
 
+void lsm_note_access(lsm_db *db, const void *key, size_t klen, size_t vlen)
+{
+    if (db->ralt && key && klen)
+        ralt_access(db->ralt, key, klen, vlen);
+}
+
 /* ---- stats ---- */
+
+static void hotrap_stats(lsm_db *db, lsm_stats *out)
+{
+    if (!db->ralt)
+        return;
+    ralt_stats rs;
+    ralt_stats_get(db->ralt, &rs);
+    out->hotrap = true;
+    out->ralt_entries = rs.entries;
+    out->ralt_stable = rs.stable;
+    out->ralt_bytes = rs.phys_bytes;
+    out->ralt_phys_limit = rs.phys_limit;
+    out->ralt_hot_bytes = rs.hot_bytes;
+    out->hot_set_limit = rs.hot_limit;
+    out->ralt_evicted = rs.evicted;
+    out->retained_recs = atomic_load(&db->retained_recs);
+    out->retained_bytes = atomic_load(&db->retained_bytes);
+    lsm_promo_stats(db, out);
+}
 
 kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
 {
@@ -759,5 +833,6 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
     out->last_seqno = atomic_load(&db->last_seq);
     out->flush_generation = atomic_load(&db->flush_gen);
     out->io_uring = db->vols[0].uring;
+    hotrap_stats(db, out);
     return KV_OK;
 }

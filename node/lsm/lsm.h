@@ -47,7 +47,7 @@ typedef struct lsm_db lsm_db;
 
 typedef enum lsm_type { LSM_PUT = 1, LSM_DELETE = 2 } lsm_type;
 
-#define LSM_F_PROMOTED 0x1u /* reserved for HotRAP promotion (later issue) */
+#define LSM_F_PROMOTED 0x1u /* copied up to FD by HotRAP promotion (keeps its seqno) */
 
 /* One record. key/value are borrowed by the functions that take an lsm_rec;
  * lsm_get() fills one whose key and value are malloc'ed (see lsm_rec_free). */
@@ -72,16 +72,27 @@ typedef enum lsm_sync {
     LSM_SYNC_NONE = 2,   /* never fsync the WAL (the OS writes it back) */
 } lsm_sync;
 
-/* Compaction routing hook (HotRAP retention, later issue). Called for every
- * record a compaction from from_level (>= 1) into from_level + 1 keeps;
- * returns the level the record is written to: from_level + 1 (default) or
- * from_level (retain it on the upper level). Any other value means
+/* Compaction routing hook, an override of the built-in HotRAP rule. Called
+ * for every record a compaction from from_level (>= 1) into from_level + 1
+ * keeps; returns the level the record is written to: from_level + 1 (default)
+ * or from_level (retain it on the upper level). Any other value means
  * from_level + 1. Retention is honoured only for PUTs inside the key range
  * of the compacted from_level files and while the from level stays under 3/4
  * of its target size (so compaction always makes progress); tombstones and
  * expired records always go down. Runs on a compaction thread; must not call
- * into the db. */
+ * into the db. When route is NULL and hotrap is on, the built-in rule
+ * retains on the last FD level the records RALT calls hot in compactions
+ * from FD into SD (which also promotes the hot records of the SD input). */
 typedef int (*lsm_route_fn)(void *arg, const lsm_rec *rec, int from_level);
+
+/* HotRAP promotion check supplied by the engine: returns true when the
+ * memory tier holds a version of key (dirty or clean, tombstones included)
+ * whose seqno is greater than seqno. Called on the promotion checker thread
+ * for each record about to be promoted; must be cheap, must not block on
+ * I/O and must not call into the db. NULL = assume the memory tier holds
+ * nothing newer (promotion still drops keys written since the read, see
+ * lsm_wal_append). */
+typedef bool (*lsm_newer_fn)(void *arg, const void *key, size_t klen, uint64_t seqno);
 
 typedef struct lsm_opts {
     const char *fast_dir;        /* FD directory (created if missing); required */
@@ -96,8 +107,16 @@ typedef struct lsm_opts {
     bool disable_io_uring;       /* force the pread/pwrite path (tests, old kernels) */
     unsigned compaction_threads; /* background compaction threads, default (and 0) = 1, max 16 */
     bool no_auto_compaction;     /* only lsm_compact_all compacts (tests) */
-    lsm_route_fn route;          /* NULL = plain leveled compaction */
+    lsm_route_fn route;          /* NULL = plain leveled compaction, or HotRAP's rule */
     void *route_arg;
+    /* HotRAP (effective only with a slow_dir): RALT access tracking,
+     * retention/promotion in compaction, the promotion buffer. Default on;
+     * off = plain tiering. */
+    bool hotrap;
+    uint64_t hot_set_mb;   /* hot-set size limit, 0 = 0.85 x last FD level target */
+    uint64_t promo_buf_kb; /* promotion buffer, 0 = 64 MiB x fast_mb / 1024 (>= 1 MiB) */
+    lsm_newer_fn newer;    /* memory-tier check for promotion, may be NULL */
+    void *newer_arg;
 } lsm_opts;
 
 /* Called by lsm_open for each WAL record not covered by an installed SST, in
@@ -179,6 +198,14 @@ kv_err lsm_get(lsm_db *db, const void *key, size_t klen, lsm_rec *out, lsm_tier 
 kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t *klens,
                     lsm_rec *outs, lsm_tier *served, kv_err *errs);
 
+/* Records a read of key (value of vlen bytes) served by the memory tier, so
+ * that RALT sees the key's hotness although the LSM did not serve it. Cheap
+ * (one buffer append under a mutex, a sort every 1024 calls): call it at a
+ * sampled rate, e.g. for one read in 16, and scale nothing (the sampling
+ * only slows the key's score growth). No-op when HotRAP is off. key is
+ * borrowed. Any thread. */
+void lsm_note_access(lsm_db *db, const void *key, size_t klen, size_t vlen);
+
 /* Frees the key and value of a record filled by lsm_get / lsm_multiget and
  * zeroes them. NULL is a no-op. */
 void lsm_rec_free(lsm_rec *rec);
@@ -204,6 +231,16 @@ typedef struct lsm_stats {
     double write_amp; /* (WAL + flush + compaction bytes written) / user_bytes */
     uint64_t flushed_seqno, last_seqno, flush_generation;
     bool io_uring; /* true when I/O goes through io_uring */
+    /* HotRAP (zero when off). FD hit rate = reads_fd / (reads_fd + reads_sd). */
+    bool hotrap;
+    uint64_t promoted_recs, promoted_bytes;  /* installed by the promotion buffer */
+    uint64_t promo_dropped;                  /* checked and not promoted */
+    uint64_t retained_recs, retained_bytes;  /* kept on FD by compaction into SD */
+    uint64_t ralt_entries, ralt_stable;      /* tracked keys, stably hot keys */
+    uint64_t ralt_bytes, ralt_phys_limit;    /* RALT size and its adaptive limit */
+    uint64_t ralt_hot_bytes, hot_set_limit;  /* key+value bytes of hot keys, limit */
+    uint64_t ralt_evicted;                   /* entries evicted since open */
+    uint64_t promo_buf_bytes, promo_backlog; /* mutable buffer, sealed buffers waiting */
 } lsm_stats;
 
 /* Fills *out with a consistent-enough snapshot (counters are read one by

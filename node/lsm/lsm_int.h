@@ -259,6 +259,45 @@ uint64_t lsm_manifest_size(const lsm_manifest *m);
 uint64_t lsm_manifest_number(const lsm_manifest *m);
 void lsm_manifest_close(lsm_manifest *m);
 
+/* ---- RALT (ralt.c) ---- */
+
+typedef struct ralt ralt;
+
+typedef struct ralt_opts {
+    uint64_t hot_limit;  /* hot-set limit in key+value bytes, 0 = 64 MiB */
+    uint64_t tick_bytes; /* accessed bytes per tick, 0 = hot_limit / 16 (>= 4 KiB) */
+    size_t buf_entries;  /* unsorted buffer entries, 0 = 1024 */
+} ralt_opts;
+
+typedef struct ralt_stats {
+    uint64_t entries, stable, runs, phys_bytes, hot_bytes, hot_limit, phys_limit, tick, evicted;
+} ralt_stats;
+
+/* Callback of ralt_hot_range; key is valid during the call only. */
+typedef void (*ralt_key_fn)(void *arg, const void *key, size_t klen, uint32_t vlen);
+
+kv_err ralt_open(ralt **out, const ralt_opts *o);
+void ralt_close(ralt *r); /* NULL is a no-op */
+/* Records one access (any thread; copies key). */
+void ralt_access(ralt *r, const void *key, size_t klen, size_t vlen);
+/* Turns the buffer into a run and merges all runs into one (with eviction). */
+kv_err ralt_flush(ralt *r);
+/* True when key is stably hot (blooms first; the buffer is not consulted). */
+bool ralt_is_hot(ralt *r, const void *key, size_t klen);
+/* Calls fn for every hot key in [lo, hi] in key order (flushes first). */
+kv_err ralt_hot_range(ralt *r, const void *lo, size_t lolen, const void *hi, size_t hilen,
+                      ralt_key_fn fn, void *arg);
+/* Key + value bytes of the hot keys in [lo, hi] (0 on error). */
+uint64_t ralt_hot_bytes(ralt *r, const void *lo, size_t lolen, const void *hi, size_t hilen);
+void ralt_set_hot_limit(ralt *r, uint64_t bytes);
+/* Decayed score of key as of now (sum over runs; tests). */
+double ralt_score(ralt *r, const void *key, size_t klen);
+void ralt_stats_get(ralt *r, ralt_stats *out);
+
+/* ---- promotion buffer (promote.c) ---- */
+
+typedef struct lsm_promo lsm_promo;
+
 /* ---- the db (db.c, compact.c) ---- */
 
 struct lsm_db {
@@ -295,6 +334,14 @@ struct lsm_db {
 
     _Atomic uint64_t reads_fd, reads_sd, user_bytes, flush_bytes, flushes;
     _Atomic uint64_t c_read, c_write, compactions;
+
+    /* HotRAP: both NULL when off or without SD */
+    ralt *ralt;
+    lsm_promo *promo;
+    int last_fd;                  /* deepest level on FD */
+    uint64_t hot_limit;           /* hot-set limit (bytes) */
+    _Atomic uint64_t flushed_pub; /* flushed_seq, stored after its version is installed */
+    _Atomic uint64_t retained_recs, retained_bytes;
 };
 
 lsm_version *lsm_db_current(lsm_db *db);
@@ -303,6 +350,21 @@ kv_err lsm_db_install(lsm_db *db, lsm_edit *e);
 uint64_t lsm_db_new_number(lsm_db *db); /* db->mu held */
 
 kv_err lsm_compact_start(lsm_db *db);
+/* Hot bytes (per RALT) in the key range of f; 0 without RALT. */
+uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f);
+
+/* Promotion buffer: create before WAL replay (marks), start after. */
+kv_err lsm_promo_create(lsm_db *db);
+kv_err lsm_promo_start(lsm_db *db);
+void lsm_promo_close(lsm_db *db); /* stops the checker, frees; NULL promo ok */
+/* Marks the keys of recs as updated (lsm_wal_append, replay). */
+void lsm_promo_mark(lsm_db *db, const lsm_rec *recs, size_t n);
+/* Offers a record read from SD by a lookup that saw flushed seqno fread. */
+void lsm_promo_add(lsm_db *db, const lsm_rec *r, uint64_t fread);
+/* Seals the mutable buffer, has the checker promote it whatever its size,
+ * and waits until every sealed buffer is handled (tests). */
+void lsm_promo_sync(lsm_db *db);
+void lsm_promo_stats(lsm_db *db, lsm_stats *out);
 void lsm_compact_stop(lsm_db *db);
 
 #endif

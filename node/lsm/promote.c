@@ -1,0 +1,385 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * HotRAP promotion by flush (ATC'25 §3.4): records that point lookups read
+ * from SD enter a mutable buffer; when it holds promo_buf bytes it is sealed
+ * and a checker thread filters it: it keeps the records RALT calls hot and
+ * drops every record that may have a newer version above it, then writes the
+ * rest as an L0 SST on FD (records keep their seqno and get LSM_F_PROMOTED;
+ * L0 lookups take the highest seqno). Fewer than half an SST of survivors go
+ * back to the mutable buffer instead.
+ *
+ * Never shadowing a newer write. A lookup notes fread, the flushed seqno
+ * published before it pinned its version: every write with seqno <= fread
+ * is in that version, so the record it read from SD is newer than all of
+ * them. Every write with seqno > fread passes through lsm_wal_append (or WAL
+ * replay), which stores its seqno in a mark slot chosen by the key's hash
+ * before it returns, i.e. before the write can reach the memory tier, L0 or
+ * any lower level. A record is dropped when its key's slot holds a seqno
+ * above its fread (a hash collision only costs a promotion). The check runs
+ * when the buffer is filtered and again under db->mu right before the
+ * install: a write marked later cannot be flushed before the install (its
+ * flush needs db->mu after the append returned), so its L0 file is newer. The
+ * engine's memory-tier callback (lsm_opts.newer) and the FD bloom filters
+ * are checked as well, as the paper does; they also skip keys already on FD.
+ *
+ * Threads: any reader adds (mu); one checker thread; marks are atomics.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "common/clock.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "node/lsm/lsm_int.h"
+
+#define MARK_BITS 16
+#define MARK_SEED 0x4d41524bu
+#define MAX_SEALED 4 /* sealed buffers waiting; more are dropped */
+
+typedef struct pent {
+    lsm_rec r; /* deep copy */
+    uint64_t fread;
+} pent;
+
+typedef struct pbuf {
+    pent *e;
+    size_t n, cap;
+    uint64_t bytes;
+    bool force;
+} pbuf;
+
+struct lsm_promo {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pbuf mut;
+    pbuf sealed[MAX_SEALED];
+    size_t nsealed;
+    bool busy, stop, started;
+    uint64_t limit;
+    pthread_t thread;
+    _Atomic uint64_t promoted, promoted_bytes, dropped, backlog;
+    _Atomic uint64_t marks[1u << MARK_BITS];
+};
+
+static _Atomic uint64_t *mark_slot(lsm_promo *p, const void *key, size_t klen)
+{
+    return &p->marks[kv_hash64(key, klen, MARK_SEED) >> (64 - MARK_BITS)];
+}
+
+static bool marked_since(lsm_promo *p, const pent *e)
+{
+    return atomic_load(mark_slot(p, e->r.key, e->r.klen)) > e->fread;
+}
+
+void lsm_promo_mark(lsm_db *db, const lsm_rec *recs, size_t n)
+{
+    if (!db->promo)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        _Atomic uint64_t *s = mark_slot(db->promo, recs[i].key, recs[i].klen);
+        uint64_t cur = atomic_load(s);
+        while (recs[i].seqno > cur && !atomic_compare_exchange_weak(s, &cur, recs[i].seqno))
+            ; /* seq_cst: the mark is visible before the append returns */
+    }
+}
+
+static void pbuf_free(pbuf *b)
+{
+    for (size_t i = 0; i < b->n; i++)
+        lsm_rec_free(&b->e[i].r);
+    free(b->e);
+    memset(b, 0, sizeof(*b));
+}
+
+static kv_err pbuf_push(pbuf *b, pent *e)
+{
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        pent *x = realloc(b->e, cap * sizeof(*x));
+        if (!x)
+            return KV_RESOURCE_EXHAUSTED;
+        b->e = x;
+        b->cap = cap;
+    }
+    b->e[b->n++] = *e;
+    b->bytes += lsm_rec_size(&e->r);
+    return KV_OK;
+}
+
+/* Moves the mutable buffer to the sealed queue (mu held). */
+static void seal(lsm_promo *p, bool force)
+{
+    if (!p->mut.n && !force)
+        return;
+    if (p->nsealed == MAX_SEALED) {
+        atomic_fetch_add(&p->dropped, p->mut.n);
+        pbuf_free(&p->mut);
+        return;
+    }
+    p->mut.force = force;
+    atomic_fetch_add(&p->backlog, p->mut.bytes);
+    p->sealed[p->nsealed++] = p->mut;
+    memset(&p->mut, 0, sizeof(p->mut));
+    pthread_cond_broadcast(&p->cv);
+}
+
+void lsm_promo_add(lsm_db *db, const lsm_rec *r, uint64_t fread)
+{
+    lsm_promo *p = db->promo;
+    if (!p || r->type != LSM_PUT || (r->expire_at && r->expire_at <= kv_wall_ms()))
+        return;
+    pent e = {.fread = fread};
+    if (lsm_rec_copy(&e.r, r) != KV_OK)
+        return;
+    e.r.flags |= LSM_F_PROMOTED;
+    pthread_mutex_lock(&p->mu);
+    if (pbuf_push(&p->mut, &e) != KV_OK)
+        lsm_rec_free(&e.r);
+    if (p->mut.bytes >= p->limit)
+        seal(p, false);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- the checker ---- */
+
+static int pent_cmp(const void *x, const void *y)
+{
+    const pent *a = x, *b = y;
+    int c = lsm_key_cmp(a->r.key, a->r.klen, b->r.key, b->r.klen);
+    if (c)
+        return c;
+    return a->r.seqno > b->r.seqno ? -1 : a->r.seqno < b->r.seqno;
+}
+
+/* True when an FD level of v may hold key (bloom filters). */
+static bool on_fd(lsm_db *db, const lsm_version *v, const void *key, size_t klen)
+{
+    for (int l = 0; l <= db->last_fd; l++) {
+        for (size_t i = 0; i < v->nfiles[l]; i++) {
+            const lsm_file *f = v->files[l][i];
+            if (lsm_file_covers(f, key, klen) && lsm_sst_may_contain(f->sst, key, klen))
+                return true;
+        }
+    }
+    return false;
+}
+
+/* Sorts b, keeps the newest read of each key that passes every check,
+ * frees the rest. */
+static void filter(lsm_db *db, pbuf *b)
+{
+    qsort(b->e, b->n, sizeof(*b->e), pent_cmp);
+    lsm_version *v = lsm_db_current(db);
+    size_t m = 0;
+    uint64_t bytes = 0, now = kv_wall_ms();
+    for (size_t i = 0; i < b->n; i++) {
+        pent *e = &b->e[i];
+        bool keep =
+            !m || lsm_key_cmp(b->e[m - 1].r.key, b->e[m - 1].r.klen, e->r.key, e->r.klen) != 0;
+        keep = keep && (!e->r.expire_at || e->r.expire_at > now);
+        keep = keep && ralt_is_hot(db->ralt, e->r.key, e->r.klen) && !marked_since(db->promo, e);
+        keep =
+            keep && !(db->o.newer && db->o.newer(db->o.newer_arg, e->r.key, e->r.klen, e->r.seqno));
+        keep = keep && !on_fd(db, v, e->r.key, e->r.klen);
+        if (keep) {
+            b->e[m++] = *e;
+            bytes += lsm_rec_size(&e->r);
+        } else {
+            lsm_rec_free(&e->r);
+            atomic_fetch_add(&db->promo->dropped, 1);
+        }
+    }
+    lsm_version_unref(v);
+    b->n = m;
+    b->bytes = bytes;
+}
+
+static kv_err build(lsm_db *db, const pbuf *b, lsm_file **out)
+{
+    pthread_mutex_lock(&db->mu);
+    uint64_t number = lsm_db_new_number(db);
+    pthread_mutex_unlock(&db->mu);
+    lsm_sst_builder *sb;
+    kv_err rv = lsm_sst_builder_open(&sb, &db->vols[0], number, db->o.block_size);
+    for (size_t i = 0; rv == KV_OK && i < b->n; i++)
+        rv = lsm_sst_builder_add(sb, &b->e[i].r);
+    if (rv != KV_OK) {
+        if (sb)
+            lsm_sst_builder_abort(sb);
+        return rv;
+    }
+    return lsm_sst_builder_finish(sb, 0, out);
+}
+
+/* Drops the records of b marked since their read (db->mu held); returns
+ * how many were dropped. */
+static size_t drop_marked(lsm_db *db, pbuf *b)
+{
+    size_t m = 0, n = b->n;
+    for (size_t i = 0; i < n; i++) {
+        if (marked_since(db->promo, &b->e[i]))
+            lsm_rec_free(&b->e[i].r);
+        else
+            b->e[m++] = b->e[i];
+    }
+    b->n = m;
+    atomic_fetch_add(&db->promo->dropped, n - m);
+    return n - m;
+}
+
+/* Writes b as an L0 file and installs it unless a key was written since
+ * (then retries without it) or L0 is full. */
+static kv_err promote(lsm_db *db, pbuf *b)
+{
+    for (int attempt = 0; attempt < 3 && b->n; attempt++) {
+        lsm_file *f = NULL;
+        kv_err rv = build(db, b, &f);
+        if (rv != KV_OK)
+            return rv;
+        pthread_mutex_lock(&db->mu);
+        bool full = db->cur->nfiles[0] >= db->o.l0_stop;
+        if (!full && drop_marked(db, b) == 0) {
+            lsm_edit e = {0};
+            rv = lsm_edit_add(&e, f);
+            if (rv == KV_OK)
+                rv = lsm_db_install(db, &e);
+            if (rv == KV_OK)
+                pthread_cond_broadcast(&db->cv); /* wake compaction */
+            pthread_mutex_unlock(&db->mu);
+            lsm_edit_free(&e);
+            if (rv != KV_OK) {
+                atomic_store(&f->obsolete, true);
+            } else {
+                atomic_fetch_add(&db->promo->promoted, b->n);
+                atomic_fetch_add(&db->promo->promoted_bytes, f->size);
+            }
+            lsm_file_unref(f);
+            return rv;
+        }
+        pthread_mutex_unlock(&db->mu);
+        atomic_store(&f->obsolete, true);
+        lsm_file_unref(f);
+        if (full)
+            return KV_RESOURCE_EXHAUSTED;
+    }
+    return KV_OK;
+}
+
+static void check_one(lsm_db *db, pbuf *b)
+{
+    lsm_promo *p = db->promo;
+    filter(db, b);
+    if (!b->force && b->bytes < db->file_size / 2) {
+        pthread_mutex_lock(&p->mu); /* too few: back to the mutable buffer */
+        for (size_t i = 0; i < b->n; i++)
+            if (pbuf_push(&p->mut, &b->e[i]) != KV_OK)
+                lsm_rec_free(&b->e[i].r);
+        b->n = 0;
+        pthread_mutex_unlock(&p->mu);
+    } else if (b->n) {
+        kv_err rv = promote(db, b);
+        if (rv != KV_OK && rv != KV_RESOURCE_EXHAUSTED)
+            KV_WARN(LSM_LOG, "promotion of %zu records: %s", b->n, kv_strerror(rv));
+    }
+    pbuf_free(b);
+}
+
+static void *checker_main(void *arg)
+{
+    lsm_db *db = arg;
+    lsm_promo *p = db->promo;
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop) {
+        if (!p->nsealed) {
+            pthread_cond_wait(&p->cv, &p->mu);
+            continue;
+        }
+        pbuf b = p->sealed[0];
+        memmove(&p->sealed[0], &p->sealed[1], (p->nsealed - 1) * sizeof(pbuf));
+        p->nsealed--;
+        p->busy = true;
+        pthread_mutex_unlock(&p->mu);
+        uint64_t bytes = b.bytes;
+        check_one(db, &b);
+        atomic_fetch_sub(&p->backlog, bytes);
+        pthread_mutex_lock(&p->mu);
+        p->busy = false;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* ---- lifecycle ---- */
+
+kv_err lsm_promo_create(lsm_db *db)
+{
+    lsm_promo *p = calloc(1, sizeof(*p));
+    if (!p)
+        return KV_RESOURCE_EXHAUSTED;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    uint64_t auto_kb = (64u << 10) * db->o.fast_mb / 1024;
+    p->limit = (db->o.promo_buf_kb ? db->o.promo_buf_kb : auto_kb < 1024 ? 1024 : auto_kb) << 10;
+    db->promo = p;
+    return KV_OK;
+}
+
+kv_err lsm_promo_start(lsm_db *db)
+{
+    lsm_promo *p = db->promo;
+    if (!p)
+        return KV_OK;
+    if (pthread_create(&p->thread, NULL, checker_main, db) != 0)
+        return KV_INTERNAL;
+    p->started = true;
+    return KV_OK;
+}
+
+void lsm_promo_close(lsm_db *db)
+{
+    lsm_promo *p = db->promo;
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    if (p->started)
+        pthread_join(p->thread, NULL);
+    pbuf_free(&p->mut);
+    for (size_t i = 0; i < p->nsealed; i++)
+        pbuf_free(&p->sealed[i]);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+    db->promo = NULL;
+}
+
+void lsm_promo_sync(lsm_db *db)
+{
+    lsm_promo *p = db->promo;
+    if (!p)
+        return;
+    if (db->ralt)
+        ralt_flush(db->ralt);
+    pthread_mutex_lock(&p->mu);
+    seal(p, true);
+    while (p->started && !p->stop && (p->nsealed || p->busy))
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void lsm_promo_stats(lsm_db *db, lsm_stats *out)
+{
+    lsm_promo *p = db->promo;
+    if (!p)
+        return;
+    out->promoted_recs = atomic_load(&p->promoted);
+    out->promoted_bytes = atomic_load(&p->promoted_bytes);
+    out->promo_dropped = atomic_load(&p->dropped);
+    out->promo_backlog = atomic_load(&p->backlog);
+    pthread_mutex_lock(&p->mu);
+    out->promo_buf_bytes = p->mut.bytes;
+    pthread_mutex_unlock(&p->mu);
+}
