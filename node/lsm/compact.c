@@ -511,14 +511,33 @@ static kv_err manual_level(lsm_db *db, int l)
     return run_job(db, &j);
 }
 
-kv_err lsm_compact_all(lsm_db *db)
+/* Waits for background jobs and blocks them (mu held on entry and exit). */
+static void manual_begin(lsm_db *db)
 {
-    pthread_mutex_lock(&db->mu);
     while (db->manual)
         pthread_cond_wait(&db->cv, &db->mu);
     db->manual = true;
     while (db->running)
         pthread_cond_wait(&db->cv, &db->mu);
+}
+
+kv_err lsm_compact_level(lsm_db *db, int level)
+{
+    if (level < 0 || level >= LSM_MAX_LEVELS - 1)
+        return KV_INVALID_ARGUMENT;
+    pthread_mutex_lock(&db->mu);
+    manual_begin(db);
+    kv_err rv = db->cur->nfiles[level] ? manual_level(db, level) : KV_OK;
+    db->manual = false;
+    pthread_cond_broadcast(&db->cv);
+    pthread_mutex_unlock(&db->mu);
+    return rv;
+}
+
+kv_err lsm_compact_all(lsm_db *db)
+{
+    pthread_mutex_lock(&db->mu);
+    manual_begin(db);
     kv_err rv = KV_OK;
     int deepest = 0;
     for (int l = 0; l < LSM_MAX_LEVELS; l++)

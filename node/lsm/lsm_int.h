@@ -350,6 +350,9 @@ kv_err lsm_db_install(lsm_db *db, lsm_edit *e);
 uint64_t lsm_db_new_number(lsm_db *db); /* db->mu held */
 
 kv_err lsm_compact_start(lsm_db *db);
+/* Compacts every file of level into level + 1 like lsm_compact_all does
+ * (waits for and blocks background jobs). For tests. */
+kv_err lsm_compact_level(lsm_db *db, int level);
 /* Hot bytes (per RALT) in the key range of f; 0 without RALT. */
 uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f);
 

@@ -65,7 +65,7 @@ typedef struct ralt_run {
 struct ralt {
     pthread_mutex_t bmu;
     ralt_ent *buf;
-    size_t nbuf, buf_cap;
+    size_t nbuf, buf_alloc, buf_cap; /* buf_cap entries trigger a flush */
     pthread_mutex_t fmu;
     pthread_rwlock_t mu;
     ralt_run runs[RALT_MAX_RUNS + 1]; /* oldest first */
@@ -359,7 +359,7 @@ static kv_err flush_locked(ralt *r)
     ralt_ent *e = r->buf;
     size_t n = r->nbuf;
     r->buf = NULL;
-    r->nbuf = 0;
+    r->nbuf = r->buf_alloc = 0;
     pthread_mutex_unlock(&r->bmu);
     if (!n) {
         free(e);
@@ -404,9 +404,9 @@ void ralt_close(ralt *r)
 
 void ralt_access(ralt *r, const void *key, size_t klen, size_t vlen)
 {
-    uint8_t *k = malloc(klen ? klen : 1);
-    if (!k || !klen)
-        return free(k);
+    uint8_t *k = klen ? malloc(klen) : NULL;
+    if (!k)
+        return;
     memcpy(k, key, klen);
     uint64_t t = atomic_fetch_add(&r->accessed, klen + vlen) / r->tick_bytes;
     ralt_ent e = {.key = k,
@@ -416,11 +416,16 @@ void ralt_access(ralt *r, const void *key, size_t klen, size_t vlen)
                   .tick = t,
                   .counter = RALT_COUNTER0};
     pthread_mutex_lock(&r->bmu);
-    if (!r->buf)
-        r->buf = malloc(r->buf_cap * sizeof(*r->buf));
-    if (!r->buf) {
-        pthread_mutex_unlock(&r->bmu);
-        return free(k);
+    if (!r->buf || r->nbuf == r->buf_alloc) { /* full while a flush runs: grow, up to 4x */
+        size_t cap = r->buf ? r->buf_alloc * 2 : r->buf_cap;
+        ralt_ent *b = cap <= 4 * r->buf_cap ? realloc(r->buf, cap * sizeof(*b)) : NULL;
+        if (!b) {
+            pthread_mutex_unlock(&r->bmu);
+            free(k); /* dropped: the table is behind */
+            return;
+        }
+        r->buf = b;
+        r->buf_alloc = cap;
     }
     r->buf[r->nbuf++] = e;
     bool full = r->nbuf >= r->buf_cap;

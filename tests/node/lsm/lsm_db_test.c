@@ -4,7 +4,8 @@
  * deletes and TTL puts appended to the WAL, a test-side memtable flushed as
  * sorted runs, background and forced compactions, close + reopen (WAL
  * replay) along the way; every lookup must match the model. Runs on both
- * I/O paths and with a compaction routing hook. Also: L0 highest-seqno
+ * I/O paths, with a compaction routing hook, and with skewed reads so that
+ * HotRAP promotes and retains records while writes race it. Also: L0 highest-seqno
  * lookups, concurrent group commit, readers racing compactions.
  */
 #include "lsm_test_util.h"
@@ -31,6 +32,7 @@ typedef struct world {
     mrec model[NKEYS], mem[NKEYS];
     uint64_t seq, now, rng;
     uint8_t vbuf[1024];
+    int hot_keys; /* > 0: 3 reads in 4 go to keys [0, hot_keys) (HotRAP) */
 } world;
 
 static void key_of(char *k, int id)
@@ -239,7 +241,9 @@ static void run_model(world *w, int ops, lsm_stats *st)
         else if (r < 80)
             do_write(w, id, LSM_DELETE, 0);
         else
-            check_get(w, id);
+            check_get(w, w->hot_keys && lt_rand(&w->rng) % 4 ? id % w->hot_keys : id);
+        if (w->hot_keys && op % 5000 == 0)
+            lsm_promo_sync(w->db); /* promote whatever the buffer holds */
         if (r < 80 && ++writes % 1500 == 0)
             do_flush(w);
         if (op % 25000 == 0) {
@@ -298,6 +302,37 @@ Test(model, random_ops_pread_fallback, .timeout = 200)
     run_model(w, 30000, &s);
     cr_assert(!s.io_uring);
     cr_assert_gt(s.compactions, 0);
+    w_free(w);
+}
+
+Test(model, random_ops_hotrap_promotion_and_retention, .timeout = 200)
+{
+    world *w = calloc(1, sizeof(*w));
+    w->dir = lt_mkdtemp("hotrap");
+    snprintf(w->fd, sizeof(w->fd), "%s/fd", w->dir);
+    snprintf(w->sd, sizeof(w->sd), "%s/sd", w->dir);
+    lsm_opts_default(&w->o);
+    w->o.fast_dir = w->fd;
+    w->o.slow_dir = w->sd;
+    w->o.fast_mb = 1;
+    w->o.block_size = 1024;
+    w->o.sync = LSM_SYNC_NONE;
+    w->o.compaction_threads = 2;
+    w->o.promo_buf_kb = 16;
+    w->hot_keys = 300;
+    w->rng = 11;
+    w->now = kv_wall_ms();
+    w_open(w);
+    lsm_stats s;
+    run_model(w, 60000, &s);
+    log_stats(&s);
+    cr_log_info("promoted %llu retained %llu dropped %llu ralt %llu/%llu",
+                (unsigned long long)s.promoted_recs, (unsigned long long)s.retained_recs,
+                (unsigned long long)s.promo_dropped, (unsigned long long)s.ralt_stable,
+                (unsigned long long)s.ralt_entries);
+    cr_assert(s.hotrap);
+    cr_assert_gt(s.promoted_recs, 0);
+    cr_assert_gt(s.retained_recs, 0);
     w_free(w);
 }
 

@@ -1,0 +1,424 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Tests of HotRAP in the LSM: RALT (score decay, the stable bit, eviction
+ * at the hot-set limit, hot-byte estimates and range iteration), retention
+ * of hot records on FD when compacting into SD, promotion of records read
+ * from SD, promotion never shadowing a newer write (in memory, flushed to
+ * L0, or flushed and compacted down to SD), and hotrap off.
+ */
+#include "lsm_test_util.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "node/lsm/lsm_int.h"
+
+#define KLEN 8
+#define VLEN 200
+
+/* ---- RALT ---- */
+
+static void acc(ralt *r, const char *k, size_t vlen)
+{
+    ralt_access(r, k, strlen(k), vlen);
+}
+
+Test(ralt, score_decays_per_tick)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 1 << 20, .tick_bytes = 100, .buf_entries = 1};
+    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    acc(r, "a", 99); /* at tick 0; the clock moves to tick 1 */
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    double s1 = ralt_score(r, "a", 1);
+    cr_assert(fabs(s1 - exp2(-1.0 / 16)) < 1e-9, "score %f", s1);
+    acc(r, "b", 1599); /* 16 more ticks */
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    double s2 = ralt_score(r, "a", 1);
+    cr_assert(fabs(s2 - exp2(-17.0 / 16)) < 1e-9, "score %f", s2);
+    cr_assert(fabs(s2 / s1 - 0.5) < 1e-9, "a half-life is 16 ticks");
+    acc(r, "a", 99);
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    double s3 = ralt_score(r, "a", 1);
+    cr_assert(fabs(s3 - (exp2(-18.0 / 16) + exp2(-1.0 / 16))) < 1e-9, "score %f", s3);
+    ralt_close(r);
+}
+
+Test(ralt, stable_needs_a_second_access_while_the_counter_is_positive)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 1 << 20, .tick_bytes = 100};
+    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    acc(r, "twice", 10);
+    acc(r, "twice", 10);
+    acc(r, "once", 10);
+    acc(r, "late", 99);
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    cr_assert(ralt_is_hot(r, "twice", 5));
+    cr_assert(!ralt_is_hot(r, "once", 4));
+    cr_assert(!ralt_is_hot(r, "late", 4));
+    cr_assert(!ralt_is_hot(r, "never", 5));
+    acc(r, "filler", 4 * 5 * 100); /* 5 periods of 4 ticks: late's counter is 0 */
+    acc(r, "late", 10);
+    acc(r, "soon", 10);
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    acc(r, "soon", 10); /* in a later run: folded across runs */
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    cr_assert(!ralt_is_hot(r, "late", 4), "seen again only after its counter ran out");
+    cr_assert(ralt_is_hot(r, "soon", 4));
+    ralt_close(r);
+}
+
+Test(ralt, evicts_lowest_scores_at_the_hot_set_limit)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 10000, .tick_bytes = 1 << 20};
+    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    char k[16];
+    for (int round = 0; round < 2; round++) /* 200 stable keys x 100 bytes */
+        for (int i = 0; i < 200; i++) {
+            snprintf(k, sizeof(k), "key%05d", i); /* 8 bytes */
+            ralt_access(r, k, 8, 92);
+        }
+    for (int i = 0; i < 20; i++) /* the first 20 are hotter */
+        for (int t = 0; t < 5; t++) {
+            snprintf(k, sizeof(k), "key%05d", i);
+            ralt_access(r, k, 8, 92);
+        }
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    ralt_stats st;
+    ralt_stats_get(r, &st);
+    cr_assert_leq(st.hot_bytes, 10000, "hot bytes %llu", (unsigned long long)st.hot_bytes);
+    cr_assert_gt(st.hot_bytes, 5000, "evicts about 10%% below the limit, not everything");
+    cr_assert_gt(st.evicted, 0);
+    for (int i = 0; i < 20; i++) {
+        snprintf(k, sizeof(k), "key%05d", i);
+        cr_assert(ralt_is_hot(r, k, 8), "hottest key %d evicted", i);
+    }
+    ralt_close(r);
+}
+
+static void count_key(void *arg, const void *key, size_t klen, uint32_t vlen)
+{
+    (void)key;
+    (void)klen;
+    (void)vlen;
+    (*(int *)arg)++;
+}
+
+Test(ralt, hot_bytes_in_a_range)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 1 << 20};
+    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    char k[16];
+    for (int i = 0; i < 100; i++) {
+        snprintf(k, sizeof(k), "k%03d", i);
+        ralt_access(r, k, 4, 50);
+        if (i % 2 == 0)
+            ralt_access(r, k, 4, 50); /* even keys are stable */
+    }
+    cr_assert_eq(ralt_hot_bytes(r, "k010", 4, "k019", 4), 5 * 54);
+    cr_assert_eq(ralt_hot_bytes(r, "k", 1, "l", 1), 50 * 54);
+    cr_assert_eq(ralt_hot_bytes(r, "x", 1, "z", 1), 0);
+    int n = 0;
+    cr_assert_eq(ralt_hot_range(r, "k020", 4, "k039", 4, count_key, &n), KV_OK);
+    cr_assert_eq(n, 10);
+    ralt_close(r);
+}
+
+/* ---- the db ---- */
+
+typedef struct tdb {
+    char *dir, fd[300], sd[300];
+    lsm_opts o;
+    lsm_db *db;
+    uint64_t seq;
+} tdb;
+
+static const char *newer_key; /* the memory-tier callback's answer */
+
+static bool newer_cb(void *arg, const void *key, size_t klen, uint64_t seqno)
+{
+    (void)arg;
+    (void)seqno;
+    return newer_key && klen == strlen(newer_key) && memcmp(key, newer_key, klen) == 0;
+}
+
+static tdb *t_open(const char *tag, bool hotrap)
+{
+    tdb *t = calloc(1, sizeof(*t));
+    t->dir = lt_mkdtemp(tag);
+    snprintf(t->fd, sizeof(t->fd), "%s/fd", t->dir);
+    snprintf(t->sd, sizeof(t->sd), "%s/sd", t->dir);
+    lsm_opts_default(&t->o);
+    t->o.fast_dir = t->fd;
+    t->o.slow_dir = t->sd;
+    t->o.fast_mb = 1;
+    t->o.block_size = 1024;
+    t->o.sync = LSM_SYNC_NONE;
+    t->o.no_auto_compaction = true;
+    t->o.hotrap = hotrap;
+    t->o.newer = newer_cb;
+    newer_key = NULL;
+    kv_err rv = lsm_open(&t->db, &t->o, NULL, NULL);
+    cr_assert_eq(rv, KV_OK, "lsm_open: %s", kv_strerror(rv));
+    return t;
+}
+
+static void t_close(tdb *t)
+{
+    lsm_close(t->db);
+    lt_rmrf(t->dir);
+    free(t->dir);
+    free(t);
+}
+
+static void key_of(char *k, int id)
+{
+    snprintf(k, KLEN + 1, "k%07d", id);
+}
+
+/* Writes keys [a, b) (WAL + flush as one L0 run); returns the first seqno. */
+static uint64_t put_range(tdb *t, int a, int b)
+{
+    size_t n = (size_t)(b - a);
+    lsm_rec *r = calloc(n, sizeof(*r));
+    char *keys = calloc(n, KLEN + 1);
+    static uint8_t val[VLEN];
+    uint64_t first = t->seq + 1;
+    for (size_t i = 0; i < n; i++) {
+        key_of(keys + i * (KLEN + 1), a + (int)i);
+        memset(val, (int)(first + i), VLEN);
+        r[i] = (lsm_rec){.key = keys + i * (KLEN + 1),
+                         .klen = KLEN,
+                         .value = val,
+                         .vlen = VLEN,
+                         .seqno = ++t->seq,
+                         .type = LSM_PUT};
+        cr_assert_eq(lsm_wal_append(t->db, &r[i], 1), KV_OK);
+    }
+    cr_assert_eq(lsm_flush(t->db, r, n, t->seq), KV_OK);
+    free(r);
+    free(keys);
+    return first;
+}
+
+/* Appends one PUT of id to the WAL (the memory tier's copy); returns seqno. */
+static uint64_t write_one(tdb *t, int id)
+{
+    char k[KLEN + 1];
+    key_of(k, id);
+    lsm_rec r = {.key = k, .klen = KLEN, .value = "new", .vlen = 3, .seqno = ++t->seq};
+    r.type = LSM_PUT;
+    cr_assert_eq(lsm_wal_append(t->db, &r, 1), KV_OK);
+    return r.seqno;
+}
+
+static void flush_one(tdb *t, int id, uint64_t seq)
+{
+    char k[KLEN + 1];
+    key_of(k, id);
+    lsm_rec r = {.key = k, .klen = KLEN, .value = "new", .vlen = 3, .seqno = seq};
+    r.type = LSM_PUT;
+    cr_assert_eq(lsm_flush(t->db, &r, 1, t->seq), KV_OK);
+}
+
+/* Looks id up; returns its tier and fills *seq (and *flags). */
+static lsm_tier get_id(tdb *t, int id, uint64_t *seq, uint8_t *flags)
+{
+    char k[KLEN + 1];
+    key_of(k, id);
+    lsm_rec r;
+    lsm_tier tier;
+    kv_err rv = lsm_get(t->db, k, KLEN, &r, &tier);
+    cr_assert_eq(rv, KV_OK, "get %d: %s", id, kv_strerror(rv));
+    if (seq)
+        *seq = r.seqno;
+    if (flags)
+        *flags = r.flags;
+    lsm_rec_free(&r);
+    return tier;
+}
+
+static lsm_stats stats_of(tdb *t)
+{
+    lsm_stats s;
+    cr_assert_eq(lsm_stats_get(t->db, &s), KV_OK);
+    return s;
+}
+
+/* Keys 0..n-1 written and compacted into SD. */
+static void fill_sd(tdb *t, int n)
+{
+    put_range(t, 0, n);
+    cr_assert_eq(lsm_compact_level(t->db, 0), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 1), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 2), KV_OK);
+    lsm_stats s = stats_of(t);
+    cr_assert_eq(s.levels[0].files + s.levels[1].files + s.levels[2].files, 0, "all on SD");
+    cr_assert_eq(s.levels[2].volume, LSM_TIER_FD);
+    cr_assert_eq(s.levels[3].volume, LSM_TIER_SD);
+}
+
+Test(hotrap, retention_keeps_hot_records_on_fd)
+{
+    tdb *t = t_open("retain", true);
+    put_range(t, 0, 2000);                  /* L0, on FD */
+    for (int round = 0; round < 2; round++) /* keys 0..49 become hot while on FD */
+        for (int i = 0; i < 50; i++)
+            cr_assert_eq(get_id(t, i, NULL, NULL), LSM_TIER_FD);
+    cr_assert_eq(lsm_compact_level(t->db, 0), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 1), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 2), KV_OK); /* L2 (last FD) -> L3 (SD) */
+    lsm_stats s = stats_of(t);
+    cr_assert_gt(s.retained_recs, 0);
+    cr_assert_gt(s.levels[2].files, 0, "hot records stay on the last FD level");
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(get_id(t, i, NULL, NULL), LSM_TIER_FD, "hot key %d moved to SD", i);
+    for (int i = 100; i < 2000; i += 97)
+        cr_assert_eq(get_id(t, i, NULL, NULL), LSM_TIER_SD, "cold key %d stayed on FD", i);
+    t_close(t);
+}
+
+Test(hotrap, a_hot_sd_record_read_repeatedly_is_promoted)
+{
+    tdb *t = t_open("promote", true);
+    fill_sd(t, 2000);
+    uint64_t seq0, seq;
+    uint8_t flags;
+    cr_assert_eq(get_id(t, 7, &seq0, &flags), LSM_TIER_SD);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(get_id(t, 7, NULL, NULL), LSM_TIER_SD);
+    get_id(t, 8, NULL, NULL); /* read once: not hot */
+    lsm_promo_sync(t->db);
+    lsm_stats s = stats_of(t);
+    cr_assert_eq(s.promoted_recs, 1, "promoted %llu", (unsigned long long)s.promoted_recs);
+    cr_assert_eq(s.levels[0].files, 1);
+    cr_assert_eq(get_id(t, 7, &seq, &flags), LSM_TIER_FD);
+    cr_assert_eq(seq, seq0, "promotion keeps the seqno");
+    cr_assert(flags & LSM_F_PROMOTED);
+    cr_assert_eq(get_id(t, 8, NULL, NULL), LSM_TIER_SD);
+    cr_assert_gt(s.reads_sd, 0);
+    cr_assert_gt(s.ralt_entries, 0);
+    cr_assert_gt(s.hot_set_limit, 0);
+    t_close(t);
+}
+
+/* Reads id from SD until it is hot and returns the seqno read. */
+static uint64_t read_hot(tdb *t, int id)
+{
+    uint64_t seq;
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(get_id(t, id, &seq, NULL), LSM_TIER_SD);
+    return seq;
+}
+
+Test(hotrap, promotion_never_shadows_a_write_in_memory)
+{
+    tdb *t = t_open("shadowmem", true);
+    fill_sd(t, 500);
+    read_hot(t, 5);
+    write_one(t, 5); /* lands after the read, not flushed */
+    lsm_promo_sync(t->db);
+    cr_assert_eq(stats_of(t).promoted_recs, 0);
+    cr_assert_eq(get_id(t, 5, NULL, NULL), LSM_TIER_SD, "no promoted copy on FD");
+    t_close(t);
+}
+
+Test(hotrap, promotion_asks_the_memory_tier)
+{
+    tdb *t = t_open("shadowcb", true);
+    fill_sd(t, 500);
+    read_hot(t, 6);
+    read_hot(t, 9);
+    newer_key = "k0000006"; /* the engine holds a newer version of 6 */
+    lsm_promo_sync(t->db);
+    cr_assert_eq(stats_of(t).promoted_recs, 1);
+    cr_assert_eq(get_id(t, 6, NULL, NULL), LSM_TIER_SD);
+    cr_assert_eq(get_id(t, 9, NULL, NULL), LSM_TIER_FD);
+    t_close(t);
+}
+
+Test(hotrap, promotion_never_shadows_a_write_flushed_to_l0)
+{
+    tdb *t = t_open("shadowl0", true);
+    fill_sd(t, 500);
+    uint64_t old = read_hot(t, 5);
+    uint64_t w = write_one(t, 5);
+    flush_one(t, 5, w);
+    lsm_promo_sync(t->db);
+    uint64_t seq;
+    cr_assert_eq(get_id(t, 5, &seq, NULL), LSM_TIER_FD);
+    cr_assert_eq(seq, w, "got seqno %llu (old %llu)", (unsigned long long)seq,
+                 (unsigned long long)old);
+    t_close(t);
+}
+
+static int never_retain(void *arg, const lsm_rec *rec, int from_level)
+{
+    (void)arg;
+    (void)rec;
+    return from_level + 1;
+}
+
+Test(hotrap, promotion_never_shadows_a_write_flushed_and_compacted)
+{
+    tdb *t = t_open("shadowsd", true);
+    lsm_close(t->db); /* reopen without retention: the new version must reach SD */
+    t->o.route = never_retain;
+    cr_assert_eq(lsm_open(&t->db, &t->o, NULL, NULL), KV_OK);
+    fill_sd(t, 500);
+    uint64_t old = read_hot(t, 5);
+    read_hot(t, 6);
+    uint64_t w = write_one(t, 5);
+    flush_one(t, 5, w);
+    cr_assert_eq(lsm_compact_level(t->db, 0), KV_OK); /* the new version of 5 goes down */
+    cr_assert_eq(lsm_compact_level(t->db, 1), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 2), KV_OK);
+    lsm_stats s = stats_of(t);
+    cr_assert_eq(s.levels[0].files + s.levels[1].files + s.levels[2].files, 0);
+    lsm_promo_sync(t->db);
+    uint64_t seq;
+    get_id(t, 5, &seq, NULL);
+    cr_assert_eq(seq, w, "got seqno %llu (old %llu)", (unsigned long long)seq,
+                 (unsigned long long)old);
+    cr_assert_eq(get_id(t, 6, NULL, NULL), LSM_TIER_FD, "6 still promoted");
+    t_close(t);
+}
+
+Test(hotrap, off_is_plain_tiering)
+{
+    tdb *t = t_open("off", false);
+    put_range(t, 0, 2000);
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < 50; i++)
+            get_id(t, i, NULL, NULL);
+    cr_assert_eq(lsm_compact_level(t->db, 0), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 1), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 2), KV_OK);
+    for (int round = 0; round < 3; round++)
+        cr_assert_eq(get_id(t, 3, NULL, NULL), LSM_TIER_SD);
+    lsm_note_access(t->db, "k0000003", KLEN, VLEN);
+    lsm_promo_sync(t->db);
+    lsm_stats s = stats_of(t);
+    cr_assert(!s.hotrap);
+    cr_assert_eq(s.promoted_recs + s.retained_recs + s.ralt_entries, 0);
+    cr_assert_eq(s.levels[0].files + s.levels[1].files + s.levels[2].files, 0);
+    cr_assert_eq(get_id(t, 3, NULL, NULL), LSM_TIER_SD);
+    t_close(t);
+}
+
+Test(hotrap, memory_tier_accesses_count)
+{
+    tdb *t = t_open("note", true);
+    fill_sd(t, 500);
+    get_id(t, 11, NULL, NULL); /* one SD read, into the promotion buffer */
+    char k[KLEN + 1];
+    key_of(k, 11);
+    lsm_note_access(t->db, k, KLEN, VLEN); /* a read the memory tier served */
+    lsm_promo_sync(t->db);
+    cr_assert_eq(stats_of(t).promoted_recs, 1);
+    cr_assert_eq(get_id(t, 11, NULL, NULL), LSM_TIER_FD);
+    t_close(t);
+}
