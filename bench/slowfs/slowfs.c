@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -80,6 +81,11 @@ static int serve(sfs_state *s, const sfs_cli *c, const char *prog)
     }
     struct fuse_session *se = fuse_get_session(f);
     int rc = 1;
+    /* libfuse only takes over signals left at their default; a shell starts
+     * background jobs with SIGINT ignored, and slowfs must still stop on it. */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     if (fuse_set_signal_handlers(se) == 0) {
         struct fuse_loop_config *lc = fuse_loop_cfg_create();
         fuse_loop_cfg_set_max_threads(lc, (unsigned)c->threads);

@@ -147,7 +147,9 @@ static void hk_stats(void *h, tb_stats *out)
     rpc_stats_init(&l);
     engine_lsm_stats(k->e, &l);
     const char *wa = stat_value(&l, "lsm.write_amp"), *sdb = stat_value(&l, "slow.read_bytes");
-    out->write_amp = wa ? strtod(wa, NULL) : -1.0;
+    const char *user = stat_value(&l, "lsm.user_bytes");
+    /* unknown (null) when nothing was written since open (--no-load reads) */
+    out->write_amp = wa && user && strtoull(user, NULL, 10) ? strtod(wa, NULL) : -1.0;
     out->sd_read_bytes = sdb ? strtoull(sdb, NULL, 10) : 0;
     out->have_hotrap = false;
     hk_levels(k, &l);
