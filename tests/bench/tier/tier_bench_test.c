@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Smoke tests of the tier_bench binary: a tiny load and a one-second run
+ * for the hotkv engine and for rocksdb-tiering (when built with RocksDB)
+ * print one JSON line with sane fields (every read finds its record, rates
+ * positive, hit rate within [0, 1], the fields the issues ask for present);
+ * bad flags are refused. Throughput values are never checked (DESIGN.md §7).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAXOUT (1 << 16)
+
+static char dir[] = "/tmp/tier_bench_test.XXXXXX";
+
+static void setup(void)
+{
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+/* Runs tier_bench with args; returns stdout, *status the exit status. */
+static char *run(const char *args, int *status)
+{
+    const char *b = getenv("KV_BUILD_DIR");
+    cr_assert_not_null(b, "KV_BUILD_DIR is set by ctest");
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/bench/tier/tier_bench %s 2>%s/stderr", b, args, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char *out = calloc(1, MAXOUT);
+    size_t n = fread(out, 1, MAXOUT - 1, p);
+    out[n] = '\0';
+    *status = pclose(p);
+    if (*status != 0) {
+        snprintf(cmd, sizeof(cmd), "grep -v ' INFO ' %s/stderr | tail -5 >&2", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "(no stderr)\n");
+    }
+    return out;
+}
+
+/* The number after "name": in the JSON line; -1 for null. */
+static double field(const char *json, const char *name)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":", name);
+    const char *p = strstr(json, pat);
+    cr_assert_not_null(p, "field %s in %s", name, json);
+    p += strlen(pat);
+    return strncmp(p, "null", 4) == 0 ? -1.0 : strtod(p, NULL);
+}
+
+static char *smoke(const char *engine, const char *workload, const char *dist)
+{
+    char args[1024];
+    snprintf(args, sizeof(args),
+             "--engine %s --fast-dir %s/fd --slow-dir %s/sd --fast-mb 2 --mem-mb 2 "
+             "--write-buffer-mb 1 --records 5000 --value-size 256 --threads 2 --seconds 1 "
+             "--warmup 0.2 --trace-ops 4096 --workload %s --dist %s",
+             engine, dir, dir, workload, dist);
+    char mk[512];
+    snprintf(mk, sizeof(mk), "mkdir -p %s/fd %s/sd", dir, dir);
+    cr_assert_eq(system(mk), 0);
+    int st;
+    char *out = run(args, &st);
+    cr_assert_eq(st, 0, "tier_bench %s exited with %d", args, st);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one JSON line:\n%s", out);
+    char want[64];
+    snprintf(want, sizeof(want), "{\"engine\":\"%s\"", engine);
+    cr_assert_eq(strncmp(out, want, strlen(want)), 0, "%s", out);
+    cr_assert_gt(field(out, "records"), 4999);
+    cr_assert_gt(field(out, "load_ops_per_s"), 0);
+    cr_assert_gt(field(out, "ops_per_s"), 0);
+    cr_assert_gt(field(out, "gets"), 0);
+    cr_assert_eq(field(out, "found_ratio"), 1.0, "every loaded record is found:\n%s", out);
+    cr_assert_geq(field(out, "p99_get_us"), field(out, "p50_get_us"));
+    double hit = field(out, "fd_hit_rate");
+    cr_assert(hit >= 0.0 && hit <= 1.0, "fd_hit_rate %g", hit);
+    cr_assert_geq(field(out, "sd_read_bytes_per_get"), 0);
+    cr_assert_geq(field(out, "write_amp"), 1.0, "the load wrote at least its bytes:\n%s", out);
+    field(out, "promoted"); /* present (null until HotRAP lands) */
+    field(out, "retained");
+    cr_assert_not_null(strstr(out, "\"hotrap_available\":"));
+    return out;
+}
+
+TestSuite(tier_bench, .init = setup, .fini = teardown, .timeout = 120);
+
+Test(tier_bench, hotkv_ro_hotspot)
+{
+    free(smoke("hotkv", "RO", "hotspot5"));
+}
+
+Test(tier_bench, hotkv_nohotrap_says_so)
+{
+    char *out = smoke("hotkv-nohotrap", "UH", "zipf0.99");
+    cr_assert_not_null(strstr(out, "\"hotrap_available\":false"));
+    cr_assert_gt(field(out, "p50_put_us"), 0);
+    free(out);
+}
+
+Test(tier_bench, rocksdb_tiering_rw)
+{
+    int st; /* an engine the build lacks is a flag error (exit 2) */
+    char *probe = run("--engine rocksdb-tiering --fast-dir /nonexistent --slow-dir /nonexistent "
+                      "--seconds 1 --records 1 --load-only",
+                      &st);
+    free(probe);
+    if (WEXITSTATUS(st) == 2)
+        cr_skip_test("tier_bench was built without RocksDB (librocksdb-dev missing)");
+    free(smoke("rocksdb-tiering", "RW", "uniform"));
+}
+
+Test(tier_bench, bad_flags)
+{
+    int st;
+    free(run("--engine nosuch --fast-dir /tmp --slow-dir /tmp", &st));
+    cr_assert_eq(WEXITSTATUS(st), 2);
+    free(run("--engine hotkv --fast-dir /tmp --slow-dir /tmp --dist pareto", &st));
+    cr_assert_eq(WEXITSTATUS(st), 2);
+    free(run("--engine hotkv --fast-dir /tmp --slow-dir /tmp --load-only --no-load", &st));
+    cr_assert_eq(WEXITSTATUS(st), 2);
+}
