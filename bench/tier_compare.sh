@@ -82,7 +82,7 @@ bench() {
   "$TIER_BENCH" --engine "$e" --fast-dir "$FAST_DIR" --slow-dir "$SLOW_DIR" --fast-mb "$fast_mb" \
     --mem-mb "$mem_mb" --records "$records" --threads "$threads" --seconds "$seconds" \
     --warmup "$warmup" --workload "$w" --dist "$d" --progress 10 "$@" \
-    2> >(grep -v ' INFO ' >&2) | tee -a "$out"
+    2> >(grep --line-buffered -v ' INFO ' >&2) | tee -a "$out"
 }
 
 for rep in $(seq "$repeat"); do
