@@ -2,8 +2,9 @@
 /*
  * The node's merged view of cluster hot keys (issue 7). Every router pushes
  * the hot keys of its last window (admin.HotKeys); the node keeps, per key,
- * the latest rate from each router, sums the fresh ones (a router's entry
- * ages out after 3 of its windows), and pins keys whose summed rate passes
+ * a smoothed rate from each router, sums the fresh ones (a router's entry
+ * ages out after 3 of its windows, or at once when the router's next report
+ * leaves the key out), and pins keys whose summed rate passes
  * --hot-threshold in the engine (memory-resident, HotRing head), unpinning
  * them when they cool down. Reports arrive about once per second per
  * router, so one mutex guards the table.
@@ -108,7 +109,13 @@ static void note(node_hot *h, uint64_t router, uint64_t window_ns, const Kv__Hot
             oldest = &e->src[i];
     }
     slot = slot ? slot : oldest;
-    *slot = (hot_src){router, k->ops_per_s, now, window_ns};
+    double rate = k->ops_per_s;
+    /* Smooth over consecutive windows of the same router (EWMA, half
+     * weight on the newest): one window's sample is small at low sampling
+     * rates, and a hot set that moved still takes over within 2 windows. */
+    if (slot->router == router && now - slot->at_ns <= window_ns * 3 / 2)
+        rate = 0.5 * slot->rate + 0.5 * rate;
+    *slot = (hot_src){router, rate, now, window_ns};
 }
 
 static double fresh_rate(const hot_ent *e, uint64_t now)
@@ -120,9 +127,19 @@ static double fresh_rate(const hot_ent *e, uint64_t now)
     return sum;
 }
 
+/* A router's report lists every key of its top-K that this node owns, so
+ * a key it leaves out has cooled below its sketch's floor: that router's
+ * contribution is dropped at once instead of lingering until it ages out. */
+static void drop_unreported(hot_ent *e, uint64_t router, uint64_t now)
+{
+    for (int i = 0; i < MAX_ROUTERS; i++)
+        if (e->src[i].router == router && e->src[i].at_ns != now)
+            e->src[i].router = 0;
+}
+
 /* Re-inserts every live entry (open addressing has no cheap delete) and
  * applies pin decisions. Caller holds mu. */
-static void sweep(node_hot *h, uint64_t now)
+static void sweep(node_hot *h, uint64_t router, uint64_t now)
 {
     hot_ent *old = h->tab;
     hot_ent *tab = calloc(SLOTS, sizeof(hot_ent));
@@ -134,6 +151,7 @@ static void sweep(node_hot *h, uint64_t now)
         hot_ent *e = &old[i];
         if (!e->hash)
             continue;
+        drop_unreported(e, router, now);
         double rate = fresh_rate(e, now);
         bool want = rate > 0 && rate >= h->threshold;
         if (want != e->pinned) {
@@ -162,7 +180,7 @@ void node_hot_report(node_hot *h, const Kv__HotKeysRequest *req, uint64_t now_ns
     for (size_t i = 0; i < req->n_keys; i++)
         if (req->keys[i]->key.len > 0)
             note(h, router, window_ns, req->keys[i], now_ns);
-    sweep(h, now_ns);
+    sweep(h, router, now_ns);
     pthread_mutex_unlock(&h->mu);
 }
 

@@ -94,7 +94,8 @@ typedef struct rpc_chan rpc_chan;
 typedef struct rpc_chan_opts {
     const char *auth;         /* token sent with every call (NULL = none) */
     size_t recv_max;          /* 0 = from default limits */
-    uint32_t connect_wait_ms; /* how long a sync call waits for a first connection (default 300) */
+    uint32_t connect_wait_ms; /* how long a call right after open waits for the first connection
+                                 (default 1000) */
 } rpc_chan_opts;
 
 /* A reply. body/message are malloc'ed and owned by whoever holds the reply;

@@ -22,7 +22,7 @@
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
 
-#define DEFAULT_CONNECT_WAIT_MS 300u
+#define DEFAULT_CONNECT_WAIT_MS 1000u
 
 typedef struct rpc_slot rpc_slot;
 struct rpc_slot {

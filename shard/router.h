@@ -20,6 +20,7 @@
 #include "proto/rpc.h"
 #include "shard/clustermap.h"
 #include "shard/hotkeys.h"
+#include "shard/router_mitigate.h"
 
 #define ROUTER_MAX_RF 16
 
@@ -32,6 +33,9 @@ typedef struct router_config {
     long hot_sample;    /* sample one key in N for hot-key detection (0 = off) */
     long hot_window_ms; /* detection window */
     long hot_k;         /* keys per sketch / report */
+    bool hot_replica_reads;
+    long hot_cache_ms;
+    double hot_flag_rate;
     kv_limits limits;
 } router_config;
 
@@ -50,7 +54,8 @@ typedef struct router {
     rpc_server *rpc;
     pthread_t refresher;
     bool refresher_started;
-    hk_window *hot; /* NULL when detection is off */
+    hk_window *hot;  /* NULL when detection is off */
+    router_mit *mit; /* NULL when no mitigation is on */
     pthread_t hot_thread;
     bool hot_started;
     atomic_bool stopping;

@@ -211,6 +211,8 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     rpc_stats_add(&l, "forward_errors", "%llu",
                   (unsigned long long)atomic_load(&r->forward_errors));
     rpc_stats_add(&l, "map_refreshes", "%llu", (unsigned long long)atomic_load(&r->map_refreshes));
+    rpc_stats_add(&l, "hot.detection", "%s", r->hot ? "on" : "off");
+    rpc_stats_add(&l, "hot.cache_hits", "%llu", (unsigned long long)router_mit_hits(r->mit));
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = "router";
     rep.role = "router";

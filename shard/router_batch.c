@@ -273,6 +273,9 @@ kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
         if (attempt == 1)
             rv = rpc_fail(c, KV_UNAVAILABLE, "cluster map changed twice during the batch");
     }
+    for (size_t i = 0; r->mit && i < req->n_ops; i++)
+        if (req->ops[i]->type != KV__OP_TYPE__GET)
+            router_mit_invalidate(r->mit, req->ops[i]->key.data, req->ops[i]->key.len);
     free(mg);
     kv__batch_request__free_unpacked(req, NULL);
     return rv;

@@ -88,6 +88,8 @@ static void *hot_main(void *arg)
             continue;
         if (rep.n)
             push_report(r, &rep);
+        if (r->mit)
+            router_mit_update(r->mit, &rep);
         hk_report_free(&rep);
     }
     return NULL;
@@ -96,9 +98,14 @@ static void *hot_main(void *arg)
 kv_err router_hot_start(router *r)
 {
     if (r->cfg.hot_sample <= 0)
-        return KV_OK; /* detection off */
-    kv_err rv = hk_window_create(&r->hot, (size_t)r->cfg.workers, (size_t)r->cfg.hot_k,
-                                 (uint32_t)r->cfg.hot_sample, kv_now_ns());
+        return KV_OK; /* detection off (and with it the mitigations) */
+    kv_err rv = KV_OK;
+    if ((r->cfg.hot_replica_reads || r->cfg.hot_cache_ms > 0) &&
+        (rv = router_mit_create(&r->mit, r->cfg.hot_replica_reads, r->cfg.hot_cache_ms,
+                                r->cfg.hot_flag_rate)) != KV_OK)
+        return rv;
+    rv = hk_window_create(&r->hot, (size_t)r->cfg.workers, (size_t)r->cfg.hot_k,
+                          (uint32_t)r->cfg.hot_sample, kv_now_ns());
     if (rv != KV_OK)
         return rv;
     if (pthread_create(&r->hot_thread, NULL, hot_main, r) != 0)
@@ -114,6 +121,8 @@ void router_hot_stop(router *r)
     r->hot_started = false;
     hk_window_destroy(r->hot);
     r->hot = NULL;
+    router_mit_destroy(r->mit);
+    r->mit = NULL;
 }
 
 /* ---- read side --------------------------------------------------------- */

@@ -179,6 +179,44 @@ static kv_err forward_key(router *r, rpc_ctx *c, const char *method, const Proto
     return fan_key(r, c, method, msg, repair, key, cons, dflt, is_read, &stale);
 }
 
+/* A read at ONE of a flagged hot key: the router's cache, else replicas in
+ * turn from router_mit_pick (the others on a transport error). */
+static kv_err get_hot(router *r, rpc_ctx *c, Kv__GetRequest *req)
+{
+    uint64_t gen = 0;
+    if (router_mit_cache_get(r->mit, req->key.data, req->key.len, &c->reply, &c->reply_len, &gen))
+        return KV_OK;
+    kv_err rv = KV_OK;
+    cmap *m = current_map(r, c, &rv);
+    if (!m)
+        return rv;
+    uint32_t idx[ROUTER_MAX_RF];
+    size_t n = cmap_replicas(m, req->key.data, req->key.len, idx);
+    size_t start = router_mit_pick(r->mit, n);
+    rpc_reply rep = {0};
+    for (size_t k = 0; k < n; k++) {
+        rpc_chan *ch = router_chan(r, cmap_node_at(m, idx[(start + k) % n])->addr);
+        rv =
+            ch ? rpc_call(ch, "kv.Get", cmap_epoch(m), &req->base, router_forward_deadline(c), &rep)
+               : KV_UNAVAILABLE;
+        if (rv == KV_OK || !(rv == KV_UNAVAILABLE || rv == KV_DEADLINE_EXCEEDED))
+            break;
+        rpc_reply_free(&rep);
+    }
+    if (rv == KV_OK) {
+        router_mit_cache_put(r->mit, req->key.data, req->key.len, rep.body, rep.len, gen);
+        c->reply = rep.body;
+        c->reply_len = rep.len;
+        rep.body = NULL;
+    } else {
+        rv = rpc_fail(c, rv == KV_DEADLINE_EXCEEDED ? KV_UNAVAILABLE : rv, "%s",
+                      rep.message ? rep.message : kv_strerror(rv));
+    }
+    rpc_reply_free(&rep);
+    cmap_unref(m);
+    return rv;
+}
+
 kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     router *r = c->user;
@@ -189,7 +227,11 @@ kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
-    if (rv == KV_OK)
+    bool one =
+        req->consistency == KV__CONSISTENCY__DEFAULT || req->consistency == KV__CONSISTENCY__ONE;
+    if (rv == KV_OK && r->mit && one && router_mit_flagged(r->mit, req->key.data, req->key.len))
+        rv = get_hot(r, c, req);
+    else if (rv == KV_OK)
         rv = forward_key(r, c, "kv.Get", &req->base, NULL, &req->key, req->consistency,
                          KV__CONSISTENCY__ONE, true);
     kv__get_request__free_unpacked(req, NULL);
@@ -217,6 +259,7 @@ kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len)
         bool conditional = req->if_version || req->if_absent;
         rv = forward_key(r, c, "kv.Put", &req->base, conditional ? &repair.base : NULL, &req->key,
                          req->consistency, KV__CONSISTENCY__QUORUM, false);
+        router_mit_invalidate(r->mit, req->key.data, req->key.len);
     }
     kv__put_request__free_unpacked(req, NULL);
     return rv;
@@ -239,6 +282,7 @@ kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
         repair.if_version = 0;
         rv = forward_key(r, c, "kv.Delete", &req->base, req->if_version ? &repair.base : NULL,
                          &req->key, req->consistency, KV__CONSISTENCY__QUORUM, false);
+        router_mit_invalidate(r->mit, req->key.data, req->key.len);
     }
     kv__delete_request__free_unpacked(req, NULL);
     return rv;

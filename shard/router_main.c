@@ -21,6 +21,7 @@ int main(int argc, char **argv)
     r.cfg.hot_sample = 16;
     r.cfg.hot_window_ms = 1000;
     r.cfg.hot_k = 1024;
+    r.cfg.hot_flag_rate = 100;
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
     char *log_level = "info";
@@ -35,6 +36,14 @@ int main(int argc, char **argv)
          "hot-key detection samples one key in N (0 = off)", NULL, 0, 1 << 20},
         {"hot-window-ms", KV_OPT_INT, &r.cfg.hot_window_ms, "hot-key detection window", NULL, 50,
          3600000},
+        {"hot-replica-reads", KV_OPT_BOOL, &r.cfg.hot_replica_reads,
+         "spread ONE reads of hot keys over their replicas (may read older replicas)", NULL, 0, 0},
+        {"hot-cache-ms", KV_OPT_INT, &r.cfg.hot_cache_ms,
+         "cache hot keys' values here for this long (0 = off; stale up to that long for writes "
+         "through other routers)",
+         NULL, 0, 600000},
+        {"hot-flag-rate", KV_OPT_DOUBLE, &r.cfg.hot_flag_rate,
+         "ops/s at which the mitigations treat a key as hot", NULL, 0, 0},
         {"hot-k", KV_OPT_INT, &r.cfg.hot_k, "keys tracked per hot-key sketch", NULL, 16, 1 << 20},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
