@@ -156,6 +156,29 @@ static void hk_stats(void *h, tb_stats *out)
     rpc_stats_free(&l);
 }
 
+/* lsm's compaction triggers: L0 at 4 files (its default l0_trigger), a
+ * deeper level above its target; and no dirty bytes beyond one buffer. */
+static bool hk_settled(void *h)
+{
+    hk *k = h;
+    rpc_statlist l;
+    bool ok = true;
+    rpc_stats_init(&l);
+    engine_lsm_stats(k->e, &l);
+    for (size_t i = 0; i < l.n; i++) {
+        unsigned long long files, bytes, target;
+        int level;
+        if (sscanf(l.items[i].name, "lsm.L%d", &level) != 1 ||
+            sscanf(l.items[i].value, "files=%llu bytes=%llu target=%llu", &files, &bytes,
+                   &target) != 3)
+            continue;
+        if ((level == 0 && files >= 4) || (level > 0 && target && bytes > target))
+            ok = false;
+    }
+    rpc_stats_free(&l);
+    return ok;
+}
+
 static void hk_json_extra(void *h, char *buf, size_t len)
 {
     hk *k = h;
@@ -168,10 +191,10 @@ static void hk_json_extra(void *h, char *buf, size_t len)
 
 const tb_engine tb_hotkv_engine = {
     "hotkv", hk_open, hk_close, hk_thread_begin, hk_thread_end, hk_noop,
-    hk_noop, hk_put,  hk_get,   hk_stats,        hk_json_extra,
+    hk_noop, hk_put,  hk_get,   hk_stats,        hk_settled,    hk_json_extra,
 };
 
 const tb_engine tb_hotkv_nohotrap_engine = {
     "hotkv-nohotrap", hk_open_nohotrap, hk_close, hk_thread_begin, hk_thread_end, hk_noop,
-    hk_noop,          hk_put,           hk_get,   hk_stats,        hk_json_extra,
+    hk_noop,          hk_put,           hk_get,   hk_stats,        hk_settled,    hk_json_extra,
 };

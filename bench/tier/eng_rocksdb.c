@@ -330,6 +330,20 @@ static void rk_stats(void *h, tb_stats *out)
     pthread_mutex_unlock(&r->mu);
 }
 
+static bool rk_settled(void *h)
+{
+    rk *r = h;
+    static const char *const props[] = {
+        "rocksdb.compaction-pending", "rocksdb.num-running-compactions",
+        "rocksdb.mem-table-flush-pending", "rocksdb.num-running-flushes"};
+    for (size_t i = 0; i < sizeof(props) / sizeof(props[0]); i++) {
+        uint64_t v = 0;
+        if (rocksdb_property_int(r->db, props[i], &v) != 0 || v != 0)
+            return false;
+    }
+    return true;
+}
+
 static void rk_json_extra(void *h, char *buf, size_t len)
 {
     rk *r = h;
@@ -351,16 +365,16 @@ static void rk_json_extra(void *h, char *buf, size_t len)
 }
 
 const tb_engine tb_rocksdb_tiering_engine = {
-    "rocksdb-tiering", rk_open_tiering, rk_close, rk_noop,  rk_noop,       rk_measure_begin,
-    rk_measure_end,    rk_put,          rk_get,   rk_stats, rk_json_extra,
+    "rocksdb-tiering", rk_open_tiering, rk_close, rk_noop,  rk_noop,    rk_measure_begin,
+    rk_measure_end,    rk_put,          rk_get,   rk_stats, rk_settled, rk_json_extra,
 };
 
 const tb_engine tb_rocksdb_fd_engine = {
-    "rocksdb-fd",   rk_open_fd, rk_close, rk_noop,  rk_noop,       rk_measure_begin,
-    rk_measure_end, rk_put,     rk_get,   rk_stats, rk_json_extra,
+    "rocksdb-fd",   rk_open_fd, rk_close, rk_noop,  rk_noop,    rk_measure_begin,
+    rk_measure_end, rk_put,     rk_get,   rk_stats, rk_settled, rk_json_extra,
 };
 
 const tb_engine tb_rocksdb_sd_engine = {
-    "rocksdb-sd",   rk_open_sd, rk_close, rk_noop,  rk_noop,       rk_measure_begin,
-    rk_measure_end, rk_put,     rk_get,   rk_stats, rk_json_extra,
+    "rocksdb-sd",   rk_open_sd, rk_close, rk_noop,  rk_noop,    rk_measure_begin,
+    rk_measure_end, rk_put,     rk_get,   rk_stats, rk_settled, rk_json_extra,
 };

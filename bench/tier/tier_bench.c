@@ -135,6 +135,7 @@ static void default_opts(tb_opts *o)
     o->sync_idx = TB_SYNC_BATCH;
     o->sync_ms = 5;
     o->progress_s = 2;
+    o->settle_s = 600;
 }
 
 /* Parses argv into o; returns KV_CANCELLED after --help. */
@@ -165,6 +166,8 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
         {"sync-ms", KV_OPT_INT, &o->sync_ms, "batch sync period", NULL, 1, 10000},
         {"trace-ops", KV_OPT_INT, &o->trace_ops, "pre-drawn ops per thread", NULL, 1024, 1L << 28},
         {"seed", KV_OPT_INT, &o->seed, "PRNG seed", NULL, 0, 1L << 62},
+        {"settle", KV_OPT_DOUBLE, &o->settle_s,
+         "after the load, wait up to this long for pending compactions (0 = no wait)"},
         {"progress", KV_OPT_DOUBLE, &o->progress_s, "seconds between progress lines"},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "tier_bench", NULL};
@@ -206,19 +209,20 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
     eng->json_extra(h, extra, sizeof(extra));
     printf("{\"engine\":\"%s\",\"workload\":\"%s\",\"dist\":\"%s\",\"records\":%ld,"
            "\"value_size\":%ld,\"threads\":%ld,\"fast_mb\":%ld,\"mem_mb\":%ld,\"sync\":\"%s\","
-           "\"load_s\":%.3f,\"load_ops_per_s\":%s,\"seconds\":%.3f,\"ops\":%llu,\"ops_per_s\":%s,"
+           "\"load_s\":%.3f,\"load_ops_per_s\":%s,\"settle_s\":%.1f,\"settled\":%s,\"seconds\":%."
+           "3f,\"ops\":%llu,\"ops_per_s\":%s,"
            "\"gets\":%llu,\"found_ratio\":%.6g,\"p50_get_us\":%.2f,\"p99_get_us\":%.2f,"
            "\"p999_get_us\":%.2f,\"p50_put_us\":%.2f,\"p99_put_us\":%.2f,"
            "\"reads_mem\":%llu,\"reads_fd\":%llu,\"reads_sd\":%llu,\"reads_miss\":%llu,"
            "\"fd_hit_rate\":%s,\"sd_read_bytes_per_get\":%s,\"write_amp\":%s,\"promoted\":%s,"
            "\"retained\":%s%s}\n",
            o->engine_name, o->workload_name, o->dist_name, o->records, o->value_size, o->threads,
-           o->fast_mb, o->mem_mb, sync_choices[o->sync_idx], r->load_s, load, r->run_s,
-           (unsigned long long)r->ops, ops, (unsigned long long)r->gets,
-           r->gets ? (double)r->gets_found / (double)r->gets : 0.0, r->p50_get_us, r->p99_get_us,
-           r->p999_get_us, r->p50_put_us, r->p99_put_us, (unsigned long long)mem,
-           (unsigned long long)fd, (unsigned long long)sd, (unsigned long long)miss, hit, sdb, wa,
-           prom, ret, extra);
+           o->fast_mb, o->mem_mb, sync_choices[o->sync_idx], r->load_s, load, r->settle_s,
+           r->settled ? "true" : "false", r->run_s, (unsigned long long)r->ops, ops,
+           (unsigned long long)r->gets, r->gets ? (double)r->gets_found / (double)r->gets : 0.0,
+           r->p50_get_us, r->p99_get_us, r->p999_get_us, r->p50_put_us, r->p99_put_us,
+           (unsigned long long)mem, (unsigned long long)fd, (unsigned long long)sd,
+           (unsigned long long)miss, hit, sdb, wa, prom, ret, extra);
     fflush(stdout);
 }
 

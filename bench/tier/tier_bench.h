@@ -28,7 +28,7 @@ typedef struct tb_opts {
     const char *fast_dir, *slow_dir;
     long fast_mb, mem_mb, write_buffer_mb;
     long records, value_size, threads, trace_ops, seed;
-    double seconds, warmup, shift_at, progress_s;
+    double seconds, warmup, shift_at, progress_s, settle_s;
     int workload_idx, dist_idx, sync_idx;
     long sync_ms;
     bool load_only, no_load;
@@ -63,6 +63,9 @@ typedef struct tb_engine {
     /* A point read; *found tells whether a live record was there. */
     kv_err (*get)(void *h, const void *key, size_t klen, bool *found);
     void (*stats)(void *h, tb_stats *out);
+    /* True when no flush or compaction is pending (the LSM's shape is what
+     * its sizing asks for); the runner waits for it after the load. */
+    bool (*settled)(void *h);
     /* Extra JSON members for the result line (",\"k\":v..."), may be empty. */
     void (*json_extra)(void *h, char *buf, size_t len);
 } tb_engine;
@@ -73,6 +76,8 @@ extern const tb_engine tb_rocksdb_tiering_engine, tb_rocksdb_fd_engine, tb_rocks
 /* The result of one run (tier_run.c fills it, tier_bench.c prints it). */
 typedef struct tb_result {
     double load_s, load_ops_per_s;
+    double settle_s; /* waited after the load for compactions to finish */
+    bool settled;
     double run_s, ops_per_s;
     uint64_t ops, gets, gets_found, puts;
     double p50_get_us, p99_get_us, p999_get_us, p50_put_us, p99_put_us;

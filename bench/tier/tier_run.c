@@ -350,6 +350,25 @@ static void merge(const tb_opts *o, worker *ws, tb_result *res, double run_s)
     res->p99_put_us = hist_quantile_us(&hp, 0.99);
 }
 
+/* After the load: waits (no manual compaction) until the engine has no
+ * flush or compaction pending, at most --settle seconds, so that the timed
+ * phase sees the level layout the engine's sizing asks for. */
+static void settle(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
+{
+    uint64_t t0 = kv_now_ns();
+    double next = o->progress_s, el = 0;
+    while (!(res->settled = eng->settled(h)) && el < o->settle_s) {
+        sleep_s(0.25);
+        el = (double)(kv_now_ns() - t0) / 1e9;
+        if (el >= next) {
+            fprintf(stderr, "tier_bench: %s settle %.0f s: compactions pending\n", o->engine_name,
+                    el);
+            next += o->progress_s;
+        }
+    }
+    res->settle_s = (double)(kv_now_ns() - t0) / 1e9;
+}
+
 /* Warm-up, then the timed phase with engine stats around it. */
 static kv_err measure(const tb_opts *o, const tb_engine *eng, void *h, worker *ws, tb_result *res)
 {
@@ -379,6 +398,8 @@ kv_err tb_run(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
     kv_err rv = workers_init(o, eng, h, &ws);
     if (rv == KV_OK && !o->no_load)
         rv = load(o, ws, res);
+    if (rv == KV_OK && !o->no_load && o->settle_s > 0)
+        settle(o, eng, h, res);
     if (rv == KV_OK && !o->load_only)
         rv = measure(o, eng, h, ws, res);
     if (rv != KV_OK)

@@ -67,7 +67,7 @@ static char *smoke(const char *engine, const char *workload, const char *dist)
     snprintf(args, sizeof(args),
              "--engine %s --fast-dir %s/fd --slow-dir %s/sd --fast-mb 2 --mem-mb 2 "
              "--write-buffer-mb 1 --records 5000 --value-size 256 --threads 2 --seconds 1 "
-             "--warmup 0.2 --trace-ops 4096 --workload %s --dist %s",
+             "--warmup 0.2 --settle 20 --trace-ops 4096 --workload %s --dist %s",
              engine, dir, dir, workload, dist);
     char mk[512];
     snprintf(mk, sizeof(mk), "mkdir -p %s/fd %s/sd", dir, dir);
