@@ -8,8 +8,10 @@
  * slow.read_bytes), parsed by name so the engine exposes nothing new.
  *
  * "hotkv" and "hotkv-nohotrap" map to the engine's HotRAP switch (retention
- * and promotion on / off). The engine has no such switch yet, so both run
- * the same engine and the result line says "hotrap_available":false.
+ * and promotion on / off). engine_opts has no such switch yet and
+ * engine_lsm_stats() no promotion counters, so both run the same engine,
+ * whose LSM takes lsm_opts' default (HotRAP on), and the result line says
+ * "hotrap_available":false (promoted/retained are null).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,7 +188,9 @@ static void hk_json_extra(void *h, char *buf, size_t len)
              ",\"hotrap_available\":false,\"hotrap_requested\":%s,\"levels\":\"%s\","
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)%s\"",
              k->hotrap ? "true" : "false", k->levels,
-             k->hotrap ? "" : "; the engine has no HotRAP switch yet, this is the hotkv engine");
+             k->hotrap ? ""
+                       : "; the engine has no HotRAP switch yet: this is the hotkv engine with "
+                         "its LSM's default");
 }
 
 const tb_engine tb_hotkv_engine = {
