@@ -17,9 +17,10 @@
  * the last FD level into SD, a record RALT calls hot is kept on the FD level
  * (retention for FD inputs, promotion for SD inputs) when it lies inside the
  * input level's compacted key range, within a budget bounded by the level's
- * target and the hot-set limit. Outputs go to the volume of their level and
- * are cut at file_size. Errors (ENOSPC, a corrupt input block) abort the
- * job, delete its outputs, set bg_err and back off for a second.
+ * target and the hot-set limit. In compactions inside SD, hot records that
+ * no upper level may shadow are offered to the promotion buffer. Outputs go to the volume of their
+ * level and are cut at file_size. Errors (ENOSPC, a corrupt input block) abort the job, delete its
+ * outputs, set bg_err and back off for a second.
  *
  * Threads: compaction_threads background threads plus callers of
  * lsm_compact_all; all coordination is under db->mu / db->cv.
@@ -41,6 +42,7 @@ typedef struct cjob {
     size_t lolen, hilen;
     bool trivial;
     uint64_t retain_budget; /* bytes the route hook may keep on the from level */
+    uint64_t fread;         /* flushed seqno published before base was pinned */
 } cjob;
 
 /* ---- picking ---- */
@@ -145,6 +147,7 @@ static bool hotrap_level(const lsm_db *db, int l)
 /* With mu held: chooses the most urgent job, marks its levels busy. */
 static bool pick(lsm_db *db, cjob *j)
 {
+    uint64_t fread = atomic_load(&db->flushed_pub);
     lsm_version *v = lsm_db_current(db);
     int best = -1;
     double bs = 1.0;
@@ -157,7 +160,7 @@ static bool pick(lsm_db *db, cjob *j)
         lsm_version_unref(v);
         return false;
     }
-    *j = (cjob){.from = best, .to = best + 1, .base = v};
+    *j = (cjob){.from = best, .to = best + 1, .base = v, .fread = fread};
     size_t a = 0, b = v->nfiles[best];
     if (best > 0) {
         a = hotrap_level(db, best) ? benefit_pick(db, v, best) : rr_pick(db, v, best);
@@ -212,6 +215,35 @@ static bool may_exist_below(const lsm_version *v, int level, const lsm_rec *r)
         }
     }
     return false;
+}
+
+/* True when a level above `level` (or `level` itself when r lies outside
+ * the job's from-level range, i.e. in files the job does not merge) may
+ * hold r's key. */
+static bool may_exist_above(const cjob *j, const lsm_rec *r)
+{
+    const lsm_version *v = j->base;
+    bool outside = lsm_key_cmp(r->key, r->klen, j->lo, j->lolen) < 0 ||
+                   lsm_key_cmp(r->key, r->klen, j->hi, j->hilen) > 0;
+    for (int l = 0; l < j->from + (outside ? 1 : 0); l++) {
+        for (size_t i = 0; i < v->nfiles[l]; i++) {
+            const lsm_file *f = v->files[l][i];
+            if (lsm_file_covers(f, r->key, r->klen) && lsm_sst_may_contain(f->sst, r->key, r->klen))
+                return true;
+        }
+    }
+    return false;
+}
+
+/* HotRAP promotion by compaction inside SD: a hot record that no upper
+ * level may shadow is offered to the promotion buffer, whose checker drops
+ * it if a newer write appeared since the job's version (promote.c). */
+static void promote_from_sd(lsm_db *db, const cjob *j, const lsm_rec *r)
+{
+    if (!db->promo || db->o.route || j->from <= db->last_fd || r->type != LSM_PUT)
+        return;
+    if (ralt_is_hot(db->ralt, r->key, r->klen) && !may_exist_above(j, r))
+        lsm_promo_add(db, r, j->fread);
 }
 
 typedef struct output {
@@ -291,6 +323,7 @@ static kv_err emit(output *o, lsm_rec r, uint64_t now)
     }
     if (r.type == LSM_DELETE && !may_exist_below(o->j->base, o->j->to, &r))
         return KV_OK;
+    promote_from_sd(o->db, o->j, &r);
     return out_add(o, route(o->db, o->j, &r), &r);
 }
 
@@ -304,7 +337,7 @@ static kv_err merge(lsm_db *db, cjob *j, lsm_edit *e)
         lsm_sst_iter_init(&m.it[i],
                           i < j->nin[0] ? j->in[0][i]->sst : j->in[1][i - j->nin[0]]->sst);
     output o = {.db = db, .j = j, .e = e};
-    if (hotrap_level(db, j->from))
+    if (db->ralt && !db->o.route && j->from > 0 && j->from >= db->last_fd)
         ralt_flush(db->ralt); /* so that recent accesses count */
     uint64_t now = kv_wall_ms();
     kv_err rv = KV_OK;
@@ -497,7 +530,8 @@ kv_err lsm_compact_wait_idle(lsm_db *db)
 /* One manual job: all files of level l into l + 1 (mu held). */
 static kv_err manual_level(lsm_db *db, int l)
 {
-    cjob j = {.from = l, .to = l + 1, .base = lsm_db_current(db)};
+    uint64_t fread = atomic_load(&db->flushed_pub);
+    cjob j = {.from = l, .to = l + 1, .fread = fread, .base = lsm_db_current(db)};
     kv_err rv = job_inputs(db, &j, 0, j.base->nfiles[l]);
     if (rv != KV_OK) {
         free(j.in[0]);

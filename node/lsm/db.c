@@ -358,7 +358,8 @@ static kv_err hotrap_create(lsm_db *db)
 {
     if (!db->o.hotrap || !db->has_sd)
         return KV_OK;
-    ralt_opts ro = {.hot_limit = db->hot_limit};
+    uint64_t cap = (db->o.fast_mb << 20) / 64; /* RALT memory: 1/64 of FD, >= 1 MiB */
+    ralt_opts ro = {.hot_limit = db->hot_limit, .phys_cap = cap < (1u << 20) ? 1u << 20 : cap};
     kv_err rv = ralt_open(&db->ralt, &ro);
     return rv == KV_OK ? lsm_promo_create(db) : rv;
 }

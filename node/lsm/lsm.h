@@ -9,6 +9,14 @@
  * through io_uring (one ring per calling thread), or pread/pwrite when
  * io_uring is unavailable or disabled.
  *
+ * HotRAP (opts.hotrap, with a slow_dir): point lookups and lsm_note_access
+ * feed RALT, an access tracker; compactions from the last FD level into SD
+ * keep hot records on FD (retention, and promotion of the SD input's hot
+ * records) and pick the file with the fewest hot bytes; compactions inside
+ * SD and lookups served by SD offer hot records to a promotion buffer that a
+ * checker thread flushes as L0 SSTs on FD. A promoted record is never newer
+ * than what it copies and never shadows a newer write (see promote.c).
+ *
  * Ordering: records are ordered by key ascending, then seqno descending. The
  * newest record of a key is the one with the highest seqno (promoted records
  * of a later issue keep their old seqno, so L0 lookups compare seqnos).
@@ -253,7 +261,8 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out);
 kv_err lsm_compact_wait_idle(lsm_db *db);
 
 /* Synchronously compacts every level into the next until all files sit in
- * the deepest non-empty level (tombstones and expired records dropped there).
+ * the deepest non-empty level (tombstones and expired records dropped there;
+ * with HotRAP, hot records retained on the last FD level stay there).
  * Waits for background compactions first and blocks them meanwhile. Returns
  * KV_OK or the first compaction error. For tests and admin. */
 kv_err lsm_compact_all(lsm_db *db);

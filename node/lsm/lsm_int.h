@@ -267,6 +267,7 @@ typedef struct ralt_opts {
     uint64_t hot_limit;  /* hot-set limit in key+value bytes, 0 = 64 MiB */
     uint64_t tick_bytes; /* accessed bytes per tick, 0 = hot_limit / 16 (>= 4 KiB) */
     size_t buf_entries;  /* unsorted buffer entries, 0 = 1024 */
+    uint64_t phys_cap;   /* bound of the adaptive table size, 0 = the hot-set limit */
 } ralt_opts;
 
 typedef struct ralt_stats {

@@ -18,7 +18,8 @@
  * bytes of stable entries (the caller sets it from the FD size); the physical
  * limit bounds the table's own bytes and adapts to the stable share: the
  * fewer accessed keys turn out stable, the more entries the table needs to
- * find a hot set of the same size.
+ * find a hot set of the same size; it never exceeds the hot-set limit nor
+ * phys_cap (the table lives in memory, see below).
  *
  * Concurrency: bmu guards the buffer; fmu serialises flushes and merges
  * (runs change only under fmu); mu (rwlock) guards the run array for
@@ -70,7 +71,7 @@ struct ralt {
     pthread_rwlock_t mu;
     ralt_run runs[RALT_MAX_RUNS + 1]; /* oldest first */
     size_t nruns;
-    uint64_t tick_bytes;
+    uint64_t tick_bytes, phys_cap;
     _Atomic uint64_t accessed, hot_limit, phys_limit, evicted;
 };
 
@@ -235,7 +236,8 @@ static void adapt_phys(ralt *r, const ralt_ent *e, size_t n)
     double avg_rec = nst ? (double)hot / (double)nst : 256.0;
     double avg_ent = n ? (double)phys / (double)n : 64.0;
     double want = (double)limit / (avg_rec < 1 ? 1 : avg_rec) * avg_ent / share;
-    double cap = (double)limit > RALT_MIN_PHYS ? (double)limit : RALT_MIN_PHYS;
+    double cap = (double)(limit < r->phys_cap ? limit : r->phys_cap);
+    cap = cap > RALT_MIN_PHYS ? cap : RALT_MIN_PHYS;
     want = want < RALT_MIN_PHYS ? RALT_MIN_PHYS : want > cap ? cap : want;
     atomic_store(&r->phys_limit, (uint64_t)want);
 }
@@ -382,7 +384,9 @@ kv_err ralt_open(ralt **out, const ralt_opts *o)
     uint64_t hl = o->hot_limit ? o->hot_limit : (64u << 20);
     r->tick_bytes = o->tick_bytes ? o->tick_bytes : (hl / 16 < 4096 ? 4096 : hl / 16);
     atomic_store(&r->hot_limit, hl);
-    atomic_store(&r->phys_limit, hl > RALT_MIN_PHYS ? hl : RALT_MIN_PHYS);
+    r->phys_cap = o->phys_cap ? o->phys_cap : UINT64_MAX;
+    uint64_t pl = hl < r->phys_cap ? hl : r->phys_cap;
+    atomic_store(&r->phys_limit, pl > RALT_MIN_PHYS ? pl : RALT_MIN_PHYS);
     *out = r;
     return KV_OK;
 }

@@ -3,8 +3,8 @@
  * Tests of HotRAP in the LSM: RALT (score decay, the stable bit, eviction
  * at the hot-set limit, hot-byte estimates and range iteration), retention
  * of hot records on FD when compacting into SD, promotion of records read
- * from SD, promotion never shadowing a newer write (in memory, flushed to
- * L0, or flushed and compacted down to SD), and hotrap off.
+ * from SD and of hot records met by compactions inside SD, promotion never shadowing a newer write
+ * (in memory, flushed to L0, or flushed and compacted down to SD), and hotrap off.
  */
 #include "lsm_test_util.h"
 
@@ -384,6 +384,34 @@ Test(hotrap, promotion_never_shadows_a_write_flushed_and_compacted)
     cr_assert_eq(seq, w, "got seqno %llu (old %llu)", (unsigned long long)seq,
                  (unsigned long long)old);
     cr_assert_eq(get_id(t, 6, NULL, NULL), LSM_TIER_FD, "6 still promoted");
+    t_close(t);
+}
+
+Test(hotrap, compaction_inside_sd_promotes_hot_records)
+{
+    tdb *t = t_open("sdcompact", true);
+    fill_sd(t, 500); /* L3, on SD */
+    char k[KLEN + 1];
+    for (int id = 12; id <= 20; id += 8) {
+        key_of(k, id); /* hot through memory-tier reads only: nothing in the buffer */
+        lsm_note_access(t->db, k, KLEN, VLEN);
+        lsm_note_access(t->db, k, KLEN, VLEN);
+    }
+    uint64_t w = write_one(t, 20); /* 20 has a newer version, on L0 */
+    flush_one(t, 20, w);
+    cr_assert_eq(lsm_compact_level(t->db, 3), KV_OK); /* L3 -> L4, both on SD */
+    lsm_promo_sync(t->db);
+    lsm_stats s = stats_of(t);
+    cr_assert_eq(s.levels[4].volume, LSM_TIER_SD);
+    cr_assert_gt(s.levels[4].files, 0);
+    cr_assert_eq(s.promoted_recs, 1);
+    uint8_t flags;
+    uint64_t seq;
+    cr_assert_eq(get_id(t, 12, NULL, &flags), LSM_TIER_FD);
+    cr_assert(flags & LSM_F_PROMOTED);
+    cr_assert_eq(get_id(t, 20, &seq, NULL), LSM_TIER_FD);
+    cr_assert_eq(seq, w, "the newer write of 20 wins");
+    cr_assert_eq(get_id(t, 13, NULL, NULL), LSM_TIER_SD);
     t_close(t);
 }
 
