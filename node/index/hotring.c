@@ -105,7 +105,7 @@ static void hr_snapshot_owned(hr_item *x, hr_view *v, uint64_t *vbuf)
 static bool hr_own(hr_item *x, uint32_t *s)
 {
     uint32_t v = atomic_load_explicit(&x->seq, memory_order_relaxed);
-    if (v & (HR_SEQ_OWNED | HR_SEQ_WRITING))
+    if (v & (HR_SEQ_OWNED | HR_SEQ_WRITING | HR_SEQ_RETIRED))
         return false;
     /* CAS site: x's seq word. Protects: writer exclusion for x's record. */
     if (!atomic_compare_exchange_strong_explicit(&x->seq, &v, v | HR_SEQ_OWNED,
@@ -130,7 +130,10 @@ static hr_slot *hr_rewrite_begin(hr_item *x, uint32_t s)
 /* Releases ownership; after a rewrite, publishes it. */
 static void hr_disown(hr_item *x, uint32_t s, bool rewritten)
 {
-    atomic_store_explicit(&x->seq, rewritten ? s + HR_SEQ_STEP : s, memory_order_release);
+    if (rewritten) /* live and owned: nobody else writes seq */
+        atomic_store_explicit(&x->seq, (s + HR_SEQ_STEP) & ~HR_SEQ_RETIRED, memory_order_release);
+    else /* keeps HR_SEQ_RETIRED, which a helper may set once x is Occupied */
+        atomic_fetch_and_explicit(&x->seq, ~HR_SEQ_OWNED, memory_order_release);
 }
 
 static kv_err hr_item_alloc(const hr_okey *k, const void *val, size_t vlen, const hr_meta *m,
@@ -282,13 +285,20 @@ static kv_err hr_wr_insert(hr_wr *wr, hr_table *t, uint64_t b, hr_win *w, int fo
     return KV_OK;
 }
 
+static _Thread_local unsigned hr_tls_lazy;
+
 /* Marks the owned item x Occupied; with repl, x's next points at repl, whose
- * next becomes x's successor. Then moves heads off x and unlinks it. */
-static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const hr_okey *k)
+ * next becomes x's successor. Then moves heads off x and unlinks it: at once
+ * through the predecessor the search found, else (x was the head, so its
+ * predecessor is a whole ring away) on every 4th such kill only. A replaced
+ * or deleted head left linked is harmless: it sits behind the new head,
+ * readers step over it and the next writer walking by unlinks it. */
+static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const hr_okey *k,
+                    const hr_win *fw)
 {
-    uint64_t xw = atomic_load_explicit(&x->next, memory_order_acquire);
+    uint64_t xw = atomic_load_explicit(&x->next, memory_order_acquire), nv;
     for (;;) {
-        uint64_t nv = xw | HR_N_OCC;
+        nv = xw | HR_N_OCC;
         if (repl) {
             atomic_store_explicit(&repl->next, (uint64_t)(uintptr_t)hr_addr(xw),
                                   memory_order_relaxed);
@@ -304,9 +314,17 @@ static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const 
     hr_disown(x, s, false); /* readers may still snapshot the dead item */
     hr_table *t = atomic_load(&idx->cur);
     uint64_t b = hr_bucket(t, k->hash);
-    hr_item *gone = hr_head_fix(t, b, x);
-    if (gone) {
-        hr_unlinked(idx, gone);
+    hr_head_fix(idx, t, b, x);
+    if (fw->pred && fw->pred != x && hr_addr(fw->pw) == x) {
+        uint64_t pw = fw->pw;
+        /* CAS site: the predecessor's next word. Protects: pred is still live
+         * and points at x exactly as when the search found it; swings it past
+         * x (to repl or x's successor), keeping pred's counter/Rehash bits. */
+        if (atomic_compare_exchange_strong(&fw->pred->next, &pw, hr_with_addr(pw, hr_addr(nv)))) {
+            hr_unlinked(idx, x);
+            return;
+        }
+    } else if (fw->pred != x && (++hr_tls_lazy & 3) != 0) {
         return;
     }
     hr_win w;
@@ -342,7 +360,7 @@ static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_w
     hr_item *n = wr->nx;
     wr->nx = NULL;
     hr_cnt_add(hr_my_shard(wr->idx), HR_C_BYTES, hr_item_bytes(n) - hr_item_bytes(x));
-    hr_kill(wr->idx, x, s, n, wr->k);
+    hr_kill(wr->idx, x, s, n, wr->k, w);
     /* The paper counts an RCU update on the predecessor (its next word is
      * what the update rewrites); with x at the head, on the new version. */
     hr_hot_access(wr->idx, t, b, hw, n, w->pred ? w->pred : n);
@@ -417,7 +435,7 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
         hr_shard *sh = hr_my_shard(idx);
         hr_cnt_add(sh, HR_C_ITEMS, (uint64_t)-1);
         hr_cnt_add(sh, HR_C_BYTES, (uint64_t)0 - hr_item_bytes(w.cur));
-        hr_kill(idx, w.cur, s, NULL, &k);
+        hr_kill(idx, w.cur, s, NULL, &k, &w);
         rv = KV_OK;
         break;
     }
@@ -499,7 +517,7 @@ kv_err hr_pin(hr_index *idx, const void *key, size_t klen)
         for (;;) {
             uint64_t hw = atomic_load_explicit(&t->heads[b], memory_order_acquire);
             uint64_t xw = atomic_load_explicit(&x->next, memory_order_acquire);
-            if (hr_addr(hw) == x || (xw & HR_N_OCC) || hr_head_move(idx, t, b, hw, x))
+            if (hr_addr(hw) == x || (xw & HR_N_OCC) || hr_head_move(idx, t, b, hw, x, 0))
                 break;
         }
     }
@@ -513,22 +531,54 @@ kv_err hr_pin(hr_index *idx, const void *key, size_t klen)
 static hr_item *hr_lower_bound(hr_table *t, uint64_t b, const hr_okey *k, hr_item *h)
 {
     hr_item *x = h;
+    hr_cyc cy;
     int c = hr_cmp_key(k, x);
+    hr_cyc_init(&cy, h);
     for (;;) {
         hr_item *n = hr_addr(atomic_load_explicit(&x->next, memory_order_acquire));
         if (n == x)
             return x;
         n = hr_hop(t, b, n);
         int cn = hr_cmp_key(k, n);
-        if (hr_in_window(x, n, c, cn) || n == h)
+        if (hr_in_window(x, n, c, cn) || hr_cyc_step(&cy, n))
             return n;
         x = n;
         c = cn;
     }
 }
 
+/* Iteration cursor: the last record handed out. Buckets are walked in hash
+ * order and every ring in (hash, key) order, so records come out strictly
+ * ascending; anything not above the cursor was already visited (this keeps
+ * the no-duplicates promise whatever concurrent rehashes and head moves do). */
+typedef struct hr_iter {
+    hr_visit_fn fn;
+    void *arg;
+    bool any;
+    uint64_t hash;
+    uint32_t klen;
+    unsigned char key[HR_MAX_KLEN];
+} hr_iter;
+
+static void hr_iter_visit(hr_iter *it, hr_item *x)
+{
+    if (it->any) {
+        hr_okey last = {it->hash, it->key, it->klen, 0};
+        if (hr_cmp_key(&last, x) >= 0)
+            return;
+    }
+    hr_view v;
+    uint64_t vbuf;
+    hr_snapshot(x, &v, &vbuf);
+    it->any = true;
+    it->hash = x->hash;
+    it->klen = x->klen;
+    memcpy(it->key, x->key, x->klen);
+    it->fn(it->arg, &v);
+}
+
 /* Visits the live items of bucket b in ascending order. */
-static void hr_iter_bucket(hr_table *t, uint64_t b, hr_visit_fn fn, void *arg)
+static void hr_iter_bucket(hr_table *t, uint64_t b, hr_iter *it)
 {
     hr_item *h = hr_addr(atomic_load_explicit(&t->heads[b], memory_order_acquire));
     if (!h)
@@ -536,6 +586,8 @@ static void hr_iter_bucket(hr_table *t, uint64_t b, hr_visit_fn fn, void *arg)
     hr_okey lo = {b << (64 - t->bits), NULL, 0, 1};
     hr_item *x = hr_lower_bound(t, b, &lo, h), *last = NULL;
     bool last_dead = false;
+    hr_cyc cy;
+    hr_cyc_init(&cy, x);
     while (hr_bucket(t, x->hash) == b) {
         if (last) {
             int c = hr_cmp_items(last, x);
@@ -544,16 +596,12 @@ static void hr_iter_bucket(hr_table *t, uint64_t b, hr_visit_fn fn, void *arg)
         }
         uint64_t w = atomic_load_explicit(&x->next, memory_order_acquire);
         bool dead = (w & HR_N_OCC) != 0;
-        if (!dead && !x->rehash) {
-            hr_view v;
-            uint64_t vbuf;
-            hr_snapshot(x, &v, &vbuf);
-            fn(arg, &v);
-        }
+        if (!dead && !x->rehash)
+            hr_iter_visit(it, x);
         last = x;
         last_dead = dead;
         x = hr_hop(t, b, hr_addr(w));
-        if (x == last)
+        if (x == last || hr_cyc_step(&cy, x)) /* a frozen run of replaced items */
             break;
     }
 }
@@ -562,17 +610,26 @@ void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg)
 {
     if (!idx || !fn)
         return;
+    hr_iter *it = malloc(sizeof(*it));
+    if (!it) {
+        KV_ERROR("hotring", "hr_iterate: out of memory");
+        return;
+    }
+    it->fn = fn;
+    it->arg = arg;
+    it->any = false;
     uint64_t pos = 0; /* lowest hash of the next bucket to visit */
     for (;;) {
         hr_rcu_lock();
         hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
         uint64_t b = hr_bucket(t, pos);
-        hr_iter_bucket(t, b, fn, arg);
+        hr_iter_bucket(t, b, it);
         hr_rcu_unlock();
         if (b + 1 == t->nb)
             break;
         pos = (b + 1) << (64 - t->bits);
     }
+    free(it);
 }
 
 /* ------------------------------------------------------------ lifecycle */

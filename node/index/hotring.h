@@ -7,14 +7,19 @@
  * moved to hot items, so a hot key is found in ~1 step.
  *
  * Items carry a record: key, value and the node's metadata (version, seqno,
- * expire_at, flags). Values up to 8 bytes are updated in place; larger ones by
- * read-copy-update (a new item replaces the old with one CAS on the
- * predecessor's next word). Memory is reclaimed through liburcu.
+ * expire_at, flags). Values up to 8 bytes are updated in place (under a
+ * per-item seqlock); larger ones by read-copy-update (the old item's next word
+ * is pointed at its replacement with the Occupied bit set, in one CAS).
+ * Memory is reclaimed through liburcu (memb flavour, call_rcu).
  *
  * Threads: every thread that calls into an index must be registered with
  * liburcu's memb flavour (hr_thread_register()); the functions take their own
  * RCU read-side sections (they may be called inside an outer one). No call
- * blocks on another thread, except hr_close() and hr_barrier().
+ * blocks on another thread, except hr_close(), hr_barrier() and hr_rehash(),
+ * and accesses to one key, which wait for an in-flight in-place rewrite of
+ * that key (a few stores). The implementation notes are in hr_ring.c
+ * (lock-free rings), hotring.c (records), hr_hot.c (hotspots) and
+ * hr_rehash.c (rehash).
  */
 #ifndef KV_NODE_INDEX_HOTRING_H
 #define KV_NODE_INDEX_HOTRING_H
@@ -73,13 +78,17 @@ typedef void (*hr_visit_fn)(void *arg, const hr_view *v);
  * not have side effects beyond recording the latest decision. */
 typedef kv_err (*hr_cond_fn)(void *arg, const hr_view *cur);
 
-/* Registers / unregisters the calling thread with liburcu (memb flavour). */
+/* Registers / unregisters the calling thread with liburcu (memb flavour).
+ * Call outside any read-side section; a thread registers once for all
+ * indexes (urcu_memb_register_thread() done elsewhere counts too). */
 void hr_thread_register(void);
 void hr_thread_unregister(void);
 
 /* Creates an index. On success *out owns it; close with hr_close(). Fails with
- * INVALID_ARGUMENT for bad options and FAILED_PRECONDITION when heap pointers
- * do not fit the 48-bit packing of the head/next words. */
+ * INVALID_ARGUMENT for bad options, RESOURCE_EXHAUSTED when out of memory and
+ * FAILED_PRECONDITION when heap pointers do not fit the 48-bit packing of the
+ * head/next words (logged). *out is written only on success. Any thread; no
+ * read-side section needed. With opts->rehash it starts one worker thread. */
 kv_err hr_open(hr_index **out, const hr_opts *opts);
 /* Frees the index and every item (stops the rehash worker, waits for pending
  * reclamation). No other thread may use it any more; must not be called

@@ -19,6 +19,13 @@
  * N - n_t and adds n_t * (L - 1)), resets the counters, clears Active and
  * CASes the head to the minimum. Dividing by N does not change the argmin.
  *
+ * First guess: a head that sampling never evaluated (total field 0 while
+ * idle) is moved like random movement on its first R-th cold access, and the
+ * total field is left at 1 (HR_H_SEEN) from then on, also after every
+ * decision. A fresh ring thus converges after ~R accesses instead of
+ * ~R + ring-length ones, which matters for the many lukewarm rings of a skewed
+ * key space; later hotspot shifts go through sampling.
+ *
  * Pin prior: an item carrying HR_F_PINNED (set by hr_pin from cluster hot-key
  * hints) competes with W_t and every other candidate with 2 * W_t
  * (HR_PIN_BIAS). So a pinned head moves only to another pinned item or to an
@@ -130,12 +137,10 @@ static void hr_decide(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw)
         /* CAS site: the bucket head. Protects: the saturated round we own;
          * clears Active/total and installs the chosen head (if the head was
          * inherited meanwhile, only ends the round). */
-        if (atomic_compare_exchange_strong(head, &cur, (uint64_t)(uintptr_t)dst)) {
+        if (atomic_compare_exchange_strong(head, &cur, (uint64_t)(uintptr_t)dst | HR_H_SEEN)) {
             if (dst != hr_addr(cur)) {
                 hr_cnt_add(hr_my_shard(idx), HR_C_MOVES, 1);
-                hr_item *gone = hr_head_fix(t, b, dst);
-                if (gone)
-                    hr_unlinked(idx, gone);
+                hr_head_fix(idx, t, b, dst);
             }
             break;
         }
@@ -175,10 +180,11 @@ void hr_hot_slow(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *h
     hr_item *h = hr_addr(hw);
     if (!hit || !h || hit == h)
         return;
-    if (idx->mode == HR_MODE_RANDOM) {
+    bool first_guess = !(hw & HR_H_TOTAL_MASK); /* sampling never ran on this head */
+    if (idx->mode == HR_MODE_RANDOM || first_guess) {
         if ((hr_cur_flags(h) & HR_F_PINNED) && !(hr_cur_flags(hit) & HR_F_PINNED))
             return;
-        (void)hr_head_move(idx, t, b, hw, hit);
+        (void)hr_head_move(idx, t, b, hw, hit, idx->mode == HR_MODE_RANDOM ? 0 : HR_H_SEEN);
         return;
     }
     hr_activate(idx, t, b, hw);

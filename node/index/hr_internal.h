@@ -25,6 +25,7 @@
 #define HR_H_TOTAL_SHIFT 48
 #define HR_H_TOTAL_MAX UINT64_C(0x7fff)
 #define HR_H_TOTAL_MASK (HR_H_TOTAL_MAX << HR_H_TOTAL_SHIFT)
+#define HR_H_SEEN (UINT64_C(1) << HR_H_TOTAL_SHIFT) /* idle total 1: sampled before */
 #define HR_N_REHASH (UINT64_C(1) << 63)
 #define HR_N_OCC (UINT64_C(1) << 62)
 #define HR_N_CNT_SHIFT 48
@@ -106,6 +107,7 @@ struct hr_index {
 #define HR_SEQ_WRITING 1u /* the slot is being rewritten: readers wait */
 #define HR_SEQ_OWNED 2u   /* a writer owns the item */
 #define HR_SEQ_STEP 4u
+#define HR_SEQ_RETIRED (1u << 31) /* handed to call_rcu (dead items only) */
 
 /* ---- packing ---- */
 static inline hr_item *hr_addr(uint64_t w)
@@ -196,6 +198,32 @@ static inline hr_item *hr_hop(const hr_table *t, uint64_t b, hr_item *n)
 }
 
 /* ---- search (hr_ring.c has the design notes) ---- */
+/* Brent's cycle detection for walks that may start off the ring (a head that
+ * points at an item just unlinked) or run round a frozen ring of deleted
+ * items, where neither the order nor the start item ends the walk. */
+typedef struct hr_cyc {
+    hr_item *save;
+    unsigned lam, power;
+} hr_cyc;
+static inline void hr_cyc_init(hr_cyc *c, hr_item *x)
+{
+    c->save = x;
+    c->lam = 0;
+    c->power = 1;
+}
+/* True when n closes a cycle of the walk. */
+static inline bool hr_cyc_step(hr_cyc *c, hr_item *n)
+{
+    if (n == c->save)
+        return true;
+    if (++c->lam == c->power) {
+        c->save = n;
+        c->power <<= 1;
+        c->lam = 0;
+    }
+    return false;
+}
+
 /* Is k in the cyclic interval (p, n]? c = cmp(k, p), cn = cmp(k, n). */
 static inline bool hr_in_window(const hr_item *p, const hr_item *n, int c, int cn)
 {
@@ -212,9 +240,10 @@ static inline bool hr_in_window(const hr_item *p, const hr_item *n, int c, int c
 static inline hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, hr_item *x,
                                unsigned *visited)
 {
-    hr_item *start = x;
+    hr_cyc cy;
     unsigned vis = 1;
     int c = hr_cmp_key(k, x);
+    hr_cyc_init(&cy, x);
     for (;;) {
         uint64_t w = atomic_load_explicit(&x->next, memory_order_acquire);
         hr_item *n = hr_addr(w);
@@ -223,7 +252,7 @@ static inline hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, 
             if (!(w & HR_N_OCC))
                 return x;
             /* Occupied: the replacement (same key) follows, else deleted. */
-            if (n == x || hr_cmp_items(x, n) != 0)
+            if (n == x || hr_cmp_items(x, n) != 0 || hr_cyc_step(&cy, n))
                 return NULL;
             x = n;
             vis++;
@@ -235,7 +264,7 @@ static inline hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, 
         int cn = hr_cmp_key(k, n);
         if (hr_in_window(x, n, c, cn) && cn != 0)
             break;
-        if (n == start && cn != 0)
+        if (cn != 0 && hr_cyc_step(&cy, n)) /* went round without a window */
             break;
         x = n;
         c = cn;
@@ -319,9 +348,10 @@ enum { HR_MODE_LOOKUP = 0, HR_MODE_CLEANUP = 1 };
 int hr_wfind(hr_index *idx, hr_table *t, uint64_t b, const hr_okey *k, int cleanup, hr_win *w);
 /* x was just removed from every ring link: move heads off it and retire it. */
 void hr_unlinked(hr_index *idx, hr_item *x);
-/* Moves head off x while head points at x and x is logically deleted;
- * returns an item that this call removed as the last one of its ring. */
-hr_item *hr_head_fix(hr_table *t, uint64_t b, hr_item *x);
+/* Moves head b of t off x while it points at x and x is logically deleted:
+ * to the next live item of the bucket, or to empty when none is left (then
+ * the frozen ring is retired). */
+void hr_head_fix(hr_index *idx, hr_table *t, uint64_t b, hr_item *x);
 /* Inserts a rehash/split item into the ring under head (rehash thread). */
 hr_item *hr_item_new_rehash(uint64_t hash);
 int hr_insert_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *n);
@@ -351,8 +381,9 @@ typedef struct hr_ring_view {
 } hr_ring_view;
 /* Index of the W_t-minimal candidate head (with the pin prior). */
 unsigned hr_best_head(const hr_ring_view *rv);
-/* Moves head of bucket b to x with a CAS from hw; true on success. */
-bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x);
+/* Moves head of bucket b to x with a CAS from hw (also setting `bits` in the
+ * head word); true on success. */
+bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x, uint64_t bits);
 
 /* hr_rehash.c */
 void hr_cost_window(hr_index *idx, hr_shard *s, unsigned visited);

@@ -90,8 +90,11 @@ static void hr_free_cb1(struct rcu_head *h)
     urcu_memb_call_rcu(h, hr_free_cb2); /* second grace period, see the design note */
 }
 
+/* Idempotent: a frozen ring can be found by several threads at once. */
 static void hr_retire(hr_item *x)
 {
+    if (atomic_fetch_or(&x->seq, HR_SEQ_RETIRED) & HR_SEQ_RETIRED)
+        return;
     hr_retired *r = malloc(sizeof(*r));
     if (!r) { /* out of memory: leaking one item beats freeing it early */
         KV_ERROR("hotring", "cannot allocate a retirement record; item leaked");
@@ -104,72 +107,90 @@ static void hr_retire(hr_item *x)
 
 /* ------------------------------------------------------------------ heads */
 
-/* First item after x (exclusive) whose hash belongs to bucket b of t; during
- * a rehash a ring can hold items of two buckets. Returns x if there is none. */
-static hr_item *hr_next_in_bucket(hr_table *t, uint64_t b, hr_item *x)
+/* First live (not Occupied) item of bucket b after x. Returns NULL with
+ * *dead set to an item of a cycle when the walk from x ran into a cycle of
+ * Occupied items only: the ring is logically empty and, since Occupied words
+ * never change, frozen (x itself may be off it, already unlinked). */
+static hr_item *hr_live_after(hr_table *t, uint64_t b, hr_item *x, hr_item **dead)
 {
+    bool all_dead = true;
+    hr_cyc cy;
     hr_item *n = hr_hop(t, b, hr_addr(hr_load(&x->next)));
-    for (unsigned i = 0; n != x && hr_bucket(t, n->hash) != b; i++) {
-        if (i > (1u << 24))
-            return x; /* not a ring any more: refuse to guess */
-        n = hr_hop(t, b, hr_addr(hr_load(&n->next)));
+    *dead = NULL;
+    hr_cyc_init(&cy, x);
+    for (unsigned i = 0; !hr_cyc_step(&cy, n); i++) {
+        if (i > (1u << 26))
+            return NULL; /* not a ring any more: refuse to guess */
+        uint64_t w = hr_load(&n->next);
+        if (!(w & HR_N_OCC)) {
+            if (hr_bucket(t, n->hash) == b)
+                return n;
+            all_dead = false;
+        }
+        n = hr_hop(t, b, hr_addr(w));
     }
-    return n;
+    *dead = all_dead ? n : NULL;
+    return NULL;
 }
 
-hr_item *hr_head_fix(hr_table *t, uint64_t b, hr_item *x)
+/* Retires every item of a frozen ring (its head was just cleared). */
+static void hr_retire_ring(hr_index *idx, hr_item *x)
+{
+    hr_item *n = x;
+    unsigned i = 0;
+    do {
+        hr_item *next = hr_addr(hr_load(&n->next));
+        hr_unlinked(idx, n); /* other heads may still point into the ring */
+        n = next;
+    } while (n != x && ++i < (1u << 24));
+}
+
+void hr_head_fix(hr_index *idx, hr_table *t, uint64_t b, hr_item *x)
 {
     _Atomic uint64_t *head = &t->heads[b];
     uint64_t hw = hr_load(head);
-    while (hr_addr(hw) == x) {
-        uint64_t xw = hr_load(&x->next);
-        if (!(xw & HR_N_OCC))
-            return NULL;
-        hr_item *nx = hr_addr(xw) == x ? x : hr_next_in_bucket(t, b, x);
-        if (nx == x && hr_addr(xw) != x) {
+    while (hr_addr(hw) == x && (hr_load(&x->next) & HR_N_OCC)) {
+        hr_item *dead;
+        hr_item *nx = hr_live_after(t, b, x, &dead);
+        if (!nx && !dead) {
             KV_ERROR("hotring", "bucket %llu: no live successor for a deleted head",
                      (unsigned long long)b);
-            return NULL;
+            return;
         }
-        uint64_t nh = nx == x ? 0 : hr_with_addr(hw, nx);
+        uint64_t nh = nx ? hr_with_addr(hw, nx) : 0;
         /* CAS site: the bucket head. Protects: the head still points at the
-         * deleted x; moves it to x's successor (hotspot inheritance) or, when x
-         * was the last item of its ring, empties the bucket. */
+         * deleted x; moves it to the next live item of the bucket (hotspot
+         * inheritance) or, when no live item is left, empties the bucket. */
         if (atomic_compare_exchange_strong(head, &hw, nh)) {
-            if (nx == x)
-                return x;
+            if (!nx) {
+                hr_retire_ring(idx, dead);
+                return;
+            }
             x = nx;
             hw = nh;
         }
     }
-    return NULL;
 }
 
-bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x)
+bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x, uint64_t bits)
 {
     _Atomic uint64_t *head = &t->heads[b];
     /* CAS site: the bucket head. Protects: nobody moved the head or changed
      * its sampling bits since hw was read; installs x as the new head. */
-    if (!atomic_compare_exchange_strong(head, &hw, hr_with_addr(hw, x)))
+    if (!atomic_compare_exchange_strong(head, &hw, hr_with_addr(hw | bits, x)))
         return false;
     hr_cnt_add(hr_my_shard(idx), HR_C_MOVES, 1);
     /* x may have been deleted after we chose it: move on (see design note). */
-    hr_item *gone = hr_head_fix(t, b, x);
-    if (gone)
-        hr_unlinked(idx, gone);
+    hr_head_fix(idx, t, b, x);
     return true;
 }
 
 void hr_unlinked(hr_index *idx, hr_item *x)
 {
     hr_table *ts[2] = {atomic_load(&idx->cur), atomic_load(&idx->aux)};
-    for (int i = 0; i < 2; i++) {
-        if (!ts[i])
-            continue;
-        hr_item *gone = hr_head_fix(ts[i], hr_bucket(ts[i], x->hash), x);
-        if (gone && gone != x)
-            hr_unlinked(idx, gone);
-    }
+    for (int i = 0; i < 2; i++)
+        if (ts[i])
+            hr_head_fix(idx, ts[i], hr_bucket(ts[i], x->hash), x);
     hr_retire(x);
 }
 
@@ -203,9 +224,7 @@ retry:;
     }
     uint64_t pw = hr_load(&x->next);
     if (pw & HR_N_OCC) { /* start from a live item: inherit the head first */
-        hr_item *gone = hr_head_fix(t, b, x);
-        if (gone)
-            hr_unlinked(idx, gone);
+        hr_head_fix(idx, t, b, x);
         goto retry;
     }
     vis++;
@@ -298,11 +317,7 @@ void hr_delete_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *x)
      * insert-after-x changes; rehash items have a single deleter. */
     while (!atomic_compare_exchange_strong(&x->next, &xw, xw | HR_N_OCC))
         ;
-    hr_item *gone = hr_head_fix(t, b, x);
-    if (gone) {
-        hr_unlinked(idx, gone);
-        return;
-    }
+    hr_head_fix(idx, t, b, x);
     hr_okey k = hr_okey_of(x);
     hr_win w;
     (void)hr_wfind(idx, t, b, &k, HR_MODE_CLEANUP, &w);

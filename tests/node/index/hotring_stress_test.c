@@ -89,6 +89,7 @@ static void check_cb(void *arg, const hr_view *v)
 }
 
 typedef struct iter_ctx {
+    hr_index *idx;
     unsigned char seen[THREADS][KEYS_PER_THREAD];
     long bad;
 } iter_ctx;
@@ -107,8 +108,12 @@ static void iter_cb(void *arg, const hr_view *v)
     }
     seen s = {t, i, 0, 0};
     check_cb(&s, v);
-    if (!s.ok || c->seen[t][i]++)
-        c->bad++;
+    if (!s.ok || c->seen[t][i]++) {
+        if (c->bad++ < 3)
+            fprintf(stderr, "iterate: %s ok=%d seen=%d hash=%016llx aux=%p bits=%u\n", k, s.ok,
+                    c->seen[t][i], (unsigned long long)kv_hash64(v->key, v->klen, HR_HASH_SEED),
+                    (void *)atomic_load(&c->idx->aux), atomic_load(&c->idx->cur)->bits);
+    }
 }
 
 static void one_op(worker *w, uint64_t *seed)
@@ -136,6 +141,7 @@ static void one_op(worker *w, uint64_t *seed)
     } else if (op < 46 && rnd(seed) % 8 == 0) {
         static _Thread_local iter_ctx ic;
         memset(&ic, 0, sizeof ic);
+        ic.idx = w->idx;
         hr_iterate(w->idx, iter_cb, &ic);
         if (ic.bad) {
             fprintf(stderr, "iterate: %ld bad records\n", ic.bad);
@@ -348,6 +354,67 @@ Test(hotring_stress, same_key_writers_last_writer_wins, .timeout = 40)
                      (unsigned long long)s.version, (unsigned long long)max_ok[i]);
     }
     cr_assert_eq(hr_check_rings(idx), HOT_KEYS);
+    hr_close(idx);
+    hr_thread_unregister();
+}
+
+/* Tiny rings under insert/replace/delete churn: rings often hold only
+ * deleted or replaced items (frozen rings, lazy unlinks, head inheritance
+ * chains). Values must stay self-consistent and the final structure sound. */
+static void *churn(void *arg)
+{
+    lww_ctx *c = arg;
+    char k[16], v[64];
+    uint64_t seed = (uint64_t)(uintptr_t)arg | 1;
+    hr_thread_register();
+    while (!atomic_load(c->stop)) {
+        int i = (int)(rnd(&seed) % 3);
+        int kl = snprintf(k, sizeof k, "hot-%d", i);
+        uint64_t ver = atomic_fetch_add(c->clock, 1) + 1;
+        unsigned op = (unsigned)(rnd(&seed) % 8);
+        if (op < 3) {
+            size_t vl = val_of(v, 0, i, ver, op == 0);
+            hr_meta m = {ver, ver, 0, 0};
+            if (hr_upsert(c->idx, k, (size_t)kl, v, vl, &m, NULL, NULL) != KV_OK)
+                c->bad++;
+        } else if (op < 5) {
+            kv_err rv = hr_remove(c->idx, k, (size_t)kl, NULL, NULL);
+            if (rv != KV_OK && rv != KV_NOT_FOUND)
+                c->bad++;
+        } else {
+            seen s = {0, i, 0, 0};
+            if (hr_get(c->idx, k, (size_t)kl, check_cb, &s) == KV_OK && !s.ok)
+                c->bad++;
+        }
+    }
+    hr_thread_unregister();
+    return NULL;
+}
+
+Test(hotring_stress, tiny_rings_churn, .timeout = 40)
+{
+    hr_thread_register();
+    hr_opts o = {2, HR_MODE_RANDOM, 2, false, 0};
+    hr_index *idx = NULL;
+    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    _Atomic uint64_t clock = 0;
+    _Atomic int stop = 0;
+    static lww_ctx ctx[3];
+    pthread_t th[3];
+    for (int t = 0; t < 3; t++) {
+        ctx[t] = (lww_ctx){.idx = idx, .clock = &clock, .stop = &stop};
+        pthread_create(&th[t], NULL, churn, &ctx[t]);
+    }
+    usleep(2000000);
+    atomic_store(&stop, 1);
+    for (int t = 0; t < 3; t++) {
+        pthread_join(th[t], NULL);
+        cr_assert_eq(ctx[t].bad, 0, "thread %d saw %ld bad results", t, ctx[t].bad);
+    }
+    uint64_t live = hr_check_rings(idx);
+    hr_stats st;
+    hr_get_stats(idx, &st);
+    cr_assert_eq(st.items, live);
     hr_close(idx);
     hr_thread_unregister();
 }

@@ -347,22 +347,40 @@ static void hammer(hr_index *idx, const char *hot, int n, int cold_every, const 
     }
 }
 
+static uint64_t bucket_of(hr_index *idx, const char *k)
+{
+    hr_table *t = atomic_load(&idx->cur);
+    return hr_bucket(t, kv_hash64(k, strlen(k), HR_HASH_SEED));
+}
+
 Test(hotring, sampling_moves_head_to_hotspot)
 {
     hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
     fill(idx, 16, "s-%d");
+    /* a fresh ring: the first guess moves the head to the hot key */
     hammer(idx, "s-11", 5000, 10, "s-%d");
     cr_assert(hr_test_is(hr_test_head(idx, "s-11", 4), "s-11"), "head did not move to hot key");
-    hr_stats st;
-    hr_get_stats(idx, &st);
-    cr_assert_gt(st.sample_rounds, 0);
-    cr_assert_gt(st.head_moves, 0);
-    hr_stats a;
+    hr_stats a, st;
     hr_get_stats(idx, &a);
     hammer(idx, "s-11", 1000, 0, "s-%d");
     hr_get_stats(idx, &st);
     cr_assert_eq(st.head_hits - a.head_hits, 1000, "every read of the hot key hits the head");
     cr_assert_eq(st.read_visited - a.read_visited, 1000);
+    /* the hotspot shifts to another key of the ring: sampling rounds move it */
+    char other[16] = "";
+    for (int i = 0; i < 16 && !other[0]; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "s-%d", i);
+        if (i != 11 && bucket_of(idx, k) == bucket_of(idx, "s-11"))
+            strcpy(other, k);
+    }
+    cr_assert(other[0], "no second key in the ring");
+    hammer(idx, other, 5000, 10, "s-%d");
+    cr_assert(hr_test_is(hr_test_head(idx, other, strlen(other)), other),
+              "sampling did not follow the hotspot to %s", other);
+    hr_get_stats(idx, &st);
+    cr_assert_gt(st.sample_rounds, 0);
+    cr_assert_gt(st.head_moves, 1);
     cr_assert_eq(hr_check_rings(idx), 16);
     hr_close(idx);
 }
