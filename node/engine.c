@@ -307,6 +307,81 @@ kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
     return KV_OK;
 }
 
+/* Turns one multiget record into a result (expiry, tombstones, fill). */
+static kv_err lsm_result(engine *e, const lsm_rec *rec, lsm_tier tier, uint64_t gen,
+                         uint64_t now_ms, engine_result *r)
+{
+    atomic_fetch_add_explicit(tier == LSM_TIER_SD ? &e->reads_sd : &e->reads_fd, 1,
+                              memory_order_relaxed);
+    r->version = rec->version;
+    if (rec->type == LSM_PUT && (rec->expire_at == 0 || rec->expire_at > now_ms)) {
+        if (!(r->val = malloc(rec->vlen ? rec->vlen : 1)))
+            return KV_RESOURCE_EXHAUSTED;
+        if (rec->vlen)
+            memcpy(r->val, rec->value, rec->vlen);
+        r->vlen = rec->vlen;
+        r->found = true;
+    }
+    maybe_fill(e, rec, gen);
+    return KV_OK;
+}
+
+/* The LSM half of engine_get_many: the misses, looked up together. */
+static kv_err get_many_lsm(engine *e, size_t m, const void **mk, size_t *ml, size_t *pos,
+                           engine_result *out, kv_err *errs, uint64_t gen, uint64_t now_ms)
+{
+    lsm_rec *recs = calloc(m, sizeof(*recs));
+    lsm_tier *tiers = calloc(m, sizeof(*tiers));
+    kv_err *lerrs = calloc(m, sizeof(*lerrs));
+    kv_err rv = recs && tiers && lerrs ? lsm_multiget(e->db, m, mk, ml, recs, tiers, lerrs)
+                                       : KV_RESOURCE_EXHAUSTED;
+    for (size_t j = 0; rv == KV_OK && j < m; j++) {
+        size_t i = pos[j];
+        if (lerrs[j] == KV_NOT_FOUND) {
+            atomic_fetch_add_explicit(&e->reads_miss, 1, memory_order_relaxed);
+            errs[i] = KV_OK;
+        } else if (lerrs[j] != KV_OK) {
+            errs[i] = lerrs[j];
+        } else {
+            errs[i] = lsm_result(e, &recs[j], tiers[j], gen, now_ms, &out[i]);
+            lsm_rec_free(&recs[j]);
+        }
+    }
+    free(recs);
+    free(tiers);
+    free(lerrs);
+    return rv;
+}
+
+kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_t *klens,
+                       engine_result *out, kv_err *errs)
+{
+    uint64_t now_ms = kv_wall_ms(), gen = lsm_flush_generation(e->db);
+    const void **mk = calloc(n ? n : 1, sizeof(*mk));
+    size_t *ml = calloc(n ? n : 1, sizeof(*ml)), *pos = calloc(n ? n : 1, sizeof(*pos)), m = 0;
+    kv_err rv = mk && ml && pos ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; rv == KV_OK && i < n; i++) {
+        memset(&out[i], 0, sizeof(out[i]));
+        get_state g = {now_ms, &out[i], false};
+        atomic_fetch_add_explicit(&e->gets, 1, memory_order_relaxed);
+        errs[i] = hr_get(e->idx, keys[i], klens[i], get_visit, &g);
+        if (errs[i] == KV_OK) {
+            atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
+            errs[i] = g.oom ? KV_RESOURCE_EXHAUSTED : KV_OK;
+        } else if (errs[i] == KV_NOT_FOUND) {
+            mk[m] = keys[i];
+            ml[m] = klens[i];
+            pos[m++] = i;
+        }
+    }
+    if (rv == KV_OK && m)
+        rv = get_many_lsm(e, m, mk, ml, pos, out, errs, gen, now_ms);
+    free(mk);
+    free(ml);
+    free(pos);
+    return rv;
+}
+
 /* ---- writes ------------------------------------------------------------ */
 
 typedef struct current {

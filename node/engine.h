@@ -92,6 +92,12 @@ void engine_close(engine *e);
  * with found, out->val is owned by the caller. */
 kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out);
 
+/* Reads n keys at once: memory first, then one lsm_multiget for the misses
+ * (their block reads are submitted together). errs[i] and out[i] are as
+ * engine_get's for key i. Returns KV_OK when the batch ran. */
+kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_t *klens,
+                       engine_result *out, kv_err *errs);
+
 /* Applies a put or delete. Returns KV_OK (out->version = the version now
  * governing the key: the write's own, or a newer one that superseded it),
  * ALREADY_EXISTS (if_absent), FAILED_PRECONDITION (if_version mismatch),

@@ -181,7 +181,7 @@ static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
 /* Runs one batch op into res (its status, found, value, version). The
  * batch-level map check already happened; per-op errors stay per op. */
 static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__Status *st,
-                     uint64_t dflt_version)
+                     uint64_t dflt_version, const engine_result *pre, kv_err pre_err)
 {
     static char *const none = "";
     rpc_ctx tmp = {0};
@@ -189,7 +189,8 @@ static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__
     kv_err rv = check_key(n, &tmp, m, &op->key);
     free(tmp.reply);
     if (rv == KV_OK && op->type == KV__OP_TYPE__GET) {
-        rv = engine_get(n->eng, op->key.data, op->key.len, &r);
+        rv = pre_err; /* read together with its neighbours (read_run) */
+        r = *pre;
     } else if (rv == KV_OK) {
         bool del = op->type == KV__OP_TYPE__DELETE;
         if (!del)
@@ -213,6 +214,32 @@ static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__
     res->version = r.version;
 }
 
+/* Reads the run of consecutive GETs starting at ops[i] with one
+ * engine_get_many (writes stay ordered around runs); returns the run end. */
+static size_t read_run(node *n, const Kv__BatchRequest *req, size_t i, engine_result *pre,
+                       kv_err *errs)
+{
+    size_t end = i;
+    while (end < req->n_ops && req->ops[end]->type == KV__OP_TYPE__GET)
+        end++;
+    const void **keys = calloc(end - i + 1, sizeof(*keys));
+    size_t *lens = calloc(end - i + 1, sizeof(*lens));
+    for (size_t k = i; keys && lens && k < end; k++) {
+        /* empty or oversize keys are rejected per op by check_key; give the
+         * engine a harmless key for their slot */
+        bool ok = req->ops[k]->key.len && req->ops[k]->key.len <= n->cfg.limits.max_key;
+        keys[k - i] = ok ? req->ops[k]->key.data : (const uint8_t *)"?";
+        lens[k - i] = ok ? req->ops[k]->key.len : 1;
+    }
+    kv_err rv = keys && lens ? engine_get_many(n->eng, end - i, keys, lens, pre + i, errs + i)
+                             : KV_RESOURCE_EXHAUSTED;
+    for (size_t k = i; rv != KV_OK && k < end; k++)
+        errs[k] = rv;
+    free(keys);
+    free(lens);
+    return end;
+}
+
 static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *req,
                           uint64_t version)
 {
@@ -223,12 +250,22 @@ static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *
     kv_err rv = KV_OK;
     if (!res || !ptrs || !sts)
         rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory for %zu batch results", k);
-    for (size_t i = 0; rv == KV_OK && i < k; i++) {
+    engine_result *pre = calloc(k, sizeof(*pre));
+    kv_err *pre_err = calloc(k, sizeof(*pre_err));
+    if (rv == KV_OK && (!pre || !pre_err))
+        rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory for %zu batch results", k);
+    for (size_t i = 0, run_end = 0; rv == KV_OK && i < k; i++) {
         kv__op_result__init(&res[i]);
         kv__status__init(&sts[i]);
         ptrs[i] = &res[i];
-        batch_op(n, m, req->ops[i], &res[i], &sts[i], version);
+        if (i >= run_end && req->ops[i]->type == KV__OP_TYPE__GET)
+            run_end = read_run(n, req, i, pre, pre_err);
+        batch_op(n, m, req->ops[i], &res[i], &sts[i], version, &pre[i], pre_err[i]);
+        if (res[i].value.data != pre[i].val) /* the op did not take the pre-read value */
+            free(pre[i].val);
     }
+    free(pre);
+    free(pre_err);
     if (rv == KV_OK) {
         Kv__BatchReply rep = KV__BATCH_REPLY__INIT;
         rep.n_results = k;

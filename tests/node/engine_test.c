@@ -54,6 +54,32 @@ static void check_get(engine *e, const mrec *m, int k)
     free(r.val);
 }
 
+/* engine_get_many over 16 random keys agrees with the model too. */
+static void check_get_many(engine *e, const mrec *m, unsigned *seed)
+{
+    char keys[16][16];
+    const void *kp[16];
+    size_t kl[16];
+    int ks[16];
+    engine_result r[16];
+    kv_err errs[16];
+    for (int i = 0; i < 16; i++) {
+        ks[i] = (int)(rand_r(seed) % KEYS);
+        snprintf(keys[i], sizeof(keys[i]), "m%d", ks[i]);
+        kp[i] = keys[i];
+        kl[i] = strlen(keys[i]);
+    }
+    cr_assert_eq(engine_get_many(e, 16, kp, kl, r, errs), KV_OK);
+    for (int i = 0; i < 16; i++) {
+        cr_assert_eq(errs[i], KV_OK, "get_many %s: %s", keys[i], kv_err_name(errs[i]));
+        cr_assert_eq(r[i].found, m[ks[i]].live, "get_many %s found", keys[i]);
+        if (r[i].found)
+            cr_assert(r[i].vlen == m[ks[i]].vlen && !memcmp(r[i].val, m[ks[i]].val, r[i].vlen),
+                      "get_many %s value", keys[i]);
+        free(r[i].val);
+    }
+}
+
 static void do_write(engine *e, mrec *m, int k, unsigned *seed)
 {
     char key[16], err[256];
@@ -98,6 +124,8 @@ Test(engine, model_100k_ops_with_flushes_and_reopens, .timeout = 280)
         int k = (int)(rand_r(&seed) % KEYS);
         if (rand_r(&seed) % 2)
             do_write(e, m, k, &seed);
+        else if (op % 100 == 0)
+            check_get_many(e, m, &seed);
         else
             check_get(e, m, k);
         if (op % 20000 == 19999) {
