@@ -168,7 +168,8 @@ static bool on_fd(lsm_db *db, const lsm_version *v, const void *key, size_t klen
  * frees the rest. */
 static void filter(lsm_db *db, pbuf *b)
 {
-    qsort(b->e, b->n, sizeof(*b->e), pent_cmp);
+    if (b->n)
+        qsort(b->e, b->n, sizeof(*b->e), pent_cmp);
     lsm_version *v = lsm_db_current(db);
     size_t m = 0;
     uint64_t bytes = 0, now = kv_wall_ms();

@@ -176,7 +176,7 @@ static void t_close(tdb *t)
 
 static void key_of(char *k, int id)
 {
-    snprintf(k, KLEN + 1, "k%07d", id);
+    snprintf(k, KLEN + 1, "k%07u", (unsigned)id % 10000000u);
 }
 
 /* Writes keys [a, b) (WAL + flush as one L0 run); returns the first seqno. */
