@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -24,6 +25,16 @@ typedef struct sfs_cli {
     long read_lat_us, write_lat_us, iops, mbps, burst_ms, threads;
     char *mountpoint;
 } sfs_cli;
+
+/* The parsed option set; it owns the strings it set until exit. */
+static kv_optset opt_set;
+
+static void free_opts(void)
+{
+    kv_opts_free(&opt_set);
+    free((void *)opt_set.opts);
+    opt_set.opts = NULL;
+}
 
 /* Parses the flags and the one positional MOUNTPOINT; CANCELLED after --help. */
 static kv_err parse(sfs_cli *c, int argc, char **argv)
@@ -41,10 +52,15 @@ static kv_err parse(sfs_cli *c, int argc, char **argv)
         {"threads", KV_OPT_INT, &c->threads, "max FUSE worker threads (queue depth)", NULL, 1,
          1024},
     };
-    kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "slowfs", "MOUNTPOINT"};
+    kv_opt *copy = malloc(sizeof(table)); /* the set outlives this frame */
+    if (!copy)
+        return KV_RESOURCE_EXHAUSTED;
+    memcpy(copy, table, sizeof(table));
+    opt_set = (kv_optset){copy, sizeof(table) / sizeof(table[0]), NULL, "slowfs", "MOUNTPOINT"};
+    atexit(free_opts);
     char err[512] = "";
     int npos = 0;
-    kv_err rv = kv_opts_parse(&set, argc, argv, &npos, err, sizeof(err));
+    kv_err rv = kv_opts_parse(&opt_set, argc, argv, &npos, err, sizeof(err));
     if (rv == KV_OK && (npos != 1 || !c->backing)) {
         snprintf(err, sizeof(err), "usage: slowfs --backing DIR [flags] MOUNTPOINT");
         rv = KV_INVALID_ARGUMENT;
@@ -52,7 +68,7 @@ static kv_err parse(sfs_cli *c, int argc, char **argv)
     if (rv != KV_OK && rv != KV_CANCELLED)
         fprintf(stderr, "slowfs: %s\n", err);
     c->mountpoint = rv == KV_OK ? argv[1] : NULL;
-    return rv; /* the set's strings live until exit */
+    return rv;
 }
 
 static struct fuse *make_fuse(sfs_state *s, const char *prog)

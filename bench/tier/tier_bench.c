@@ -139,6 +139,16 @@ static void default_opts(tb_opts *o)
 }
 
 /* Parses argv into o; returns KV_CANCELLED after --help. */
+/* The parsed option set: it owns the strings it set, until main frees it. */
+static kv_optset opt_set;
+
+static void free_opts(void)
+{
+    kv_opts_free(&opt_set);
+    free((void *)opt_set.opts);
+    opt_set.opts = NULL;
+}
+
 static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **eng)
 {
     const kv_opt table[] = {
@@ -170,14 +180,17 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
          "after the load, wait up to this long for pending compactions (0 = no wait)"},
         {"progress", KV_OPT_DOUBLE, &o->progress_s, "seconds between progress lines"},
     };
-    kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "tier_bench", NULL};
+    kv_opt *copy = malloc(sizeof(table)); /* the set outlives this frame */
+    if (!copy)
+        return KV_RESOURCE_EXHAUSTED;
+    memcpy(copy, table, sizeof(table));
+    opt_set = (kv_optset){copy, sizeof(table) / sizeof(table[0]), NULL, "tier_bench", NULL};
     char err[512] = "";
-    kv_err rv = kv_opts_parse(&set, argc, argv, NULL, err, sizeof(err));
+    kv_err rv = kv_opts_parse(&opt_set, argc, argv, NULL, err, sizeof(err));
     if (rv == KV_OK)
         rv = check_opts(o, eng, err, sizeof(err));
     if (rv != KV_OK && rv != KV_CANCELLED)
         fprintf(stderr, "tier_bench: %s\n", err);
-    /* The strings stay owned by the set until exit (not freed: main returns). */
     return rv;
 }
 
@@ -231,6 +244,7 @@ int main(int argc, char **argv)
     tb_opts o;
     const tb_engine *eng = NULL;
     default_opts(&o);
+    atexit(free_opts);
     kv_err rv = parse_opts(&o, argc, argv, &eng);
     if (rv == KV_CANCELLED)
         return 0;
