@@ -125,6 +125,7 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
                                                : LSM_SYNC_NONE;
     lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     lo.disable_io_uring = e->o.disable_io_uring;
+    lo.hotrap = !e->o.no_hotrap;
     engine_thread_register(); /* the replay callback inserts into the index */
     rv = lsm_open(&e->db, &lo, replay_one, e);
     engine_thread_unregister();
@@ -293,7 +294,9 @@ kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
     atomic_fetch_add_explicit(&e->gets, 1, memory_order_relaxed);
     kv_err rv = hr_get(e->idx, key, klen, get_visit, &g);
     if (rv == KV_OK) {
-        atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
+        /* HotRAP also learns from memory hits, at a sampled rate (1 in 16) */
+        if ((atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed) & 15) == 0)
+            lsm_note_access(e->db, key, klen, r.vlen);
     } else if (rv == KV_NOT_FOUND) {
         rv = get_from_lsm(e, key, klen, &r, g.now_ms);
     }

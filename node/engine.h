@@ -44,6 +44,7 @@ typedef struct engine_opts {
     unsigned sync_ms;
     uint64_t index_buckets; /* initial HotRing buckets (0 = from mem_mb) */
     bool disable_io_uring;
+    bool no_hotrap; /* plain tiering: no read-hot retention/promotion (HotRAP) */
 } engine_opts;
 
 /* A write. version 0 = the engine assigns one from its HLC (direct writes);

@@ -366,6 +366,18 @@ void engine_lsm_stats(engine *e, rpc_statlist *l)
     rpc_stats_add(l, "lsm.compact_read_bytes", "%llu", (unsigned long long)s.compact_read_bytes);
     rpc_stats_add(l, "lsm.compact_write_bytes", "%llu", (unsigned long long)s.compact_write_bytes);
     rpc_stats_add(l, "lsm.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
+    uint64_t lsm_reads = s.reads_fd + s.reads_sd;
+    rpc_stats_add(l, "hotrap", "%s", s.hotrap ? "on" : "off");
+    rpc_stats_add(l, "hotrap.fd_hit_rate", "%.4f",
+                  lsm_reads ? (double)s.reads_fd / (double)lsm_reads : 0.0);
+    rpc_stats_add(l, "hotrap.promoted_records", "%llu", (unsigned long long)s.promoted_recs);
+    rpc_stats_add(l, "hotrap.promoted_bytes", "%llu", (unsigned long long)s.promoted_bytes);
+    rpc_stats_add(l, "hotrap.retained_records", "%llu", (unsigned long long)s.retained_recs);
+    rpc_stats_add(l, "hotrap.retained_bytes", "%llu", (unsigned long long)s.retained_bytes);
+    rpc_stats_add(l, "hotrap.ralt_entries", "%llu", (unsigned long long)s.ralt_entries);
+    rpc_stats_add(l, "hotrap.ralt_bytes", "%llu", (unsigned long long)s.ralt_bytes);
+    rpc_stats_add(l, "hotrap.hot_set_limit", "%llu", (unsigned long long)s.hot_set_limit);
+    rpc_stats_add(l, "hotrap.checker_backlog", "%llu", (unsigned long long)s.promo_backlog);
     vol_stats(l, "fast", &s.fd);
     if (e->o.slow_dir)
         vol_stats(l, "slow", &s.sd);

@@ -24,6 +24,7 @@ int main(int argc, char **argv)
     n.cfg.sync_ms = 5;
     n.cfg.write_buffer_mb = 64;
     n.cfg.hot_threshold = 1000;
+    n.cfg.hotrap = true;
     static const char *const sync_modes[] = {"always", "batch", "none", NULL};
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
@@ -51,6 +52,8 @@ int main(int argc, char **argv)
          "the same in KiB (tests); wins when set", NULL, 0, 1 << 30},
         {"hot-threshold", KV_OPT_DOUBLE, &n.cfg.hot_threshold,
          "cluster hot-key rate (ops/s) that pins a key in memory", NULL, 0, 0},
+        {"hotrap", KV_OPT_BOOL, &n.cfg.hotrap,
+         "keep read-hot records on the fast volume (HotRAP; needs --slow-dir)", NULL, 0, 0},
         {"no-io-uring", KV_OPT_BOOL, &n.cfg.no_io_uring, "use pread/pwrite instead of io_uring",
          NULL, 0, 0},
         {"workers", KV_OPT_INT, &n.cfg.workers, "RPC worker threads", NULL, 1, 1024},

@@ -29,6 +29,7 @@ typedef struct node_config {
     long write_buffer_mb;
     long write_buffer_kb; /* finer, for tests; wins when set */
     bool no_io_uring;
+    bool hotrap;
     long mem_mb;
     long workers;
     double hot_threshold; /* ops/s summed over routers that pins a key */

@@ -530,7 +530,8 @@ kv_err node_start(node *n, char *err, size_t errlen)
                       .write_buffer_kb = (size_t)n->cfg.write_buffer_kb,
                       .sync = (engine_sync)n->cfg.sync,
                       .sync_ms = (unsigned)n->cfg.sync_ms,
-                      .disable_io_uring = n->cfg.no_io_uring};
+                      .disable_io_uring = n->cfg.no_io_uring,
+                      .no_hotrap = !n->cfg.hotrap};
     rv = engine_open(&n->eng, &eo, err, errlen);
     if (n->cfg.fast_dir == fast)
         n->cfg.fast_dir = NULL;

@@ -11,7 +11,7 @@
  * and promotion on / off). engine_opts has no such switch yet and
  * engine_lsm_stats() no promotion counters, so both run the same engine,
  * whose LSM takes lsm_opts' default (HotRAP on), and the result line says
- * "hotrap_available":false (promoted/retained are null).
+ * "hotrap_available":true (promoted/retained are still reported as null).
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -46,6 +46,7 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, s
                                              : ENGINE_SYNC_NONE;
     eo.sync_ms = (unsigned)o->sync_ms;
     k->hotrap = hotrap;
+    eo.no_hotrap = !hotrap;
     kv_err rv = engine_open(&k->e, &eo, err, errlen);
     if (rv != KV_OK) {
         free(k);
@@ -199,7 +200,7 @@ static void hk_json_extra(void *h, char *buf, size_t len)
 {
     hk *k = h;
     snprintf(buf, len,
-             ",\"hotrap_available\":false,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
+             ",\"hotrap_available\":true,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
              "\"levels\":\"%s\","
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)%s\"",
              k->hotrap ? "true" : "false", (unsigned long long)atomic_load(&k->stalls), k->levels,
