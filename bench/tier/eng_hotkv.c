@@ -7,11 +7,10 @@
  * from the engine's LSM statistics (engine_lsm_stats: lsm.write_amp,
  * slow.read_bytes), parsed by name so the engine exposes nothing new.
  *
- * "hotkv" and "hotkv-nohotrap" map to the engine's HotRAP switch (retention
- * and promotion on / off). engine_opts has no such switch yet and
- * engine_lsm_stats() no promotion counters, so both run the same engine,
- * whose LSM takes lsm_opts' default (HotRAP on), and the result line says
- * "hotrap_available":true (promoted/retained are still reported as null).
+ * "hotkv" and "hotkv-nohotrap" map to the engine's HotRAP switch
+ * (engine_opts.no_hotrap: retention and promotion on / off). The promoted
+ * and retained counters are not parsed from the engine's stats yet, so the
+ * result line reports them as null.
  */
 #include <stdatomic.h>
 #include <stdio.h>
