@@ -119,7 +119,7 @@ static int serve(sfs_state *s, const sfs_cli *c, const char *prog)
 
 int main(int argc, char **argv)
 {
-    sfs_cli c = {.burst_ms = 10, .threads = 64};
+    static sfs_cli c = {.burst_ms = 10, .threads = 64}; /* static: its strings are freed at exit */
     kv_err rv = parse(&c, argc, argv);
     if (rv == KV_CANCELLED)
         return 0;

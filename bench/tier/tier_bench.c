@@ -244,16 +244,16 @@ int main(int argc, char **argv)
     tb_opts o;
     const tb_engine *eng = NULL;
     default_opts(&o);
-    atexit(free_opts);
     kv_err rv = parse_opts(&o, argc, argv, &eng);
-    if (rv == KV_CANCELLED)
-        return 0;
-    if (rv != KV_OK)
-        return 2;
+    if (rv != KV_OK) {
+        free_opts(); /* the option strings point into o: free them before main returns */
+        return rv == KV_CANCELLED ? 0 : 2;
+    }
     char err[512] = "";
     void *h = NULL;
     if ((rv = eng->open(&o, &h, err, sizeof(err))) != KV_OK) {
         fprintf(stderr, "tier_bench: %s: open: %s: %s\n", o.engine_name, kv_strerror(rv), err);
+        free_opts();
         return 1;
     }
     tb_result res;
@@ -263,5 +263,6 @@ int main(int argc, char **argv)
         print_result(&o, eng, h, &res);
     eng->close(h);
     eng->thread_end(h);
+    free_opts();
     return rv == KV_OK ? 0 : 1;
 }
