@@ -141,6 +141,7 @@ Test(crash, sigkill_during_writes_flushes_and_compactions, .timeout = 300)
         usleep(150000 + rand_r(&seed) % 900000);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+        kvt_forget(pid);
         atomic_store(&w.stop, true);
         pthread_join(t, NULL);
         total += w.acks;
@@ -150,6 +151,7 @@ Test(crash, sigkill_during_writes_flushes_and_compactions, .timeout = 300)
     verify(url, m, ITERATIONS);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
+    kvt_forget(pid);
     cr_assert_gt(total, 1000, "the test wrote too little to mean anything (%ld acks)", total);
     char cmd[300], out[16];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);

@@ -43,9 +43,35 @@ const char *kvt_bin(const char *rel)
     return path;
 }
 
+/* Every process a test starts is killed when the test process exits, also
+ * after a failed assertion skipped the test's own cleanup. */
+#define MAX_SPAWNED 64
+static pid_t spawned[MAX_SPAWNED];
+static int nspawned;
+
+static void kill_spawned(void)
+{
+    for (int i = 0; i < nspawned; i++)
+        if (spawned[i] > 0 && kill(spawned[i], SIGKILL) == 0)
+            waitpid(spawned[i], NULL, 0);
+}
+
+void kvt_forget(pid_t pid)
+{
+    for (int i = 0; i < nspawned; i++)
+        if (spawned[i] == pid)
+            spawned[i] = 0;
+}
+
 static pid_t spawn(const char *log, char *const argv[])
 {
     pid_t pid = fork();
+    if (pid > 0) {
+        if (nspawned == 0)
+            atexit(kill_spawned);
+        if (nspawned < MAX_SPAWNED)
+            spawned[nspawned++] = pid;
+    }
     if (pid != 0)
         return pid;
     int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -197,12 +223,15 @@ static void stop_pid(pid_t pid)
         return;
     kill(pid, SIGTERM);
     for (int i = 0; i < 100; i++) {
-        if (waitpid(pid, NULL, WNOHANG) == pid)
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            kvt_forget(pid);
             return;
+        }
         usleep(20000);
     }
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
+    kvt_forget(pid);
 }
 
 void kvt_kill_node(kvt_cluster *c, int i, int sig)
@@ -210,6 +239,7 @@ void kvt_kill_node(kvt_cluster *c, int i, int sig)
     kill(c->node_pid[i], sig);
     if (sig == SIGKILL || sig == SIGTERM) {
         waitpid(c->node_pid[i], NULL, 0);
+        kvt_forget(c->node_pid[i]);
         c->node_pid[i] = 0;
     }
 }
@@ -258,6 +288,7 @@ pid_t kvt_node_start(const char *dir, const char *id, const char *url, const cha
     if (!kvt_wait_ping(url, NULL, 15000)) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+        kvt_forget(pid);
         return -1;
     }
     return pid;

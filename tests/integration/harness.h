@@ -53,6 +53,10 @@ bool kvt_wait_ping(const char *url, const char *auth, int timeout_ms);
  * its pid once it answers admin.Ping, or -1. */
 pid_t kvt_node_start(const char *dir, const char *id, const char *url, const char *const *extra);
 
+/* Tells the harness a process it started was reaped by the caller (so the
+ * exit-time cleanup does not signal a reused pid). */
+void kvt_forget(pid_t pid);
+
 /* Runs a shell command line; captures stdout (and stderr when err is set)
  * into out. Returns the exit status, or -1. */
 int kvt_run(const char *cmd, char *out, size_t outlen);
