@@ -74,6 +74,7 @@ typedef struct engine_stats {
     uint64_t reads_mem, reads_fd, reads_sd, reads_miss, fills, evictions, flushes;
     uint64_t index_reads, index_visited, index_head_hits, index_head_moves;
     uint64_t index_sample_rounds, index_rehashes, index_buckets;
+    uint64_t index_pinned_reads, index_pinned_head_hits; /* reads of pinned keys */
 } engine_stats;
 
 void engine_thread_register(void);

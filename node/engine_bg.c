@@ -322,6 +322,8 @@ void engine_get_stats(engine *e, engine_stats *out)
     s.index_sample_rounds = hs.sample_rounds;
     s.index_rehashes = hs.rehashes;
     s.index_buckets = hs.buckets;
+    s.index_pinned_reads = hs.pinned_reads;
+    s.index_pinned_head_hits = hs.pinned_head_hits;
     *out = s;
 }
 

@@ -36,6 +36,11 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
     rpc_stats_add(l, "index.reads", "%llu", (unsigned long long)es.index_reads);
     rpc_stats_add(l, "index.visited_per_read", "%.3f", (double)es.index_visited / reads);
     rpc_stats_add(l, "index.head_hit", "%.4f", (double)es.index_head_hits / reads);
+    rpc_stats_add(l, "index.pinned_reads", "%llu", (unsigned long long)es.index_pinned_reads);
+    rpc_stats_add(l, "index.pinned_head_hit", "%.4f",
+                  es.index_pinned_reads
+                      ? (double)es.index_pinned_head_hits / (double)es.index_pinned_reads
+                      : 0.0);
     rpc_stats_add(l, "index.head_moves", "%llu", (unsigned long long)es.index_head_moves);
     rpc_stats_add(l, "index.sample_rounds", "%llu", (unsigned long long)es.index_sample_rounds);
     rpc_stats_add(l, "index.rehashes", "%llu", (unsigned long long)es.index_rehashes);

@@ -222,11 +222,23 @@ kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void 
     if (hit && hit == x)
         hr_cnt_bump(s, HR_C_HEADHITS, 1);
     hr_cost_window(idx, s, visited);
-    if (hit && fn) {
+    if (hit) {
         hr_view v;
         uint64_t vbuf;
-        hr_snapshot(hit, &v, &vbuf);
-        fn(arg, &v);
+        uint32_t flags;
+        if (fn) {
+            hr_snapshot(hit, &v, &vbuf);
+            flags = v.meta.flags;
+        } else {
+            flags = hr_cur_flags(hit);
+        }
+        if (__builtin_expect(flags & HR_F_PINNED, 0)) {
+            hr_cnt_bump(s, HR_C_PINNED, 1);
+            if (hit == x)
+                hr_cnt_bump(s, HR_C_PINHEAD, 1);
+        }
+        if (fn)
+            fn(arg, &v);
     }
     hr_hot_access(idx, t, b, hw, hit, hit);
     hr_rcu_unlock();
@@ -776,5 +788,7 @@ void hr_get_stats(hr_index *idx, hr_stats *out)
     out->head_hits = c[HR_C_HEADHITS];
     out->head_moves = c[HR_C_MOVES];
     out->sample_rounds = c[HR_C_ROUNDS];
+    out->pinned_reads = c[HR_C_PINNED];
+    out->pinned_head_hits = c[HR_C_PINHEAD];
     out->rehashes = atomic_load(&idx->rehashes);
 }

@@ -149,12 +149,17 @@ kv_err hr_rehash(hr_index *idx);
 
 /* Counters are per-thread shards summed on demand (approximate while
  * threads run). read_visited/reads = average items visited per read;
- * head_hits/reads = share of reads answered by the head item. */
+ * head_hits/reads = share of reads answered by the head item;
+ * pinned_head_hits/pinned_reads = the same share among reads of pinned keys
+ * (counted only when the item found is pinned, so unpinned reads pay one
+ * flag test). */
 typedef struct hr_stats {
     uint64_t items, bytes, buckets;
     uint64_t reads, writes, read_visited; /* visited/reads = avg items per read */
     uint64_t head_hits;                   /* reads answered by the head item */
     uint64_t head_moves, sample_rounds, rehashes;
+    uint64_t pinned_reads;     /* reads that found an item carrying HR_F_PINNED */
+    uint64_t pinned_head_hits; /* of those, reads answered by the ring head */
 } hr_stats;
 /* Fills *out. Any thread, no read-side section needed. */
 void hr_get_stats(hr_index *idx, hr_stats *out);

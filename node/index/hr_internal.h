@@ -76,6 +76,8 @@ enum {
     HR_C_BYTES,
     HR_C_WIN_OPS,
     HR_C_WIN_VIS,
+    HR_C_PINNED,  /* reads that found a pinned item */
+    HR_C_PINHEAD, /* ... that was the ring head */
     HR_C_COUNT
 };
 #define HR_SHARDS 32

@@ -424,6 +424,56 @@ Test(hotring, pin_makes_head_and_resists_random_moves)
     hr_close(idx);
 }
 
+Test(hotring, pinned_read_statistics)
+{
+    /* 2 buckets, 64 keys: every ring holds ~32 colliding keys. */
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
+    fill(idx, 64, "q-%d");
+    hr_stats a, b;
+    hr_get_stats(idx, &a);
+    hammer(idx, "q-9", 500, 0, "q-%d"); /* unpinned reads never count */
+    hr_get_stats(idx, &b);
+    cr_assert_eq(b.pinned_reads, a.pinned_reads);
+    cr_assert_eq(b.pinned_head_hits, a.pinned_head_hits);
+    cr_assert_eq(hr_pin(idx, "q-40", 4), KV_OK);
+    hr_get_stats(idx, &a);
+    cr_assert_eq(a.pinned_reads, 0);
+    /* The pinned key is its ring's head, so each of its reads is a head hit
+     * (with and without a snapshot callback). */
+    const int n = 1000;
+    for (int i = 0; i < n; i++) {
+        got g = {0};
+        kv_err rv = hr_get(idx, "q-40", 4, i % 2 ? grab : NULL, &g);
+        cr_assert_eq(rv, KV_OK);
+    }
+    hr_get_stats(idx, &b);
+    cr_assert_eq(b.pinned_reads - a.pinned_reads, (uint64_t)n);
+    cr_assert_eq(b.pinned_head_hits - a.pinned_head_hits, (uint64_t)n);
+    cr_assert_eq(b.head_hits - a.head_hits, (uint64_t)n);
+    /* Reads of the other keys of the pinned key's ring are not pinned reads. */
+    char k[32];
+    int others = 0;
+    hr_get_stats(idx, &a);
+    for (int i = 0; i < 64; i++) {
+        snprintf(k, sizeof k, "q-%d", i);
+        if (i == 40 || bucket_of(idx, k) != bucket_of(idx, "q-40"))
+            continue;
+        others++;
+        for (int j = 0; j < 10; j++)
+            get(idx, k, KV_OK);
+    }
+    hr_get_stats(idx, &b);
+    cr_assert_gt(others, 4, "too few colliding keys (%d)", others);
+    cr_assert_eq(b.reads - a.reads, (uint64_t)others * 10);
+    cr_assert_eq(b.pinned_reads, a.pinned_reads);
+    cr_assert_eq(b.pinned_head_hits, a.pinned_head_hits);
+    /* A miss in that ring does not count either. */
+    get(idx, "q-absent", KV_NOT_FOUND);
+    hr_get_stats(idx, &a);
+    cr_assert_eq(a.pinned_reads, b.pinned_reads);
+    hr_close(idx);
+}
+
 Test(hotring, inheritance_on_rcu_update_and_delete_of_head)
 {
     hr_index *idx = open_idx(2, HR_MODE_NONE, false);
