@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <urcu/urcu-memb.h>
 
 #include "common/hash.h"
 #include "common/log.h"
@@ -98,6 +99,44 @@ static kv_err replay_one(void *arg, const lsm_rec *r)
     return rv == SKIP ? KV_OK : rv;
 }
 
+/* ---- HotRAP's memory-tier check (lsm_opts.newer) ---------------------- */
+
+static void seqno_visit(void *arg, const hr_view *v)
+{
+    *(uint64_t *)arg = v->meta.seqno;
+}
+
+/* lsm_opts.newer: true when the memory tier holds a version of key (dirty
+ * or clean, tombstones included) with a seqno above seqno, so the promotion
+ * checker drops its copy. Runs on the LSM's promotion checker thread only,
+ * which engine_promo_thread registered with liburcu (memb flavour) before
+ * the first call; hotring.h requires that of every thread calling hr_get.
+ * The lookup runs inside an explicit RCU read-side section (hr_get nests
+ * its own): the view's item may be retired by a concurrent writer or the
+ * evictor, and only its seqno is copied out before the section ends. Does
+ * no I/O and takes no lock (hr_get is lock-free but for waiting out an
+ * in-place rewrite of the key, a few stores). */
+bool engine_mem_newer(void *arg, const void *key, size_t klen, uint64_t seqno)
+{
+    engine *e = arg;
+    uint64_t cur = 0;
+    urcu_memb_read_lock();
+    kv_err rv = hr_get(e->idx, key, klen, seqno_visit, &cur);
+    urcu_memb_read_unlock();
+    return rv == KV_OK && cur > seqno;
+}
+
+/* lsm_opts.newer_thread: the checker thread registers with liburcu when it
+ * starts and unregisters before it exits (outside any read-side section). */
+void engine_promo_thread(void *arg, bool begin)
+{
+    (void)arg;
+    if (begin)
+        engine_thread_register();
+    else
+        engine_thread_unregister();
+}
+
 static kv_err open_tiers(engine *e, char *err, size_t errlen)
 {
     hr_opts ho = {0};
@@ -126,6 +165,9 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
     lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     lo.disable_io_uring = e->o.disable_io_uring;
     lo.hotrap = !e->o.no_hotrap;
+    lo.newer = engine_mem_newer;
+    lo.newer_thread = engine_promo_thread;
+    lo.newer_arg = e;
     engine_thread_register(); /* the replay callback inserts into the index */
     rv = lsm_open(&e->db, &lo, replay_one, e);
     engine_thread_unregister();

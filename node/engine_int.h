@@ -51,6 +51,11 @@ struct engine {
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);
 /* Counts a read of key from an SST; true when it should enter memory. */
 bool engine_admit(engine *e, const void *key, size_t klen);
+/* HotRAP's promotion checker hooks (lsm_opts.newer / newer_thread, see
+ * engine.c): the memory-tier check, and the checker thread's liburcu
+ * registration. */
+bool engine_mem_newer(void *arg, const void *key, size_t klen, uint64_t seqno);
+void engine_promo_thread(void *arg, bool begin);
 /* Starts / stops the background flush + eviction thread. */
 kv_err engine_bg_start(engine *e);
 void engine_bg_stop(engine *e);

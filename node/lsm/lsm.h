@@ -102,6 +102,12 @@ typedef int (*lsm_route_fn)(void *arg, const lsm_rec *rec, int from_level);
  * lsm_wal_append). */
 typedef bool (*lsm_newer_fn)(void *arg, const void *key, size_t klen, uint64_t seqno);
 
+/* Called with newer_arg on the promotion checker thread: begin = true once
+ * when it starts, before any newer call, and begin = false once before it
+ * exits, after the last one. The engine registers the thread with liburcu
+ * there (its newer callback reads HotRing). May be NULL. */
+typedef void (*lsm_thread_fn)(void *arg, bool begin);
+
 typedef struct lsm_opts {
     const char *fast_dir;        /* FD directory (created if missing); required */
     const char *slow_dir;        /* SD directory, NULL = every level on FD */
@@ -121,9 +127,10 @@ typedef struct lsm_opts {
      * retention/promotion in compaction, the promotion buffer. Default on;
      * off = plain tiering. */
     bool hotrap;
-    uint64_t hot_set_mb;   /* hot-set size limit, 0 = 0.85 x last FD level target */
-    uint64_t promo_buf_kb; /* promotion buffer, 0 = 64 MiB x fast_mb / 1024 (>= 1 MiB) */
-    lsm_newer_fn newer;    /* memory-tier check for promotion, may be NULL */
+    uint64_t hot_set_mb;        /* hot-set size limit, 0 = 0.85 x last FD level target */
+    uint64_t promo_buf_kb;      /* promotion buffer, 0 = 64 MiB x fast_mb / 1024 (>= 1 MiB) */
+    lsm_newer_fn newer;         /* memory-tier check for promotion, may be NULL */
+    lsm_thread_fn newer_thread; /* checker thread start/exit hook, may be NULL */
     void *newer_arg;
 } lsm_opts;
 

@@ -289,6 +289,8 @@ static void *checker_main(void *arg)
 {
     lsm_db *db = arg;
     lsm_promo *p = db->promo;
+    if (db->o.newer_thread)
+        db->o.newer_thread(db->o.newer_arg, true);
     pthread_mutex_lock(&p->mu);
     while (!p->stop) {
         if (!p->nsealed) {
@@ -308,6 +310,8 @@ static void *checker_main(void *arg)
         pthread_cond_broadcast(&p->cv);
     }
     pthread_mutex_unlock(&p->mu);
+    if (db->o.newer_thread)
+        db->o.newer_thread(db->o.newer_arg, false);
     return NULL;
 }
 

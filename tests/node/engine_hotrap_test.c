@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Engine-level HotRAP tests: the memory-tier check the engine hands the
+ * LSM's promotion checker (lsm_opts.newer, engine_mem_newer) answers for
+ * dirty, clean and tombstone items from a thread registered by the checker
+ * hook, and promotion through the engine never shadows a newer write,
+ * whether that write is still only in memory (dirty, unflushed) or already
+ * flushed and compacted when the checker runs.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "node/engine.h"
+#include "node/engine_int.h"
+#include "node/lsm/lsm_int.h"
+
+#define NKEYS 600
+#define VLEN 200
+
+typedef struct tenv {
+    char dir[64], fd[96], sd[96];
+    engine *e;
+} tenv;
+
+static void t_reopen(tenv *t)
+{
+    if (t->e) {
+        engine_close(t->e);
+        t->e = NULL;
+    }
+    engine_opts o = {.fast_dir = t->fd,
+                     .slow_dir = t->sd,
+                     .fast_mb = 1,
+                     .mem_mb = 4,
+                     .write_buffer_kb = 4096, /* only explicit flushes */
+                     .sync = ENGINE_SYNC_NONE};
+    char err[256];
+    kv_err rv = engine_open(&t->e, &o, err, sizeof(err));
+    cr_assert_eq(rv, KV_OK, "engine_open: %s", err);
+}
+
+static tenv *t_open(void)
+{
+    tenv *t = calloc(1, sizeof(*t));
+    snprintf(t->dir, sizeof(t->dir), "/tmp/kv_enghr_XXXXXX");
+    cr_assert_not_null(mkdtemp(t->dir));
+    snprintf(t->fd, sizeof(t->fd), "%s/fd", t->dir);
+    snprintf(t->sd, sizeof(t->sd), "%s/sd", t->dir);
+    engine_thread_register();
+    t_reopen(t);
+    return t;
+}
+
+static void t_close(tenv *t)
+{
+    engine_close(t->e);
+    engine_thread_unregister();
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", t->dir);
+    cr_assert_eq(system(cmd), 0);
+    free(t);
+}
+
+static void key_of(char *k, int id)
+{
+    snprintf(k, 16, "h%05d", id);
+}
+
+static void val_of(char *v, int id, int gen)
+{
+    memset(v, 'a' + (id + gen) % 26, VLEN);
+    snprintf(v, VLEN, "id %d gen %d", id, gen);
+}
+
+static void put(tenv *t, int id, int gen, bool del)
+{
+    char k[16], v[VLEN];
+    key_of(k, id);
+    val_of(v, id, gen);
+    engine_write w = {.key = k, .klen = strlen(k), .val = v, .vlen = VLEN, .is_delete = del};
+    engine_result r;
+    char err[256];
+    kv_err rv = engine_write_one(t->e, &w, &r, err, sizeof(err));
+    cr_assert_eq(rv, KV_OK, "write %s: %s", k, err);
+}
+
+/* gen < 0: the key must be absent (deleted). */
+static void check(tenv *t, int id, int gen)
+{
+    char k[16], v[VLEN];
+    key_of(k, id);
+    engine_result r;
+    kv_err rv = engine_get(t->e, k, strlen(k), &r);
+    cr_assert_eq(rv, KV_OK, "get %s: %s", k, kv_strerror(rv));
+    if (gen < 0) {
+        cr_assert(!r.found, "%s was deleted but reads back", k);
+        return;
+    }
+    cr_assert(r.found, "%s missing", k);
+    val_of(v, id, gen);
+    cr_assert_eq(r.vlen, VLEN);
+    cr_assert_eq(memcmp(r.val, v, VLEN), 0, "%s reads \"%.20s\", want gen %d", k, (char *)r.val,
+                 gen);
+    free(r.val);
+}
+
+/* The seqno of id's newest record in the LSM (0 = none) and where. */
+static uint64_t lsm_seq(tenv *t, int id, lsm_tier *tier)
+{
+    char k[16];
+    key_of(k, id);
+    lsm_rec r;
+    kv_err rv = lsm_get(t->e->db, k, strlen(k), &r, tier);
+    if (rv == KV_NOT_FOUND)
+        return 0;
+    cr_assert_eq(rv, KV_OK, "lsm_get %s: %s", k, kv_strerror(rv));
+    uint64_t s = r.seqno;
+    lsm_rec_free(&r);
+    return s;
+}
+
+static void compact_to_sd(tenv *t)
+{
+    for (int l = 0; l <= 2; l++)
+        cr_assert_eq(lsm_compact_level(t->e->db, l), KV_OK);
+}
+
+/* Keys 0..NKEYS-1 at gen 0, flushed and compacted into SD; then a reopen
+ * so the memory tier is empty and reads go to SD. */
+static tenv *t_open_on_sd(void)
+{
+    tenv *t = t_open();
+    for (int i = 0; i < NKEYS; i++)
+        put(t, i, 0, false);
+    cr_assert_eq(engine_flush(t->e), KV_OK);
+    compact_to_sd(t);
+    lsm_stats s;
+    cr_assert_eq(lsm_stats_get(t->e->db, &s), KV_OK);
+    cr_assert(s.hotrap, "HotRAP is on by default with a slow directory");
+    cr_assert_eq(s.levels[0].files + s.levels[1].files + s.levels[2].files, 0, "all on SD");
+    t_reopen(t);
+    return t;
+}
+
+/* ---- engine_mem_newer, called as the checker calls it ---- */
+
+typedef struct probe {
+    engine *e;
+    const char *key;
+    uint64_t seqno;
+    bool below, at, absent;
+} probe;
+
+static void *probe_main(void *arg)
+{
+    probe *p = arg;
+    engine_promo_thread(p->e, true); /* what the checker thread does first */
+    p->below = engine_mem_newer(p->e, p->key, strlen(p->key), p->seqno - 1);
+    p->at = engine_mem_newer(p->e, p->key, strlen(p->key), p->seqno);
+    p->absent = engine_mem_newer(p->e, "nope", 4, 0);
+    engine_promo_thread(p->e, false);
+    return NULL;
+}
+
+static probe run_probe(tenv *t, int id)
+{
+    static char k[16];
+    key_of(k, id);
+    probe p = {.e = t->e, .key = k, .seqno = lsm_last_seqno(t->e->db)};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, probe_main, &p), 0);
+    pthread_join(th, NULL);
+    return p;
+}
+
+Test(engine_hotrap, mem_newer_sees_dirty_clean_and_tombstone_items)
+{
+    tenv *t = t_open();
+    put(t, 1, 0, false); /* dirty */
+    probe p = run_probe(t, 1);
+    cr_assert(p.below, "a dirty item with a higher seqno is newer");
+    cr_assert(!p.at, "the same seqno is not newer");
+    cr_assert(!p.absent, "an absent key has nothing newer");
+    cr_assert_eq(engine_flush(t->e), KV_OK); /* now clean */
+    p = run_probe(t, 1);
+    cr_assert(p.below, "a clean item with a higher seqno is newer");
+    cr_assert(!p.at);
+    put(t, 1, 1, true); /* a tombstone, dirty */
+    p = run_probe(t, 1);
+    cr_assert(p.below, "a tombstone is a newer version too");
+    cr_assert(!p.at);
+    t_close(t);
+}
+
+/* ---- promotion through the engine ---- */
+
+/* Reads keys [a, b) twice each: both reads miss memory (the second fills
+ * it), so RALT sees two accesses (stably hot) and the promotion buffer
+ * holds the SD record. */
+static void read_twice(tenv *t, int a, int b)
+{
+    for (int round = 0; round < 2; round++)
+        for (int i = a; i < b; i++)
+            check(t, i, 0);
+}
+
+static uint64_t promoted(tenv *t)
+{
+    lsm_stats s;
+    cr_assert_eq(lsm_stats_get(t->e->db, &s), KV_OK);
+    return s.promoted_recs;
+}
+
+Test(engine_hotrap, promotion_never_shadows_a_dirty_write)
+{
+    tenv *t = t_open_on_sd();
+    read_twice(t, 0, 10);
+    for (int i = 0; i < 5; i++)
+        put(t, i, 1, i == 3); /* newer versions, only in memory (3 is deleted) */
+    lsm_promo_sync(t->e->db); /* the checker runs now, with 0..4 dirty */
+    cr_assert_eq(promoted(t), 5, "5..9 promoted, 0..4 dropped (got %llu)",
+                 (unsigned long long)promoted(t));
+    for (int i = 0; i < 10; i++) {
+        lsm_tier tier;
+        lsm_seq(t, i, &tier);
+        cr_assert_eq(tier, i < 5 ? LSM_TIER_SD : LSM_TIER_FD, "key %d on tier %d", i, tier);
+    }
+    for (int i = 0; i < 10; i++) /* memory answers */
+        check(t, i, i == 3 ? -1 : i < 5 ? 1 : 0);
+    engine_close(t->e); /* unflushed: the WAL brings 0..4 back */
+    t->e = NULL;
+    t_reopen(t);
+    for (int i = 0; i < 10; i++)
+        check(t, i, i == 3 ? -1 : i < 5 ? 1 : 0);
+    cr_assert_eq(engine_flush(t->e), KV_OK);
+    compact_to_sd(t);
+    t_reopen(t); /* empty memory: the LSM answers */
+    for (int i = 0; i < 10; i++)
+        check(t, i, i == 3 ? -1 : i < 5 ? 1 : 0);
+    t_close(t);
+}
+
+Test(engine_hotrap, promotion_never_shadows_a_flushed_and_compacted_write)
+{
+    tenv *t = t_open_on_sd();
+    read_twice(t, 0, 10);
+    uint64_t before = lsm_last_seqno(t->e->db);
+    for (int i = 0; i < 5; i++)
+        put(t, i, 1, false);
+    cr_assert_eq(engine_flush(t->e), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->e->db, 0), KV_OK); /* the new versions leave L0 */
+    cr_assert_eq(lsm_compact_level(t->e->db, 1), KV_OK);
+    lsm_promo_sync(t->e->db); /* an old copy in L0 now would win over L1/L2 */
+    cr_assert_eq(promoted(t), 5, "got %llu", (unsigned long long)promoted(t));
+    for (int i = 0; i < 5; i++) {
+        lsm_tier tier;
+        cr_assert_gt(lsm_seq(t, i, &tier), before, "key %d: the LSM returns the old version", i);
+    }
+    t_reopen(t);
+    for (int i = 0; i < 10; i++)
+        check(t, i, i < 5 ? 1 : 0);
+    t_close(t);
+}
