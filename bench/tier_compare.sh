@@ -17,8 +17,8 @@
 # workloads reuse the loaded store (--no-load), the writing ones run last.
 # --plain uses plain directories under --base instead of slowfs; --fast-plain
 # keeps only the slow volume emulated (FUSE round trips make every WAL write
-# slow on the emulated fast volume). hotkv-nohotrap is the hotkv engine until
-# the engine grows its HotRAP switch (its lines say hotrap_available:false).
+# slow on the emulated fast volume). hotkv-nohotrap is the hotkv engine with
+# its HotRAP switch off (plain tiering).
 # JSON lines go to --out; the table to stdout; progress to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -380,6 +380,9 @@ void engine_lsm_stats(engine *e, rpc_statlist *l)
     rpc_stats_add(l, "hotrap.ralt_bytes", "%llu", (unsigned long long)s.ralt_bytes);
     rpc_stats_add(l, "hotrap.hot_set_limit", "%llu", (unsigned long long)s.hot_set_limit);
     rpc_stats_add(l, "hotrap.checker_backlog", "%llu", (unsigned long long)s.promo_backlog);
+    rpc_stats_add(l, "hotrap.promo_dropped", "%llu", (unsigned long long)s.promo_dropped);
+    rpc_stats_add(l, "hotrap.ralt_stable", "%llu", (unsigned long long)s.ralt_stable);
+    rpc_stats_add(l, "hotrap.ralt_hot_bytes", "%llu", (unsigned long long)s.ralt_hot_bytes);
     vol_stats(l, "fast", &s.fd);
     if (e->o.slow_dir)
         vol_stats(l, "slow", &s.sd);

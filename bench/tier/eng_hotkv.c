@@ -8,9 +8,10 @@
  * slow.read_bytes), parsed by name so the engine exposes nothing new.
  *
  * "hotkv" and "hotkv-nohotrap" map to the engine's HotRAP switch
- * (engine_opts.no_hotrap: retention and promotion on / off). The promoted
- * and retained counters are not parsed from the engine's stats yet, so the
- * result line reports them as null.
+ * (engine_opts.no_hotrap: retention and promotion on / off). promoted and
+ * retained are the LSM's records installed on FD by the promotion buffer
+ * and kept on FD by compactions into SD (hotrap.promoted_records,
+ * hotrap.retained_records; both stay 0 with HotRAP off).
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,9 +24,10 @@
 
 typedef struct hk {
     engine *e;
-    bool hotrap;             /* what was asked for (no engine option yet) */
+    bool hotrap;             /* engine_opts.no_hotrap = !hotrap */
     _Atomic uint64_t stalls; /* writes retried on back-pressure (1 ms each) */
     char levels[512];
+    char hotrap_state[512]; /* JSON members: HotRAP counters at the last stats call */
 } hk;
 
 static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, size_t errlen)
@@ -149,6 +151,23 @@ static void hk_levels(hk *k, const rpc_statlist *l)
     }
 }
 
+/* Keeps HotRAP's own state at the last stats call, for the result line. */
+static void hk_hotrap(hk *k, const rpc_statlist *l)
+{
+    static const char *const names[] = {"promo_dropped", "checker_backlog", "ralt_entries",
+                                        "ralt_stable",   "ralt_hot_bytes",  "hot_set_limit"};
+    size_t off = 0;
+    k->hotrap_state[0] = '\0';
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char full[64];
+        snprintf(full, sizeof(full), "hotrap.%s", names[i]);
+        const char *v = stat_value(l, full);
+        if (v && off < sizeof(k->hotrap_state))
+            off += (size_t)snprintf(k->hotrap_state + off, sizeof(k->hotrap_state) - off,
+                                    "%s\"%s\":%s", off ? "," : "", names[i], v);
+    }
+}
+
 static void hk_stats(void *h, tb_stats *out)
 {
     hk *k = h;
@@ -167,7 +186,12 @@ static void hk_stats(void *h, tb_stats *out)
     /* unknown (null) when nothing was written since open (--no-load reads) */
     out->write_amp = wa && user && strtoull(user, NULL, 10) ? strtod(wa, NULL) : -1.0;
     out->sd_read_bytes = sdb ? strtoull(sdb, NULL, 10) : 0;
-    out->have_hotrap = false;
+    const char *prom = stat_value(&l, "hotrap.promoted_records");
+    const char *ret = stat_value(&l, "hotrap.retained_records");
+    out->have_hotrap = prom && ret;
+    out->promoted = prom ? strtoull(prom, NULL, 10) : 0;
+    out->retained = ret ? strtoull(ret, NULL, 10) : 0;
+    hk_hotrap(k, &l);
     hk_levels(k, &l);
     rpc_stats_free(&l);
 }
@@ -200,12 +224,10 @@ static void hk_json_extra(void *h, char *buf, size_t len)
     hk *k = h;
     snprintf(buf, len,
              ",\"hotrap_available\":true,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
-             "\"levels\":\"%s\","
-             "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)%s\"",
+             "\"levels\":\"%s\",\"hotrap_state\":{%s},"
+             "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)\"",
              k->hotrap ? "true" : "false", (unsigned long long)atomic_load(&k->stalls), k->levels,
-             k->hotrap ? ""
-                       : "; the engine has no HotRAP switch yet: this is the hotkv engine with "
-                         "its LSM's default");
+             k->hotrap_state);
 }
 
 const tb_engine tb_hotkv_engine = {
