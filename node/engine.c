@@ -44,6 +44,19 @@ uint64_t engine_rec_bytes(size_t klen, size_t vlen)
     return (uint64_t)klen + vlen + ENGINE_ITEM_OVERHEAD;
 }
 
+/* One memory hit in 16, drawn from a per-thread xorshift64 (a counter
+ * would alias with access patterns that cycle through a key set). */
+static bool sample_hit(void)
+{
+    static _Thread_local uint64_t x;
+    if (!x)
+        x = (uint64_t)(uintptr_t)&x * 0x9e3779b97f4a7c15ull | 1;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return (x & 15) == 0;
+}
+
 static bool rec_live(uint32_t flags, uint64_t expire_at, uint64_t now_ms)
 {
     return !(flags & HR_F_TOMBSTONE) && (expire_at == 0 || expire_at > now_ms);
@@ -336,9 +349,13 @@ kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
     atomic_fetch_add_explicit(&e->gets, 1, memory_order_relaxed);
     kv_err rv = hr_get(e->idx, key, klen, get_visit, &g);
     if (rv == KV_OK) {
-        /* HotRAP also learns from memory hits, at a sampled rate (1 in 16) */
-        if ((atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed) & 15) == 0)
+        /* HotRAP and the eviction sketch also learn from memory hits, at a
+         * sampled rate (1 in 16) */
+        atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
+        if (sample_hit()) {
             lsm_note_access(e->db, key, klen, r.vlen);
+            engine_touch(e, key, klen);
+        }
     } else if (rv == KV_NOT_FOUND) {
         rv = get_from_lsm(e, key, klen, &r, g.now_ms);
     }
@@ -412,6 +429,10 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
         errs[i] = hr_get(e->idx, keys[i], klens[i], get_visit, &g);
         if (errs[i] == KV_OK) {
             atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
+            if (sample_hit()) {
+                lsm_note_access(e->db, keys[i], klens[i], out[i].vlen);
+                engine_touch(e, keys[i], klens[i]);
+            }
             errs[i] = g.oom ? KV_RESOURCE_EXHAUSTED : KV_OK;
         } else if (errs[i] == KV_NOT_FOUND) {
             mk[m] = keys[i];

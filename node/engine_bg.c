@@ -24,10 +24,19 @@
 
 /* ---- admission sketch -------------------------------------------------- */
 
-bool engine_admit(engine *e, const void *key, size_t klen)
+static void sketch_slots(const void *key, size_t klen, size_t *a, size_t *b)
 {
     uint64_t h = kv_hash64(key, klen, 0x9e3779b97f4a7c15ull);
-    size_t a = h % ENGINE_SKETCH_SIZE, b = (h >> 32) % ENGINE_SKETCH_SIZE;
+    *a = h % ENGINE_SKETCH_SIZE;
+    *b = (h >> 32) % ENGINE_SKETCH_SIZE;
+}
+
+/* Counts one access of key; returns the estimate before it (the smaller of
+ * the key's two counters). */
+static unsigned sketch_add(engine *e, const void *key, size_t klen)
+{
+    size_t a, b;
+    sketch_slots(key, klen, &a, &b);
     uint8_t ca = atomic_load_explicit(&e->sketch[a], memory_order_relaxed);
     uint8_t cb = atomic_load_explicit(&e->sketch[b], memory_order_relaxed);
     /* Relaxed read-modify-write: a lost increment only delays one admission. */
@@ -42,7 +51,27 @@ bool engine_admit(engine *e, const void *key, size_t klen)
                                   atomic_load_explicit(&e->sketch[i], memory_order_relaxed) / 2,
                                   memory_order_relaxed);
     }
-    return (ca < cb ? ca : cb) >= 1; /* seen before within the window */
+    return ca < cb ? ca : cb;
+}
+
+bool engine_admit(engine *e, const void *key, size_t klen)
+{
+    return sketch_add(e, key, klen) >= 1; /* seen before within the window */
+}
+
+void engine_touch(engine *e, const void *key, size_t klen)
+{
+    sketch_add(e, key, klen);
+}
+
+/* The key's access estimate (0..15), without counting an access. */
+static unsigned sketch_freq(engine *e, const void *key, size_t klen)
+{
+    size_t a, b;
+    sketch_slots(key, klen, &a, &b);
+    uint8_t ca = atomic_load_explicit(&e->sketch[a], memory_order_relaxed);
+    uint8_t cb = atomic_load_explicit(&e->sketch[b], memory_order_relaxed);
+    return ca < cb ? ca : cb;
 }
 
 /* ---- flush ------------------------------------------------------------- */
@@ -127,8 +156,21 @@ static kv_err flush_now(engine *e)
 
 /* ---- eviction ---------------------------------------------------------- */
 
+/* Eviction is least-frequently-used by the admission sketch's estimate
+ * (memory hits count at the sampled rate of engine_touch): a first pass
+ * sums the clean, unpinned bytes per estimate, a second picks every item
+ * below the threshold estimate and, at the threshold, items in index order
+ * until the wanted bytes are reached. Records loaded by writes and never
+ * read have estimate 0 and go first; the read-hot set stays. */
+#define FREQS 16
+
 typedef struct victims {
+    engine *e;
     uint64_t want, got;
+    uint64_t hist[FREQS]; /* pass 1: clean bytes per estimate */
+    unsigned thresh;      /* pass 2: evict below, and at it up to at_budget */
+    uint64_t at_budget, at_got;
+    bool pick;
     struct victim {
         uint8_t *key;
         size_t klen;
@@ -140,7 +182,15 @@ typedef struct victims {
 static void pick_clean(void *arg, const hr_view *v)
 {
     victims *vs = arg;
-    if (vs->got >= vs->want || (v->meta.flags & (HR_F_DIRTY | HR_F_PINNED)))
+    if (v->meta.flags & (HR_F_DIRTY | HR_F_PINNED))
+        return;
+    unsigned f = sketch_freq(vs->e, v->key, v->klen);
+    uint64_t bytes = engine_rec_bytes(v->klen, v->vlen);
+    if (!vs->pick) {
+        vs->hist[f] += bytes;
+        return;
+    }
+    if (vs->got >= vs->want || f > vs->thresh || (f == vs->thresh && vs->at_got >= vs->at_budget))
         return;
     if (vs->n == vs->cap) {
         size_t ncap = vs->cap ? vs->cap * 2 : 1024;
@@ -155,7 +205,9 @@ static void pick_clean(void *arg, const hr_view *v)
         return;
     memcpy(k, v->key, v->klen);
     vs->v[vs->n++] = (struct victim){k, v->klen, v->meta.seqno};
-    vs->got += engine_rec_bytes(v->klen, v->vlen);
+    vs->got += bytes;
+    if (f == vs->thresh)
+        vs->at_got += bytes;
 }
 
 typedef struct evict_cond_arg {
@@ -177,8 +229,20 @@ static void evict(engine *e)
     uint64_t used = atomic_load(&e->mem_bytes), low = e->mem_limit / 10 * 8;
     if (used <= e->mem_limit / 10 * 9)
         return;
-    victims vs = {.want = used - low};
-    hr_iterate(e->idx, pick_clean, &vs);
+    victims vs = {.e = e, .want = used - low};
+    hr_iterate(e->idx, pick_clean, &vs); /* pass 1: the histogram */
+    uint64_t below = 0;
+    vs.thresh = FREQS - 1;
+    for (unsigned f = 0; f < FREQS; f++) {
+        if (below + vs.hist[f] >= vs.want) {
+            vs.thresh = f;
+            break;
+        }
+        below += vs.hist[f];
+    }
+    vs.at_budget = vs.want > below ? vs.want - below : 0;
+    vs.pick = true;
+    hr_iterate(e->idx, pick_clean, &vs); /* pass 2: the victims */
     for (size_t i = 0; i < vs.n; i++) {
         evict_cond_arg a = {vs.v[i].seqno, 0};
         if (hr_remove(e->idx, vs.v[i].key, vs.v[i].klen, evict_cond, &a) == KV_OK) {

@@ -51,6 +51,9 @@ struct engine {
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);
 /* Counts a read of key from an SST; true when it should enter memory. */
 bool engine_admit(engine *e, const void *key, size_t klen);
+/* Counts a memory-tier hit of key in the sketch (called at a sampled rate),
+ * so that eviction (least frequently used by the sketch) keeps it. */
+void engine_touch(engine *e, const void *key, size_t klen);
 /* HotRAP's promotion checker hooks (lsm_opts.newer / newer_thread, see
  * engine.c): the memory-tier check, and the checker thread's liburcu
  * registration. */

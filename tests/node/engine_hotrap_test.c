@@ -265,3 +265,41 @@ Test(engine_hotrap, promotion_never_shadows_a_flushed_and_compacted_write)
         check(t, i, i < 5 ? 1 : 0);
     t_close(t);
 }
+
+/* ---- memory-tier eviction keeps the read-hot set ---- */
+
+Test(engine_evict, least_frequently_read_items_go_first)
+{
+    tenv *t = calloc(1, sizeof(*t));
+    snprintf(t->dir, sizeof(t->dir), "/tmp/kv_engev_XXXXXX");
+    cr_assert_not_null(mkdtemp(t->dir));
+    snprintf(t->fd, sizeof(t->fd), "%s/fd", t->dir);
+    engine_thread_register();
+    engine_opts o = {.fast_dir = t->fd, .mem_mb = 1, .write_buffer_kb = 64};
+    o.sync = ENGINE_SYNC_NONE;
+    char err[256];
+    cr_assert_eq(engine_open(&t->e, &o, err, sizeof(err)), KV_OK, "%s", err);
+    enum { HOT = 24, COLD = 12000 }; /* COLD x ~270 B = 3x the budget */
+    for (int i = 0; i < HOT; i++)
+        put(t, i, 0, false);
+    cr_assert_eq(engine_flush(t->e), KV_OK);  /* clean, evictable */
+    for (int round = 0; round < 300; round++) /* memory hits, sampled into the sketch */
+        for (int i = 0; i < HOT; i++)
+            check(t, i, 0);
+    for (int i = 1000; i < 1000 + COLD; i++) /* never read */
+        put(t, i, 0, false);
+    cr_assert_eq(engine_flush(t->e), KV_OK);
+    cr_assert_eq(engine_flush(t->e), KV_OK); /* the bg thread evicts after each flush */
+    engine_stats s0, s1;
+    engine_get_stats(t->e, &s0);
+    cr_assert_gt(s0.evictions, COLD / 2, "evictions ran (%llu), mem %llu of %llu, items %llu",
+                 (unsigned long long)s0.evictions, (unsigned long long)s0.mem_bytes,
+                 (unsigned long long)s0.mem_limit, (unsigned long long)s0.items);
+    cr_assert_leq(s0.mem_bytes, s0.mem_limit);
+    for (int i = 0; i < HOT; i++)
+        check(t, i, 0);
+    engine_get_stats(t->e, &s1);
+    cr_assert_eq(s1.reads_mem - s0.reads_mem, HOT, "%llu of %d hot keys still in memory",
+                 (unsigned long long)(s1.reads_mem - s0.reads_mem), HOT);
+    t_close(t);
+}
