@@ -181,6 +181,8 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
     lo.newer = engine_mem_newer;
     lo.newer_thread = engine_promo_thread;
     lo.newer_arg = e;
+    if ((rv = engine_nhc_create(e, &lo, err, errlen)) != KV_OK) /* NHC */
+        return rv;
     engine_thread_register(); /* the replay callback inserts into the index */
     rv = lsm_open(&e->db, &lo, replay_one, e);
     engine_thread_unregister();
@@ -220,6 +222,8 @@ kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errl
     kv_err rv = open_tiers(e, err, errlen);
     if (rv == KV_OK && (rv = engine_bg_start(e)) != KV_OK)
         snprintf(err, errlen, "cannot start the flush thread");
+    if (rv == KV_OK && (rv = engine_nhc_start(e)) != KV_OK)
+        snprintf(err, errlen, "cannot start the NHC thread");
     if (rv != KV_OK) {
         engine_close(e);
         return rv;
@@ -236,7 +240,9 @@ void engine_close(engine *e)
     if (!e)
         return;
     engine_bg_stop(e);
+    engine_nhc_stop(e);
     lsm_close(e->db);
+    engine_nhc_destroy(e);
     hr_close(e->idx);
     for (int i = 0; i < ENGINE_STRIPES; i++)
         pthread_mutex_destroy(&e->stripes[i]);
@@ -291,8 +297,10 @@ static kv_err fill_cond(void *arg, const hr_view *cur)
     return KV_OK;
 }
 
-static void maybe_fill(engine *e, const lsm_rec *r, uint64_t gen)
+static void maybe_fill(engine *e, const lsm_rec *r, lsm_tier tier, uint64_t gen)
 {
+    if (tier == LSM_TIER_SD && !engine_nhc_admit_sd(e))
+        return; /* NHC data_admit off: SD reads stay out of memory too */
     if (!engine_admit(e, r->key, r->klen))
         return;
     uint64_t bytes = engine_rec_bytes(r->klen, r->vlen);
@@ -337,7 +345,7 @@ static kv_err get_from_lsm(engine *e, const void *key, size_t klen, engine_resul
         r->vlen = rec.vlen;
         r->found = true;
     }
-    maybe_fill(e, &rec, gen);
+    maybe_fill(e, &rec, tier, gen);
     lsm_rec_free(&rec);
     return KV_OK;
 }
@@ -384,7 +392,7 @@ static kv_err lsm_result(engine *e, const lsm_rec *rec, lsm_tier tier, uint64_t 
         r->vlen = rec->vlen;
         r->found = true;
     }
-    maybe_fill(e, rec, gen);
+    maybe_fill(e, rec, tier, gen);
     return KV_OK;
 }
 

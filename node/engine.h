@@ -27,6 +27,7 @@
 
 #include "common/clock.h"
 #include "kv/kv_err.h"
+#include "node/nhc/nhc.h"
 #include "proto/statlist.h"
 
 typedef struct engine engine;
@@ -45,6 +46,12 @@ typedef struct engine_opts {
     uint64_t index_buckets; /* initial HotRing buckets (0 = from mem_mb) */
     bool disable_io_uring;
     bool no_hotrap; /* plain tiering: no read-hot retention/promotion (HotRAP) */
+    /* NHC scheduler options (borrowed during engine_open), NULL = defaults
+     * (nhc_opts_default: enabled). Used only with a slow_dir and HotRAP;
+     * enable false keeps it in classic state. twin_entries: twin-map bound,
+     * 0 = derived from fast_mb (lsm_opts.twin_entries). */
+    const nhc_opts *nhc;
+    uint64_t twin_entries;
 } engine_opts;
 
 /* A write. version 0 = the engine assigns one from its HLC (direct writes);
@@ -125,6 +132,14 @@ kv_err engine_flush(engine *e);
 void engine_get_stats(engine *e, engine_stats *out);
 /* Appends the LSM/tier statistics (levels, volumes, WAL) to l. */
 void engine_lsm_stats(engine *e, rpc_statlist *l);
+/* Appends the NHC scheduler's state to l: nhc.state, nhc.data_admit,
+ * nhc.load_admit, nhc.miss_ratio, per-volume reads/s and latency, twin-map
+ * size and the last minute (nhc.series.N). Only nhc.state ("off") without a
+ * scheduler. Any registered thread. */
+void engine_nhc_stats(engine *e, rpc_statlist *l);
+/* The engine's scheduler, NULL without one (no slow_dir or no HotRAP);
+ * owned by the engine, valid until engine_close. */
+nhc *engine_nhc(engine *e);
 /* The WAL sync mode: "always", "batch" or "none". */
 const char *engine_durability(const engine *e);
 /* The node's hybrid logical clock (versions for direct writes). */

@@ -46,6 +46,12 @@ struct engine {
     pthread_rwlock_t pin_lock;
     uint64_t pins[ENGINE_MAX_PINS * 2];
     _Atomic uint64_t npins;
+    /* NHC (engine_nhc.c): NULL without a slow volume or HotRAP. */
+    nhc *nhc;
+    pthread_t nhc_thread;
+    pthread_mutex_t nhc_mu; /* protects nhc_stop; pairs with nhc_cv */
+    pthread_cond_t nhc_cv;
+    bool nhc_stop, nhc_started, nhc_inited;
 };
 
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);
@@ -64,6 +70,16 @@ kv_err engine_bg_start(engine *e);
 void engine_bg_stop(engine *e);
 /* Wakes the background thread (dirty bytes or memory over their marks). */
 void engine_bg_kick(engine *e);
+/* NHC (engine_nhc.c). create: before lsm_open, sets lo->nhc (no-op without
+ * a slow_dir or with HotRAP off); err gets a message on failure. start/stop:
+ * the 10 ms tick thread (stop is a no-op when not started). destroy: after
+ * lsm_close. admit_sd: false while data_admit is off, i.e. records read
+ * from SD must not be filled into the memory tier. */
+kv_err engine_nhc_create(engine *e, lsm_opts *lo, char *err, size_t errlen);
+kv_err engine_nhc_start(engine *e);
+void engine_nhc_stop(engine *e);
+void engine_nhc_destroy(engine *e);
+bool engine_nhc_admit_sd(engine *e);
 /* Blocks (bounded) while dirty bytes are far over the write buffer. Returns
  * RESOURCE_EXHAUSTED when the flush stays behind. */
 kv_err engine_wait_room(engine *e);

@@ -13,6 +13,66 @@
 #include "common/opts.h"
 #include "node/node.h"
 
+/* The NHC flags (node/nhc/nhc.h; defaults from nhc_opts_default, whose
+ * comment says where each number comes from). */
+typedef struct nhc_flags {
+    int on; /* index into {"off", "on"} */
+    int target;
+    double step, stable_delta, miss_max, miss_rise, min_gain;
+    long poll_ms, probe_ms, min_ops, stuck_rounds;
+} nhc_flags;
+
+static void nhc_flags_init(nhc_flags *f)
+{
+    nhc_opts d;
+    nhc_opts_default(&d);
+    *f = (nhc_flags){.on = d.enable ? 1 : 0,
+                     .target = (int)d.target,
+                     .step = d.step,
+                     .stable_delta = d.stable_delta,
+                     .miss_max = d.miss_max,
+                     .miss_rise = d.miss_rise,
+                     .min_gain = d.min_gain,
+                     .poll_ms = (long)(d.poll_ns / 1000000),
+                     .probe_ms = (long)(d.probe_ns / 1000000),
+                     .min_ops = (long)d.min_ops,
+                     .stuck_rounds = (long)d.stuck_rounds};
+}
+
+/* Checks the ranges KV_OPT_DOUBLE does not and fills o. */
+static kv_err nhc_flags_apply(const nhc_flags *f, nhc_opts *o, char *err, size_t errlen)
+{
+    const struct {
+        const char *name;
+        double v, lo, hi;
+        bool open_lo;
+    } r[] = {{"nhc-step", f->step, 0, 1, true},
+             {"nhc-stable-delta", f->stable_delta, 0, 1, false},
+             {"nhc-miss-max", f->miss_max, 0, 1, false},
+             {"nhc-miss-rise", f->miss_rise, 0, 1, false},
+             {"nhc-min-gain", f->min_gain, 0, 10, false}};
+    for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++) {
+        if (!(r[i].v >= r[i].lo && r[i].v <= r[i].hi) || (r[i].open_lo && r[i].v <= r[i].lo)) {
+            snprintf(err, errlen, "--%s: %g is out of range, expected %s%g, %g]", r[i].name, r[i].v,
+                     r[i].open_lo ? "(" : "[", r[i].lo, r[i].hi);
+            return KV_INVALID_ARGUMENT;
+        }
+    }
+    nhc_opts_default(o);
+    o->enable = f->on == 1;
+    o->target = (nhc_target)f->target;
+    o->step = f->step;
+    o->stable_delta = f->stable_delta;
+    o->miss_max = f->miss_max;
+    o->miss_rise = f->miss_rise;
+    o->min_gain = f->min_gain;
+    o->poll_ns = (uint64_t)f->poll_ms * 1000000ull;
+    o->probe_ns = (uint64_t)f->probe_ms * 1000000ull;
+    o->min_ops = (uint64_t)f->min_ops;
+    o->stuck_rounds = (unsigned)f->stuck_rounds;
+    return KV_OK;
+}
+
 int main(int argc, char **argv)
 {
     node n = {0};
@@ -26,6 +86,10 @@ int main(int argc, char **argv)
     n.cfg.hot_threshold = 1000;
     n.cfg.hotrap = true;
     static const char *const sync_modes[] = {"always", "batch", "none", NULL};
+    static const char *const nhc_targets[] = {"throughput", "p99", NULL};
+    static const char *const off_on[] = {"off", "on", NULL}; /* a value is required */
+    nhc_flags nf;
+    nhc_flags_init(&nf);
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
     char *log_level = "info";
@@ -54,6 +118,32 @@ int main(int argc, char **argv)
          "cluster hot-key rate (ops/s) that pins a key in memory", NULL, 0, 0},
         {"hotrap", KV_OPT_BOOL, &n.cfg.hotrap,
          "keep read-hot records on the fast volume (HotRAP; needs --slow-dir)", NULL, 0, 0},
+        {"nhc", KV_OPT_ENUM, &nf.on,
+         "NHC scheduler (Orthus): offload reads of records held on both volumes to the "
+         "slow one when the fast one saturates, on|off (needs --slow-dir and HotRAP)",
+         off_on, 0, 0},
+        {"nhc-target", KV_OPT_ENUM, &nf.target, "NHC hill-climb target: throughput|p99",
+         nhc_targets, 0, 0},
+        {"nhc-step", KV_OPT_DOUBLE, &nf.step, "NHC load_admit step per probe, (0, 1]", NULL, 0, 0},
+        {"nhc-poll-ms", KV_OPT_INT, &nf.poll_ms, "NHC miss-ratio poll interval (classic state)",
+         NULL, 1, 600000},
+        {"nhc-probe-ms", KV_OPT_INT, &nf.probe_ms, "NHC probe window while tuning", NULL, 1,
+         600000},
+        {"nhc-stable-delta", KV_OPT_DOUBLE, &nf.stable_delta,
+         "NHC miss-ratio change between polls that counts as stable, [0, 1]", NULL, 0, 0},
+        {"nhc-miss-max", KV_OPT_DOUBLE, &nf.miss_max,
+         "NHC never tunes above this miss ratio, [0, 1]", NULL, 0, 0},
+        {"nhc-miss-rise", KV_OPT_DOUBLE, &nf.miss_rise,
+         "NHC miss-ratio rise over its value at tuning start that returns to classic, [0, 1]", NULL,
+         0, 0},
+        {"nhc-min-gain", KV_OPT_DOUBLE, &nf.min_gain,
+         "NHC relative gain a probe needs to win, [0, 10]", NULL, 0, 0},
+        {"nhc-min-ops", KV_OPT_INT, &nf.min_ops, "NHC reads a window needs to count", NULL, 1,
+         1L << 40},
+        {"nhc-stuck-rounds", KV_OPT_INT, &nf.stuck_rounds,
+         "NHC tuning rounds ending at load_admit 1 that return to classic", NULL, 1, 1000},
+        {"nhc-twin-entries", KV_OPT_INT, &n.cfg.twin_entries,
+         "NHC twin-map bound in entries (0 = 256 per MiB of --fast-mb)", NULL, 0, 1L << 30},
         {"no-io-uring", KV_OPT_BOOL, &n.cfg.no_io_uring, "use pread/pwrite instead of io_uring",
          NULL, 0, 0},
         {"workers", KV_OPT_INT, &n.cfg.workers, "RPC worker threads", NULL, 1, 1024},
@@ -75,6 +165,8 @@ int main(int argc, char **argv)
         snprintf(err, sizeof(err), "--id is required");
         rv = KV_INVALID_ARGUMENT;
     }
+    if (rv == KV_OK)
+        rv = nhc_flags_apply(&nf, &n.cfg.nhc, err, sizeof(err));
     if (rv == KV_OK && kv_log_parse_level(log_level) < 0) {
         snprintf(err, sizeof(err), "--log-level: '%s' is not debug|info|warn|error", log_level);
         rv = KV_INVALID_ARGUMENT;

@@ -30,6 +30,8 @@ typedef struct node_config {
     long write_buffer_kb; /* finer, for tests; wins when set */
     bool no_io_uring;
     bool hotrap;
+    nhc_opts nhc;      /* NHC scheduler (--nhc*); used with --slow-dir and HotRAP */
+    long twin_entries; /* twin-map bound, 0 = from --fast-mb */
     long mem_mb;
     long workers;
     double hot_threshold; /* ops/s summed over routers that pins a key */

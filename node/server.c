@@ -531,7 +531,9 @@ kv_err node_start(node *n, char *err, size_t errlen)
                       .sync = (engine_sync)n->cfg.sync,
                       .sync_ms = (unsigned)n->cfg.sync_ms,
                       .disable_io_uring = n->cfg.no_io_uring,
-                      .no_hotrap = !n->cfg.hotrap};
+                      .no_hotrap = !n->cfg.hotrap,
+                      .nhc = &n->cfg.nhc,
+                      .twin_entries = (uint64_t)n->cfg.twin_entries};
     rv = engine_open(&n->eng, &eo, err, errlen);
     if (n->cfg.fast_dir == fast)
         n->cfg.fast_dir = NULL;

@@ -22,6 +22,7 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
     rpc_stats_add(l, "deletes", "%llu", (unsigned long long)es.deletes);
     rpc_stats_add(l, "dirty_bytes", "%llu", (unsigned long long)es.dirty_bytes);
     rpc_stats_add(l, "hot.pinned", "%zu", node_hot_pinned(n->hot));
+    engine_nhc_stats(n->eng, l); /* nhc.* */
     if (!verbose)
         return;
     rpc_stats_add(l, "reads.memory", "%llu", (unsigned long long)es.reads_mem);

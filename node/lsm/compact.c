@@ -286,6 +286,8 @@ static kv_err out_add(output *o, int slot, const lsm_rec *r)
             return rv;
     }
     kv_err rv = lsm_sst_builder_add(o->b[slot], r);
+    if (rv == KV_OK && slot == 0 && db->level_tier[o->j->to] != db->level_tier[o->j->from])
+        lsm_twin_drop(db->twin, r->key, r->klen, r->seqno); /* NHC: FD copy moved to SD */
     if (rv == KV_OK && lsm_sst_builder_size(o->b[slot]) >= db->file_size)
         rv = out_close(o, slot);
     return rv;
@@ -347,8 +349,11 @@ static kv_err merge(lsm_db *db, cjob *j, lsm_edit *e)
         rv = emit(&o, r, now);
         for (size_t i = 0; i < n && rv == KV_OK; i++) { /* skip older versions */
             if ((int)i != b && m.it[i].valid &&
-                lsm_key_cmp(m.it[i].cur.key, m.it[i].cur.klen, r.key, r.klen) == 0)
+                lsm_key_cmp(m.it[i].cur.key, m.it[i].cur.klen, r.key, r.klen) == 0) {
+                /* NHC: a dropped copy (superseded, or a twin merged) ends the twin */
+                lsm_twin_drop(db->twin, r.key, r.klen, m.it[i].cur.seqno);
                 lsm_sst_iter_next(&m.it[i]);
+            }
         }
         lsm_sst_iter_next(&m.it[b]);
     }

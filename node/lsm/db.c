@@ -25,8 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "node/lsm/lsm_int.h"
+#include "node/nhc/nhc.h"
 
 #define MANIFEST_REWRITE_BYTES (64u << 20)
 
@@ -169,6 +171,7 @@ static void db_free(lsm_db *db)
 {
     lsm_promo_close(db);
     ralt_close(db->ralt);
+    lsm_twin_destroy(db->twin);
     lsm_wal_close(db->wal);
     lsm_manifest_close(db->man);
     lsm_version_unref(db->cur);
@@ -361,7 +364,15 @@ static kv_err hotrap_create(lsm_db *db)
     uint64_t cap = (db->o.fast_mb << 20) / 64; /* RALT memory: 1/64 of FD, >= 1 MiB */
     ralt_opts ro = {.hot_limit = db->hot_limit, .phys_cap = cap < (1u << 20) ? 1u << 20 : cap};
     kv_err rv = ralt_open(&db->ralt, &ro);
-    return rv == KV_OK ? lsm_promo_create(db) : rv;
+    if (rv == KV_OK)
+        rv = lsm_promo_create(db);
+    uint64_t twins = db->o.twin_entries ? db->o.twin_entries : db->o.fast_mb * 256;
+    if (rv == KV_OK)
+        rv = lsm_twin_create(twins < 4096         ? 4096
+                             : twins > (1u << 30) ? 1u << 30
+                                                  : twins,
+                             &db->twin);
+    return rv;
 }
 
 kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg)
@@ -446,8 +457,11 @@ uint64_t lsm_flush_generation(lsm_db *db)
 
 kv_err lsm_wal_append(lsm_db *db, const lsm_rec *recs, size_t n)
 {
-    if (n && recs)
-        lsm_promo_mark(db, recs, n); /* before the write can be seen anywhere */
+    if (n && recs) {
+        lsm_promo_mark(db, recs, n);               /* before the write can be seen anywhere */
+        for (size_t i = 0; db->twin && i < n; i++) /* a newer version: no twin (promote.c) */
+            lsm_twin_del(db->twin, recs[i].key, recs[i].klen);
+    }
     kv_err rv = lsm_wal_write(db->wal, recs, n);
     if (rv != KV_OK)
         return rv;
@@ -570,6 +584,8 @@ typedef struct lookup {
     lsm_tier *tier;
     kv_err *err; /* KV_NOT_FOUND until found or failed */
     bool *done;
+    bool *routed;   /* NHC sent the key to SD and its SD record is the twin */
+    uint64_t *want; /* twin seqno of a key sent to SD */
     probe *pr;
     lsm_io *io;
     size_t np, cap;
@@ -691,7 +707,9 @@ static kv_err lookup_init(lookup *lk, size_t n)
     lk->tier = calloc(n, sizeof(*lk->tier));
     lk->err = calloc(n, sizeof(*lk->err));
     lk->done = calloc(n, sizeof(*lk->done));
-    if (!lk->tmp || !lk->tier || !lk->err || !lk->done)
+    lk->routed = calloc(n, sizeof(*lk->routed));
+    lk->want = calloc(n, sizeof(*lk->want));
+    if (!lk->tmp || !lk->tier || !lk->err || !lk->done || !lk->routed || !lk->want)
         return KV_RESOURCE_EXHAUSTED;
     for (size_t i = 0; i < n; i++)
         lk->err[i] = KV_NOT_FOUND;
@@ -704,13 +722,66 @@ static void lookup_fini(lookup *lk)
     free(lk->tier);
     free(lk->err);
     free(lk->done);
+    free(lk->routed);
+    free(lk->want);
     free(lk->pr);
     free(lk->io);
 }
 
-static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_err *errs,
-                    uint64_t fread)
+/*
+ * NHC routing, run on the pinned version before the FD-first pass. A key of
+ * the twin map that nhc_send_to_fd does not keep on FD is looked up in the SD
+ * levels only. Its SD record is the newest record of the key when it carries
+ * the twin seqno: an entry exists only while no write newer than that seqno
+ * has been appended (lsm_wal_append removes it first, promote.c rechecks
+ * after inserting), and the entry was read after the version was pinned, so
+ * no flush in this version holds a newer write. Any other outcome (an older
+ * record, none, an unreadable block) removes the entry and sends the key
+ * down the normal FD-first path.
+ */
+static kv_err route_sd(lsm_db *db, lookup *lk, const lsm_version *v)
 {
+    size_t nr = 0;
+    for (size_t k = 0; k < lk->n; k++) {
+        /* the coin first: in classic state (load_admit 1) no stripe is taken */
+        lk->routed[k] = !lk->done[k] && !nhc_send_to_fd(db->o.nhc) &&
+                        lsm_twin_get(db->twin, lk->keys[k], lk->klens[k], &lk->want[k]);
+        nr += lk->routed[k];
+    }
+    if (!nr)
+        return KV_OK;
+    for (size_t k = 0; k < lk->n; k++)
+        lk->done[k] = lk->done[k] || !lk->routed[k];
+    kv_err rv = KV_OK;
+    for (int l = 0; rv == KV_OK && l < LSM_MAX_LEVELS; l++)
+        if (db->level_tier[l] == LSM_TIER_SD && v->nfiles[l])
+            rv = probe_level(lk, v, l);
+    for (size_t k = 0; k < lk->n; k++) {
+        if (!lk->routed[k]) {
+            lk->done[k] = lk->err[k] != KV_NOT_FOUND;
+            continue;
+        }
+        if (rv == KV_OK && lk->err[k] == KV_OK && lk->tmp[k].seqno == lk->want[k]) {
+            lk->done[k] = true;
+            continue;
+        }
+        if (lk->err[k] == KV_OK)
+            lsm_rec_free(&lk->tmp[k]);
+        lk->err[k] = KV_NOT_FOUND;
+        lk->done[k] = lk->routed[k] = false;
+        lsm_twin_drop(db->twin, lk->keys[k], lk->klens[k], lk->want[k]);
+        atomic_fetch_add_explicit(&db->nhc_fallbacks, 1, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&db->nhc_routed, nr, memory_order_relaxed);
+    return rv;
+}
+
+static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_err *errs,
+                    uint64_t fread, uint64_t t0)
+{
+    nhc *sched = db->o.nhc;
+    uint64_t lat = sched ? kv_now_ns() - t0 : 0;
+    bool admit = !sched || nhc_data_admit(sched);
     for (size_t k = 0; k < lk->n; k++) {
         errs[k] = lk->err[k];
         if (lk->err[k] != KV_OK)
@@ -721,8 +792,14 @@ static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_
         atomic_fetch_add(lk->tier[k] == LSM_TIER_SD ? &db->reads_sd : &db->reads_fd, 1);
         if (db->ralt && outs[k].type == LSM_PUT)
             ralt_access(db->ralt, outs[k].key, outs[k].klen, outs[k].vlen);
-        if (lk->tier[k] == LSM_TIER_SD)
+        bool sd = lk->tier[k] == LSM_TIER_SD;
+        if (sd && admit && !lk->routed[k])
             lsm_promo_add(db, &outs[k], fread);
+        if (sched) {
+            nhc_note_read(sched, sd ? NHC_DEV_SD : NHC_DEV_FD, lat);
+            if (sd && !lk->routed[k])
+                nhc_note_miss(sched); /* FD did not hold it */
+        }
     }
 }
 
@@ -739,14 +816,17 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
             lk.done[k] = true;
         }
     }
+    uint64_t t0 = db->o.nhc ? kv_now_ns() : 0;
     uint64_t fread = atomic_load(&db->flushed_pub); /* before pinning (promote.c) */
     lsm_version *v = rv == KV_OK ? lsm_db_current(db) : NULL;
+    if (rv == KV_OK && db->twin && db->o.nhc)
+        rv = route_sd(db, &lk, v); /* after pinning: see route_sd */
     for (int l = 0; rv == KV_OK && l < LSM_MAX_LEVELS; l++)
         if (v->nfiles[l])
             rv = probe_level(&lk, v, l);
     lsm_version_unref(v);
     if (rv == KV_OK) {
-        publish(db, &lk, outs, served, errs, fread);
+        publish(db, &lk, outs, served, errs, fread, t0);
     } else {
         for (size_t k = 0; k < n && lk.err; k++)
             if (lk.err[k] == KV_OK)
@@ -801,6 +881,11 @@ static void hotrap_stats(lsm_db *db, lsm_stats *out)
     out->retained_recs = atomic_load(&db->retained_recs);
     out->retained_bytes = atomic_load(&db->retained_bytes);
     lsm_promo_stats(db, out);
+    out->twin_entries = lsm_twin_size(db->twin);
+    out->twin_capacity = lsm_twin_capacity(db->twin);
+    out->twin_evicted = lsm_twin_evicted(db->twin);
+    out->nhc_routed_sd = atomic_load(&db->nhc_routed);
+    out->nhc_fallbacks = atomic_load(&db->nhc_fallbacks);
 }
 
 kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)

@@ -132,6 +132,17 @@ typedef struct lsm_opts {
     lsm_newer_fn newer;         /* memory-tier check for promotion, may be NULL */
     lsm_thread_fn newer_thread; /* checker thread start/exit hook, may be NULL */
     void *newer_arg;
+    /* NHC (Orthus non-hierarchical caching, node/nhc/nhc.h), effective with
+     * HotRAP and a slow_dir. nhc: the node's scheduler, borrowed (must outlive
+     * the db), NULL = classic caching (every read FD-first, promotion always
+     * on). With it, a lookup of a key in the twin map (records with identical
+     * copies on FD and SD) reads SD only when nhc_send_to_fd says so, SD reads
+     * enter the promotion buffer only while nhc_data_admit, and every record
+     * served is reported with nhc_note_read / nhc_note_miss. twin_entries
+     * bounds the twin map, 0 = fast_mb x 256 (one 16-byte entry per 4 KiB of
+     * FD), at least 4096. */
+    struct nhc *nhc;
+    uint64_t twin_entries;
 } lsm_opts;
 
 /* Called by lsm_open for each WAL record not covered by an installed SST, in
@@ -256,6 +267,11 @@ typedef struct lsm_stats {
     uint64_t ralt_hot_bytes, hot_set_limit;  /* key+value bytes of hot keys, limit */
     uint64_t ralt_evicted;                   /* entries evicted since open */
     uint64_t promo_buf_bytes, promo_backlog; /* mutable buffer, sealed buffers waiting */
+    /* NHC routing (zero without HotRAP): twin map entries, capacity and
+     * evictions; lookups sent to SD by load_admit, and how many of those
+     * found an older or no SD copy and fell back to FD first. */
+    uint64_t twin_entries, twin_capacity, twin_evicted;
+    uint64_t nhc_routed_sd, nhc_fallbacks;
 } lsm_stats;
 
 /* Fills *out with a consistent-enough snapshot (counters are read one by

@@ -295,6 +295,33 @@ void ralt_set_hot_limit(ralt *r, uint64_t bytes);
 double ralt_score(ralt *r, const void *key, size_t klen);
 void ralt_stats_get(ralt *r, ralt_stats *out);
 
+/* ---- twin map (twin.c) ---- */
+
+/* Keys whose newest record has identical copies (same seqno) on FD and SD;
+ * see twin.c for the layout and the locking. Every function is safe from
+ * any thread; none allocates after create. NULL t is a no-op / empty map. */
+typedef struct lsm_twin lsm_twin;
+
+/* Creates a map holding at most max_entries (rounded up to a power of two
+ * times 8). Returns KV_OK and *out (caller owns, lsm_twin_destroy),
+ * INVALID_ARGUMENT for 0 or more than 2^30, RESOURCE_EXHAUSTED. */
+kv_err lsm_twin_create(size_t max_entries, lsm_twin **out);
+void lsm_twin_destroy(lsm_twin *t); /* NULL is a no-op; no concurrent call */
+/* Records key -> seqno (replacing key's entry; evicting the set's oldest
+ * entry when the set is full). key is borrowed (only its hash is kept). */
+void lsm_twin_put(lsm_twin *t, const void *key, size_t klen, uint64_t seqno);
+/* True and *seqno when key has an entry. */
+bool lsm_twin_get(lsm_twin *t, const void *key, size_t klen, uint64_t *seqno);
+/* Removes key's entry whatever its seqno (a write of key: a newer version
+ * exists). Always takes the key's stripe lock. */
+void lsm_twin_del(lsm_twin *t, const void *key, size_t klen);
+/* Removes key's entry only when it holds exactly seqno (compaction dropped
+ * one of the two copies); true when removed. */
+bool lsm_twin_drop(lsm_twin *t, const void *key, size_t klen, uint64_t seqno);
+size_t lsm_twin_size(lsm_twin *t);
+size_t lsm_twin_capacity(const lsm_twin *t);
+uint64_t lsm_twin_evicted(lsm_twin *t);
+
 /* ---- promotion buffer (promote.c) ---- */
 
 typedef struct lsm_promo lsm_promo;
@@ -343,6 +370,11 @@ struct lsm_db {
     uint64_t hot_limit;           /* hot-set limit (bytes) */
     _Atomic uint64_t flushed_pub; /* flushed_seq, stored after its version is installed */
     _Atomic uint64_t retained_recs, retained_bytes;
+
+    /* NHC (node/nhc): the twin map (NULL without HotRAP) and the routing
+     * counters; o.nhc may be NULL (every read FD-first). */
+    lsm_twin *twin;
+    _Atomic uint64_t nhc_routed, nhc_fallbacks;
 };
 
 lsm_version *lsm_db_current(lsm_db *db);

@@ -228,6 +228,20 @@ static size_t drop_marked(lsm_db *db, pbuf *b)
     return n - m;
 }
 
+/* NHC twin map (twin.c): the records of b, just installed on FD, still
+ * have their SD originals with the same seqno. Each entry is inserted, then
+ * the key's write mark is checked again: lsm_wal_append marks before it
+ * removes the key's entry under the same stripe lock, so either that
+ * removal comes after this insert, or its mark is visible to this check. */
+static void twin_note(lsm_db *db, const pbuf *b)
+{
+    for (size_t i = 0; db->twin && i < b->n; i++) {
+        lsm_twin_put(db->twin, b->e[i].r.key, b->e[i].r.klen, b->e[i].r.seqno);
+        if (marked_since(db->promo, &b->e[i]))
+            lsm_twin_drop(db->twin, b->e[i].r.key, b->e[i].r.klen, b->e[i].r.seqno);
+    }
+}
+
 /* Writes b as an L0 file and installs it unless a key was written since
  * (then retries without it) or L0 is full. */
 static kv_err promote(lsm_db *db, pbuf *b)
@@ -253,6 +267,7 @@ static kv_err promote(lsm_db *db, pbuf *b)
             } else {
                 atomic_fetch_add(&db->promo->promoted, b->n);
                 atomic_fetch_add(&db->promo->promoted_bytes, f->size);
+                twin_note(db, b); /* NHC */
             }
             lsm_file_unref(f);
             return rv;

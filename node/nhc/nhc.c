@@ -43,7 +43,7 @@ struct nhc {
     /* Below: guarded by mu (tick and stats readers only). */
     _Alignas(64) pthread_mutex_t mu;
     nhc_ctl *ctl;
-    bool enabled;
+    bool enabled, forced;
     nhc_decision dec;
     uint64_t win_start, last_tick, next_point;
     nhc_stats st;
@@ -223,9 +223,13 @@ static kv_err close_window(nhc *n, uint64_t now_ns)
     s.ops = n->st.dev[0].reads + n->st.dev[1].reads;
     s.p99_ns = hist_p99(merged, s.ops);
     s.miss_ratio = s.ops ? (double)(misses > s.ops ? s.ops : misses) / (double)s.ops : 0.0;
-    if ((rv = nhc_step(n->ctl, &s, &n->dec)) != KV_OK)
+    nhc_decision d;
+    if ((rv = nhc_step(n->ctl, &s, &d)) != KV_OK)
         return rv;
-    publish(n);
+    if (!n->forced) {
+        n->dec = d;
+        publish(n);
+    }
     n->st.miss_ratio = s.miss_ratio;
     n->st.ops_per_sec = (double)s.ops * 1e9 / (double)win;
     n->st.p99_ns = s.p99_ns;
@@ -270,11 +274,31 @@ kv_err nhc_tick(nhc *n, uint64_t now_ns)
     return rv;
 }
 
+void nhc_force(nhc *n, double load_admit, bool data_admit)
+{
+    pthread_mutex_lock(&n->mu);
+    n->forced = true;
+    n->dec.load_admit = load_admit < 0 ? 0 : load_admit > 1 ? 1 : load_admit;
+    n->dec.data_admit = data_admit;
+    publish(n);
+    pthread_mutex_unlock(&n->mu);
+}
+
+void nhc_unforce(nhc *n)
+{
+    pthread_mutex_lock(&n->mu);
+    n->forced = false;
+    n->dec = nhc_ctl_decision(n->ctl);
+    publish(n);
+    pthread_mutex_unlock(&n->mu);
+}
+
 void nhc_get_stats(nhc *n, nhc_stats *out)
 {
     pthread_mutex_lock(&n->mu);
     *out = n->st;
     out->enabled = n->enabled;
+    out->forced = n->forced;
     out->state = n->dec.state;
     out->data_admit = n->dec.data_admit;
     out->load_admit = n->dec.load_admit;

@@ -119,6 +119,7 @@ typedef struct nhc_stats {
     uint64_t p99_ns;      /* both volumes, last closed window */
     uint64_t window_ns;   /* length of the last closed window (0 before the first) */
     uint64_t windows;     /* windows closed so far */
+    bool forced;          /* knobs fixed by nhc_force */
     nhc_dev_stats dev[2]; /* indexed by nhc_dev */
 } nhc_stats;
 
@@ -172,6 +173,17 @@ double nhc_load_admit(const nhc *n);
  * mutex). Returns KV_OK, or INVALID_ARGUMENT when now_ns goes backwards.
  */
 kv_err nhc_tick(nhc *n, uint64_t now_ns);
+
+/*
+ * Fixes the knobs at load_admit (clamped to [0, 1]) and data_admit: the
+ * controller still sees every window but its decisions are not applied
+ * (stats and the series still update), for tests and for benchmarks that
+ * compare fixed policies (load_admit 1 with data_admit on is classic
+ * caching). nhc_unforce applies the controller's current decision again.
+ * Any thread; takes the internal mutex.
+ */
+void nhc_force(nhc *n, double load_admit, bool data_admit);
+void nhc_unforce(nhc *n);
 
 /* Copies the current state to *out. Any thread; takes the internal mutex. */
 void nhc_get_stats(nhc *n, nhc_stats *out);
