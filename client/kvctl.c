@@ -3,7 +3,7 @@
  * kvctl: the admin and data CLI.
  *   kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] COMMAND
  *   get KEY | put KEY VALUE [--ttl MS] | del KEY | status [--verbose] | ring | ping
- *   cluster init --rf N ID=ADDR...
+ *   cluster init --rf N ID=ADDR... | hotkeys [--top N] [--watch] | nhc [NODE_ID] [--watch]
  * Exit codes: 0 ok, 1 not found (get), 2 usage, 3 server error (status name
  * and message on stderr).
  */
@@ -23,6 +23,9 @@ static const kvctl_cmd commands[] = {
     {"ping", kvctl_ping, 0, 0, "ping"},
     {"cluster", kvctl_cluster, 1, 1000, "cluster init --rf N ID=ADDR..."},
     {"hotkeys", kvctl_hotkeys, 0, 0, "hotkeys [--top N] [--watch] [--json]"},
+    {"nhc", kvctl_nhc, 0, 1,
+     "nhc [NODE_ID] [--watch] [--json]   NHC scheduler per node: state, data_admit, "
+     "load_admit, miss ratio, per-volume reads/s and latency, last minute"},
 };
 
 static void usage(FILE *f)
@@ -51,7 +54,7 @@ int main(int argc, char **argv)
         {"verbose", KV_OPT_BOOL, &env.verbose, "status: per-tier detail", NULL, 0, 0},
         {"rf", KV_OPT_INT, &env.rf, "cluster init: replication factor", NULL, 1, 16},
         {"top", KV_OPT_INT, &env.top, "hotkeys: how many keys", NULL, 1, 100000},
-        {"watch", KV_OPT_BOOL, &env.watch, "hotkeys: refresh every second", NULL, 0, 0},
+        {"watch", KV_OPT_BOOL, &env.watch, "hotkeys, nhc: refresh every second", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvctl", "COMMAND [ARGS]"};
     char err[512];

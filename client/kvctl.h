@@ -43,5 +43,6 @@ int kvctl_ring(kvctl_env *env, int argc, char **argv);
 int kvctl_ping(kvctl_env *env, int argc, char **argv);
 int kvctl_cluster(kvctl_env *env, int argc, char **argv);
 int kvctl_hotkeys(kvctl_env *env, int argc, char **argv);
+int kvctl_nhc(kvctl_env *env, int argc, char **argv);
 
 #endif

@@ -1,8 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* kvctl against a live cluster: round trips, output and exit codes. */
+/* kvctl against a live cluster: round trips, output and exit codes; kvctl
+ * nhc and kvnode's --nhc flags. */
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -70,4 +75,75 @@ Test(kvctl, round_trips_and_exit_codes, .timeout = 120)
     cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 3, "%s", out);
     cr_assert(strstr(out, "UNAVAILABLE"), "%s", out);
     kvt_cluster_stop(&cl);
+}
+
+/* kvctl nhc against a node with a slow volume (the scheduler runs) and
+ * through a router whose nodes have none (nhc off); kvnode's --nhc flags
+ * refuse bad values with exit code 2. */
+Test(kvctl, nhc_state_series_and_flags, .timeout = 120)
+{
+    char dir[] = "/tmp/hotkv-kvctl-nhc-XXXXXX", slow[300], data[300], out[16384], cmd[2048];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(slow, sizeof(slow), "%s/slow", dir);
+    snprintf(data, sizeof(data), "%s/data", dir);
+    const char *bad[][2] = {
+        {"--nhc", "maybe"},     {"--nhc-target", "fastest"},  {"--nhc-step", "0"},
+        {"--nhc-step", "1.5"},  {"--nhc-miss-max", "2"},      {"--nhc-probe-ms", "0"},
+        {"--nhc-poll-ms", "x"}, {"--nhc-twin-entries", "-1"}, {"--nhc-stable-delta", "nan"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "%s --id b --data-dir %s %s %s 2>&1", kvt_bin("node/kvnode"),
+                 data, bad[i][0], bad[i][1]);
+        cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 2, "%s %s: %s", bad[i][0], bad[i][1], out);
+        cr_assert(strstr(out, bad[i][0]), "the message names the flag: %s", out);
+    }
+
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", kvt_free_port());
+    const char *extra[] = {"--slow-dir", slow, "--nhc", "on", "--nhc-poll-ms", "100", NULL};
+    pid_t pid = kvt_node_start(dir, "s1", url, extra);
+    cr_assert_gt(pid, 0, "node did not start; log in %s", dir);
+    for (int i = 0; i < 50; i++) {
+        snprintf(cmd, sizeof(cmd), "%s --router %s put k%d v%d 2>&1", kvt_bin("client/kvctl"), url,
+                 i, i);
+        cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 0, "%s", out);
+    }
+    usleep(1500 * 1000); /* at least one series point */
+    snprintf(cmd, sizeof(cmd), "%s --router %s nhc 2>&1", kvt_bin("client/kvctl"), url);
+    cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "node s1: state classic, data_admit on, load_admit 1.000"), "%s", out);
+    cr_assert(strstr(out, "miss ratio"), "%s", out);
+    cr_assert(strstr(out, "fast") && strstr(out, "slow"), "per-volume rows: %s", out);
+    cr_assert(strstr(out, "last minute"), "%s", out);
+    snprintf(cmd, sizeof(cmd), "%s --router %s --json nhc s1 2>&1", kvt_bin("client/kvctl"), url);
+    cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"state\":\"classic\""), "%s", out);
+    cr_assert(strstr(out, "\"data_admit\":true"), "%s", out);
+    cr_assert(strstr(out, "\"load_admit\":1.000"), "%s", out);
+    cr_assert(strstr(out, "\"fd\":{\"reads_per_s\":"), "%s", out);
+    cr_assert(strstr(out, "\"series\":[{\"age_s\":"), "series present: %s", out);
+    snprintf(cmd, sizeof(cmd), "%s --router %s nhc nosuch 2>&1", kvt_bin("client/kvctl"), url);
+    cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 1, "unknown node id exits 1: %s", out);
+    snprintf(cmd, sizeof(cmd), "%s --router %s nhc a b 2>&1", kvt_bin("client/kvctl"), url);
+    cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 2, "extra argument exits 2: %s", out);
+    /* --watch refreshes until interrupted: two JSON lines within ~2.5 s */
+    snprintf(cmd, sizeof(cmd), "timeout -s INT 2.5 %s --router %s --json --watch nhc 2>&1",
+             kvt_bin("client/kvctl"), url);
+    kvt_run(cmd, out, sizeof(out));
+    int lines = 0;
+    for (const char *p = out; (p = strstr(p, "{\"nodes\":[")); p++)
+        lines++;
+    cr_assert_geq(lines, 2, "watch refreshed: %s", out);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    kvt_forget(pid);
+
+    /* through a router: nodes without a slow volume report nhc off */
+    cr_assert_eq(kvt_cluster_start(&cl, 2, 1, NULL), KV_OK, "logs in %s", cl.dir);
+    cr_assert_eq(kvctl("nhc", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "node n1: nhc off") && strstr(out, "node n2: nhc off"), "%s", out);
+    cr_assert_eq(kvctl("--json nhc n2", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "{\"nodes\":[{\"id\":\"n2\",\"state\":\"off\"}]}"), "%s", out);
+    kvt_cluster_stop(&cl);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
 }
