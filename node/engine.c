@@ -70,8 +70,7 @@ typedef struct put_acct {
     uint64_t version;
 } put_acct;
 
-/* Conditions below refuse with SKIP, never KV_ABORTED (which hr_upsert
- * reserves for its own internal retry). */
+/* Conditions below refuse a write with SKIP. */
 #define SKIP KV_ALREADY_EXISTS
 
 /* Applies only over an older version (replay, and the write path's final
@@ -157,11 +156,11 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
     ho.buckets = ho.buckets < 1024 ? 1024 : ho.buckets;
     ho.mode = HR_MODE_SAMPLE;
     ho.r = 5;
-    /* Rehash stays off in the node until the index's rehash no longer lets a
-     * writer wait inside its RCU read-side section for the rehasher, which
-     * itself waits for a grace period (seen as a hang in engine_test). The
-     * initial bucket count is sized from the memory budget instead. */
-    ho.rehash = false;
+    /* The index doubles its buckets (lock-free, in its own thread) when the
+     * average items visited per access exceed the cost; the initial count
+     * from the memory budget keeps that rare. */
+    ho.rehash = true;
+    ho.rehash_cost = e->o.index_rehash_cost;
     kv_err rv = hr_open(&e->idx, &ho);
     if (rv != KV_OK) {
         snprintf(err, errlen, "cannot create the HotRing index: %s", kv_strerror(rv));

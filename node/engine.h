@@ -43,7 +43,8 @@ typedef struct engine_opts {
     size_t write_buffer_kb; /* finer setting for tests; wins when non-zero */
     engine_sync sync;
     unsigned sync_ms;
-    uint64_t index_buckets; /* initial HotRing buckets (0 = from mem_mb) */
+    uint64_t index_buckets;   /* initial HotRing buckets (0 = from mem_mb) */
+    double index_rehash_cost; /* HotRing rehash trigger: items visited per access (0 = 8) */
     bool disable_io_uring;
     bool no_hotrap; /* plain tiering: no read-hot retention/promotion (HotRAP) */
     /* NHC scheduler options (borrowed during engine_open), NULL = defaults

@@ -219,7 +219,7 @@ static kv_err evict_cond(void *arg, const hr_view *cur)
 {
     evict_cond_arg *a = arg;
     if (!cur || (cur->meta.flags & (HR_F_DIRTY | HR_F_PINNED)) || cur->meta.seqno != a->seqno)
-        return KV_ALREADY_EXISTS; /* not KV_ABORTED: the index retries on that */
+        return KV_ALREADY_EXISTS;
     a->bytes = engine_rec_bytes(cur->klen, cur->vlen);
     return KV_OK;
 }

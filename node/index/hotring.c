@@ -256,6 +256,7 @@ typedef struct hr_wr {
     hr_cond_fn cond;
     void *arg;
     hr_item *nx; /* the new item, built once and reused across retries */
+    bool retry;  /* set by hr_wr_insert/hr_wr_update: redo the search */
 } hr_wr;
 
 static kv_err hr_wr_item(hr_wr *wr)
@@ -266,7 +267,9 @@ static kv_err hr_wr_item(hr_wr *wr)
 }
 
 /* Key absent: insert wr->nx into the window (or the empty bucket). Returns
- * KV_OK, an error, or KV_ABORTED to retry the search. */
+ * KV_OK or an error (cond's or an allocation failure); sets wr->retry (and
+ * returns KV_OK) when a concurrent change asks for a new search. The retry
+ * travels out of band, so cond may return any kv_err. */
 static kv_err hr_wr_insert(hr_wr *wr, hr_table *t, uint64_t b, hr_win *w, int found)
 {
     kv_err rv = wr->cond ? wr->cond(wr->arg, NULL) : KV_OK;
@@ -285,11 +288,17 @@ static kv_err hr_wr_insert(hr_wr *wr, hr_table *t, uint64_t b, hr_win *w, int fo
     } else {
         atomic_store_explicit(&n->next, (uint64_t)(uintptr_t)w->cur, memory_order_relaxed);
         /* CAS site: the predecessor's next word. Protects: pred is live and
-         * still points at cur, so n lands in order; publishes n (release). */
+         * still points at cur, so n lands in order; publishes n (release).
+         * During a rehash pred may be a split item (or a half's last item)
+         * and cur the other half's split item (hr_wfind's one-item half):
+         * n lands in order in the old ring and in its half alike, so the
+         * insert never waits for the rehash to close the half. */
         ok = atomic_compare_exchange_strong(&w->pred->next, &w->pw, hr_with_addr(w->pw, n));
     }
-    if (!ok)
-        return KV_ABORTED;
+    if (!ok) {
+        wr->retry = true;
+        return KV_OK;
+    }
     hr_shard *s = hr_my_shard(wr->idx);
     hr_cnt_add(s, HR_C_ITEMS, 1);
     hr_cnt_add(s, HR_C_BYTES, hr_item_bytes(n));
@@ -343,7 +352,8 @@ static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const 
     (void)hr_wfind(idx, t, b, k, HR_MODE_CLEANUP, &w);
 }
 
-/* Key present at w->cur: update in place or by RCU. KV_ABORTED = retry. */
+/* Key present at w->cur: update in place or by RCU. Returns like
+ * hr_wr_insert (wr->retry: another writer owns the item, search again). */
 static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_win *w)
 {
     hr_item *x = w->cur;
@@ -352,8 +362,10 @@ static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_w
     kv_err rv = in_place ? KV_OK : hr_wr_item(wr); /* allocate before owning */
     if (rv != KV_OK)
         return rv;
-    if (!hr_own(x, &s))
-        return KV_ABORTED;
+    if (!hr_own(x, &s)) {
+        wr->retry = true;
+        return KV_OK;
+    }
     if (wr->cond) {
         hr_view v;
         uint64_t vbuf;
@@ -389,7 +401,7 @@ kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, s
         return KV_INVALID_ARGUMENT;
     hr_meta zero = {0};
     hr_okey k = hr_key(key, klen);
-    hr_wr wr = {idx, &k, val, vlen, meta ? meta : &zero, cond, arg, NULL};
+    hr_wr wr = {idx, &k, val, vlen, meta ? meta : &zero, cond, arg, NULL, false};
     unsigned spins = 0, visited = 0;
     hr_rcu_lock();
     do {
@@ -399,13 +411,14 @@ kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, s
         hr_win w;
         int r = hr_wfind(idx, t, b, &k, HR_MODE_LOOKUP, &w);
         visited = w.visited;
+        wr.retry = false;
         if (r == HR_FIND_EMPTY || !w.found)
             rv = hr_wr_insert(&wr, t, b, &w, r);
         else
             rv = hr_wr_update(&wr, t, b, hw, &w);
-        if (rv == KV_ABORTED)
+        if (wr.retry)
             hr_backoff(&spins);
-    } while (rv == KV_ABORTED);
+    } while (wr.retry);
     hr_account(idx, visited, true);
     hr_rcu_unlock();
     free(wr.nx); /* built but never published (cond failed or in-place) */

@@ -24,7 +24,15 @@
  *     After a last grace period the old bucket array is freed.
  * Readers and writers never wait for the rehash: they run throughout, on
  * whichever table they loaded, in their own read-side sections. Only the
- * worker (or a hr_rehash() caller) blocks, in synchronize_rcu().
+ * worker (or a hr_rehash() caller) blocks, in synchronize_rcu(). This is a
+ * hard rule, not an optimisation: the worker's synchronize_rcu() waits for
+ * every read-side section, so an operation that waited (spun) inside its
+ * section for the next rehash phase would deadlock with it. Each
+ * intermediate state is therefore a complete index on its own (hr_ring.c,
+ * "No waiting for the rehash"): after step 2 a bucket of the new table may
+ * hold nothing but its split item, whose link still leads into the other
+ * half; walks treat that as a one-item ring (hr_wfind) or end by cycle
+ * detection (hr_walk) instead of waiting for step 3 to close the half.
  */
 #include <stdlib.h>
 

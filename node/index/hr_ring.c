@@ -39,6 +39,19 @@
  *   word that points at it, and head fixes observe any table swap.
  * - Progress: ring traversal is lock-free for readers and writers (a failed
  *   CAS means another operation made progress; helpers finish deletions).
+ * - No waiting for the rehash. Every operation runs inside an RCU read-side
+ *   section and the rehash waits for grace periods between its phases
+ *   (hr_rehash.c), so a walk must never wait for a rehash step: that step may
+ *   itself be waiting for the walker's read section to end (deadlock; this
+ *   happened when a writer retried forever on a half-split ring whose half
+ *   held only its split item). Therefore every state the rehash leaves
+ *   between two grace periods (split items linked, halves joined through the
+ *   old wrap links, halves closed, split items deleted) is a valid ring to
+ *   readers and writers: hr_hop() turns a link into the other half into its
+ *   closing link, a half reduced to its split item is a one-item ring, and
+ *   every retry in hr_wfind() follows a CAS another thread completed. A
+ *   writer never leaves its read section to wait, because callers may hold
+ *   an outer one.
  *   The one place where a preempted thread can delay another is the per-item
  *   seqlock of hotring.c: accesses to *the same key* wait for an in-flight
  *   in-place write of it (a dozen stores, no allocation or call-outs).
@@ -248,13 +261,33 @@ retry:;
         }
         vis++;
         hr_item *v = hr_hop(t, b, n); /* v != n: not-yet-split link, see hr_hop */
+        if (v == prev) {
+            /* prev is this half's split item and the half holds nothing else:
+             * its old wrap link leads straight to the other half's split
+             * item, whose sibling is prev. That is a one-item ring, the same
+             * window as above, only reached through a link that the rehash
+             * closes after a grace period. Treating it as a broken view and
+             * retrying (as this function once did) waited inside the read
+             * section for the rehash, which waited for the read section: a
+             * deadlock. An insert lands between prev and n, which keeps both
+             * the old ring and this half ordered. */
+            *w = (hr_win){prev, pw, c == 0 ? prev : n, c == 0, vis};
+            return HR_FIND_OK;
+        }
         int cn = hr_cmp_key(k, v);
         if (hr_in_window(prev, v, c, cn)) {
             *w = (hr_win){prev, pw, n, cn == 0, vis};
             return HR_FIND_OK;
         }
+        /* Back at the start without a window: only a concurrent CAS (an
+         * unlink of an item we passed, a head move) can cause that, so the
+         * retry follows another thread's progress, never a pending rehash
+         * step (see "No waiting for the rehash" above). */
         if (v == start)
-            goto retry; /* a concurrent change broke our view of the cycle */
+            goto retry;
+        /* The sibling split item was deleted: the rehash closed the halves
+         * meanwhile (it does so without a grace period), so the retry
+         * finds plain rings. */
         if (v != n && ((nw = hr_load(&v->next)) & HR_N_OCC))
             goto retry;
         prev = v;
@@ -303,7 +336,8 @@ int hr_insert_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *n)
         atomic_store_explicit(&n->next, own | (uint64_t)(uintptr_t)w.cur, memory_order_relaxed);
         /* CAS site: the predecessor's next word. Protects: pred is live and
          * still points at cur (so n lands in order between them); publishes n
-         * with release semantics. */
+         * with release semantics. Split items go into old-table rings, which
+         * hold no split links, so pred and cur are adjacent in one ring. */
         if (atomic_compare_exchange_strong(&w.pred->next, &w.pw, hr_with_addr(w.pw, n)))
             return 0;
     }

@@ -33,6 +33,7 @@ static engine *open_engine_mb(const char *dir, const char *slow, uint64_t fast_m
                      .fast_mb = fast_mb,
                      .mem_mb = 1,
                      .write_buffer_kb = 96,
+                     .index_rehash_cost = 2.0, /* rehashes run under the model test */
                      .sync = ENGINE_SYNC_NONE};
     engine *e = NULL;
     char err[256];

@@ -5,6 +5,7 @@
  * inheritance, pinning, sampling/random movement and rehash splitting.
  */
 #include "tests/node/index/hr_testfw.h"
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -552,5 +553,127 @@ Test(hotring, access_cost_triggers_rehash)
             usleep(10000);
     }
     cr_assert_gt(st.rehashes, 0, "long rings did not trigger a rehash");
+    hr_close(idx);
+}
+
+/* A rehash paused in its first grace period (a reader holds a read-side
+ * section) leaves the new table's buckets as halves joined through the old
+ * wrap links; here every upper half holds only its split item. Writes, reads
+ * and deletes of keys in those halves must complete while the rehash is
+ * still paused: they must not wait for it (the rehash waits for them). */
+typedef struct pause_ctx {
+    hr_index *idx;
+    _Atomic int held, release, done;
+    kv_err rv;
+} pause_ctx;
+
+static void *pause_reader(void *arg)
+{
+    pause_ctx *c = arg;
+    hr_thread_register();
+    hr_rcu_lock();
+    atomic_store(&c->held, 1);
+    while (!atomic_load(&c->release))
+        usleep(1000);
+    hr_rcu_unlock();
+    hr_thread_unregister();
+    return NULL;
+}
+
+static void *pause_rehasher(void *arg)
+{
+    pause_ctx *c = arg;
+    hr_thread_register();
+    c->rv = hr_rehash(c->idx);
+    atomic_store(&c->done, 1);
+    hr_thread_unregister();
+    return NULL;
+}
+
+/* n keys "fmt" whose hash has bit 62 equal to upper (2 -> 4 buckets: the
+ * upper half of an old bucket). */
+static int half_keys(char keys[][32], int n, const char *fmt, int upper)
+{
+    int got = 0;
+    for (int i = 0; got < n && i < 100000; i++) {
+        snprintf(keys[got], 32, fmt, i);
+        uint64_t h = kv_hash64(keys[got], strlen(keys[got]), HR_HASH_SEED);
+        if ((int)(h >> 62 & 1) == upper)
+            got++;
+    }
+    return got;
+}
+
+Test(hotring, ops_on_half_split_rings_do_not_wait_for_the_rehash, .timeout = 60)
+{
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
+    static char lo[16][32], up[16][32];
+    cr_assert_eq(half_keys(lo, 16, "lo-%d", 0), 16);
+    cr_assert_eq(half_keys(up, 16, "up-%d", 1), 16);
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(put(idx, lo[i], "v", 1), KV_OK);
+    static pause_ctx c;
+    c = (pause_ctx){.idx = idx};
+    pthread_t rd, rh;
+    pthread_create(&rd, NULL, pause_reader, &c);
+    while (!atomic_load(&c.held))
+        usleep(1000);
+    pthread_create(&rh, NULL, pause_rehasher, &c);
+    while (atomic_load(&idx->cur)->bits != 2) /* split done, tables swapped */
+        usleep(1000);
+    cr_assert_not_null(atomic_load(&idx->aux));
+    /* Upper halves: only split items. Miss, insert, read, delete, reinsert. */
+    get(idx, up[0], KV_NOT_FOUND);
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(put(idx, up[i], i % 2 ? "a value long enough for RCU" : "x", 2), KV_OK);
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(hr_remove(idx, up[i], strlen(up[i]), NULL, NULL), KV_OK);
+    get(idx, up[3], KV_NOT_FOUND);
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(put(idx, up[i], "back", 3), KV_OK);
+    /* Lower halves: RCU updates and a delete. */
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(put(idx, lo[i], "lower, replaced by RCU", 4), KV_OK);
+    cr_assert_eq(hr_remove(idx, lo[0], strlen(lo[0]), NULL, NULL), KV_OK);
+    cr_assert_eq(hr_pin(idx, up[5], strlen(up[5])), KV_OK);
+    cr_assert_eq(atomic_load(&c.done), 0, "the rehash finished while a reader held it");
+    atomic_store(&c.release, 1);
+    pthread_join(rd, NULL);
+    pthread_join(rh, NULL);
+    cr_assert_eq(c.rv, KV_OK);
+    cr_assert_eq(hr_check_rings(idx), 31);
+    get(idx, lo[0], KV_NOT_FOUND);
+    for (int i = 1; i < 16; i++)
+        cr_assert_str_eq(get(idx, lo[i], KV_OK).val, "lower, replaced by RCU");
+    for (int i = 0; i < 16; i++)
+        cr_assert_str_eq(get(idx, up[i], KV_OK).val, "back");
+    hr_close(idx);
+}
+
+/* ------------------------------------------------- write conditions */
+
+static kv_err refuse_with(void *arg, const hr_view *cur)
+{
+    (void)cur;
+    return *(const kv_err *)arg;
+}
+
+/* The index's own retries never use a kv_err: a condition may return any
+ * code, KV_ABORTED included, and the caller gets it back. */
+Test(hotring, cond_may_return_any_error, .timeout = 30)
+{
+    hr_index *idx = open_idx(4, HR_MODE_SAMPLE, false);
+    for (int e = 1; e < KV_ERR_COUNT_; e++) {
+        kv_err want = (kv_err)e;
+        cr_assert_eq(hr_upsert(idx, "absent", 6, "v", 1, NULL, refuse_with, &want), want);
+        cr_assert_eq(put(idx, "here", "v", 1), KV_OK);
+        cr_assert_eq(hr_upsert(idx, "here", 4, "w", 1, NULL, refuse_with, &want), want);
+        cr_assert_eq(
+            hr_upsert(idx, "here", 4, "a long value for RCU", 20, NULL, refuse_with, &want), want);
+        cr_assert_eq(hr_remove(idx, "here", 4, refuse_with, &want), want);
+        cr_assert_str_eq(get(idx, "here", KV_OK).val, "v");
+        get(idx, "absent", KV_NOT_FOUND);
+    }
+    cr_assert_eq(hr_check_rings(idx), 1);
     hr_close(idx);
 }
