@@ -136,7 +136,8 @@ static kv_err flush_now(engine *e)
     hr_iterate(e->idx, collect_dirty, &c);
     kv_err rv = c.oom ? KV_RESOURCE_EXHAUSTED : KV_OK;
     if (rv == KV_OK) {
-        qsort(c.recs, c.n, sizeof(*c.recs), rec_cmp);
+        if (c.n) /* a forced flush may find nothing dirty: recs is NULL */
+            qsort(c.recs, c.n, sizeof(*c.recs), rec_cmp);
         rv = lsm_flush(e->db, c.recs, c.n, s);
     }
     for (size_t i = 0; rv == KV_OK && i < c.n; i++) {

@@ -649,10 +649,12 @@ void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg)
         hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
         uint64_t b = hr_bucket(t, pos);
         hr_iter_bucket(t, b, it);
+        /* t may be freed once we leave the read section: read it first. */
+        bool last = b + 1 == t->nb;
+        pos = last ? 0 : (b + 1) << (64 - t->bits);
         hr_rcu_unlock();
-        if (b + 1 == t->nb)
+        if (last)
             break;
-        pos = (b + 1) << (64 - t->bits);
     }
     free(it);
 }
@@ -742,6 +744,7 @@ kv_err hr_open(hr_index **out, const hr_opts *opts)
     memset(idx, 0, sizeof(*idx));
     pthread_mutex_init(&idx->rh_lock, NULL);
     atomic_init(&idx->cur, t);
+    atomic_init(&idx->nb, t->nb);
     idx->mode = o.mode;
     idx->r = o.r;
     idx->rehash = o.rehash;
@@ -794,7 +797,7 @@ void hr_get_stats(hr_index *idx, hr_stats *out)
     memset(out, 0, sizeof(*out));
     out->items = c[HR_C_ITEMS];
     out->bytes = c[HR_C_BYTES];
-    out->buckets = atomic_load(&idx->cur)->nb;
+    out->buckets = atomic_load(&idx->nb); /* idx->cur may be freed under us */
     out->reads = c[HR_C_READS];
     out->writes = c[HR_C_WRITES];
     out->read_visited = c[HR_C_VISITED];

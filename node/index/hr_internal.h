@@ -88,6 +88,7 @@ typedef struct hr_shard {
 struct hr_index {
     _Atomic(hr_table *) cur; /* the table lookups start from */
     _Atomic(hr_table *) aux; /* the other table while a rehash runs, else NULL */
+    _Atomic uint64_t nb;     /* cur's bucket count, readable outside read sections */
     hr_mode mode;
     unsigned r;
     bool rehash;

@@ -89,7 +89,7 @@ void hr_cost_window(hr_index *idx, hr_shard *s, unsigned visited)
         return;
     if (atomic_load_explicit(&idx->after_pending, memory_order_relaxed))
         hr_after_log(idx);
-    uint64_t items = hr_items(idx), nb = atomic_load(&idx->cur)->nb;
+    uint64_t items = hr_items(idx), nb = atomic_load(&idx->nb);
     atomic_store_explicit(&idx->avg_ring, (unsigned)((items + nb - 1) / nb), memory_order_relaxed);
     if (!idx->rehash || (double)vis / (double)ops <= idx->rehash_cost ||
         atomic_load_explicit(&idx->rehash_want, memory_order_relaxed) || items <= nb)
@@ -192,6 +192,7 @@ kv_err hr_rehash(hr_index *idx)
     atomic_store(&idx->aux, nt);
     hr_split_phase(idx, old, nt, ri);
     atomic_store(&idx->cur, nt);
+    atomic_store(&idx->nb, nt->nb);
     atomic_store(&idx->aux, old);
     hr_sync_rcu();
     hr_delete_phase(idx, nt, ri);
