@@ -128,8 +128,9 @@ for r in shift:
     def mean_miss(a, b):
         v = [p[3] for p in tl if a <= p[0] < b]
         return sum(v) / len(v) if v else float("nan")
-    print("shift at %.1f s (state then: " + r["state_at_shift"] + "): back to classic after %.1f s, tuning again after %.1f s; miss ratio "
-          "%.3f before, %.3f in the 2 s after, %.3f at the end" % (s, r["back_to_classic_s"],
+    print("shift at %.1f s (state then: %s): back to classic after %.1f s, tuning again after "
+          "%.1f s; miss ratio %.3f before, %.3f in the 2 s after, %.3f at the end" % (s,
+          r["state_at_shift"], r["back_to_classic_s"],
           r["tuning_again_s"], mean_miss(s - 2, s), mean_miss(s, s + 2),
           mean_miss(tl[-1][0] - 2, tl[-1][0] + 1)), file=sys.stderr)
     print("timeline (t, state, load_admit, miss, ops/s): " +
