@@ -61,6 +61,13 @@ typedef struct chain_item {
     unsigned char data[]; /* key, then the value when vlen > 8 */
 } chain_item;
 
+/* The record metadata sits right after the key (so a walk that compares keys
+ * touches the same bytes as without it), then comes a value over 8 bytes. */
+static inline size_t meta_off(size_t klen)
+{
+    return (klen + 7) & ~(size_t)7;
+}
+
 struct ib_chain {
     uint64_t mask;
     _Atomic uintptr_t *heads;
@@ -147,12 +154,12 @@ static void copy_value(const chain_item *it, void *val, size_t cap)
         uint64_t v = atomic_load_explicit(&it->val8, memory_order_relaxed);
         memcpy(val, &v, n);
     } else {
-        memcpy(val, it->data + it->klen, n);
+        memcpy(val, it->data + meta_off(it->klen) + sizeof(ib_meta), n);
     }
 }
 
 bool ib_chain_get(ib_chain *c, const void *key, size_t klen, void *val, size_t cap, size_t *vlen,
-                  uint32_t *visited)
+                  uint32_t *visited, ib_meta *meta)
 {
     _Atomic uintptr_t *head = bucket_of(c, key, klen);
     uint32_t seen = 0;
@@ -163,6 +170,8 @@ bool ib_chain_get(ib_chain *c, const void *key, size_t klen, void *val, size_t c
         seen++;
         if (key_eq(it, key, klen)) {
             copy_value(it, val, cap);
+            if (meta)
+                memcpy(meta, it->data + meta_off(it->klen), sizeof(*meta));
             if (vlen)
                 *vlen = it->vlen;
             found = true;
@@ -177,18 +186,19 @@ bool ib_chain_get(ib_chain *c, const void *key, size_t klen, void *val, size_t c
 
 static chain_item *item_new(const void *key, size_t klen, const void *val, size_t vlen)
 {
-    chain_item *it = malloc(sizeof(*it) + klen + (vlen > 8 ? vlen : 0));
+    chain_item *it = malloc(sizeof(*it) + meta_off(klen) + sizeof(ib_meta) + (vlen > 8 ? vlen : 0));
     if (!it)
         return NULL;
     atomic_init(&it->next, 0);
     it->klen = (uint32_t)klen;
     it->vlen = (uint32_t)vlen;
     memcpy(it->data, key, klen);
+    memset(it->data + meta_off(klen), 0, sizeof(ib_meta));
     uint64_t v = 0;
     if (vlen <= 8)
         memcpy(&v, val, vlen);
     else
-        memcpy(it->data + klen, val, vlen);
+        memcpy(it->data + meta_off(klen) + sizeof(ib_meta), val, vlen);
     atomic_init(&it->val8, v);
     return it;
 }
@@ -305,7 +315,7 @@ static void chain_close(void *h)
 static bool chain_get(void *h, const void *key, size_t klen, void *val, size_t cap, ib_probe *pr)
 {
     uint32_t visited;
-    bool hit = ib_chain_get(h, key, klen, val, cap, NULL, &visited);
+    bool hit = ib_chain_get(h, key, klen, val, cap, NULL, &visited, &pr->meta);
     pr->visited = visited;
     pr->head = hit && visited == 1;
     return hit;
@@ -324,7 +334,7 @@ static uint64_t chain_bucket_bytes(void *h)
 static uint64_t chain_item_bytes(void *h, size_t klen, size_t vlen)
 {
     (void)h;
-    return sizeof(chain_item) + klen + (vlen > 8 ? vlen : 0);
+    return sizeof(chain_item) + meta_off(klen) + sizeof(ib_meta) + (vlen > 8 ? vlen : 0);
 }
 
 const ib_impl ib_chain_impl = {

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bench/index_impl.h"
 #include "kv/kv_err.h"
 
 typedef struct ib_chain ib_chain;
@@ -32,9 +33,10 @@ void ib_chain_close(ib_chain *c);
 
 /* Looks key up. On a hit copies min(cap, value length) bytes to val, stores
  * the value length in *vlen (when non-NULL) and returns true. *visited (when
- * non-NULL) receives the number of items compared, hit or miss. */
+ * non-NULL) receives the number of items compared, hit or miss, and *meta
+ * (when non-NULL) the record metadata stored with the item. */
 bool ib_chain_get(ib_chain *c, const void *key, size_t klen, void *val, size_t cap, size_t *vlen,
-                  uint32_t *visited);
+                  uint32_t *visited, ib_meta *meta);
 
 /* Inserts key or replaces its value (in place when both the old and the new
  * value are 8 bytes or less and of equal length). Copies key and value.

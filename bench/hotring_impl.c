@@ -3,7 +3,7 @@
  * index_bench adaptors for the node's HotRing index (node/index/hotring.h):
  * "hotring-s" (statistical sampling) and "hotring-r" (random movement), with
  * the run's bucket count and rehash off unless --rehash. Reads go through
- * hr_get with a callback that copies the value out; writes are hr_upsert with
+ * hr_get with a callback that copies the value and the metadata out; writes are hr_upsert with
  * no condition. Read statistics come from hr_get_stats.
  */
 #include <string.h>
@@ -14,12 +14,17 @@
 typedef struct hr_copy {
     void *val;
     size_t cap;
+    ib_meta *meta;
 } hr_copy;
 
 static void hr_copy_value(void *arg, const hr_view *v)
 {
     hr_copy *c = arg;
     memcpy(c->val, v->val, v->vlen < c->cap ? v->vlen : c->cap);
+    c->meta->version = v->meta.version;
+    c->meta->seqno = v->meta.seqno;
+    c->meta->expire_at = v->meta.expire_at;
+    c->meta->flags = v->meta.flags;
 }
 
 static kv_err hr_open_mode(void **h, const ib_params *p, hr_mode mode)
@@ -51,8 +56,7 @@ static void hr_close_impl(void *h)
 
 static bool hr_get_impl(void *h, const void *key, size_t klen, void *val, size_t cap, ib_probe *pr)
 {
-    hr_copy c = {val, cap};
-    (void)pr; /* hr_get_stats counts visits and head hits itself */
+    hr_copy c = {val, cap, &pr->meta}; /* visits and head hits: hr_get_stats */
     return hr_get(h, key, klen, hr_copy_value, &c) == KV_OK;
 }
 

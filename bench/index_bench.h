@@ -43,6 +43,7 @@ typedef struct ib_sample {
 typedef struct ib_result {
     const char *impl;
     double mops, seconds, load_s;
+    double cpu_mops; /* ops per CPU-second of the workers x threads (load-independent) */
     uint64_t ops, reads, hits, bucket_bytes, item_bytes;
     double visited_per_read, head_hit; /* < 0: the index cannot tell */
     ib_sample *series;                 /* with --shift-at; free() it */
@@ -55,6 +56,8 @@ typedef struct ib_result {
 /* Counters summed over the workers of one timed phase. */
 typedef struct ib_local {
     uint64_t ops, reads, hits, visited, head_hits;
+    uint64_t cpu_ns;   /* the workers' thread CPU time */
+    uint64_t meta_xor; /* consumes the metadata reads return (not reported) */
 } ib_local;
 
 /* One loaded index and what its timed phases measured so far. */

@@ -85,6 +85,11 @@ val() {
 mops() { val "$1" "map(select(.impl == \"$2\"))[0].mops"; }
 ratio() { awk -v a="$(mops "$1" "$2")" -v b="$(mops "$1" "$3")" \
   'BEGIN { if (a == "null" || b == "null" || b == 0) print "null"; else printf "%.3f", a / b }'; }
+# The same ratio from ops per worker CPU-second (robust when the machine is
+# shared: an index is not charged for time its threads spent descheduled).
+cmops() { val "$1" "map(select(.impl == \"$2\"))[0].cpu_mops"; }
+cratio() { awk -v a="$(cmops "$1" "$2")" -v b="$(cmops "$1" "$3")" \
+  'BEGIN { if (a == "null" || b == "null" || b == 0) print "null"; else printf "%.3f", a / b }'; }
 
 fails=0
 # row LABEL MEASURED OP TARGET UNIT
@@ -131,10 +136,16 @@ row "shift: hotring-r recovery to 90% head_hit" \
 row "theta 1.22 r8: hotring-s / lfht-auto" "$(ratio t122 hotring-s lfht-auto)" ">=" 1.0 x
 row "bucket memory lfht-auto / hotring-s" "$mem" ">=" 4.0 x
 echo
+echo "the same throughput ratios per worker CPU-second (load $(cut -d' ' -f1-3 /proc/loadavg)):"
+printf "  t122 /chain %s  /lfht %s  /lfht-auto %s  t099 /chain %s  uniform /chain %s  miss /chain %s  ycsba /chain %s\n" \
+  "$(cratio t122 hotring-s chain)" "$(cratio t122 hotring-s lfht)" "$(cratio t122 hotring-s lfht-auto)" \
+  "$(cratio t099 hotring-s chain)" "$(cratio uniform hotring-s chain)" "$(cratio miss hotring-s chain)" \
+  "$(cratio ycsba hotring-s chain)"
+echo
 echo "details:"
 for f in t122 t099 uniform miss ycsba shift; do
   jq -r --arg f "$f" 'select(.summary != true and .series == null) |
-    "  \($f)\t\(.impl)\t\(.mops) Mops/s\tvisited/read \(.visited_per_read)\thead_hit \(.head_hit)\tbuckets \(.bucket_bytes) B" +
+    "  \($f)\t\(.impl)\t\(.mops) Mops/s\t\(.cpu_mops) Mops/cpu-s\tvisited/read \(.visited_per_read)\thead_hit \(.head_hit)\tbuckets \(.bucket_bytes) B" +
     (if .shift_at then "\tsteady \(.steady_head_hit) dip \(.dip_head_hit) recover \(.recover_ms) ms" else "" end)' \
     "$out/$f.jsonl"
 done

@@ -29,10 +29,19 @@ typedef struct ib_params {
     uint64_t lfht_init; /* lfht-auto: initial bucket count (power of two) */
 } ib_params;
 
+/* The record metadata every index stores beside a value and returns on a hit
+ * (what the node's memory tier keeps per record: HotRing's hr_meta), so all
+ * indexes carry and read the same item payload. index_bench writes zeros. */
+typedef struct ib_meta {
+    uint64_t version, seqno, expire_at;
+    uint32_t flags, pad;
+} ib_meta;
+
 /* What one read saw, for chains whose index keeps no statistics itself. */
 typedef struct ib_probe {
     uint32_t visited; /* items compared */
     bool head;        /* answered by the first item of the chain */
+    ib_meta meta;     /* the record's metadata on a hit (every index fills it) */
 } ib_probe;
 
 /* Cumulative read statistics kept by the index itself (hotring). */
@@ -49,8 +58,9 @@ typedef struct ib_impl {
     /* Registers / unregisters the calling thread with RCU. */
     void (*thread_enter)(void);
     void (*thread_exit)(void);
-    /* On a hit copies up to cap bytes of the value to val and returns true.
-     * Fills *pr when the implementation can (visited == 0 otherwise). */
+    /* On a hit copies up to cap bytes of the value to val and the record's
+     * metadata to pr->meta and returns true. Fills pr's visited/head when the
+     * implementation can (visited == 0 otherwise). */
     bool (*get)(void *h, const void *key, size_t klen, void *val, size_t cap, ib_probe *pr);
     /* Inserts or replaces key's value. */
     kv_err (*put)(void *h, const void *key, size_t klen, const void *val, size_t vlen);

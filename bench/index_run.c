@@ -23,7 +23,7 @@
 #define BATCH 256 /* ops between looks at the stop flag and counter updates */
 
 typedef struct ib_counters {
-    _Atomic uint64_t ops, reads, hits, visited, head_hits;
+    _Atomic uint64_t ops, reads, hits, visited, head_hits, cpu_ns;
 } __attribute__((aligned(64))) ib_counters;
 
 typedef struct ib_shared {
@@ -68,13 +68,14 @@ static void exec_op(const ib_impl *impl, void *h, wl_op op, unsigned char *val, 
                     unsigned char *out, ib_local *l)
 {
     unsigned char key[WL_KEY8_LEN];
-    ib_probe pr = {0, false};
+    ib_probe pr = {0};
     wl_key8(op.key, key);
     if (op.type == WL_OP_READ || op.type == WL_OP_RMW) {
         l->hits += impl->get(h, key, sizeof(key), out, vs, &pr);
         l->reads++;
         l->visited += pr.visited;
         l->head_hits += pr.head;
+        l->meta_xor ^= pr.meta.version ^ pr.meta.seqno ^ pr.meta.expire_at ^ pr.meta.flags;
     }
     if (op.type != WL_OP_READ) { /* update, insert, the write half of RMW */
         memcpy(val, &l->ops, vs < 8 ? vs : 8);
@@ -89,6 +90,14 @@ static void publish(ib_counters *c, const ib_local *l)
     atomic_store_explicit(&c->hits, l->hits, memory_order_relaxed);
     atomic_store_explicit(&c->visited, l->visited, memory_order_relaxed);
     atomic_store_explicit(&c->head_hits, l->head_hits, memory_order_relaxed);
+    atomic_store_explicit(&c->cpu_ns, l->cpu_ns, memory_order_relaxed);
+}
+
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static void run_trace(ib_worker *w, unsigned char *val, unsigned char *out)
@@ -99,6 +108,7 @@ static void run_trace(ib_worker *w, unsigned char *val, unsigned char *out)
     int phase = 0;
     const wl_op *t = s->tr->ops[0][w->id];
     ib_local l = {0};
+    uint64_t cpu0 = thread_cpu_ns();
     while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
         int p = atomic_load_explicit(&s->phase, memory_order_relaxed);
         if (p != phase) {
@@ -112,6 +122,7 @@ static void run_trace(ib_worker *w, unsigned char *val, unsigned char *out)
             if (++i == n)
                 i = 0;
         }
+        l.cpu_ns = thread_cpu_ns() - cpu0;
         publish(&w->c, &l);
     }
 }
@@ -149,6 +160,7 @@ static void snapshot(ib_shared *s, ib_worker *w, ib_local *sum, ib_rstats *rs)
         sum->hits += atomic_load_explicit(&w[t].c.hits, memory_order_relaxed);
         sum->visited += atomic_load_explicit(&w[t].c.visited, memory_order_relaxed);
         sum->head_hits += atomic_load_explicit(&w[t].c.head_hits, memory_order_relaxed);
+        sum->cpu_ns += atomic_load_explicit(&w[t].c.cpu_ns, memory_order_relaxed);
     }
     memset(rs, 0, sizeof(*rs));
     if (s->impl->rstats)
@@ -311,6 +323,7 @@ static void accumulate(ib_state *st, const ib_local *a, const ib_local *b, const
     st->acc.hits += b->hits - a->hits;
     st->acc.visited += b->visited - a->visited;
     st->acc.head_hits += b->head_hits - a->head_hits;
+    st->acc.cpu_ns += b->cpu_ns - a->cpu_ns;
     st->racc.reads += rb->reads - ra->reads;
     st->racc.visited += rb->visited - ra->visited;
     st->racc.head_hits += rb->head_hits - ra->head_hits;
@@ -348,6 +361,8 @@ void ib_finish(const ib_opts *o, ib_state *st, ib_result *out)
     r->reads = acc->reads;
     r->hits = acc->hits;
     r->mops = r->seconds > 0 ? (double)r->ops / r->seconds / 1e6 : 0;
+    r->cpu_mops =
+        acc->cpu_ns ? (double)r->ops / ((double)acc->cpu_ns / 1e9) / 1e6 * (double)o->threads : 0;
     r->visited_per_read = r->head_hit = -1;
     if (st->impl->rstats && st->racc.reads) {
         r->visited_per_read = (double)st->racc.visited / (double)st->racc.reads;
@@ -387,6 +402,7 @@ void ib_print_result(const ib_opts *o, const ib_result *r)
            o->wl.keys, o->buckets, o->wl.miss_ratio, o->rehash ? "true" : "false");
     printf(",\"seconds\":%.3f,\"load_s\":%.3f,\"ops\":%" PRIu64 ",\"mops\":%.4f", r->seconds,
            r->load_s, r->ops, r->mops);
+    printf(",\"cpu_mops\":%.4f", r->cpu_mops);
     json_num("visited_per_read", r->visited_per_read);
     json_num("head_hit", r->head_hit);
     json_num("hit_ratio", r->reads ? (double)r->hits / (double)r->reads : -1);
@@ -439,6 +455,19 @@ void ib_print_summary(const ib_opts *o, const ib_result *res)
             if (j == i || (any_hr && is_hotring(res[j].impl)) || res[j].mops <= 0)
                 continue;
             printf("%s\"%s/%s\":%.4f", sep, res[i].impl, res[j].impl, res[i].mops / res[j].mops);
+            sep = ",";
+        }
+    }
+    printf("},\"cpu_ratios\":{");
+    sep = "";
+    for (int i = 0; i < o->nimpls; i++) {
+        if (any_hr ? !is_hotring(res[i].impl) : i != 0)
+            continue;
+        for (int j = 0; j < o->nimpls; j++) {
+            if (j == i || (any_hr && is_hotring(res[j].impl)) || res[j].cpu_mops <= 0)
+                continue;
+            printf("%s\"%s/%s\":%.4f", sep, res[i].impl, res[j].impl,
+                   res[i].cpu_mops / res[j].cpu_mops);
             sep = ",";
         }
     }

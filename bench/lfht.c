@@ -49,6 +49,13 @@ typedef struct lf_item {
     unsigned char data[]; /* key, then the value when vlen > 8 */
 } lf_item;
 
+/* The record metadata sits right after the key (so a walk that compares keys
+ * touches the same bytes as without it), then comes a value over 8 bytes. */
+static inline size_t meta_off(size_t klen)
+{
+    return (klen + 7) & ~(size_t)7;
+}
+
 typedef struct lf_index {
     struct cds_lfht *ht;
     bool autosize;
@@ -158,7 +165,7 @@ static void lf_copy(const lf_item *it, void *val, size_t cap)
         uint64_t v = atomic_load_explicit(&it->val8, memory_order_relaxed);
         memcpy(val, &v, n);
     } else {
-        memcpy(val, it->data + it->klen, n);
+        memcpy(val, it->data + meta_off(it->klen) + sizeof(ib_meta), n);
     }
 }
 
@@ -168,12 +175,14 @@ static bool lf_get(void *h, const void *key, size_t klen, void *val, size_t cap,
     lf_key k = {key, klen};
     struct cds_lfht_iter iter;
     bool hit = false;
-    (void)pr; /* cds_lfht does not tell how many nodes a lookup visited */
+    /* cds_lfht does not tell how many nodes a lookup visited */
     urcu_memb_read_lock();
     cds_lfht_lookup(x->ht, kv_hash64(key, klen, LF_SEED), lf_match, &k, &iter);
     struct cds_lfht_node *node = cds_lfht_iter_get_node(&iter);
     if (node) {
-        lf_copy(caa_container_of(node, lf_item, node), val, cap);
+        const lf_item *it = caa_container_of(node, lf_item, node);
+        lf_copy(it, val, cap);
+        memcpy(&pr->meta, it->data + meta_off(it->klen), sizeof(pr->meta));
         hit = true;
     }
     urcu_memb_read_unlock();
@@ -182,18 +191,19 @@ static bool lf_get(void *h, const void *key, size_t klen, void *val, size_t cap,
 
 static lf_item *lf_item_new(const void *key, size_t klen, const void *val, size_t vlen)
 {
-    lf_item *it = malloc(sizeof(*it) + klen + (vlen > 8 ? vlen : 0));
+    lf_item *it = malloc(sizeof(*it) + meta_off(klen) + sizeof(ib_meta) + (vlen > 8 ? vlen : 0));
     if (!it)
         return NULL;
     cds_lfht_node_init(&it->node);
     it->klen = (uint32_t)klen;
     it->vlen = (uint32_t)vlen;
     memcpy(it->data, key, klen);
+    memset(it->data + meta_off(klen), 0, sizeof(ib_meta));
     uint64_t v = 0;
     if (vlen <= 8)
         memcpy(&v, val, vlen);
     else
-        memcpy(it->data + klen, val, vlen);
+        memcpy(it->data + meta_off(klen) + sizeof(ib_meta), val, vlen);
     atomic_init(&it->val8, v);
     return it;
 }
@@ -280,7 +290,7 @@ static uint64_t lf_bucket_bytes(void *h)
 static uint64_t lf_item_bytes(void *h, size_t klen, size_t vlen)
 {
     (void)h;
-    return sizeof(lf_item) + klen + (vlen > 8 ? vlen : 0);
+    return sizeof(lf_item) + meta_off(klen) + sizeof(ib_meta) + (vlen > 8 ? vlen : 0);
 }
 
 const ib_impl ib_lfht_impl = {

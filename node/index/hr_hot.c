@@ -26,6 +26,19 @@
  * ~R + ring-length ones, which matters for the many lukewarm rings of a skewed
  * key space; later hotspot shifts go through sampling.
  *
+ * Calm rings: sampling is not free (two CASes per sampled access, which
+ * dirty the head word and the item's next word), and a ring without a
+ * hotspot gains nothing from it; under a uniform load every ring would
+ * sample all the time. So a decision whose best head saves less than
+ * 1/HR_CALM_GAIN of the current head's W_t marks the ring calm (idle total
+ * 2, HR_H_CALM) and a calm ring starts a round on only one in
+ * 2^HR_CALM_SHIFT of its R-th cold accesses (a thread-local PRNG decides,
+ * so the fast path stays free of shared writes). The head still moves to
+ * the W_t minimum as in the paper. A decision with a larger gain leaves the
+ * ring eager (HR_H_SEEN). A hotspot appearing in a calm ring is thus found
+ * after ~R * 2^HR_CALM_SHIFT accesses to the ring instead of ~R, i.e. a
+ * few hundred accesses of a hot key.
+ *
  * Pin prior: an item carrying HR_F_PINNED (set by hr_pin from cluster hot-key
  * hints) competes with W_t and every other candidate with 2 * W_t
  * (HR_PIN_BIAS). So a pinned head moves only to another pinned item or to an
@@ -36,6 +49,7 @@
 #include "node/index/hr_internal.h"
 
 _Thread_local unsigned hr_tls_tick;
+static _Thread_local unsigned hr_tls_rng;
 
 static uint64_t hr_ld(_Atomic uint64_t *w)
 {
@@ -108,6 +122,14 @@ unsigned hr_best_head(const hr_ring_view *rv)
     return best;
 }
 
+uint64_t hr_ring_cost(const hr_ring_view *rv, unsigned t)
+{
+    uint64_t w = 0;
+    for (unsigned k = 0; k < rv->len; k++)
+        w += (uint64_t)rv->cnt[k] * ((k + rv->len - t) % rv->len);
+    return w;
+}
+
 static void hr_reset_counts(const hr_ring_view *rv)
 {
     for (unsigned i = 0; i < rv->len; i++) {
@@ -125,9 +147,15 @@ static void hr_decide(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw)
 {
     hr_ring_view rv;
     hr_item *h0 = hr_addr(hw), *to = h0;
+    uint64_t idle = HR_H_CALM;
     if (h0 && hr_collect(t, b, h0, &rv)) {
-        if (rv.total && !atomic_load(&idx->aux))
-            to = rv.it[hr_best_head(&rv)];
+        if (rv.total && !atomic_load(&idx->aux)) {
+            unsigned best = hr_best_head(&rv);
+            uint64_t w0 = hr_ring_cost(&rv, 0), wb = hr_ring_cost(&rv, best);
+            to = rv.it[best];
+            if ((w0 - (wb < w0 ? wb : w0)) * HR_CALM_GAIN >= w0 && w0 > 0)
+                idle = HR_H_SEEN; /* a real hotspot: stay eager */
+        }
         hr_reset_counts(&rv);
     }
     _Atomic uint64_t *head = &t->heads[b];
@@ -137,7 +165,7 @@ static void hr_decide(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw)
         /* CAS site: the bucket head. Protects: the saturated round we own;
          * clears Active/total and installs the chosen head (if the head was
          * inherited meanwhile, only ends the round). */
-        if (atomic_compare_exchange_strong(head, &cur, (uint64_t)(uintptr_t)dst | HR_H_SEEN)) {
+        if (atomic_compare_exchange_strong(head, &cur, (uint64_t)(uintptr_t)dst | idle)) {
             if (dst != hr_addr(cur)) {
                 hr_cnt_add(hr_my_shard(idx), HR_C_MOVES, 1);
                 hr_head_fix(idx, t, b, dst);
@@ -180,6 +208,16 @@ void hr_hot_slow(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *h
     hr_item *h = hr_addr(hw);
     if (!hit || !h || hit == h)
         return;
+    if ((hw & HR_H_TOTAL_MASK) == HR_H_CALM && idx->mode == HR_MODE_SAMPLE) {
+        /* xorshift32: a calm ring samples on 1 in 2^HR_CALM_SHIFT turns */
+        unsigned x = hr_tls_rng ? hr_tls_rng : 0x9e3779b9u ^ (unsigned)(uintptr_t)&hr_tls_rng;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        hr_tls_rng = x;
+        if (x & ((1u << HR_CALM_SHIFT) - 1))
+            return;
+    }
     bool first_guess = !(hw & HR_H_TOTAL_MASK); /* sampling never ran on this head */
     if (idx->mode == HR_MODE_RANDOM || first_guess) {
         if ((hr_cur_flags(h) & HR_F_PINNED) && !(hr_cur_flags(hit) & HR_F_PINNED))

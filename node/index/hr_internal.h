@@ -26,6 +26,10 @@
 #define HR_H_TOTAL_MAX UINT64_C(0x7fff)
 #define HR_H_TOTAL_MASK (HR_H_TOTAL_MAX << HR_H_TOTAL_SHIFT)
 #define HR_H_SEEN (UINT64_C(1) << HR_H_TOTAL_SHIFT) /* idle total 1: sampled before */
+#define HR_H_CALM (UINT64_C(2) << HR_H_TOTAL_SHIFT) /* idle total 2: last round found no hotspot   \
+                                                     */
+#define HR_CALM_SHIFT 5 /* a calm ring starts 1 in 2^5 of its sampling rounds */
+#define HR_CALM_GAIN 4  /* a round that saves < 1/4 of the walk calms the ring */
 #define HR_N_REHASH (UINT64_C(1) << 63)
 #define HR_N_OCC (UINT64_C(1) << 62)
 #define HR_N_CNT_SHIFT 48
@@ -384,6 +388,8 @@ typedef struct hr_ring_view {
 } hr_ring_view;
 /* Index of the W_t-minimal candidate head (with the pin prior). */
 unsigned hr_best_head(const hr_ring_view *rv);
+/* W_t of candidate head t (sum of counts times hops from t). */
+uint64_t hr_ring_cost(const hr_ring_view *rv, unsigned t);
 /* Moves head of bucket b to x with a CAS from hw (also setting `bits` in the
  * head word); true on success. */
 bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x, uint64_t bits);

@@ -36,13 +36,13 @@ Test(chain, get_put_miss_and_visits)
     for (uint64_t i = 0; i < 100; i++) {
         key_of(i, k);
         uint64_t v = 0;
-        cr_assert(ib_chain_get(c, k, 8, &v, sizeof(v), &vlen, &visited));
+        cr_assert(ib_chain_get(c, k, 8, &v, sizeof(v), &vlen, &visited, NULL));
         cr_assert_eq(v, i * 10);
         cr_assert_eq(vlen, 8);
         cr_assert_geq(visited, 1);
     }
     key_of(1000, k);
-    cr_assert_not(ib_chain_get(c, k, 8, out, sizeof(out), NULL, &visited));
+    cr_assert_not(ib_chain_get(c, k, 8, out, sizeof(out), NULL, &visited, NULL));
     cr_assert_gt(visited, 10, "a miss walks the whole chain (~25 items)");
     /* In place (8 bytes), then replaced by a larger value, then back. */
     key_of(7, k);
@@ -50,11 +50,11 @@ Test(chain, get_put_miss_and_visits)
     cr_assert_eq(ib_chain_put(c, k, 8, &v, 8), KV_OK);
     char big[16] = "0123456789abcde";
     cr_assert_eq(ib_chain_put(c, k, 8, big, 16), KV_OK);
-    cr_assert(ib_chain_get(c, k, 8, out, sizeof(out), &vlen, NULL));
+    cr_assert(ib_chain_get(c, k, 8, out, sizeof(out), &vlen, NULL, NULL));
     cr_assert_eq(vlen, 16);
     cr_assert_eq(memcmp(out, big, 16), 0);
     cr_assert_eq(ib_chain_put(c, k, 8, &v, 8), KV_OK);
-    cr_assert(ib_chain_get(c, k, 8, out, sizeof(out), &vlen, NULL));
+    cr_assert(ib_chain_get(c, k, 8, out, sizeof(out), &vlen, NULL, NULL));
     cr_assert_eq(vlen, 8);
     cr_assert_eq(ib_chain_count(c), 100);
     cr_assert_eq(ib_chain_put(c, k, 0, &v, 8), KV_INVALID_ARGUMENT);
@@ -89,7 +89,7 @@ static void *writer(void *arg)
             x->bad++;
         size_t vlen = 0;
         key_of((r * 13) % NKEYS, k);
-        if (ib_chain_get(x->c, k, 8, out, sizeof(out), &vlen, NULL)) {
+        if (ib_chain_get(x->c, k, 8, out, sizeof(out), &vlen, NULL, NULL)) {
             for (int i = 1; i < VSIZE; i++)
                 x->bad += out[i] != out[0];
             x->bad += vlen != VSIZE;

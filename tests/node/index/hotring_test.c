@@ -386,6 +386,38 @@ Test(hotring, sampling_moves_head_to_hotspot)
     hr_close(idx);
 }
 
+/* Without a hotspot a ring calms down: sampling rounds become rare, and a
+ * hotspot that appears later is still found. */
+Test(hotring, uniform_access_calms_sampling)
+{
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
+    fill(idx, 16, "u-%d");
+    char k[32];
+    for (int i = 0; i < 20000; i++) { /* round robin: every key equally hot */
+        snprintf(k, sizeof k, "u-%d", i % 16);
+        hr_get(idx, k, strlen(k), NULL, NULL);
+    }
+    hr_table *t = atomic_load(&idx->cur);
+    for (uint64_t b = 0; b < t->nb; b++)
+        cr_assert_eq(atomic_load(&t->heads[b]) & (HR_H_ACTIVE | HR_H_TOTAL_MASK), HR_H_CALM,
+                     "bucket %llu not calm", (unsigned long long)b);
+    hr_stats a, st;
+    hr_get_stats(idx, &a);
+    for (int i = 0; i < 20000; i++) {
+        snprintf(k, sizeof k, "u-%d", i % 16);
+        hr_get(idx, k, strlen(k), NULL, NULL);
+    }
+    hr_get_stats(idx, &st);
+    /* eager rings would start a round on every 5th access (~4000 here) */
+    cr_assert_lt(st.sample_rounds - a.sample_rounds, 400, "%llu rounds",
+                 (unsigned long long)(st.sample_rounds - a.sample_rounds));
+    /* a hotspot in a calm ring: sampling still moves the head to it */
+    hammer(idx, "u-6", 20000, 10, "u-%d");
+    cr_assert(hr_test_is(hr_test_head(idx, "u-6", 3), "u-6"), "calm ring missed the hotspot");
+    cr_assert_eq(hr_check_rings(idx), 16);
+    hr_close(idx);
+}
+
 Test(hotring, random_movement_moves_head)
 {
     hr_index *idx = open_idx(2, HR_MODE_RANDOM, false);
