@@ -448,6 +448,8 @@ void engine_lsm_stats(engine *e, rpc_statlist *l)
     rpc_stats_add(l, "hotrap.promo_dropped", "%llu", (unsigned long long)s.promo_dropped);
     rpc_stats_add(l, "hotrap.ralt_stable", "%llu", (unsigned long long)s.ralt_stable);
     rpc_stats_add(l, "hotrap.ralt_hot_bytes", "%llu", (unsigned long long)s.ralt_hot_bytes);
+    rpc_stats_add(l, "hotrap.ralt_file_bytes", "%llu", (unsigned long long)s.ralt_file_bytes);
+    rpc_stats_add(l, "hotrap.ralt_errors", "%llu", (unsigned long long)s.ralt_errors);
     vol_stats(l, "fast", &s.fd);
     if (e->o.slow_dir)
         vol_stats(l, "slow", &s.sd);

@@ -154,8 +154,9 @@ static void hk_levels(hk *k, const rpc_statlist *l)
 /* Keeps HotRAP's own state at the last stats call, for the result line. */
 static void hk_hotrap(hk *k, const rpc_statlist *l)
 {
-    static const char *const names[] = {"promo_dropped", "checker_backlog", "ralt_entries",
-                                        "ralt_stable",   "ralt_hot_bytes",  "hot_set_limit"};
+    static const char *const names[] = {"promo_dropped",   "checker_backlog", "ralt_entries",
+                                        "ralt_stable",     "ralt_hot_bytes",  "hot_set_limit",
+                                        "ralt_file_bytes", "ralt_errors"};
     size_t off = 0;
     k->hotrap_state[0] = '\0';
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {

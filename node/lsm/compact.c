@@ -120,7 +120,7 @@ uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f)
 {
     if (!db->ralt)
         return 0;
-    return ralt_hot_bytes(db->ralt, f->smallest, f->slen, f->largest, f->llen);
+    return ralt_hot_bytes_est(db->ralt, f->smallest, f->slen, f->largest, f->llen);
 }
 
 /* HotRAP's choice on the last FD level: the file whose compaction into SD

@@ -361,8 +361,13 @@ static kv_err hotrap_create(lsm_db *db)
 {
     if (!db->o.hotrap || !db->has_sd)
         return KV_OK;
-    uint64_t cap = (db->o.fast_mb << 20) / 64; /* RALT memory: 1/64 of FD, >= 1 MiB */
-    ralt_opts ro = {.hot_limit = db->hot_limit, .phys_cap = cap < (1u << 20) ? 1u << 20 : cap};
+    uint64_t cap = (db->o.fast_mb << 20) / 64; /* RALT size: 1/64 of FD, >= 1 MiB */
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s/ralt", db->fast_dir); /* RALT's runs, on FD (ralt.c) */
+    ralt_opts ro = {.dir = dir,
+                    .disable_io_uring = db->o.disable_io_uring,
+                    .hot_limit = db->hot_limit,
+                    .phys_cap = cap < (1u << 20) ? 1u << 20 : cap};
     kv_err rv = ralt_open(&db->ralt, &ro);
     if (rv == KV_OK)
         rv = lsm_promo_create(db);
@@ -878,6 +883,8 @@ static void hotrap_stats(lsm_db *db, lsm_stats *out)
     out->ralt_hot_bytes = rs.hot_bytes;
     out->hot_set_limit = rs.hot_limit;
     out->ralt_evicted = rs.evicted;
+    out->ralt_file_bytes = rs.file_bytes;
+    out->ralt_errors = rs.errors;
     out->retained_recs = atomic_load(&db->retained_recs);
     out->retained_bytes = atomic_load(&db->retained_bytes);
     lsm_promo_stats(db, out);

@@ -10,12 +10,12 @@
  * io_uring is unavailable or disabled.
  *
  * HotRAP (opts.hotrap, with a slow_dir): point lookups and lsm_note_access
- * feed RALT, an access tracker; compactions from the last FD level into SD
- * keep hot records on FD (retention, and promotion of the SD input's hot
- * records) and pick the file with the fewest hot bytes; compactions inside
- * SD and lookups served by SD offer hot records to a promotion buffer that a
- * checker thread flushes as L0 SSTs on FD. A promoted record is never newer
- * than what it copies and never shadows a newer write (see promote.c).
+ * feed RALT, an access tracker kept as a small LSM in fast_dir/ralt (its
+ * runs are not recovered: a restart deletes them and re-learns); compactions from the last FD level
+ * into SD keep hot records on FD (retention, and promotion of the SD input's hot records) and pick
+ * the file with the fewest hot bytes; compactions inside SD and lookups served by SD offer hot
+ * records to a promotion buffer that a checker thread flushes as L0 SSTs on FD. A promoted record
+ * is never newer than what it copies and never shadows a newer write (see promote.c).
  *
  * Ordering: records are ordered by key ascending, then seqno descending. The
  * newest record of a key is the one with the highest seqno (promoted records
@@ -266,6 +266,7 @@ typedef struct lsm_stats {
     uint64_t ralt_bytes, ralt_phys_limit;    /* RALT size and its adaptive limit */
     uint64_t ralt_hot_bytes, hot_set_limit;  /* key+value bytes of hot keys, limit */
     uint64_t ralt_evicted;                   /* entries evicted since open */
+    uint64_t ralt_file_bytes, ralt_errors;   /* RALT's run files on FD; corrupt runs met */
     uint64_t promo_buf_bytes, promo_backlog; /* mutable buffer, sealed buffers waiting */
     /* NHC routing (zero without HotRAP): twin map entries, capacity and
      * evictions; lookups sent to SD by load_admit, and how many of those

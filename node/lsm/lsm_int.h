@@ -170,6 +170,11 @@ typedef struct lsm_sst_iter {
  * false at the end or on error (it->err). */
 void lsm_sst_iter_init(lsm_sst_iter *it, lsm_sst *s);
 void lsm_sst_iter_next(lsm_sst_iter *it);
+/* Positions it on the first record of block blk (invalid past the last
+ * block), or on the first record with a key >= key; blocks before are not
+ * read. Release with lsm_sst_iter_fini. */
+void lsm_sst_iter_at_block(lsm_sst_iter *it, lsm_sst *s, uint32_t blk);
+void lsm_sst_iter_seek(lsm_sst_iter *it, lsm_sst *s, const void *key, size_t klen);
 void lsm_sst_iter_fini(lsm_sst_iter *it);
 
 typedef struct lsm_sst_builder lsm_sst_builder;
@@ -264,32 +269,48 @@ void lsm_manifest_close(lsm_manifest *m);
 typedef struct ralt ralt;
 
 typedef struct ralt_opts {
-    uint64_t hot_limit;  /* hot-set limit in key+value bytes, 0 = 64 MiB */
-    uint64_t tick_bytes; /* accessed bytes per tick, 0 = hot_limit / 16 (>= 4 KiB) */
-    size_t buf_entries;  /* unsorted buffer entries, 0 = 1024 */
-    uint64_t phys_cap;   /* bound of the adaptive table size, 0 = the hot-set limit */
+    const char *dir;       /* directory of the run files (created; stale runs deleted) */
+    bool disable_io_uring; /* as lsm_opts */
+    uint64_t hot_limit;    /* hot-set limit in key+value bytes, 0 = 64 MiB */
+    uint64_t tick_bytes;   /* accessed bytes per tick, 0 = hot_limit / 16 (>= 4 KiB) */
+    size_t buf_entries;    /* unsorted buffer entries, 0 = 1024 */
+    uint64_t phys_cap;     /* bound of the adaptive table size, 0 = the hot-set limit */
 } ralt_opts;
 
 typedef struct ralt_stats {
     uint64_t entries, stable, runs, phys_bytes, hot_bytes, hot_limit, phys_limit, tick, evicted;
+    uint64_t file_bytes; /* bytes of the run files on FD */
+    uint64_t errors;     /* corrupt or unreadable run files met (each logged) */
 } ralt_stats;
 
 /* Callback of ralt_hot_range; key is valid during the call only. */
 typedef void (*ralt_key_fn)(void *arg, const void *key, size_t klen, uint32_t vlen);
 
+/* Opens an empty table whose runs live in o->dir (required): deletes the
+ * run files a previous process left there (hotness is re-learned after a
+ * restart, see ralt.c). Returns KV_OK, INVALID_ARGUMENT without a dir, or
+ * the volume's error. */
 kv_err ralt_open(ralt **out, const ralt_opts *o);
-void ralt_close(ralt *r); /* NULL is a no-op */
+void ralt_close(ralt *r); /* NULL is a no-op; deletes the run files */
 /* Records one access (any thread; copies key). */
 void ralt_access(ralt *r, const void *key, size_t klen, size_t vlen);
-/* Turns the buffer into a run and merges all runs into one (with eviction). */
+/* Turns the buffer into a run and merges all runs into one (with eviction).
+ * DATA_LOSS (logged, naming the file) when a run file is corrupt: the table
+ * is then dropped and re-learned. */
 kv_err ralt_flush(ralt *r);
-/* True when key is stably hot (blooms first; the buffer is not consulted). */
+/* True when key is stably hot (blooms first, then one block read per run
+ * that may hold it; the buffer is not consulted; false on a read error). */
 bool ralt_is_hot(ralt *r, const void *key, size_t klen);
 /* Calls fn for every hot key in [lo, hi] in key order (flushes first). */
 kv_err ralt_hot_range(ralt *r, const void *lo, size_t lolen, const void *hi, size_t hilen,
                       ralt_key_fn fn, void *arg);
-/* Key + value bytes of the hot keys in [lo, hi] (0 on error). */
+/* Key + value bytes of the hot keys in [lo, hi] (flushes first; 0 on error). */
 uint64_t ralt_hot_bytes(ralt *r, const void *lo, size_t lolen, const void *hi, size_t hilen);
+/* Estimate of the same from memory only (no flush, no I/O; compaction
+ * picking holds db->mu): per run, the stable bytes of the SST blocks inside
+ * the range, plus half of each of the two boundary blocks; a key hot in
+ * several runs counts in each, the buffer not at all. */
+uint64_t ralt_hot_bytes_est(ralt *r, const void *lo, size_t lolen, const void *hi, size_t hilen);
 void ralt_set_hot_limit(ralt *r, uint64_t bytes);
 /* Decayed score of key as of now (sum over runs; tests). */
 double ralt_score(ralt *r, const void *key, size_t klen);

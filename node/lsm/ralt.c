@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * RALT, the Recent Access Lookup Table of HotRAP (ATC'25): which records are
- * read-hot. An access appends {key, value length, tick} to an unsorted
- * buffer; a full buffer is sorted, folded and added as a sorted run with two
- * bloom filters (every tracked key, and the stably hot keys; 14 bits/key).
- * When there are more than RALT_MAX_RUNS runs, or the tracked sizes exceed
- * their limits, all runs are merged into one (the table's compaction) with
- * the merge rule of ent_fold() and the lowest scores are evicted (about 10%
- * at a time) until the table is under both limits.
+ * read-hot, kept as a small LSM on FD. An access appends {key, value length,
+ * tick} to an unsorted in-memory buffer; a full buffer is sorted, folded
+ * and written as a run: an SST of the engine's format (sst.c's builder and
+ * reader) in <fast_dir>/ralt, one record per key whose value is the encoded
+ * access record {value length, score, last and first tick, counter,
+ * stable} (30 bytes, val_encode). Per run only the SST's index and bloom, two more bloom
+ * filters (every tracked key, and the stably hot keys; 14 bits/key) and the
+ * stably hot bytes per SST block stay in memory. When there are more than
+ * RALT_MAX_RUNS runs, or the tracked sizes exceed their limits, every run is
+ * merged into one (the table's compaction, size-tiered: all runs at once)
+ * with the merge rule of ent_fold(), and the lowest scores are evicted
+ * (about 10% at a time) until the table is under both limits.
  *
  * Scores: an exponentially decayed access count. The clock is a tick that
  * advances every tick_bytes of accessed key + value bytes; a score halves
@@ -19,17 +24,32 @@
  * limit bounds the table's own bytes and adapts to the stable share: the
  * fewer accessed keys turn out stable, the more entries the table needs to
  * find a hot set of the same size; it never exceeds the hot-set limit nor
- * phys_cap (the table lives in memory, see below).
+ * phys_cap.
+ *
+ * Restart: the run files are not recorded in a manifest. ralt_open deletes
+ * whatever run files a previous process left in the directory, and the
+ * table starts empty: hotness is a hint that the next few ticks of reads
+ * re-learn (memory-tier hits included), a stale table would describe a
+ * workload that may have moved, and no file of another process is ever
+ * opened, so nothing leaks and nothing is mis-read. A corrupt run met
+ * while the table runs (a checksum or a malformed access record) is logged
+ * with its file name and counted; a lookup treats the key as not hot, a
+ * merge drops the whole table (re-learned) and deletes the files.
  *
  * Concurrency: bmu guards the buffer; fmu serialises flushes and merges
- * (runs change only under fmu); mu (rwlock) guards the run array for
- * readers. The runs live in memory; they are not persisted (a restart
- * forgets hotness, which only costs re-learning).
+ * (runs change only under fmu); mu (rwlock) guards the run array: readers
+ * hold it shared across their block reads, a merge takes it exclusively
+ * only to swap the array, then deletes the old files.
  */
+#include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
+#include <dirent.h>
+
 #include "common/hash.h"
+#include "common/log.h"
 #include "node/lsm/lsm_int.h"
 
 #define RALT_MAX_RUNS 8
@@ -41,12 +61,17 @@
 #define RALT_ENT_BYTES 40 /* per-entry bytes besides the key */
 #define RALT_SEED 0x52414c54u
 #define RALT_MIN_PHYS (256u << 10)
+#define RALT_VAL_LEN 30u
+#define RALT_BLOCK 4096u
 
+/* An access record. In the buffer key is malloc'ed; decoded from a run it
+ * points into the reader's block. */
 typedef struct ralt_ent {
     uint8_t *key;
     uint32_t klen, vlen;
-    double score; /* as of tick */
-    uint64_t tick;
+    double score;    /* as of tick */
+    uint64_t tick;   /* of the last access folded in */
+    uint64_t first;  /* tick of the first access folded in */
     uint8_t counter; /* as of tick */
     bool stable;
 } ralt_ent;
@@ -57,22 +82,26 @@ typedef struct ralt_bloom {
 } ralt_bloom;
 
 typedef struct ralt_run {
-    ralt_ent *e;
-    size_t n;
+    lsm_file *f; /* the SST, reader open; obsolete + unref deletes it */
     ralt_bloom all, stable;
-    uint64_t hot, phys; /* stable key+value bytes, table bytes */
+    uint64_t n, nstable, hot, phys; /* entries, stable ones, their k+v bytes, table bytes */
+    uint64_t *blk_hot;              /* stable key + value bytes per SST block */
+    uint32_t nblk;
+    _Atomic bool reported; /* a read error was logged */
 } ralt_run;
 
 struct ralt {
+    lsm_vol vol;
     pthread_mutex_t bmu;
     ralt_ent *buf;
     size_t nbuf, buf_alloc, buf_cap; /* buf_cap entries trigger a flush */
     pthread_mutex_t fmu;
     pthread_rwlock_t mu;
-    ralt_run runs[RALT_MAX_RUNS + 1]; /* oldest first */
+    ralt_run *runs[RALT_MAX_RUNS + 1]; /* oldest first */
     size_t nruns;
-    uint64_t tick_bytes, phys_cap;
-    _Atomic uint64_t accessed, hot_limit, phys_limit, evicted;
+    uint64_t id; /* unique per table (ralt_ids), for the per-thread block */
+    uint64_t tick_bytes, phys_cap, next_number;
+    _Atomic uint64_t accessed, hot_limit, phys_limit, evicted, errors;
 };
 
 static double decay(uint64_t dt)
@@ -90,28 +119,58 @@ static uint64_t ent_phys(const ralt_ent *e)
     return e->klen + RALT_ENT_BYTES;
 }
 
+static uint64_t ent_hot(const ralt_ent *e)
+{
+    return e->stable ? (uint64_t)e->klen + e->vlen : 0;
+}
+
+/* ---- the access record codec ---- */
+
+static void val_encode(uint8_t *p, const ralt_ent *e)
+{
+    lsm_set32(p, e->vlen);
+    memcpy(p + 4, &e->score, 8);
+    lsm_set64(p + 12, e->tick);
+    lsm_set64(p + 20, e->first);
+    p[28] = e->counter;
+    p[29] = e->stable ? 1 : 0;
+}
+
+/* Decodes a run's record; DATA_LOSS when it is not an access record. */
+static kv_err val_decode(const lsm_rec *rec, ralt_ent *e)
+{
+    if (rec->type != LSM_PUT || rec->vlen != RALT_VAL_LEN || rec->klen > UINT32_MAX)
+        return KV_DATA_LOSS;
+    const uint8_t *p = rec->value;
+    *e = (ralt_ent){.key = (uint8_t *)rec->key, .klen = (uint32_t)rec->klen};
+    e->vlen = lsm_get32(p);
+    memcpy(&e->score, p + 4, 8);
+    e->tick = lsm_get64(p + 12);
+    e->first = lsm_get64(p + 20);
+    e->counter = p[28];
+    e->stable = p[29] == 1;
+    if (!isfinite(e->score) || e->score < 0 || e->counter > RALT_COUNTER0 || p[29] > 1 ||
+        e->first > e->tick)
+        return KV_DATA_LOSS;
+    return KV_OK;
+}
+
 /* ---- bloom filters ---- */
 
-static kv_err bloom_build(ralt_bloom *b, const ralt_ent *e, size_t n, bool stable_only)
+static kv_err bloom_init(ralt_bloom *b, uint64_t keys)
 {
-    size_t keys = 0;
-    for (size_t i = 0; i < n; i++)
-        keys += !stable_only || e[i].stable;
     b->nbits = keys * RALT_BITS_PER_KEY < 64 ? 64 : keys * RALT_BITS_PER_KEY;
     b->bits = calloc(b->nbits / 8 + 1, 1);
-    if (!b->bits)
-        return KV_RESOURCE_EXHAUSTED;
-    for (size_t i = 0; i < n; i++) {
-        if (stable_only && !e[i].stable)
-            continue;
-        uint64_t h = kv_hash64(e[i].key, e[i].klen, RALT_SEED);
-        uint64_t h1 = (uint32_t)h, h2 = (h >> 32) | 1;
-        for (unsigned k = 0; k < RALT_BLOOM_K; k++) {
-            uint64_t bit = (h1 + k * h2) % b->nbits;
-            b->bits[bit / 8] |= (uint8_t)(1u << (bit % 8));
-        }
+    return b->bits ? KV_OK : KV_RESOURCE_EXHAUSTED;
+}
+
+static void bloom_add(ralt_bloom *b, uint64_t h)
+{
+    uint64_t h1 = (uint32_t)h, h2 = (h >> 32) | 1;
+    for (unsigned k = 0; k < RALT_BLOOM_K; k++) {
+        uint64_t bit = (h1 + k * h2) % b->nbits;
+        b->bits[bit / 8] |= (uint8_t)(1u << (bit % 8));
     }
-    return KV_OK;
 }
 
 static bool bloom_may(const ralt_bloom *b, uint64_t h)
@@ -125,22 +184,32 @@ static bool bloom_may(const ralt_bloom *b, uint64_t h)
     return true;
 }
 
-/* ---- entries and runs ---- */
+/* ---- the merge rule ---- */
 
-/* The merge rule: folds the newer entry b into the older a (same key). */
+/* e's counter as of tick t (periods elapsed since its last access). */
+static unsigned counter_at(const ralt_ent *e, uint64_t t)
+{
+    uint64_t periods = t > e->tick ? (t - e->tick) / RALT_PERIOD_TICKS : 0;
+    return periods >= e->counter ? 0 : e->counter - (unsigned)periods;
+}
+
+/* The merge rule: folds the newer entry b into the older a (same key; keys
+ * untouched). Score: both decayed to the later tick and summed; tick: the
+ * later one; stable: either was, or b's first access came while a's counter
+ * was still positive; counter: the larger of the two as of the later tick.
+ * Comparing against b's first access (not its last) makes the rule
+ * associative: folding a key's accesses gives the same entry however they
+ * were grouped into buffers and runs (the model test checks it). */
 static void ent_fold(ralt_ent *a, const ralt_ent *b)
 {
     uint64_t t = b->tick > a->tick ? b->tick : a->tick;
-    uint64_t periods = (t - a->tick) / RALT_PERIOD_TICKS;
-    unsigned cnt = periods >= a->counter ? 0 : a->counter - (unsigned)periods;
-    uint64_t bper = (t - b->tick) / RALT_PERIOD_TICKS;
-    unsigned bcnt = bper >= b->counter ? 0 : b->counter - (unsigned)bper;
-    a->stable = a->stable || b->stable || cnt > 0;
+    unsigned cnt = counter_at(a, t), bcnt = counter_at(b, t);
+    a->stable = a->stable || b->stable || counter_at(a, b->first) > 0;
     a->score = a->score * decay(t - a->tick) + b->score * decay(t - b->tick);
     a->counter = (uint8_t)(cnt > bcnt ? cnt : bcnt);
+    a->first = b->first < a->first ? b->first : a->first;
     a->tick = t;
     a->vlen = b->vlen;
-    free(b->key);
 }
 
 static int ent_cmp(const void *x, const void *y)
@@ -152,63 +221,246 @@ static int ent_cmp(const void *x, const void *y)
     return a->tick < b->tick ? -1 : a->tick > b->tick;
 }
 
-static void run_free(ralt_run *run)
-{
-    for (size_t i = 0; i < run->n; i++)
-        free(run->e[i].key);
-    free(run->e);
-    free(run->all.bits);
-    free(run->stable.bits);
-    memset(run, 0, sizeof(*run));
-}
+/* ---- runs ---- */
 
-/* Makes a run of e[0..n) (sorted, one entry per key; takes e). */
-static kv_err run_make(ralt_run *run, ralt_ent *e, size_t n)
+/* Logs a run's read error once and counts it. */
+static kv_err run_error(ralt *r, ralt_run *run, kv_err rv)
 {
-    *run = (ralt_run){.e = e, .n = n};
-    for (size_t i = 0; i < n; i++) {
-        run->hot += e[i].stable ? e[i].klen + e[i].vlen : 0;
-        run->phys += ent_phys(&e[i]);
-    }
-    kv_err rv = bloom_build(&run->all, e, n, false);
-    if (rv == KV_OK)
-        rv = bloom_build(&run->stable, e, n, true);
-    if (rv != KV_OK)
-        run_free(run);
+    atomic_fetch_add(&r->errors, 1);
+    if (!atomic_exchange(&run->reported, true))
+        KV_ERROR(LSM_LOG,
+                 "RALT run %s/%06" PRIu64 ".sst unreadable (%s): its keys count as not hot",
+                 r->vol.dir, run->f->number, kv_err_name(rv));
     return rv;
 }
 
-static const ralt_ent *run_find(const ralt_run *run, const void *key, size_t klen)
+static void run_free(ralt_run *run, bool delete_file)
 {
-    size_t lo = 0, hi = run->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = lsm_key_cmp(run->e[mid].key, run->e[mid].klen, key, klen);
-        if (c == 0)
-            return &run->e[mid];
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
+    if (!run)
+        return;
+    if (run->f) {
+        if (delete_file)
+            atomic_store(&run->f->obsolete, true);
+        lsm_file_unref(run->f);
     }
-    return NULL;
+    free(run->all.bits);
+    free(run->stable.bits);
+    free(run->blk_hot);
+    free(run);
 }
 
-/* First index of run whose key >= key. */
-static size_t run_lower(const ralt_run *run, const void *key, size_t klen)
+/* Reads a just-written run back once: blooms, per-block hot bytes, totals.
+ * Takes f (on failure it is deleted). */
+static kv_err run_open(ralt *r, lsm_file *f, uint64_t nstable, ralt_run **out)
 {
-    size_t lo = 0, hi = run->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (lsm_key_cmp(run->e[mid].key, run->e[mid].klen, key, klen) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
+    ralt_run *run = calloc(1, sizeof(*run));
+    if (!run) {
+        atomic_store(&f->obsolete, true);
+        lsm_file_unref(f);
+        return KV_RESOURCE_EXHAUSTED;
     }
-    return lo;
+    run->f = f;
+    run->nblk = lsm_sst_nblocks(f->sst);
+    run->blk_hot = calloc(run->nblk ? run->nblk : 1, sizeof(*run->blk_hot));
+    kv_err rv = run->blk_hot ? bloom_init(&run->all, f->nentries) : KV_RESOURCE_EXHAUSTED;
+    if (rv == KV_OK)
+        rv = bloom_init(&run->stable, nstable);
+    lsm_sst_iter it;
+    lsm_sst_iter_init(&it, f->sst);
+    for (; rv == KV_OK && it.valid; lsm_sst_iter_next(&it)) {
+        ralt_ent e;
+        if ((rv = val_decode(&it.cur, &e)) != KV_OK)
+            break;
+        uint64_t h = kv_hash64(e.key, e.klen, RALT_SEED);
+        bloom_add(&run->all, h);
+        if (e.stable) {
+            if (run->nstable++ == nstable) { /* more than written: not our file */
+                rv = KV_DATA_LOSS;
+                break;
+            }
+            bloom_add(&run->stable, h);
+            run->blk_hot[it.blk] += ent_hot(&e);
+        }
+        run->n++;
+        run->hot += ent_hot(&e);
+        run->phys += ent_phys(&e);
+    }
+    if (rv == KV_OK && it.err)
+        rv = it.err;
+    lsm_sst_iter_fini(&it);
+    if (rv != KV_OK) {
+        run_error(r, run, rv);
+        run_free(run, true);
+        return rv;
+    }
+    *out = run;
+    return KV_OK;
 }
 
-/* ---- merging and eviction ---- */
+/* The last verified block a thread read, per thread: compactions ask for
+ * keys in order, so consecutive lookups mostly hit the same RALT block. Run
+ * files are immutable and their numbers are never reused by a table; id
+ * tells tables apart. */
+static _Atomic uint64_t ralt_ids;
+static _Thread_local struct {
+    uint64_t id, number;
+    int blk;
+    size_t len;
+    uint8_t buf[2 * RALT_BLOCK];
+} tl_blk;
+
+/* Point lookup of key in run (one block read); *e's key is not set. */
+static kv_err run_get(ralt *r, ralt_run *run, const void *key, size_t klen, ralt_ent *e)
+{
+    lsm_sst *s = run->f->sst;
+    int b = lsm_sst_find_block(s, key, klen);
+    if (b < 0)
+        return KV_NOT_FOUND;
+    lsm_rec rec;
+    kv_err rv;
+    if (tl_blk.id == r->id && tl_blk.number == run->f->number && tl_blk.blk == b) {
+        rv = lsm_block_search(tl_blk.buf, tl_blk.len, key, klen, &rec);
+    } else {
+        lsm_io io;
+        if ((rv = lsm_sst_block_io(s, b, &io)) != KV_OK)
+            return rv;
+        lsm_vol_read(&io, 1);
+        rv = lsm_sst_block_check(s, b, &io);
+        if (rv == KV_OK)
+            rv = lsm_block_search(io.buf, io.len - 4, key, klen, &rec);
+        if ((rv == KV_OK || rv == KV_NOT_FOUND) && io.len - 4 <= sizeof(tl_blk.buf)) {
+            memcpy(tl_blk.buf, io.buf, io.len - 4); /* verified: keep it */
+            tl_blk.len = io.len - 4;
+            tl_blk.id = r->id;
+            tl_blk.number = run->f->number;
+            tl_blk.blk = b;
+            if (rv == KV_OK) /* rec points into io.buf: look it up in the copy */
+                rv = lsm_block_search(tl_blk.buf, tl_blk.len, key, klen, &rec);
+        }
+        if (rv == KV_OK)
+            rv = val_decode(&rec, e);
+        free(io.buf);
+        if (rv != KV_OK && rv != KV_NOT_FOUND)
+            return run_error(r, run, rv);
+        e->key = NULL;
+        return rv;
+    }
+    if (rv == KV_OK)
+        rv = val_decode(&rec, e);
+    if (rv != KV_OK && rv != KV_NOT_FOUND)
+        return run_error(r, run, rv);
+    e->key = NULL;
+    return rv;
+}
+
+/* ---- merging: sources, eviction, writing a run ---- */
+
+/* One sorted input: the folded buffer (entries owned by the caller) or a
+ * run's SST. */
+typedef struct src {
+    const ralt_ent *buf;
+    size_t n, i;
+    ralt_run *run; /* NULL for the buffer */
+    lsm_sst_iter it;
+    ralt_ent cur;
+    bool valid;
+} src;
+
+static kv_err src_load(src *s)
+{
+    if (!s->run) {
+        s->valid = s->i < s->n;
+        if (s->valid)
+            s->cur = s->buf[s->i];
+        return KV_OK;
+    }
+    s->valid = s->it.valid;
+    if (!s->valid)
+        return s->it.err;
+    kv_err rv = val_decode(&s->it.cur, &s->cur);
+    s->valid = rv == KV_OK;
+    return rv;
+}
+
+static kv_err src_rewind(src *s)
+{
+    if (s->run) {
+        lsm_sst_iter_fini(&s->it);
+        lsm_sst_iter_init(&s->it, s->run->f->sst);
+    } else {
+        s->i = 0;
+    }
+    return src_load(s);
+}
+
+static kv_err src_next(src *s)
+{
+    if (s->run)
+        lsm_sst_iter_next(&s->it);
+    else
+        s->i++;
+    return src_load(s);
+}
+
+typedef struct merger {
+    ralt *r;
+    src *s; /* oldest first; the buffer, when present, is last */
+    size_t n;
+    lsm_buf key; /* out.key points here */
+    ralt_ent out;
+    kv_err err;
+    ralt_run *bad; /* the run whose read failed */
+} merger;
+
+static bool merger_fail(merger *m, size_t i, kv_err rv)
+{
+    m->err = rv;
+    m->bad = m->s[i].run;
+    return false;
+}
+
+/* Produces the next folded entry in key order into m->out; false at the
+ * end or on an error (m->err). Equal keys fold oldest into newest. */
+static bool merger_next(merger *m)
+{
+    int best = -1;
+    for (size_t i = 0; i < m->n; i++)
+        if (m->s[i].valid && (best < 0 || lsm_key_cmp(m->s[i].cur.key, m->s[i].cur.klen,
+                                                      m->s[best].cur.key, m->s[best].cur.klen) < 0))
+            best = (int)i;
+    if (best < 0)
+        return false;
+    src *b = &m->s[best];
+    m->key.len = 0;
+    kv_err rv = lsm_buf_put(&m->key, b->cur.key, b->cur.klen);
+    if (rv != KV_OK)
+        return merger_fail(m, (size_t)best, rv);
+    m->out = b->cur;
+    m->out.key = m->key.p;
+    if ((rv = src_next(b)) != KV_OK)
+        return merger_fail(m, (size_t)best, rv);
+    for (size_t i = (size_t)best + 1; i < m->n; i++) { /* newer sources, same key */
+        src *s = &m->s[i];
+        if (s->valid && lsm_key_cmp(s->cur.key, s->cur.klen, m->out.key, m->out.klen) == 0) {
+            ent_fold(&m->out, &s->cur);
+            if ((rv = src_next(s)) != KV_OK)
+                return merger_fail(m, i, rv);
+        }
+    }
+    return true;
+}
+
+static kv_err merger_rewind(merger *m)
+{
+    for (size_t i = 0; i < m->n; i++) {
+        kv_err rv = src_rewind(&m->s[i]);
+        if (rv != KV_OK) {
+            merger_fail(m, i, rv);
+            return rv;
+        }
+    }
+    return KV_OK;
+}
 
 typedef struct scored {
     double s;
@@ -218,18 +470,14 @@ typedef struct scored {
 static int scored_cmp(const void *x, const void *y)
 {
     const scored *a = x, *b = y;
-    return a->s < b->s ? -1 : a->s > b->s;
+    if (a->s != b->s)
+        return a->s < b->s ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
 }
 
-/* Physical limit from the hot-set limit and the stable share of e. */
-static void adapt_phys(ralt *r, const ralt_ent *e, size_t n)
+/* Physical limit from the hot-set limit and the stable share. */
+static void adapt_phys(ralt *r, uint64_t n, uint64_t nst, uint64_t hot, uint64_t phys)
 {
-    uint64_t hot = 0, nst = 0, phys = 0;
-    for (size_t i = 0; i < n; i++) {
-        phys += ent_phys(&e[i]);
-        if (e[i].stable)
-            hot += e[i].klen + e[i].vlen, nst++;
-    }
     uint64_t limit = atomic_load(&r->hot_limit);
     double share = n ? (double)nst / (double)n : 1.0;
     share = share < 0.1 ? 0.1 : share;
@@ -242,84 +490,154 @@ static void adapt_phys(ralt *r, const ralt_ent *e, size_t n)
     atomic_store(&r->phys_limit, (uint64_t)want);
 }
 
-/* Drops the lowest-scored entries of e (in place) until the hot bytes and
- * the table bytes are under 90% of their limits. Returns the new count. */
-static size_t evict(ralt *r, ralt_ent *e, size_t n)
+/* Pass 1 of a full merge: adapts the physical limit and marks in *drop
+ * (one byte per output entry, malloc'ed; NULL = keep all) the lowest-scored
+ * entries to evict until hot and table bytes are under 90% of their limits. */
+static kv_err plan_eviction(merger *m, uint8_t **drop)
 {
-    uint64_t hot = 0, phys = 0, hl = atomic_load(&r->hot_limit);
-    uint64_t pl = atomic_load(&r->phys_limit);
-    for (size_t i = 0; i < n; i++) {
-        hot += e[i].stable ? e[i].klen + e[i].vlen : 0;
-        phys += ent_phys(&e[i]);
+    ralt *r = m->r;
+    scored *s = NULL;
+    uint64_t *hot = NULL, *phys = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t th = 0, tp = 0, nst = 0, t = now_tick(r);
+    *drop = NULL;
+    while (merger_next(m)) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            scored *s2 = realloc(s, cap * sizeof(*s));
+            uint64_t *h2 = s2 ? realloc(hot, cap * sizeof(*h2)) : NULL;
+            uint64_t *p2 = h2 ? realloc(phys, cap * sizeof(*p2)) : NULL;
+            s = s2 ? s2 : s;
+            hot = h2 ? h2 : hot;
+            phys = p2 ? p2 : phys;
+            if (!p2) {
+                m->err = KV_RESOURCE_EXHAUSTED;
+                break;
+            }
+        }
+        const ralt_ent *e = &m->out;
+        s[n] = (scored){e->score * decay(t > e->tick ? t - e->tick : 0), n};
+        hot[n] = ent_hot(e);
+        phys[n] = ent_phys(e);
+        th += hot[n], tp += phys[n], nst += e->stable;
+        n++;
     }
-    if (hot <= hl && phys <= pl)
-        return n;
-    scored *s = malloc(n * sizeof(*s));
-    if (!s)
-        return n;
-    uint64_t t = now_tick(r);
-    for (size_t i = 0; i < n; i++)
-        s[i] = (scored){e[i].score * decay(t > e[i].tick ? t - e[i].tick : 0), i};
-    qsort(s, n, sizeof(*s), scored_cmp);
-    size_t k = 0;
-    for (; k < n && (hot > hl / 10 * 9 || phys > pl / 10 * 9); k++) {
-        ralt_ent *x = &e[s[k].i];
-        hot -= x->stable ? x->klen + x->vlen : 0;
-        phys -= ent_phys(x);
-        free(x->key);
-        x->key = NULL;
+    kv_err rv = m->err;
+    if (rv == KV_OK) {
+        adapt_phys(r, n, nst, th, tp);
+        uint64_t hl = atomic_load(&r->hot_limit), pl = atomic_load(&r->phys_limit);
+        if ((th > hl || tp > pl) && n) {
+            *drop = calloc(n, 1);
+            if (!*drop) {
+                rv = KV_RESOURCE_EXHAUSTED;
+            } else {
+                qsort(s, n, sizeof(*s), scored_cmp);
+                size_t k = 0;
+                for (; k < n && (th > hl / 10 * 9 || tp > pl / 10 * 9); k++) {
+                    (*drop)[s[k].i] = 1;
+                    th -= hot[s[k].i];
+                    tp -= phys[s[k].i];
+                }
+                atomic_fetch_add(&r->evicted, k);
+            }
+        }
     }
     free(s);
-    atomic_fetch_add(&r->evicted, k);
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (e[i].key)
-            e[m++] = e[i];
-    return m;
+    free(hot);
+    free(phys);
+    return rv;
 }
 
-/* Merges every run into one, oldest first, and evicts (fmu held). */
-static kv_err merge_all(ralt *r)
+/* Writes the merged sources (minus drop) as a new run; *out NULL when
+ * nothing is left. */
+static kv_err write_run(merger *m, const uint8_t *drop, ralt_run **out)
 {
-    size_t total = 0;
-    for (size_t i = 0; i < r->nruns; i++)
-        total += r->runs[i].n;
-    ralt_ent *out = malloc((total ? total : 1) * sizeof(*out));
-    size_t pos[RALT_MAX_RUNS + 1] = {0}, m = 0;
-    if (!out)
-        return KV_RESOURCE_EXHAUSTED;
-    for (;;) {
-        int best = -1;
-        for (size_t i = 0; i < r->nruns; i++) {
-            if (pos[i] == r->runs[i].n)
-                continue;
-            const ralt_ent *x = &r->runs[i].e[pos[i]];
-            if (best < 0 || lsm_key_cmp(x->key, x->klen, r->runs[best].e[pos[best]].key,
-                                        r->runs[best].e[pos[best]].klen) < 0)
-                best = (int)i;
-        }
-        if (best < 0)
+    ralt *r = m->r;
+    *out = NULL;
+    lsm_sst_builder *b = NULL;
+    uint64_t nstable = 0;
+    kv_err rv = KV_OK;
+    for (size_t i = 0; merger_next(m); i++) {
+        if (drop && drop[i])
+            continue;
+        if (!b && (rv = lsm_sst_builder_open(&b, &r->vol, r->next_number++, RALT_BLOCK)) != KV_OK)
             break;
-        ralt_ent *x = &r->runs[best].e[pos[best]++];
-        if (m && lsm_key_cmp(out[m - 1].key, out[m - 1].klen, x->key, x->klen) == 0)
-            ent_fold(&out[m - 1], x); /* runs are visited oldest first */
-        else
-            out[m++] = *x;
-    }
-    adapt_phys(r, out, m);
-    m = evict(r, out, m);
-    ralt_run merged;
-    kv_err rv = run_make(&merged, out, m); /* on failure out and its keys are freed */
-    pthread_rwlock_wrlock(&r->mu);
-    for (size_t i = 0; i < r->nruns; i++) {
-        free(r->runs[i].e); /* keys moved to merged (or freed with it) */
-        free(r->runs[i].all.bits);
-        free(r->runs[i].stable.bits);
+        uint8_t val[RALT_VAL_LEN];
+        val_encode(val, &m->out);
+        lsm_rec rec = {.key = m->out.key,
+                       .klen = m->out.klen,
+                       .value = val,
+                       .vlen = RALT_VAL_LEN,
+                       .type = LSM_PUT};
+        if ((rv = lsm_sst_builder_add(b, &rec)) != KV_OK)
+            break;
+        nstable += m->out.stable;
     }
     if (rv == KV_OK)
-        r->runs[0] = merged;
-    r->nruns = rv == KV_OK ? 1 : 0; /* out of memory: forget the table */
+        rv = m->err;
+    if (rv != KV_OK) {
+        if (b)
+            lsm_sst_builder_abort(b);
+        return rv;
+    }
+    if (!b)
+        return KV_OK;
+    lsm_file *f;
+    if ((rv = lsm_sst_builder_finish(b, 0, &f)) != KV_OK)
+        return rv;
+    return run_open(r, f, nstable, out);
+}
+
+/* Merges the runs [from, nruns) and the folded buffer (may be NULL) into one
+ * run that replaces them (fmu held). A full merge (from == 0) evicts. On a
+ * read error the whole table is dropped (logged). */
+static kv_err merge_runs(ralt *r, size_t from, const ralt_ent *buf, size_t nbuf)
+{
+    size_t n = r->nruns - from + (buf ? 1 : 0);
+    merger m = {.r = r, .s = calloc(n ? n : 1, sizeof(src)), .n = n};
+    if (!m.s)
+        return KV_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; i + from < r->nruns; i++)
+        m.s[i].run = r->runs[from + i];
+    if (buf)
+        m.s[n - 1] = (src){.buf = buf, .n = nbuf};
+    uint8_t *drop = NULL;
+    ralt_run *run = NULL;
+    kv_err rv = merger_rewind(&m);
+    if (rv == KV_OK && from == 0) {
+        rv = plan_eviction(&m, &drop);
+        if (rv == KV_OK)
+            rv = merger_rewind(&m);
+    }
+    if (rv == KV_OK)
+        rv = write_run(&m, drop, &run);
+    ralt_run *bad = m.bad;
+    for (size_t i = 0; i < n; i++)
+        if (m.s[i].run)
+            lsm_sst_iter_fini(&m.s[i].it);
+    free(m.s);
+    free(drop);
+    lsm_buf_free(&m.key);
+    if (rv != KV_OK && !bad)
+        return rv; /* e.g. FD full: the runs stay as they were */
+    size_t keep = rv == KV_OK ? from : 0;
+    if (rv != KV_OK) {
+        KV_ERROR(LSM_LOG,
+                 "RALT run %s/%06" PRIu64 ".sst is corrupt (%s): the access table is dropped "
+                 "and re-learned",
+                 r->vol.dir, bad->f->number, kv_err_name(rv));
+        atomic_fetch_add(&r->errors, 1);
+    }
+    ralt_run *old[RALT_MAX_RUNS + 1];
+    size_t nold = r->nruns - keep;
+    pthread_rwlock_wrlock(&r->mu);
+    memcpy(old, r->runs + keep, nold * sizeof(*old));
+    r->nruns = keep;
+    if (run)
+        r->runs[r->nruns++] = run;
     pthread_rwlock_unlock(&r->mu);
+    for (size_t i = 0; i < nold; i++) /* no reader holds them: mu was taken exclusively */
+        run_free(old[i], true);
     return rv;
 }
 
@@ -327,30 +645,31 @@ static bool over_limits(ralt *r)
 {
     uint64_t hot = 0, phys = 0;
     for (size_t i = 0; i < r->nruns; i++)
-        hot += r->runs[i].hot, phys += r->runs[i].phys;
+        hot += r->runs[i]->hot, phys += r->runs[i]->phys;
     return hot > atomic_load(&r->hot_limit) || phys > atomic_load(&r->phys_limit);
 }
 
-/* Sorts and folds a taken buffer into a new run (fmu held; takes e). */
+/* Sorts and folds a taken buffer and writes it as a new run, then merges
+ * when there are too many runs or the limits are passed (fmu held; takes
+ * e and its keys). */
 static kv_err add_buffer(ralt *r, ralt_ent *e, size_t n)
 {
     qsort(e, n, sizeof(*e), ent_cmp);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        if (m && lsm_key_cmp(e[m - 1].key, e[m - 1].klen, e[i].key, e[i].klen) == 0)
+        if (m && lsm_key_cmp(e[m - 1].key, e[m - 1].klen, e[i].key, e[i].klen) == 0) {
             ent_fold(&e[m - 1], &e[i]);
-        else
+            free(e[i].key);
+        } else {
             e[m++] = e[i];
+        }
     }
-    ralt_run run;
-    kv_err rv = run_make(&run, e, m);
-    if (rv != KV_OK)
-        return rv;
-    pthread_rwlock_wrlock(&r->mu);
-    r->runs[r->nruns++] = run;
-    pthread_rwlock_unlock(&r->mu);
-    if (r->nruns > RALT_MAX_RUNS || over_limits(r))
-        rv = merge_all(r);
+    kv_err rv = merge_runs(r, r->nruns, e, m); /* a new run of the buffer alone */
+    for (size_t i = 0; i < m; i++)
+        free(e[i].key);
+    free(e);
+    if (rv == KV_OK && (r->nruns > RALT_MAX_RUNS || over_limits(r)))
+        rv = merge_runs(r, 0, NULL, 0);
     return rv;
 }
 
@@ -372,14 +691,44 @@ static kv_err flush_locked(ralt *r)
 
 /* ---- API ---- */
 
+/* Deletes run files left by a previous process (see the top comment). */
+static void sweep_stale(ralt *r)
+{
+    DIR *d = opendir(r->vol.dir);
+    struct dirent *de;
+    unsigned n = 0;
+    while (d && (de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l > 4 && strcmp(de->d_name + l - 4, ".sst") == 0 &&
+            lsm_vol_unlink(&r->vol, de->d_name) == 0)
+            n++;
+    }
+    if (d)
+        closedir(d);
+    if (n)
+        KV_INFO(LSM_LOG,
+                "RALT: deleted %u run files of a previous run in %s (hotness is re-learned)", n,
+                r->vol.dir);
+}
+
 kv_err ralt_open(ralt **out, const ralt_opts *o)
 {
+    if (!o->dir)
+        return KV_INVALID_ARGUMENT;
     ralt *r = calloc(1, sizeof(*r));
     if (!r)
         return KV_RESOURCE_EXHAUSTED;
+    kv_err rv = lsm_vol_init(&r->vol, o->dir, LSM_TIER_FD, !o->disable_io_uring);
+    if (rv != KV_OK) {
+        free(r);
+        return rv;
+    }
+    sweep_stale(r);
     pthread_mutex_init(&r->bmu, NULL);
     pthread_mutex_init(&r->fmu, NULL);
     pthread_rwlock_init(&r->mu, NULL);
+    r->next_number = 1;
+    r->id = atomic_fetch_add(&ralt_ids, 1) + 1;
     r->buf_cap = o->buf_entries ? o->buf_entries : 1024;
     uint64_t hl = o->hot_limit ? o->hot_limit : (64u << 20);
     r->tick_bytes = o->tick_bytes ? o->tick_bytes : (hl / 16 < 4096 ? 4096 : hl / 16);
@@ -399,10 +748,11 @@ void ralt_close(ralt *r)
         free(r->buf[i].key);
     free(r->buf);
     for (size_t i = 0; i < r->nruns; i++)
-        run_free(&r->runs[i]);
+        run_free(r->runs[i], true);
     pthread_mutex_destroy(&r->bmu);
     pthread_mutex_destroy(&r->fmu);
     pthread_rwlock_destroy(&r->mu);
+    lsm_vol_fini(&r->vol);
     free(r);
 }
 
@@ -418,6 +768,7 @@ void ralt_access(ralt *r, const void *key, size_t klen, size_t vlen)
                   .vlen = (uint32_t)vlen,
                   .score = 1.0,
                   .tick = t,
+                  .first = t,
                   .counter = RALT_COUNTER0};
     pthread_mutex_lock(&r->bmu);
     if (!r->buf || r->nbuf == r->buf_alloc) { /* full while a flush runs: grow, up to 4x */
@@ -445,7 +796,7 @@ kv_err ralt_flush(ralt *r)
     pthread_mutex_lock(&r->fmu);
     kv_err rv = flush_locked(r);
     if (rv == KV_OK && r->nruns > 1)
-        rv = merge_all(r);
+        rv = merge_runs(r, 0, NULL, 0);
     pthread_mutex_unlock(&r->fmu);
     return rv;
 }
@@ -453,29 +804,25 @@ kv_err ralt_flush(ralt *r)
 bool ralt_is_hot(ralt *r, const void *key, size_t klen)
 {
     uint64_t h = kv_hash64(key, klen, RALT_SEED);
-    ralt_ent acc = {0};
+    ralt_ent acc = {0}, x;
     bool have = false, hot = false;
+    size_t maybe = 0;
     pthread_rwlock_rdlock(&r->mu);
     for (size_t i = r->nruns; i-- > 0 && !hot;) {
-        const ralt_run *run = &r->runs[i];
-        if (bloom_may(&run->stable, h)) {
-            const ralt_ent *x = run_find(run, key, klen);
-            hot = x && x->stable;
-        }
+        ralt_run *run = r->runs[i];
+        maybe += bloom_may(&run->all, h);
+        if (bloom_may(&run->stable, h) && run_get(r, run, key, klen, &x) == KV_OK)
+            hot = x.stable;
     }
-    for (size_t i = 0; i < r->nruns && !hot; i++) { /* seen in several runs */
-        const ralt_run *run = &r->runs[i];
-        const ralt_ent *x = bloom_may(&run->all, h) ? run_find(run, key, klen) : NULL;
-        if (!x)
+    for (size_t i = 0; i < r->nruns && !hot && maybe > 1; i++) { /* seen in several runs */
+        ralt_run *run = r->runs[i];
+        if (!bloom_may(&run->all, h) || run_get(r, run, key, klen, &x) != KV_OK)
             continue;
-        if (have) {
-            ralt_ent y = *x;
-            y.key = NULL;
-            ent_fold(&acc, &y);
-        } else {
-            acc = *x;
-            have = true;
-        }
+        if (have)
+            ent_fold(&acc, &x);
+        else
+            acc = x;
+        have = true;
         hot = acc.stable;
     }
     pthread_rwlock_unlock(&r->mu);
@@ -489,18 +836,27 @@ kv_err ralt_hot_range(ralt *r, const void *lo, size_t lolen, const void *hi, siz
     if (rv != KV_OK)
         return rv;
     pthread_rwlock_rdlock(&r->mu);
-    if (r->nruns) {
-        const ralt_run *run = &r->runs[0];
-        for (size_t i = run_lower(run, lo, lolen); i < run->n; i++) {
-            const ralt_ent *x = &run->e[i];
-            if (lsm_key_cmp(x->key, x->klen, hi, hilen) > 0)
+    if (r->nruns) { /* one run after the flush */
+        ralt_run *run = r->runs[0];
+        lsm_sst_iter it;
+        lsm_sst_iter_seek(&it, run->f->sst, lo, lolen);
+        for (; it.valid; lsm_sst_iter_next(&it)) {
+            ralt_ent e;
+            if (lsm_key_cmp(it.cur.key, it.cur.klen, hi, hilen) > 0)
                 break;
-            if (x->stable)
-                fn(arg, x->key, x->klen, x->vlen);
+            if ((rv = val_decode(&it.cur, &e)) != KV_OK)
+                break;
+            if (e.stable)
+                fn(arg, e.key, e.klen, e.vlen);
         }
+        if (rv == KV_OK)
+            rv = it.err;
+        lsm_sst_iter_fini(&it);
+        if (rv != KV_OK)
+            run_error(r, run, rv);
     }
     pthread_rwlock_unlock(&r->mu);
-    return KV_OK;
+    return rv;
 }
 
 static void add_bytes(void *arg, const void *key, size_t klen, uint32_t vlen)
@@ -517,6 +873,29 @@ uint64_t ralt_hot_bytes(ralt *r, const void *lo, size_t lolen, const void *hi, s
     return sum;
 }
 
+uint64_t ralt_hot_bytes_est(ralt *r, const void *lo, size_t lolen, const void *hi, size_t hilen)
+{
+    uint64_t sum = 0;
+    if (lsm_key_cmp(lo, lolen, hi, hilen) > 0)
+        return 0;
+    pthread_rwlock_rdlock(&r->mu);
+    for (size_t i = 0; i < r->nruns; i++) {
+        ralt_run *run = r->runs[i];
+        lsm_sst *s = run->f->sst;
+        int b0 = lsm_sst_find_block(s, lo, lolen), b1 = lsm_sst_find_block(s, hi, hilen);
+        if (b0 < 0)
+            continue;
+        uint32_t end = b1 < 0 ? run->nblk : (uint32_t)b1; /* blocks before end: keys <= hi */
+        sum += run->blk_hot[b0] / 2;                      /* partly in range, if at all */
+        for (uint32_t b = (uint32_t)b0 + 1; b < end; b++)
+            sum += run->blk_hot[b];
+        if (b1 > b0)
+            sum += run->blk_hot[b1] / 2;
+    }
+    pthread_rwlock_unlock(&r->mu);
+    return sum;
+}
+
 void ralt_set_hot_limit(ralt *r, uint64_t bytes)
 {
     atomic_store(&r->hot_limit, bytes ? bytes : 1);
@@ -527,11 +906,11 @@ void ralt_stats_get(ralt *r, ralt_stats *out)
     memset(out, 0, sizeof(*out));
     pthread_rwlock_rdlock(&r->mu);
     for (size_t i = 0; i < r->nruns; i++) {
-        out->entries += r->runs[i].n;
-        out->hot_bytes += r->runs[i].hot;
-        out->phys_bytes += r->runs[i].phys;
-        for (size_t k = 0; k < r->runs[i].n; k++)
-            out->stable += r->runs[i].e[k].stable;
+        out->entries += r->runs[i]->n;
+        out->hot_bytes += r->runs[i]->hot;
+        out->phys_bytes += r->runs[i]->phys;
+        out->stable += r->runs[i]->nstable;
+        out->file_bytes += r->runs[i]->f->size;
     }
     out->runs = r->nruns;
     pthread_rwlock_unlock(&r->mu);
@@ -539,6 +918,7 @@ void ralt_stats_get(ralt *r, ralt_stats *out)
     out->phys_limit = atomic_load(&r->phys_limit);
     out->tick = now_tick(r);
     out->evicted = atomic_load(&r->evicted);
+    out->errors = atomic_load(&r->errors);
 }
 
 double ralt_score(ralt *r, const void *key, size_t klen)
@@ -547,9 +927,9 @@ double ralt_score(ralt *r, const void *key, size_t klen)
     uint64_t t = now_tick(r);
     pthread_rwlock_rdlock(&r->mu);
     for (size_t i = 0; i < r->nruns; i++) {
-        const ralt_ent *x = run_find(&r->runs[i], key, klen);
-        if (x)
-            s += x->score * decay(t > x->tick ? t - x->tick : 0);
+        ralt_ent x;
+        if (run_get(r, r->runs[i], key, klen, &x) == KV_OK)
+            s += x.score * decay(t > x.tick ? t - x.tick : 0);
     }
     pthread_rwlock_unlock(&r->mu);
     return s;

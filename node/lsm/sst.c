@@ -584,6 +584,22 @@ void lsm_sst_iter_init(lsm_sst_iter *it, lsm_sst *s)
     iter_decode(it);
 }
 
+void lsm_sst_iter_at_block(lsm_sst_iter *it, lsm_sst *s, uint32_t blk)
+{
+    memset(it, 0, sizeof(*it));
+    it->s = s;
+    it->blk = blk < s->nblocks ? (int)blk : (int)s->nblocks;
+    iter_decode(it);
+}
+
+void lsm_sst_iter_seek(lsm_sst_iter *it, lsm_sst *s, const void *key, size_t klen)
+{
+    int b = lsm_sst_find_block(s, key, klen);
+    lsm_sst_iter_at_block(it, s, b < 0 ? s->nblocks : (uint32_t)b);
+    while (it->valid && lsm_key_cmp(it->cur.key, it->cur.klen, key, klen) < 0)
+        lsm_sst_iter_next(it);
+}
+
 void lsm_sst_iter_next(lsm_sst_iter *it)
 {
     it->valid = false;

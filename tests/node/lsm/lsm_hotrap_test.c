@@ -23,11 +23,34 @@ static void acc(ralt *r, const char *k, size_t vlen)
     ralt_access(r, k, strlen(k), vlen);
 }
 
+/* RALT runs live in a directory: one scratch directory per table. */
+static char *ralt_dirs[8];
+
+static kv_err ralt_open_tmp(ralt **r, ralt_opts *o)
+{
+    size_t i = 0;
+    while (ralt_dirs[i])
+        i++;
+    ralt_dirs[i] = lt_mkdtemp("ralt");
+    o->dir = ralt_dirs[i];
+    return ralt_open(r, o);
+}
+
+static void ralt_close_tmp(ralt *r)
+{
+    ralt_close(r);
+    for (size_t i = 0; ralt_dirs[i]; i++) {
+        lt_rmrf(ralt_dirs[i]);
+        free(ralt_dirs[i]);
+        ralt_dirs[i] = NULL;
+    }
+}
+
 Test(ralt, score_decays_per_tick)
 {
     ralt *r;
     ralt_opts o = {.hot_limit = 1 << 20, .tick_bytes = 100, .buf_entries = 1};
-    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
     acc(r, "a", 99); /* at tick 0; the clock moves to tick 1 */
     cr_assert_eq(ralt_flush(r), KV_OK);
     double s1 = ralt_score(r, "a", 1);
@@ -41,14 +64,14 @@ Test(ralt, score_decays_per_tick)
     cr_assert_eq(ralt_flush(r), KV_OK);
     double s3 = ralt_score(r, "a", 1);
     cr_assert(fabs(s3 - (exp2(-18.0 / 16) + exp2(-1.0 / 16))) < 1e-9, "score %f", s3);
-    ralt_close(r);
+    ralt_close_tmp(r);
 }
 
 Test(ralt, stable_needs_a_second_access_while_the_counter_is_positive)
 {
     ralt *r;
     ralt_opts o = {.hot_limit = 1 << 20, .tick_bytes = 100};
-    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
     acc(r, "twice", 10);
     acc(r, "twice", 10);
     acc(r, "once", 10);
@@ -66,14 +89,14 @@ Test(ralt, stable_needs_a_second_access_while_the_counter_is_positive)
     cr_assert_eq(ralt_flush(r), KV_OK);
     cr_assert(!ralt_is_hot(r, "late", 4), "seen again only after its counter ran out");
     cr_assert(ralt_is_hot(r, "soon", 4));
-    ralt_close(r);
+    ralt_close_tmp(r);
 }
 
 Test(ralt, evicts_lowest_scores_at_the_hot_set_limit)
 {
     ralt *r;
     ralt_opts o = {.hot_limit = 10000, .tick_bytes = 1 << 20};
-    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
     char k[16];
     for (int round = 0; round < 2; round++) /* 200 stable keys x 100 bytes */
         for (int i = 0; i < 200; i++) {
@@ -95,7 +118,7 @@ Test(ralt, evicts_lowest_scores_at_the_hot_set_limit)
         snprintf(k, sizeof(k), "key%05d", i);
         cr_assert(ralt_is_hot(r, k, 8), "hottest key %d evicted", i);
     }
-    ralt_close(r);
+    ralt_close_tmp(r);
 }
 
 static void count_key(void *arg, const void *key, size_t klen, uint32_t vlen)
@@ -110,7 +133,7 @@ Test(ralt, hot_bytes_in_a_range)
 {
     ralt *r;
     ralt_opts o = {.hot_limit = 1 << 20};
-    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
     char k[16];
     for (int i = 0; i < 100; i++) {
         snprintf(k, sizeof(k), "k%03d", i);
@@ -124,7 +147,158 @@ Test(ralt, hot_bytes_in_a_range)
     int n = 0;
     cr_assert_eq(ralt_hot_range(r, "k020", 4, "k039", 4, count_key, &n), KV_OK);
     cr_assert_eq(n, 10);
+    ralt_close_tmp(r);
+}
+
+/* The merge rule, modelled: a key's accesses folded one by one, oldest
+ * first (score decayed and summed, last and first tick, counter restarted
+ * at each access, stable once an access comes while the counter of the
+ * previous ones is positive). */
+#define NMK 200 /* keys of the model test */
+
+typedef struct mkey {
+    bool seen, stable;
+    double score;
+    uint64_t tick, first;
+} mkey;
+
+static void model_access(mkey *m, uint64_t t)
+{
+    if (!m->seen) {
+        *m = (mkey){.seen = true, .score = 1.0, .tick = t, .first = t};
+        return;
+    }
+    uint64_t periods = (t - m->tick) / 4; /* RALT_PERIOD_TICKS */
+    m->stable = m->stable || periods < 5; /* the counter starts at 5 */
+    m->score = m->score * exp2(-(double)(t - m->tick) / 16.0) + 1.0;
+    m->tick = t;
+}
+
+static void model_check(ralt *r, const mkey *m, int nkeys, uint64_t now, const char *when)
+{
+    char k[8];
+    for (int i = 0; i < nkeys; i++) {
+        snprintf(k, sizeof(k), "m%03d", i);
+        bool hot = ralt_is_hot(r, k, 4);
+        cr_assert_eq(hot, m[i].seen && m[i].stable, "%s: %s hot=%d model=%d", when, k, hot,
+                     m[i].stable);
+        double want = m[i].seen ? m[i].score * exp2(-(double)(now - m[i].tick) / 16.0) : 0;
+        double got = ralt_score(r, k, 4);
+        cr_assert(fabs(got - want) <= 1e-9 * (1 + want), "%s: %s score %.12f model %.12f", when, k,
+                  got, want);
+    }
+}
+
+Test(ralt, merge_rule_matches_a_sequential_fold_however_runs_split)
+{
+    for (int trial = 0; trial < 4; trial++) {
+        ralt *r;
+        size_t cap = 4 + (size_t)trial * 9; /* buffer sizes: runs split accesses differently */
+        ralt_opts o = {.hot_limit = 1u << 30, .tick_bytes = 16, .buf_entries = cap};
+        cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
+        mkey m[NMK] = {0};
+        uint64_t seed = 7 + (uint64_t)trial, accessed = 0;
+        size_t inbuf = 0;
+        for (int i = 0; i < 1500; i++) {
+            uint64_t x = lt_rand(&seed) % NMK;
+            int id = (int)(x * x / NMK); /* skewed: low ids are hotter */
+            size_t vlen = 1 + lt_rand(&seed) % 60;
+            char k[8];
+            snprintf(k, sizeof(k), "m%03d", id);
+            model_access(&m[id], accessed / 16);
+            accessed += 4 + vlen;
+            ralt_access(r, k, 4, vlen);
+            if (++inbuf == cap) { /* the buffer just became a run: several runs now */
+                inbuf = 0;
+                if ((size_t)(i % 97) < cap)
+                    model_check(r, m, NMK, accessed / 16, "across runs");
+            }
+            if (lt_rand(&seed) % 400 == 0) {
+                cr_assert_eq(ralt_flush(r), KV_OK);
+                inbuf = 0;
+                model_check(r, m, NMK, accessed / 16, "merged");
+            }
+        }
+        cr_assert_eq(ralt_flush(r), KV_OK);
+        model_check(r, m, NMK, accessed / 16, "final");
+        ralt_stats st;
+        ralt_stats_get(r, &st);
+        cr_assert_eq(st.runs, 1);
+        cr_assert_eq(st.evicted, 0);
+        cr_assert_gt(st.stable, 0);
+        cr_assert_lt(st.stable, st.entries, "some keys stable, some not");
+        cr_assert_gt(st.file_bytes, 0, "the run is a file on FD");
+        ralt_close_tmp(r);
+    }
+}
+
+Test(ralt, a_restart_deletes_stale_runs_and_relearns)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 1 << 20};
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s", o.dir);
+    acc(r, "hot", 10);
+    acc(r, "hot", 10);
+    acc(r, "cold", 10);
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    cr_assert(ralt_is_hot(r, "hot", 3));
+    cr_assert_eq(lt_count(dir, ".sst"), 1, "one run file");
+    char *run = lt_find(dir, ".sst", 1), keep[300];
+    cr_assert_not_null(run);
+    snprintf(keep, sizeof(keep), "%s.keep", run);
+    cr_assert_eq(link(run, keep), 0);
     ralt_close(r);
+    cr_assert_eq(lt_count(dir, ".sst"), 0, "a clean close deletes the runs");
+    cr_assert_eq(rename(keep, run), 0); /* as a crash would leave it */
+    free(run);
+    cr_assert_eq(ralt_open(&r, &o), KV_OK);
+    cr_assert_eq(lt_count(dir, ".sst"), 0, "open deletes stale runs");
+    cr_assert(!ralt_is_hot(r, "hot", 3), "hotness is re-learned, not read back");
+    ralt_stats st;
+    ralt_stats_get(r, &st);
+    cr_assert_eq(st.entries, 0);
+    acc(r, "hot", 10);
+    acc(r, "hot", 10);
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    cr_assert(ralt_is_hot(r, "hot", 3));
+    ralt_close_tmp(r);
+}
+
+Test(ralt, a_corrupt_run_is_reported_and_the_table_relearns)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 1 << 20};
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
+    char dir[256], k[16];
+    snprintf(dir, sizeof(dir), "%s", o.dir);
+    for (int i = 0; i < 300; i++) { /* several blocks of stable keys */
+        snprintf(k, sizeof(k), "c%03d", i);
+        acc(r, k, 10);
+        acc(r, k, 10);
+    }
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    cr_assert(ralt_is_hot(r, "c299", 4)); /* block 0 not read (nor kept by this thread) */
+    char *run = lt_find(dir, ".sst", 1);
+    cr_assert_not_null(run);
+    cr_assert_eq(lt_flip(run, 100), 0); /* inside the first data block */
+    free(run);
+    cr_assert(!ralt_is_hot(r, "c000", 4), "an unreadable block answers not hot");
+    cr_assert(ralt_is_hot(r, "c299", 4), "other blocks still answer");
+    ralt_stats st;
+    ralt_stats_get(r, &st);
+    cr_assert_gt(st.errors, 0, "the error is counted (and logged)");
+    acc(r, "new", 10);
+    cr_assert_eq(ralt_flush(r), KV_DATA_LOSS, "the merge meets the corrupt run");
+    ralt_stats_get(r, &st);
+    cr_assert_eq(st.runs, 0, "the table is dropped");
+    cr_assert_eq(lt_count(dir, ".sst"), 0, "and its files deleted");
+    acc(r, "again", 10);
+    acc(r, "again", 10);
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    cr_assert(ralt_is_hot(r, "again", 5), "it learns again");
+    ralt_close_tmp(r);
 }
 
 /* ---- the db ---- */
@@ -412,6 +586,22 @@ Test(hotrap, compaction_inside_sd_promotes_hot_records)
     cr_assert_eq(get_id(t, 20, &seq, NULL), LSM_TIER_FD);
     cr_assert_eq(seq, w, "the newer write of 20 wins");
     cr_assert_eq(get_id(t, 13, NULL, NULL), LSM_TIER_SD);
+    t_close(t);
+}
+
+Test(hotrap, ralt_runs_live_on_fd_and_close_leaves_none)
+{
+    tdb *t = t_open("raltfiles", true);
+    fill_sd(t, 500);
+    read_hot(t, 5);
+    lsm_promo_sync(t->db); /* flushes RALT */
+    char dir[400];
+    snprintf(dir, sizeof(dir), "%s/ralt", t->fd);
+    cr_assert_geq(lt_count(dir, ".sst"), 1, "RALT's run is a file in %s", dir);
+    lsm_close(t->db);
+    cr_assert_eq(lt_count(dir, ".sst"), 0);
+    cr_assert_eq(lsm_open(&t->db, &t->o, NULL, NULL), KV_OK);
+    cr_assert_eq(get_id(t, 5, NULL, NULL), LSM_TIER_FD, "promoted copy survives");
     t_close(t);
 }
 
