@@ -40,7 +40,11 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, s
     eo.fast_dir = o->fast_dir;
     eo.slow_dir = o->slow_dir;
     eo.fast_mb = (uint64_t)o->fast_mb;
-    eo.mem_mb = (size_t)o->mem_mb;
+    /* Equal memory: RocksDB gets a block cache of --mem-mb plus its memtable
+     * (--write-buffer-mb, more while one is flushed) beside it; hotkv's
+     * memory tier holds both its cache and its dirty records (the
+     * memtable), so its budget is the sum. */
+    eo.mem_mb = (size_t)(o->mem_mb + o->write_buffer_mb);
     eo.write_buffer_mb = (size_t)o->write_buffer_mb;
     eo.sync = o->sync_idx == TB_SYNC_ALWAYS  ? ENGINE_SYNC_ALWAYS
               : o->sync_idx == TB_SYNC_BATCH ? ENGINE_SYNC_BATCH

@@ -10,7 +10,8 @@
  * compaction, L1 = fast-mb / 12 and x10 per level (hotkv's sizing, which
  * puts L0..L2 on FD), SST files of L1 / 4, 4 KiB blocks, 10-bit bloom
  * filters, no compression, memtable = --write-buffer-mb, block cache =
- * --mem-mb (hotkv's memory-tier budget), no manual compaction, two
+ * --mem-mb (hotkv's memory tier gets --mem-mb + --write-buffer-mb, as it
+ * holds its memtable too: eng_hotkv.c), no manual compaction, two
  * background jobs. WAL sync follows --sync as hotkv's: always = sync on
  * every write; batch = writes reach the kernel and a thread calls
  * FlushWAL(sync) every --sync-ms (hotkv's WAL thread does the same);

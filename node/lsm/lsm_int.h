@@ -183,6 +183,9 @@ kv_err lsm_sst_builder_open(lsm_sst_builder **out, lsm_vol *v, uint64_t number,
 /* Records must come in strictly ascending key order. */
 kv_err lsm_sst_builder_add(lsm_sst_builder *b, const lsm_rec *r);
 uint64_t lsm_sst_builder_size(const lsm_sst_builder *b);
+/* The file needs no durability (RALT's runs, never recovered): finish skips
+ * the fsync of the file and of its directory. */
+void lsm_sst_builder_nosync(lsm_sst_builder *b);
 /* Writes bloom, index and footer, fsyncs, opens the reader and returns a new
  * lsm_file (refs 1) for level/tier. Frees b in every case; on failure the
  * file is unlinked. */

@@ -560,8 +560,11 @@ static kv_err write_run(merger *m, const uint8_t *drop, ralt_run **out)
     for (size_t i = 0; merger_next(m); i++) {
         if (drop && drop[i])
             continue;
-        if (!b && (rv = lsm_sst_builder_open(&b, &r->vol, r->next_number++, RALT_BLOCK)) != KV_OK)
-            break;
+        if (!b) {
+            if ((rv = lsm_sst_builder_open(&b, &r->vol, r->next_number++, RALT_BLOCK)) != KV_OK)
+                break;
+            lsm_sst_builder_nosync(b); /* runs are never recovered (see the top) */
+        }
         uint8_t val[RALT_VAL_LEN];
         val_encode(val, &m->out);
         lsm_rec rec = {.key = m->out.key,

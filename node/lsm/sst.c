@@ -60,6 +60,7 @@ struct lsm_sst_builder {
     uint64_t *hashes;
     size_t nh, hcap;
     uint64_t count, min_seq, max_seq;
+    bool nosync; /* lsm_sst_builder_nosync */
 };
 
 void lsm_sst_name(char *buf, size_t cap, uint64_t number)
@@ -260,8 +261,13 @@ static kv_err finish_tail(lsm_sst_builder *b)
     if (rv == KV_OK)
         rv = lsm_buf_put(&b->out, f, sizeof(f));
     if (rv == KV_OK)
-        rv = write_out(b, true);
+        rv = write_out(b, !b->nosync);
     return rv;
+}
+
+void lsm_sst_builder_nosync(lsm_sst_builder *b)
+{
+    b->nosync = true;
 }
 
 kv_err lsm_sst_builder_finish(lsm_sst_builder *b, int level, lsm_file **out)
@@ -272,7 +278,7 @@ kv_err lsm_sst_builder_finish(lsm_sst_builder *b, int level, lsm_file **out)
         rv = KV_INVALID_ARGUMENT;
     if (rv == KV_OK)
         rv = finish_tail(b);
-    if (rv == KV_OK)
+    if (rv == KV_OK && !b->nosync)
         rv = lsm_vol_syncdir(b->v);
     if (rv == KV_OK) {
         f->smallest = malloc(b->first.len);
