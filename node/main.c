@@ -19,7 +19,7 @@ typedef struct nhc_flags {
     int on; /* index into {"off", "on"} */
     int target;
     double step, stable_delta, miss_max, miss_rise, min_gain;
-    long poll_ms, probe_ms, min_ops, stuck_rounds;
+    long poll_ms, probe_ms, min_ops, stuck_rounds, backoff_max;
 } nhc_flags;
 
 static void nhc_flags_init(nhc_flags *f)
@@ -36,7 +36,8 @@ static void nhc_flags_init(nhc_flags *f)
                      .poll_ms = (long)(d.poll_ns / 1000000),
                      .probe_ms = (long)(d.probe_ns / 1000000),
                      .min_ops = (long)d.min_ops,
-                     .stuck_rounds = (long)d.stuck_rounds};
+                     .stuck_rounds = (long)d.stuck_rounds,
+                     .backoff_max = (long)d.backoff_max};
 }
 
 /* Checks the ranges KV_OPT_DOUBLE does not and fills o. */
@@ -70,6 +71,7 @@ static kv_err nhc_flags_apply(const nhc_flags *f, nhc_opts *o, char *err, size_t
     o->probe_ns = (uint64_t)f->probe_ms * 1000000ull;
     o->min_ops = (uint64_t)f->min_ops;
     o->stuck_rounds = (unsigned)f->stuck_rounds;
+    o->backoff_max = (unsigned)f->backoff_max;
     return KV_OK;
 }
 
@@ -142,6 +144,10 @@ int main(int argc, char **argv)
          1L << 40},
         {"nhc-stuck-rounds", KV_OPT_INT, &nf.stuck_rounds,
          "NHC tuning rounds ending at load_admit 1 that return to classic", NULL, 1, 1000},
+        {"nhc-backoff-max", KV_OPT_INT, &nf.backoff_max,
+         "NHC: after tuning ended stuck at load_admit 1, wait up to this many extra stable polls "
+         "before tuning again (doubling from 1; 0 = never wait)",
+         NULL, 0, 100000},
         {"nhc-twin-entries", KV_OPT_INT, &n.cfg.twin_entries,
          "NHC twin-map bound in entries (0 = 256 per MiB of --fast-mb)", NULL, 0, 1L << 30},
         {"no-io-uring", KV_OPT_BOOL, &n.cfg.no_io_uring, "use pread/pwrite instead of io_uring",

@@ -53,6 +53,8 @@ typedef struct nhc_opts {
     uint64_t probe_ns;     /* window length of one probe in state 2. 100 ms */
     uint64_t min_ops;      /* a window with fewer reads carries no information. 64 */
     unsigned stuck_rounds; /* rounds ending at load_admit 1.0 that end tuning. 2 */
+    unsigned backoff_max;  /* after tuning ended stuck at 1.0, the next entry waits 1, 2, 4 ..
+                              up to this many extra stable polls (0 = never wait). 16 */
 } nhc_opts;
 
 /* Fills *o with the defaults. Any thread. */

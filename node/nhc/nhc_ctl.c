@@ -14,6 +14,10 @@
  * entry or above miss_max (the workload changed, so caching must resume), when
  * a window carries too few reads to measure, or when `stuck_rounds` rounds in
  * a row end at la = 1.0 (FD is not saturated: classic caching is optimal).
+ * After such a stuck end, the next entry into tuning waits for 1, 2, 4, ..
+ * up to backoff_max extra stable polls (reset when a round moves la below
+ * 1.0 or the miss ratio rises), so that an unsaturated node does not keep
+ * paying for probes below 1.0 (an addition of ours, not the paper's).
  * load_admit is kept internally in parts per million so steps are exact.
  * No I/O, no clock, no threads: the caller supplies every measurement.
  */
@@ -40,7 +44,9 @@ struct nhc_ctl {
     uint32_t cand[NPROBES]; /* ppm */
     double score[NPROBES];  /* higher is better */
     bool measured[NPROBES];
-    unsigned stuck; /* consecutive rounds that ended at 1.0 */
+    unsigned stuck;   /* consecutive rounds that ended at 1.0 */
+    unsigned backoff; /* extra stable polls the next entry into tuning waits */
+    unsigned waited;  /* stable polls waited so far */
     nhc_decision cur;
 };
 
@@ -64,6 +70,8 @@ struct nhc_ctl {
  *   paper tunes only once the cache is warm).
  * - min_gain 0.01, min_ops 64: ignore sub-1% differences and near-idle windows.
  * - stuck_rounds 2: "la stays at 1.0 twice in a row" returns to classic.
+ * - backoff_max 16: an unsaturated node re-probes at most every ~16 s
+ *   (polls of 1 s) once it has found twice in a row that la 1.0 is best.
  */
 void nhc_opts_default(nhc_opts *o)
 {
@@ -79,6 +87,7 @@ void nhc_opts_default(nhc_opts *o)
         .probe_ns = 100000000ull,
         .min_ops = 64,
         .stuck_rounds = 2,
+        .backoff_max = 16,
     };
 }
 
@@ -183,7 +192,12 @@ static void round_finish(nhc_ctl *c)
             best = i;
     c->la = c->cand[best];
     c->stuck = c->la == PPM ? c->stuck + 1 : 0;
+    if (c->la < PPM)
+        c->backoff = 0;
     if (c->stuck >= c->o.stuck_rounds) {
+        unsigned b = c->backoff ? c->backoff * 2 : 1;
+        c->backoff = b > c->o.backoff_max ? c->o.backoff_max : b;
+        c->waited = 0;
         to_classic(c);
         return;
     }
@@ -212,6 +226,11 @@ static void step_classic(nhc_ctl *c, const nhc_sample *s)
     c->have_prev = true;
     if (!stable || s->miss_ratio > c->o.miss_max)
         return;
+    if (c->waited < c->backoff) {
+        c->waited++;
+        return;
+    }
+    c->waited = 0;
     c->entry_miss = s->miss_ratio;
     c->la = PPM;
     c->stuck = 0;
@@ -220,8 +239,12 @@ static void step_classic(nhc_ctl *c, const nhc_sample *s)
 
 static void step_tuning(nhc_ctl *c, const nhc_sample *s)
 {
-    if (s->ops < c->o.min_ops || s->miss_ratio > c->o.miss_max ||
-        s->miss_ratio > c->entry_miss + c->o.miss_rise) {
+    if (s->ops < c->o.min_ops) {
+        to_classic(c);
+        return;
+    }
+    if (s->miss_ratio > c->o.miss_max || s->miss_ratio > c->entry_miss + c->o.miss_rise) {
+        c->backoff = c->waited = 0; /* the workload changed: tune again as soon as stable */
         to_classic(c);
         return;
     }

@@ -87,9 +87,10 @@ Test(kvctl, nhc_state_series_and_flags, .timeout = 120)
     snprintf(slow, sizeof(slow), "%s/slow", dir);
     snprintf(data, sizeof(data), "%s/data", dir);
     const char *bad[][2] = {
-        {"--nhc", "maybe"},     {"--nhc-target", "fastest"},  {"--nhc-step", "0"},
-        {"--nhc-step", "1.5"},  {"--nhc-miss-max", "2"},      {"--nhc-probe-ms", "0"},
-        {"--nhc-poll-ms", "x"}, {"--nhc-twin-entries", "-1"}, {"--nhc-stable-delta", "nan"}};
+        {"--nhc", "maybe"},         {"--nhc-target", "fastest"},  {"--nhc-step", "0"},
+        {"--nhc-step", "1.5"},      {"--nhc-miss-max", "2"},      {"--nhc-probe-ms", "0"},
+        {"--nhc-poll-ms", "x"},     {"--nhc-twin-entries", "-1"}, {"--nhc-stable-delta", "nan"},
+        {"--nhc-backoff-max", "-1"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         snprintf(cmd, sizeof(cmd), "%s --id b --data-dir %s %s %s 2>&1", kvt_bin("node/kvnode"),
                  data, bad[i][0], bad[i][1]);

@@ -510,3 +510,51 @@ Test(nhc_rt, threads_smoke)
                  (unsigned long)x.seen_reads);
     nhc_destroy(x.n);
 }
+
+/* Classic windows between two tuning periods of an unsaturated node: the
+ * entry waits 1, 2, 4 .. backoff_max extra stable polls after each stuck
+ * end, and a miss-ratio rise (a workload change) resets the wait. */
+static int classic_polls_until_tuning(nhc_ctl *c, const sim *m, nhc_decision *d)
+{
+    int n = 0;
+    while (d->state == NHC_STATE_CLASSIC && n < 1000) {
+        nhc_sample s = sim_sample(m, d);
+        cr_assert_eq(nhc_step(c, &s, d), KV_OK);
+        n++;
+    }
+    return n;
+}
+
+static void tune_until_classic(nhc_ctl *c, const sim *m, nhc_decision *d)
+{
+    for (int i = 0; d->state == NHC_STATE_TUNING && i < 1000; i++) {
+        nhc_sample s = sim_sample(m, d);
+        cr_assert_eq(nhc_step(c, &s, d), KV_OK);
+    }
+    cr_assert_eq(d->state, NHC_STATE_CLASSIC);
+}
+
+Test(nhc_ctl, unsaturated_reentry_backs_off_and_a_miss_rise_resets_it)
+{
+    sim m = {.fd_cap = 1e6, .sd_cap = 300e3, .demand = 500e3, .miss = 0.05};
+    nhc_opts o;
+    nhc_opts_default(&o);
+    o.backoff_max = 8;
+    nhc_ctl *c = mk(&o);
+    nhc_decision d = nhc_ctl_decision(c);
+    const int want[] = {2, 3, 4, 6, 10, 10, 10};
+    for (int i = 0; i < 7; i++) {
+        int n = classic_polls_until_tuning(c, &m, &d);
+        cr_assert_eq(n, want[i], "entry %d after %d polls, want %d", i, n, want[i]);
+        tune_until_classic(c, &m, &d);
+    }
+    /* a workload change while tuning: back to classic, next entry at once */
+    cr_assert_eq(classic_polls_until_tuning(c, &m, &d), 10);
+    sim w = m;
+    w.miss = m.miss + 0.10;
+    nhc_sample s = sim_sample(&w, &d);
+    cr_assert_eq(nhc_step(c, &s, &d), KV_OK);
+    cr_assert_eq(d.state, NHC_STATE_CLASSIC);
+    cr_assert_eq(classic_polls_until_tuning(c, &w, &d), 2, "no backoff after a miss rise");
+    nhc_ctl_destroy(c);
+}
