@@ -288,6 +288,8 @@ static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
     sleep_s(o->warmup);
     engine_stats es0, es1;
     engine_get_stats(r->e, &es0);
+    lsm_stats ls0;
+    lsm_stats_get(r->e->db, &ls0);
     uint64_t ops0 = atomic_load(&r->ops), t0 = kv_now_ns();
     atomic_store(&r->measuring, true);
     size_t npts = (size_t)(o->seconds * 10) + 2, k = 0, tuning = 0;
@@ -336,11 +338,11 @@ static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
            "\"p50_us\":%.0f,\"p99_us\":%.0f,\"p999_us\":%.0f,\"mem_reads_per_s\":%.1f,"
            "\"fd_reads_per_s\":%.1f,\"sd_reads_per_s\":%.1f,\"load_admit_mean\":%.3f,"
            "\"tuning_share\":%.3f,\"hot_records\":%" PRIu64 ",\"twins_at_load\":%" PRIu64
-           ",\"twins_now\":%" PRIu64,
+           ",\"twins_now\":%" PRIu64 ",\"promoted_in_run\":%" PRIu64,
            shift_at > 0 ? "on-shift" : mode, rep, o->threads, secs, (double)ops / secs, pct(r, 0.5),
            pct(r, 0.99), pct(r, 0.999), (double)rmem / secs, (double)rfd / secs, (double)rsd / secs,
            k ? la_sum / (double)k : 0, forced || !k ? 0.0 : (double)tuning / (double)k, r->hot,
-           r->twins0, ls.twin_entries);
+           r->twins0, ls.twin_entries, ls.promoted_recs - ls0.promoted_recs);
     if (shift_at > 0) {
         printf(",\"shift_at\":%.1f,\"state_at_shift\":\"%s\",\"back_to_classic_s\":%.1f,"
                "\"tuning_again_s\":%.1f,\"timeline\":[",
