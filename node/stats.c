@@ -45,5 +45,10 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
     rpc_stats_add(l, "index.head_moves", "%llu", (unsigned long long)es.index_head_moves);
     rpc_stats_add(l, "index.sample_rounds", "%llu", (unsigned long long)es.index_sample_rounds);
     rpc_stats_add(l, "index.rehashes", "%llu", (unsigned long long)es.index_rehashes);
+    /* raw counters behind the ratios above, for deltas over a run */
+    rpc_stats_add(l, "index.visited", "%llu", (unsigned long long)es.index_visited);
+    rpc_stats_add(l, "index.head_hits", "%llu", (unsigned long long)es.index_head_hits);
+    rpc_stats_add(l, "index.pinned_head_hits", "%llu",
+                  (unsigned long long)es.index_pinned_head_hits);
     engine_lsm_stats(n->eng, l);
 }
