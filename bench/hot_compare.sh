@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Issue 7, "Effect" and "Overhead": cluster hot-key hints on vs off at zipf
+# theta 1.22, and router forwarding throughput with hot-key detection on vs
+# off, in one run on loopback.
+#
+#   bench/hot_compare.sh [-b BUILD_DIR] [-s SECONDS] [-r ROUNDS] [-k KEYS]
+#                        [-m MEM_MB] [-T HOT_THRESHOLD] [-t THREADS]
+#                        [-c CONCURRENCY] [-p BASE_PORT] [-q]
+#
+# Two one-node clusters (rf 1) with identical nodes (--mem-mb MEM_MB: the
+# HotRing gets MEM_MB*1024 buckets, so KEYS = 8x that gives rings of about 8
+# items and head placement matters):
+#   A: node a1, router "on" (detection on, --hot-sample 16: hints flow to a1)
+#      and router "off" (--hot-sample 0) in front of the same node;
+#   B: node b1, router --hot-sample 0 (no detection, so no hints).
+# After loading KEYS keys (16-byte values) into both and a warm-up, each
+# round runs kvbench (workload C, zipf THETA) once through each router, in
+# the order B, on, off, then reversed in the next round (so on/off and on/B
+# are always neighbours in time):
+#   hints on vs off  = A via "on" vs B        (node-side effect of the pins)
+#   detection on/off = A via "on" vs A via "off" (router cost; same node)
+# Node-side index figures are admin.Stats deltas over the runs. One JSON
+# line per run, then the summary as the last line (stdout); progress on
+# stderr. Every process started here is stopped, and the temp dir removed,
+# on exit and on Ctrl-C. -q: a quick smoke run (1 round of 2 s, 8k keys).
+set -euo pipefail
+
+build=build secs=5 rounds=4 keys=32768 mem=4 thresh=50 threads=2 conc=16 port=17500
+theta=1.22
+while getopts "b:s:r:k:m:T:t:c:p:qh" o; do
+  case "$o" in
+    b) build=$OPTARG ;;
+    s) secs=$OPTARG ;;
+    r) rounds=$OPTARG ;;
+    k) keys=$OPTARG ;;
+    m) mem=$OPTARG ;;
+    T) thresh=$OPTARG ;;
+    t) threads=$OPTARG ;;
+    c) conc=$OPTARG ;;
+    p) port=$OPTARG ;;
+    q) secs=2 rounds=1 keys=8192 mem=1 ;;
+    *) sed -n '3,25p' "$0" >&2; exit 2 ;;
+  esac
+done
+command -v jq > /dev/null || { echo "$0: needs jq" >&2; exit 2; }
+for b in node/kvnode shard/kvrouter client/kvctl bench/kvbench/kvbench; do
+  [ -x "$build/$b" ] || { echo "$0: missing $build/$b (build first)" >&2; exit 2; }
+done
+
+log() { echo "hot_compare: $*" >&2; }
+load1() { cut -d' ' -f1 /proc/loadavg; }
+
+tmp=$(mktemp -d /tmp/hot_compare.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2> /dev/null || true; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2> /dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2> /dev/null || true
+    wait "$p" 2> /dev/null || true
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+url() { echo "tcp://127.0.0.1:$((port + $1))"; }
+na=$(url 1) nb=$(url 2) ron=$(url 10) roff=$(url 11) rb=$(url 12)
+for a in "$na" "$nb" "$ron" "$roff" "$rb"; do
+  p=${a##*:}
+  if (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null; then
+    echo "$0: port $p is in use (pick another base with -p)" >&2
+    exit 2
+  fi
+done
+kvctl=("$build/client/kvctl" --timeout 5000)
+
+wait_ping() { # ADDR
+  for _ in $(seq 100); do
+    "${kvctl[@]}" --router "$1" ping > /dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "$0: $1 did not come up; logs:" >&2
+  tail -n 5 "$tmp"/*.log >&2
+  return 1
+}
+start_node() { # ID ADDR
+  "$build/node/kvnode" --id "$1" --listen "$2" --data-dir "$tmp/$1" --mem-mb "$mem" \
+    --hot-threshold "$thresh" > "$tmp/$1.log" 2>&1 &
+  pids+=($!)
+  wait_ping "$2"
+  "${kvctl[@]}" cluster init --rf 1 "$1=$2" > /dev/null
+}
+start_router() { # NAME ADDR SEED [FLAGS...]
+  local name=$1 addr=$2 seed=$3
+  shift 3
+  "$build/shard/kvrouter" --listen "$addr" --seeds "$seed" "$@" > "$tmp/$name.log" 2>&1 &
+  pids+=($!)
+  wait_ping "$addr"
+  for _ in $(seq 100); do # until the router has the map
+    "${kvctl[@]}" --router "$addr" status > /dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# The node's counters we take deltas of, as one JSON object.
+snap() { # NODE_ADDR
+  "${kvctl[@]}" --router "$1" status --verbose --json | jq -c '.nodes[0].stats | {
+    reads: (.["index.reads"] | tonumber), visited: (.["index.visited"] | tonumber),
+    head_hits: (.["index.head_hits"] | tonumber),
+    pinned_reads: (.["index.pinned_reads"] | tonumber),
+    pinned_head_hits: (.["index.pinned_head_hits"] | tonumber),
+    pinned: (.["hot.pinned"] | tonumber), buckets: (.["index.buckets"] | tonumber),
+    keys: (.keys | tonumber), evictions: (.["memory.evictions"] | tonumber)}'
+}
+
+bench() { # ROUTER SECONDS [FLAGS...]
+  local r=$1 s=$2
+  shift 2
+  timeout $((${s%.*} + 180)) "$build/bench/kvbench/kvbench" --router "$r" --workload C \
+    --dist zipf --theta "$theta" --keys "$keys" --value-size 16 --threads "$threads" \
+    --concurrency "$conc" --seconds "$s" --report-top 0 "$@" 2> "$tmp/kvbench.err" | tail -n 1
+}
+
+# One measured run: prints its JSON line (stdout) and keeps it for the summary.
+run() { # KIND ROUND ROUTER NODE
+  local before after sum l
+  l=$(load1)
+  before=$(snap "$4")
+  sum=$(bench "$3" "$secs")
+  after=$(snap "$4")
+  [ -n "$sum" ] || { echo "$0: kvbench failed:" >&2; cat "$tmp/kvbench.err" >&2; exit 1; }
+  jq -cn --arg kind "$1" --argjson round "$2" --argjson b "$before" --argjson a "$after" \
+    --argjson s "$sum" --argjson load1 "$l" '{run: $kind, round: $round,
+      ops: $s.ops, seconds: $s.seconds, ops_per_s: $s.ops_per_s, p50_us: $s.p50_us,
+      p99_us: $s.p99_us, errors: $s.errors, load1: $load1,
+      index_reads: ($a.reads - $b.reads), index_visited: ($a.visited - $b.visited),
+      head_hits: ($a.head_hits - $b.head_hits),
+      pinned_reads: ($a.pinned_reads - $b.pinned_reads),
+      pinned_head_hits: ($a.pinned_head_hits - $b.pinned_head_hits), pinned_keys: $a.pinned}
+    | . + {visited_per_read: (if .index_reads > 0 then .index_visited / .index_reads else null end),
+           head_hit: (if .index_reads > 0 then .head_hits / .index_reads else null end)}' |
+    tee -a "$tmp/runs.jsonl"
+  log "$(jq -r 'def r3: if . == null then null else . * 1000 | round / 1000 end;
+    "round \(.round) \(.run): \(.ops_per_s) ops/s, visited/read \(.visited_per_read | r3),
+    head hit \(.head_hit | r3), pinned keys \(.pinned_keys), errors \(.errors),
+    load \(.load1)"' <<< "$(tail -n 1 "$tmp/runs.jsonl")" | tr -s ' \n' ' ')"
+}
+
+load_start=$(load1)
+t0=$(date +%s)
+log "keys $keys, --mem-mb $mem, $rounds rounds of $secs s, load average $load_start"
+start_node a1 "$na"
+start_node b1 "$nb"
+start_router on "$ron" "$na"
+start_router off "$roff" "$na" --hot-sample 0
+start_router b "$rb" "$nb" --hot-sample 0
+log "loading $keys keys into both nodes"
+bench "$roff" 0.1 --load --concurrency 64 > /dev/null &
+loader=$!
+bench "$rb" 0.1 --load --concurrency 64 > /dev/null
+wait "$loader"
+sa=$(snap "$na")
+sb=$(snap "$nb")
+for s in "$sa" "$sb"; do
+  k=$(jq .keys <<< "$s") bk=$(jq .buckets <<< "$s") ev=$(jq .evictions <<< "$s")
+  [ "$k" -eq "$keys" ] || { echo "$0: a node holds $k keys, not $keys" >&2; exit 1; }
+  [ "$ev" -eq 0 ] || log "warning: $ev evictions: rings are thinner than keys/buckets"
+done
+log "$keys keys in $bk buckets per node ($((keys / bk)) per ring)"
+
+log "warm-up: ${secs} s through each router"
+bench "$ron" "$secs" > /dev/null
+bench "$rb" "$secs" > /dev/null
+for _ in $(seq 50); do
+  [ "$(snap "$na" | jq .pinned)" -gt 0 ] && break
+  sleep 0.2
+done
+log "a1 pins $(snap "$na" | jq .pinned) keys (--hot-threshold $thresh ops/s)"
+
+for i in $(seq 1 "$rounds"); do
+  if [ $((i % 2)) -eq 1 ]; then
+    run hints_off "$i" "$rb" "$nb"
+    run hints_on "$i" "$ron" "$na"
+    run detect_off "$i" "$roff" "$na"
+  else
+    run detect_off "$i" "$roff" "$na"
+    run hints_on "$i" "$ron" "$na"
+    run hints_off "$i" "$rb" "$nb"
+  fi
+done
+# Both routers of cluster A at once, one kvbench each: they share whatever
+# else the machine runs at that moment, so their ratio is another, less
+# noisy, estimate of the detection overhead.
+log "concurrent: ${secs} s through router on and router off at once"
+bench "$ron" "$secs" > "$tmp/conc_on.json" &
+conc_pid=$!
+conc_off=$(bench "$roff" "$secs")
+wait "$conc_pid"
+conc_on=$(cat "$tmp/conc_on.json")
+jq -cn --argjson a "$conc_on" --argjson b "$conc_off" '{run: "concurrent",
+  detect_on_ops: $a.ops_per_s, detect_off_ops: $b.ops_per_s,
+  overhead_ratio: ($a.ops_per_s / $b.ops_per_s), errors: ($a.errors + $b.errors)}' |
+  tee "$tmp/concurrent.json"
+load_end=$(load1)
+log "done in $(($(date +%s) - t0)) s, load average $load_end"
+
+jq -cs --slurpfile conc "$tmp/concurrent.json" --argjson keys "$keys" --argjson buckets "$bk" --argjson theta "$theta" \
+  --argjson l0 "$load_start" --argjson l1 "$load_end" '
+  def kind($k): map(select(.run == $k));
+  def rate($k): (kind($k) | (map(.ops) | add) / (map(.seconds) | add));
+  def ratio($a; $b): if $b > 0 then $a / $b else null end;
+  def sum($k; $f): kind($k) | map(.[$f]) | add;
+  def round3: . * 1000 | round / 1000;
+  def round4: . * 10000 | round / 10000;
+  def median: sort | if length % 2 == 1 then .[length / 2 | floor]
+                     else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+  . as $runs | {summary: true, bench: "hot_compare", workload: "C", theta: $theta,
+    keys: $keys, buckets: $buckets, keys_per_ring: ($keys / $buckets),
+    hints_on_ops: (rate("hints_on") | round), hints_off_ops: (rate("hints_off") | round),
+    hints_ratio: (ratio(rate("hints_on"); rate("hints_off")) | round3),
+    visited_on: (ratio(sum("hints_on"; "index_visited"); sum("hints_on"; "index_reads")) | round3),
+    visited_off: (ratio(sum("hints_off"; "index_visited"); sum("hints_off"; "index_reads")) | round3),
+    head_hit_on: (ratio(sum("hints_on"; "head_hits"); sum("hints_on"; "index_reads")) | round4),
+    head_hit_off: (ratio(sum("hints_off"; "head_hits"); sum("hints_off"; "index_reads")) | round4),
+    pinned_head_hit: (ratio(sum("hints_on"; "pinned_head_hits"); sum("hints_on"; "pinned_reads"))
+                      | if . == null then null else round4 end),
+    pinned_read_share: (ratio(sum("hints_on"; "pinned_reads"); sum("hints_on"; "index_reads"))
+                        | round4),
+    pinned_keys: (kind("hints_on") | last | .pinned_keys),
+    detect_on_ops: (rate("hints_on") | round), detect_off_ops: (rate("detect_off") | round),
+    overhead_ratio: (ratio(rate("hints_on"); rate("detect_off")) | round3),
+    overhead_ratio_rounds: ([range(1; ($runs | map(.round) | max) + 1) as $r |
+      ratio($runs | map(select(.round == $r and .run == "hints_on"))[0].ops_per_s;
+            $runs | map(select(.round == $r and .run == "detect_off"))[0].ops_per_s) | round3]),
+    hints_ratio_rounds: ([range(1; ($runs | map(.round) | max) + 1) as $r |
+      ratio($runs | map(select(.round == $r and .run == "hints_on"))[0].ops_per_s;
+            $runs | map(select(.round == $r and .run == "hints_off"))[0].ops_per_s) | round3]),
+    overhead_ratio_concurrent: ($conc[0].overhead_ratio | round3),
+    errors: (map(.errors) | add + $conc[0].errors), load1_start: $l0, load1_end: $l1}
+  | . + {overhead_ratio_median: (.overhead_ratio_rounds | median | round3),
+         hints_ratio_median: (.hints_ratio_rounds | median | round3)}' \
+  "$tmp/runs.jsonl"
