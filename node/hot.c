@@ -6,7 +6,8 @@
  * ages out after 3 of its windows, or at once when the router's next report
  * leaves the key out), and pins keys whose summed rate passes
  * --hot-threshold in the engine (memory-resident, HotRing head), unpinning
- * them when they cool down. Reports arrive about once per second per
+ * them when they cool down. A threshold of 0 pins nothing (hints off; the
+ * view is still kept for kvctl hotkeys). Reports arrive about once per second per
  * router, so one mutex guards the table.
  */
 #include "node/hot.h"
@@ -153,7 +154,7 @@ static void sweep(node_hot *h, uint64_t router, uint64_t now)
             continue;
         drop_unreported(e, router, now);
         double rate = fresh_rate(e, now);
-        bool want = rate > 0 && rate >= h->threshold;
+        bool want = h->threshold > 0 && rate >= h->threshold; /* 0: hints off */
         if (want != e->pinned) {
             kv_err rv = engine_pin(h->eng, e->key, e->klen, want);
             e->pinned = want && (rv == KV_OK || rv == KV_NOT_FOUND);

@@ -23,7 +23,8 @@ typedef struct node_hot_item {
     bool pinned;
 } node_hot_item;
 
-/* Keys whose summed rate reaches threshold ops/s are pinned in e. */
+/* Keys whose summed rate reaches threshold ops/s are pinned in e; threshold
+ * 0 pins nothing (hints off). */
 kv_err node_hot_create(node_hot **out, engine *e, double threshold);
 /* Unpins nothing (the engine is closing too); NULL is a no-op. */
 void node_hot_destroy(node_hot *h);

@@ -417,7 +417,7 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
     node *n = c->user;
     UNPACK_OR_FAIL(req, Kv__HotKeysRequest, kv__hot_keys_request__unpack, c, body, len);
     uint64_t now = kv_now_ns();
-    if (req->n_keys)
+    if (req->n_keys || (req->router_id && req->router_id[0])) /* a router's report, maybe empty */
         node_hot_report(n->hot, req, now);
     node_hot_item *items = NULL;
     size_t total = node_hot_view(n->hot, now, &items);

@@ -29,7 +29,9 @@ static void push_done(void *arg, rpc_reply *rep)
     rpc_reply_free(rep);
 }
 
-/* Sends node j the items whose replicas include it. */
+/* Sends node j the items whose replicas include it; an empty list too, so a
+ * router that stopped seeing a node's keys withdraws its earlier reports at
+ * once (the node would otherwise keep them until another report came). */
 static void push_node(router *r, cmap *m, size_t j, const hk_report *rep, Kv__HotKey *keys,
                       Kv__HotKey **ptrs)
 {
@@ -50,8 +52,6 @@ static void push_node(router *r, cmap *m, size_t j, const hk_report *rep, Kv__Ho
         ptrs[n] = &keys[n];
         n++;
     }
-    if (!n)
-        return;
     Kv__HotKeysRequest req = KV__HOT_KEYS_REQUEST__INIT;
     req.router_id = r->cfg.listen;
     req.window_ms = (uint32_t)r->cfg.hot_window_ms;
@@ -86,8 +86,7 @@ static void *hot_main(void *arg)
         hk_report rep = {0};
         if (hk_window_rotate(r->hot, kv_now_ns(), (size_t)r->cfg.hot_k, &rep) != KV_OK)
             continue;
-        if (rep.n)
-            push_report(r, &rep);
+        push_report(r, &rep);
         if (r->mit)
             router_mit_update(r->mit, &rep);
         hk_report_free(&rep);

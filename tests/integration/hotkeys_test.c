@@ -548,3 +548,72 @@ Test(hotkeys, hinted_key_at_head_without_reads, .timeout = 120)
                   reads);
     kvt_cluster_stop(&cl);
 }
+
+/* Polls node n1's hot.pinned through the router until it equals want (up to
+ * ms); returns the last value. */
+static long wait_pinned(long want, int ms)
+{
+    long v = -1;
+    for (int i = 0; i <= ms / 50; i++) {
+        if ((v = stat_of(cl.router_url, "n1", "hot.pinned")) == want)
+            break;
+        usleep(50000);
+    }
+    return v;
+}
+
+/* A router whose traffic stops withdraws its reports with its next (empty)
+ * one, so a key nobody reads any more is unpinned even when no other router
+ * reports to that node. */
+Test(hotkeys, idle_router_unpins, .timeout = 120)
+{
+    static const char *const rflags[] = {"--hot-sample", "1", "--hot-window-ms", "300", NULL};
+    static const char *const nflags[] = {"--hot-threshold", "20", NULL};
+    kvt_router_extra = rflags;
+    kvt_node_extra = nflags;
+    cr_assert_eq(kvt_cluster_start(&cl, 1, 1, NULL), KV_OK, "logs in %s", cl.dir);
+    kv_client *c;
+    cr_assert_eq(kv_client_open(&c, cl.router_url, NULL), KV_OK);
+    cr_assert_eq(kv_put(c, "hot", 3, "v", 1, NULL, NULL), KV_OK);
+    long pinned = 0;
+    for (int i = 0; i < 30 && pinned < 1; i++) { /* up to 30 s of reads, no timing goal */
+        hammer(c, "hot", 1000);
+        pinned = stat_of(cl.router_url, "n1", "hot.pinned");
+    }
+    cr_assert_eq(pinned, 1, "the hammered key is pinned");
+    kv_client_close(c);
+    /* no more reads: the next window's report is empty (allow 30 windows) */
+    pinned = wait_pinned(0, 30 * 300);
+    cr_assert_eq(pinned, 0, "pins left after the router went idle: %ld", pinned);
+    kvt_cluster_stop(&cl);
+}
+
+/* --hot-threshold 0 switches hints off: the node keeps the routers' view
+ * (kvctl hotkeys shows the key) but pins nothing. */
+Test(hotkeys, threshold_zero_pins_nothing, .timeout = 120)
+{
+    static const char *const rflags[] = {"--hot-sample", "1", "--hot-window-ms", "300", NULL};
+    static const char *const nflags[] = {"--hot-threshold", "0", NULL};
+    kvt_router_extra = rflags;
+    kvt_node_extra = nflags;
+    cr_assert_eq(kvt_cluster_start(&cl, 1, 1, NULL), KV_OK, "logs in %s", cl.dir);
+    kv_client *c;
+    cr_assert_eq(kv_client_open(&c, cl.router_url, NULL), KV_OK);
+    cr_assert_eq(kv_put(c, "hot", 3, "v", 1, NULL, NULL), KV_OK);
+    bool seen = false;
+    char cmd[512], out[4096];
+    snprintf(cmd, sizeof(cmd), "%s --router %s hotkeys --top 5 --json", kvt_bin("client/kvctl"),
+             cl.router_url);
+    for (int i = 0; i < 30 && !seen; i++) { /* until a report reached the node */
+        hammer(c, "hot", 1000);
+        cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 0, "%s", out);
+        seen = strstr(out, "\"key\":\"hot\"") != NULL;
+    }
+    cr_assert(seen, "the node's view lists the hammered key: %s", out);
+    hammer(c, "hot", 1000); /* more reports (about 3 windows) while reads go on */
+    cr_assert_eq(stat_of(cl.router_url, "n1", "hot.pinned"), 0);
+    cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"pinned\":true") == NULL, "nothing pinned: %s", out);
+    kv_client_close(c);
+    kvt_cluster_stop(&cl);
+}
