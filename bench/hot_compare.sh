@@ -6,7 +6,7 @@
 #
 #   bench/hot_compare.sh [-b BUILD_DIR] [-s SECONDS] [-r ROUNDS] [-k KEYS]
 #                        [-m MEM_MB] [-T HOT_THRESHOLD] [-t THREADS]
-#                        [-c CONCURRENCY] [-p BASE_PORT] [-q]
+#                        [-c CONCURRENCY] [-p BASE_PORT] [-q] [-P]
 #
 # Two one-node clusters (rf 1) with identical nodes (--mem-mb MEM_MB: the
 # HotRing gets MEM_MB*1024 buckets, so KEYS = 8x that gives rings of about 8
@@ -20,15 +20,19 @@
 # are always neighbours in time):
 #   hints on vs off  = A via "on" vs B        (node-side effect of the pins)
 #   detection on/off = A via "on" vs A via "off" (router cost; same node)
-# Node-side index figures are admin.Stats deltas over the runs. One JSON
-# line per run, then the summary as the last line (stdout); progress on
-# stderr. Every process started here is stopped, and the temp dir removed,
-# on exit and on Ctrl-C. -q: a quick smoke run (1 round of 2 s, 8k keys).
+# and then runs "on" and "off" at once (two kvbench processes), a second
+# estimate of the router cost that shares the machine's noise. Node-side
+# index figures are admin.Stats deltas over the runs. One JSON line per run,
+# then the summary as the last line (stdout); progress on stderr. Every
+# process started here is stopped, and the temp dir removed, on exit and on
+# Ctrl-C. -q: a quick smoke run (1 round of 2 s, 8k keys). -P: also profile
+# the "on" router with perf for one more run and report the share of its
+# CPU samples in the detection code.
 set -euo pipefail
 
-build=build secs=5 rounds=4 keys=32768 mem=4 thresh=50 threads=2 conc=16 port=17500
+build=build secs=5 rounds=4 keys=32768 mem=4 thresh=50 threads=2 conc=16 port=17500 perf=0
 theta=1.22
-while getopts "b:s:r:k:m:T:t:c:p:qh" o; do
+while getopts "b:s:r:k:m:T:t:c:p:qPh" o; do
   case "$o" in
     b) build=$OPTARG ;;
     s) secs=$OPTARG ;;
@@ -40,7 +44,8 @@ while getopts "b:s:r:k:m:T:t:c:p:qh" o; do
     c) conc=$OPTARG ;;
     p) port=$OPTARG ;;
     q) secs=2 rounds=1 keys=8192 mem=1 ;;
-    *) sed -n '3,25p' "$0" >&2; exit 2 ;;
+    P) perf=1 ;;
+    *) sed -n '3,30p' "$0" >&2; exit 2 ;;
   esac
 done
 command -v jq > /dev/null || { echo "$0: needs jq" >&2; exit 2; }
@@ -155,6 +160,7 @@ log "keys $keys, --mem-mb $mem, $rounds rounds of $secs s, load average $load_st
 start_node a1 "$na"
 start_node b1 "$nb"
 start_router on "$ron" "$na"
+ron_pid=${pids[-1]}
 start_router off "$roff" "$na" --hot-sample 0
 start_router b "$rb" "$nb" --hot-sample 0
 log "loading $keys keys into both nodes"
@@ -180,34 +186,57 @@ for _ in $(seq 50); do
 done
 log "a1 pins $(snap "$na" | jq .pinned) keys (--hot-threshold $thresh ops/s)"
 
+# Both routers of cluster A at once, one kvbench each: they share whatever
+# else the machine runs at that moment, so their ratio is a second, less
+# noisy, estimate of the detection overhead.
+concurrent() { # ROUND
+  local on off
+  bench "$ron" "$secs" > "$tmp/conc_on.json" &
+  on=$!
+  off=$(bench "$roff" "$secs")
+  wait "$on"
+  jq -cn --argjson round "$1" --argjson a "$(cat "$tmp/conc_on.json")" --argjson b "$off" \
+    '{run: "concurrent", round: $round, detect_on_ops: $a.ops_per_s,
+      detect_off_ops: $b.ops_per_s, overhead_ratio: ($a.ops_per_s / $b.ops_per_s),
+      errors: ($a.errors + $b.errors)}' | tee -a "$tmp/conc.jsonl"
+  log "round $1 concurrent: on $(jq .detect_on_ops < <(tail -n 1 "$tmp/conc.jsonl")) ops/s, off $(
+    jq .detect_off_ops < <(tail -n 1 "$tmp/conc.jsonl")) ops/s"
+}
+
 for i in $(seq 1 "$rounds"); do
   if [ $((i % 2)) -eq 1 ]; then
     run hints_off "$i" "$rb" "$nb"
     run hints_on "$i" "$ron" "$na"
     run detect_off "$i" "$roff" "$na"
+    concurrent "$i"
   else
+    concurrent "$i"
     run detect_off "$i" "$roff" "$na"
     run hints_on "$i" "$ron" "$na"
     run hints_off "$i" "$rb" "$nb"
   fi
 done
-# Both routers of cluster A at once, one kvbench each: they share whatever
-# else the machine runs at that moment, so their ratio is another, less
-# noisy, estimate of the detection overhead.
-log "concurrent: ${secs} s through router on and router off at once"
-bench "$ron" "$secs" > "$tmp/conc_on.json" &
-conc_pid=$!
-conc_off=$(bench "$roff" "$secs")
-wait "$conc_pid"
-conc_on=$(cat "$tmp/conc_on.json")
-jq -cn --argjson a "$conc_on" --argjson b "$conc_off" '{run: "concurrent",
-  detect_on_ops: $a.ops_per_s, detect_off_ops: $b.ops_per_s,
-  overhead_ratio: ($a.ops_per_s / $b.ops_per_s), errors: ($a.errors + $b.errors)}' |
-  tee "$tmp/concurrent.json"
+
+# With -P: where the "on" router spends its CPU during one more run, and the
+# share of it in the detection code (hk_* sketch and window functions and
+# router_hot_*, the forwarding-path hook included).
+detect_cpu=null
+if [ "$perf" = 1 ]; then
+  log "perf: ${secs} s through router on"
+  bench "$ron" "$secs" > /dev/null &
+  pb=$!
+  perf record -F 999 -o "$tmp/perf.data" -p "$ron_pid" -- sleep "$secs" > /dev/null 2>&1 || true
+  wait "$pb"
+  perf report -i "$tmp/perf.data" --no-children --sort symbol --stdio -q 2> /dev/null |
+    awk '$1 ~ /%$/ { sub("%", "", $1); all += $1; if ($3 ~ /^(hk_|router_hot)/) hot += $1 }
+      END { if (all > 0) printf "%.4f\n", hot / all; else print "null" }' > "$tmp/perf.share"
+  detect_cpu=$(cat "$tmp/perf.share")
+  log "share of the on router's CPU samples in detection code: $detect_cpu"
+fi
 load_end=$(load1)
 log "done in $(($(date +%s) - t0)) s, load average $load_end"
 
-jq -cs --slurpfile conc "$tmp/concurrent.json" --argjson keys "$keys" --argjson buckets "$bk" --argjson theta "$theta" \
+jq -cs --slurpfile conc "$tmp/conc.jsonl" --argjson detect_cpu "$detect_cpu" --argjson keys "$keys" --argjson buckets "$bk" --argjson theta "$theta" \
   --argjson l0 "$load_start" --argjson l1 "$load_end" '
   def kind($k): map(select(.run == $k));
   def rate($k): (kind($k) | (map(.ops) | add) / (map(.seconds) | add));
@@ -238,8 +267,12 @@ jq -cs --slurpfile conc "$tmp/concurrent.json" --argjson keys "$keys" --argjson 
     hints_ratio_rounds: ([range(1; ($runs | map(.round) | max) + 1) as $r |
       ratio($runs | map(select(.round == $r and .run == "hints_on"))[0].ops_per_s;
             $runs | map(select(.round == $r and .run == "hints_off"))[0].ops_per_s) | round3]),
-    overhead_ratio_concurrent: ($conc[0].overhead_ratio | round3),
-    errors: (map(.errors) | add + $conc[0].errors), load1_start: $l0, load1_end: $l1}
+    overhead_ratio_concurrent: (($conc | map(.detect_on_ops) | add) /
+                                ($conc | map(.detect_off_ops) | add) | round3),
+    overhead_ratio_concurrent_rounds: ($conc | map(.overhead_ratio | round3)),
+    detect_cpu_share: $detect_cpu,
+    errors: (map(.errors) | add + ($conc | map(.errors) | add)), load1_start: $l0,
+    load1_end: $l1}
   | . + {overhead_ratio_median: (.overhead_ratio_rounds | median | round3),
          hints_ratio_median: (.hints_ratio_rounds | median | round3)}' \
   "$tmp/runs.jsonl"
