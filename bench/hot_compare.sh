@@ -10,24 +10,26 @@
 #
 # Two one-node clusters (rf 1) with identical nodes (--mem-mb MEM_MB: the
 # HotRing gets MEM_MB*1024 buckets, so KEYS = 8x that gives rings of about 8
-# items and head placement matters):
-#   A: node a1, router "on" (detection on, --hot-sample 16: hints flow to a1)
-#      and router "off" (--hot-sample 0) in front of the same node;
-#   B: node b1, router --hot-sample 0 (no detection, so no hints).
+# items and head placement matters); every router runs detection unless
+# noted, so the routers' work is the same on both sides of the hints
+# comparison:
+#   A: node a1 (--hot-threshold HOT_THRESHOLD) behind router "hints";
+#   B: node b1 (--hot-threshold 0: hints off, it pins nothing) behind router
+#      "on" and router "off" (--hot-sample 0: detection off).
 # After loading KEYS keys (16-byte values) into both and a warm-up, each
-# round runs kvbench (workload C, zipf THETA) once through each router, in
-# the order B, on, off, then reversed in the next round (so on/off and on/B
-# are always neighbours in time):
-#   hints on vs off  = A via "on" vs B        (node-side effect of the pins)
-#   detection on/off = A via "on" vs A via "off" (router cost; same node)
-# and then runs "on" and "off" at once (two kvbench processes), a second
-# estimate of the router cost that shares the machine's noise. Node-side
-# index figures are admin.Stats deltas over the runs. One JSON line per run,
-# then the summary as the last line (stdout); progress on stderr. Every
-# process started here is stopped, and the temp dir removed, on exit and on
-# Ctrl-C. -q: a quick smoke run (1 round of 2 s, 8k keys). -P: also profile
-# the "on" router with perf for one more run and report the share of its
-# CPU samples in the detection code.
+# round runs kvbench (workload C, zipf THETA) once through "hints", "on" and
+# "off", reversing the order every other round, then through "on" and "off"
+# at once (two kvbench processes sharing the machine's noise):
+#   hints on vs off  = A via "hints" vs B via "on"  (node-side effect of pins)
+#   detection on/off = B via "on" vs B via "off"    (router cost; same node)
+# Node-side index figures are admin.Stats deltas over each run, from 1.5 s
+# after its start (for "hints", from when a1 has pins again: an idle router
+# withdraws its reports, so pins come back one window into each run). One
+# JSON line per run, then the summary as the last line (stdout); progress on
+# stderr. Every process started here is stopped, and the temp dir removed,
+# on exit and on Ctrl-C. -q: a quick smoke run (1 round of 3 s, 8k keys).
+# -P: also profile router "on" with perf for one more run and report the
+# share of its CPU samples in the detection code.
 set -euo pipefail
 
 build=build secs=5 rounds=4 keys=32768 mem=4 thresh=50 threads=2 conc=16 port=17500 perf=0
@@ -43,11 +45,13 @@ while getopts "b:s:r:k:m:T:t:c:p:qPh" o; do
     t) threads=$OPTARG ;;
     c) conc=$OPTARG ;;
     p) port=$OPTARG ;;
-    q) secs=2 rounds=1 keys=8192 mem=1 ;;
+    q) secs=3 rounds=1 keys=8192 mem=1 ;;
     P) perf=1 ;;
-    *) sed -n '3,30p' "$0" >&2; exit 2 ;;
+    *) sed -n '3,32p' "$0" >&2; exit 2 ;;
   esac
 done
+# node figures start this long into each run (a quarter of short runs)
+skip=$(awk -v s="$secs" 'BEGIN { print (s >= 6 ? 1.5 : s / 4) }')
 command -v jq > /dev/null || { echo "$0: needs jq" >&2; exit 2; }
 for b in node/kvnode shard/kvrouter client/kvctl bench/kvbench/kvbench; do
   [ -x "$build/$b" ] || { echo "$0: missing $build/$b (build first)" >&2; exit 2; }
@@ -71,8 +75,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 url() { echo "tcp://127.0.0.1:$((port + $1))"; }
-na=$(url 1) nb=$(url 2) ron=$(url 10) roff=$(url 11) rb=$(url 12)
-for a in "$na" "$nb" "$ron" "$roff" "$rb"; do
+na=$(url 1) nb=$(url 2) rhints=$(url 10) ron=$(url 11) roff=$(url 12)
+for a in "$na" "$nb" "$rhints" "$ron" "$roff"; do
   p=${a##*:}
   if (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null; then
     echo "$0: port $p is in use (pick another base with -p)" >&2
@@ -90,9 +94,9 @@ wait_ping() { # ADDR
   tail -n 5 "$tmp"/*.log >&2
   return 1
 }
-start_node() { # ID ADDR
+start_node() { # ID ADDR HOT_THRESHOLD
   "$build/node/kvnode" --id "$1" --listen "$2" --data-dir "$tmp/$1" --mem-mb "$mem" \
-    --hot-threshold "$thresh" > "$tmp/$1.log" 2>&1 &
+    --hot-threshold "$3" > "$tmp/$1.log" 2>&1 &
   pids+=($!)
   wait_ping "$2"
   "${kvctl[@]}" cluster init --rf 1 "$1=$2" > /dev/null
@@ -131,11 +135,21 @@ bench() { # ROUTER SECONDS [FLAGS...]
 
 # One measured run: prints its JSON line (stdout) and keeps it for the summary.
 run() { # KIND ROUND ROUTER NODE
-  local before after sum l
+  local before after sum l b
   l=$(load1)
+  bench "$3" "$secs" > "$tmp/run.json" &
+  b=$!
+  sleep "$skip"
+  if [ "$1" = hints_on ]; then
+    for _ in $(seq 20); do
+      [ "$(snap "$4" | jq .pinned)" -gt 0 ] && break
+      sleep 0.1
+    done
+  fi
   before=$(snap "$4")
-  sum=$(bench "$3" "$secs")
+  wait "$b" || true
   after=$(snap "$4")
+  sum=$(cat "$tmp/run.json")
   [ -n "$sum" ] || { echo "$0: kvbench failed:" >&2; cat "$tmp/kvbench.err" >&2; exit 1; }
   jq -cn --arg kind "$1" --argjson round "$2" --argjson b "$before" --argjson a "$after" \
     --argjson s "$sum" --argjson load1 "$l" '{run: $kind, round: $round,
@@ -157,16 +171,16 @@ run() { # KIND ROUND ROUTER NODE
 load_start=$(load1)
 t0=$(date +%s)
 log "keys $keys, --mem-mb $mem, $rounds rounds of $secs s, load average $load_start"
-start_node a1 "$na"
-start_node b1 "$nb"
-start_router on "$ron" "$na"
+start_node a1 "$na" "$thresh"
+start_node b1 "$nb" 0
+start_router hints "$rhints" "$na"
+start_router on "$ron" "$nb"
 ron_pid=${pids[-1]}
-start_router off "$roff" "$na" --hot-sample 0
-start_router b "$rb" "$nb" --hot-sample 0
+start_router off "$roff" "$nb" --hot-sample 0
 log "loading $keys keys into both nodes"
-bench "$roff" 0.1 --load --concurrency 64 > /dev/null &
+bench "$rhints" 0.1 --load --concurrency 64 > /dev/null &
 loader=$!
-bench "$rb" 0.1 --load --concurrency 64 > /dev/null
+bench "$roff" 0.1 --load --concurrency 64 > /dev/null
 wait "$loader"
 sa=$(snap "$na")
 sb=$(snap "$nb")
@@ -177,16 +191,16 @@ for s in "$sa" "$sb"; do
 done
 log "$keys keys in $bk buckets per node ($((keys / bk)) per ring)"
 
-log "warm-up: ${secs} s through each router"
+log "warm-up: ${secs} s through routers hints and on"
+bench "$rhints" "$secs" > /dev/null
 bench "$ron" "$secs" > /dev/null
-bench "$rb" "$secs" > /dev/null
 for _ in $(seq 50); do
   [ "$(snap "$na" | jq .pinned)" -gt 0 ] && break
   sleep 0.2
 done
 log "a1 pins $(snap "$na" | jq .pinned) keys (--hot-threshold $thresh ops/s)"
 
-# Both routers of cluster A at once, one kvbench each: they share whatever
+# Both routers of cluster B at once, one kvbench each: they share whatever
 # else the machine runs at that moment, so their ratio is a second, less
 # noisy, estimate of the detection overhead.
 concurrent() { # ROUND
@@ -205,16 +219,15 @@ concurrent() { # ROUND
 
 for i in $(seq 1 "$rounds"); do
   if [ $((i % 2)) -eq 1 ]; then
-    run hints_off "$i" "$rb" "$nb"
-    run hints_on "$i" "$ron" "$na"
-    run detect_off "$i" "$roff" "$na"
-    concurrent "$i"
+    run hints_on "$i" "$rhints" "$na"
+    run detect_on "$i" "$ron" "$nb"
+    run detect_off "$i" "$roff" "$nb"
   else
-    concurrent "$i"
-    run detect_off "$i" "$roff" "$na"
-    run hints_on "$i" "$ron" "$na"
-    run hints_off "$i" "$rb" "$nb"
+    run detect_off "$i" "$roff" "$nb"
+    run detect_on "$i" "$ron" "$nb"
+    run hints_on "$i" "$rhints" "$na"
   fi
+  concurrent "$i"
 done
 
 # With -P: where the "on" router spends its CPU during one more run, and the
@@ -248,25 +261,26 @@ jq -cs --slurpfile conc "$tmp/conc.jsonl" --argjson detect_cpu "$detect_cpu" --a
                      else (.[length / 2 - 1] + .[length / 2]) / 2 end;
   . as $runs | {summary: true, bench: "hot_compare", workload: "C", theta: $theta,
     keys: $keys, buckets: $buckets, keys_per_ring: ($keys / $buckets),
-    hints_on_ops: (rate("hints_on") | round), hints_off_ops: (rate("hints_off") | round),
-    hints_ratio: (ratio(rate("hints_on"); rate("hints_off")) | round3),
+    hints_on_ops: (rate("hints_on") | round), hints_off_ops: (rate("detect_on") | round),
+    hints_ratio: (ratio(rate("hints_on"); rate("detect_on")) | round3),
     visited_on: (ratio(sum("hints_on"; "index_visited"); sum("hints_on"; "index_reads")) | round3),
-    visited_off: (ratio(sum("hints_off"; "index_visited"); sum("hints_off"; "index_reads")) | round3),
+    visited_off: (ratio(sum("detect_on"; "index_visited"); sum("detect_on"; "index_reads")) | round3),
     head_hit_on: (ratio(sum("hints_on"; "head_hits"); sum("hints_on"; "index_reads")) | round4),
-    head_hit_off: (ratio(sum("hints_off"; "head_hits"); sum("hints_off"; "index_reads")) | round4),
+    head_hit_off: (ratio(sum("detect_on"; "head_hits"); sum("detect_on"; "index_reads")) | round4),
     pinned_head_hit: (ratio(sum("hints_on"; "pinned_head_hits"); sum("hints_on"; "pinned_reads"))
                       | if . == null then null else round4 end),
     pinned_read_share: (ratio(sum("hints_on"; "pinned_reads"); sum("hints_on"; "index_reads"))
                         | round4),
     pinned_keys: (kind("hints_on") | last | .pinned_keys),
-    detect_on_ops: (rate("hints_on") | round), detect_off_ops: (rate("detect_off") | round),
-    overhead_ratio: (ratio(rate("hints_on"); rate("detect_off")) | round3),
+    pinned_keys_off: (kind("detect_on") + kind("detect_off") | map(.pinned_keys) | max),
+    detect_on_ops: (rate("detect_on") | round), detect_off_ops: (rate("detect_off") | round),
+    overhead_ratio: (ratio(rate("detect_on"); rate("detect_off")) | round3),
     overhead_ratio_rounds: ([range(1; ($runs | map(.round) | max) + 1) as $r |
-      ratio($runs | map(select(.round == $r and .run == "hints_on"))[0].ops_per_s;
+      ratio($runs | map(select(.round == $r and .run == "detect_on"))[0].ops_per_s;
             $runs | map(select(.round == $r and .run == "detect_off"))[0].ops_per_s) | round3]),
     hints_ratio_rounds: ([range(1; ($runs | map(.round) | max) + 1) as $r |
       ratio($runs | map(select(.round == $r and .run == "hints_on"))[0].ops_per_s;
-            $runs | map(select(.round == $r and .run == "hints_off"))[0].ops_per_s) | round3]),
+            $runs | map(select(.round == $r and .run == "detect_on"))[0].ops_per_s) | round3]),
     overhead_ratio_concurrent: (($conc | map(.detect_on_ops) | add) /
                                 ($conc | map(.detect_off_ops) | add) | round3),
     overhead_ratio_concurrent_rounds: ($conc | map(.overhead_ratio | round3)),
