@@ -8,20 +8,23 @@
 #                        [-m MEM_MB] [-T HOT_THRESHOLD] [-t THREADS]
 #                        [-c CONCURRENCY] [-p BASE_PORT] [-q] [-P]
 #
-# Two one-node clusters (rf 1) with identical nodes (--mem-mb MEM_MB: the
+# Three one-node clusters (rf 1) with identical nodes (--mem-mb MEM_MB: the
 # HotRing gets MEM_MB*1024 buckets, so KEYS = 8x that gives rings of about 8
-# items and head placement matters); every router runs detection unless
-# noted, so the routers' work is the same on both sides of the hints
-# comparison:
+# items and head placement matters):
 #   A: node a1 (--hot-threshold HOT_THRESHOLD) behind router "hints";
 #   B: node b1 (--hot-threshold 0: hints off, it pins nothing) behind router
-#      "on" and router "off" (--hot-sample 0: detection off).
-# After loading KEYS keys (16-byte values) into both and a warm-up, each
-# round runs kvbench (workload C, zipf THETA) once through "hints", "on" and
-# "off", reversing the order every other round, then through "on" and "off"
-# at once (two kvbench processes sharing the machine's noise):
-#   hints on vs off  = A via "hints" vs B via "on"  (node-side effect of pins)
-#   detection on/off = B via "on" vs B via "off"    (router cost; same node)
+#      "nohints" (detection on, like "hints": the routers do the same work);
+#   C: node c1 (--hot-threshold 0) behind router "on" (detection on) and
+#      router "off" (--hot-sample 0: detection off).
+# A and B get the same reads (HotRing's own sampling keeps improving head
+# placement with every read, so their read histories must match).
+# After loading KEYS keys (16-byte values) into all and a warm-up, each
+# round runs kvbench (workload C, zipf THETA) once through "hints",
+# "nohints", "on" and "off", reversing the order every other round, then
+# through "on" and "off" at once (two kvbench processes sharing the
+# machine's noise):
+#   hints on vs off  = "hints" vs "nohints"  (node-side effect of the pins)
+#   detection on/off = "on" vs "off"         (router cost; same node)
 # Node-side index figures are admin.Stats deltas over each run, from 1.5 s
 # after its start (for "hints", from when a1 has pins again: an idle router
 # withdraws its reports, so pins come back one window into each run). One
@@ -32,7 +35,7 @@
 # share of its CPU samples in the detection code.
 set -euo pipefail
 
-build=build secs=5 rounds=4 keys=32768 mem=4 thresh=50 threads=2 conc=16 port=17500 perf=0
+build=build secs=5 rounds=3 keys=32768 mem=4 thresh=50 threads=2 conc=16 port=17500 perf=0
 theta=1.22
 while getopts "b:s:r:k:m:T:t:c:p:qPh" o; do
   case "$o" in
@@ -47,7 +50,7 @@ while getopts "b:s:r:k:m:T:t:c:p:qPh" o; do
     p) port=$OPTARG ;;
     q) secs=3 rounds=1 keys=8192 mem=1 ;;
     P) perf=1 ;;
-    *) sed -n '3,32p' "$0" >&2; exit 2 ;;
+    *) sed -n '3,35p' "$0" >&2; exit 2 ;;
   esac
 done
 # node figures start this long into each run (a quarter of short runs)
@@ -75,8 +78,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 url() { echo "tcp://127.0.0.1:$((port + $1))"; }
-na=$(url 1) nb=$(url 2) rhints=$(url 10) ron=$(url 11) roff=$(url 12)
-for a in "$na" "$nb" "$rhints" "$ron" "$roff"; do
+na=$(url 1) nb=$(url 2) nc=$(url 3)
+rhints=$(url 10) rnohints=$(url 11) ron=$(url 12) roff=$(url 13)
+for a in "$na" "$nb" "$nc" "$rhints" "$rnohints" "$ron" "$roff"; do
   p=${a##*:}
   if (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null; then
     echo "$0: port $p is in use (pick another base with -p)" >&2
@@ -173,34 +177,35 @@ t0=$(date +%s)
 log "keys $keys, --mem-mb $mem, $rounds rounds of $secs s, load average $load_start"
 start_node a1 "$na" "$thresh"
 start_node b1 "$nb" 0
+start_node c1 "$nc" 0
 start_router hints "$rhints" "$na"
-start_router on "$ron" "$nb"
+start_router nohints "$rnohints" "$nb"
+start_router on "$ron" "$nc"
 ron_pid=${pids[-1]}
-start_router off "$roff" "$nb" --hot-sample 0
-log "loading $keys keys into both nodes"
-bench "$rhints" 0.1 --load --concurrency 64 > /dev/null &
-loader=$!
+start_router off "$roff" "$nc" --hot-sample 0
+log "loading $keys keys into the nodes"
+loaders=()
+for r in "$rhints" "$rnohints"; do
+  bench "$r" 0.1 --load --concurrency 64 > /dev/null &
+  loaders+=($!)
+done
 bench "$roff" 0.1 --load --concurrency 64 > /dev/null
-wait "$loader"
-sa=$(snap "$na")
-sb=$(snap "$nb")
-for s in "$sa" "$sb"; do
+for l in "${loaders[@]}"; do wait "$l"; done
+for n in "$na" "$nb" "$nc"; do
+  s=$(snap "$n")
   k=$(jq .keys <<< "$s") bk=$(jq .buckets <<< "$s") ev=$(jq .evictions <<< "$s")
-  [ "$k" -eq "$keys" ] || { echo "$0: a node holds $k keys, not $keys" >&2; exit 1; }
-  [ "$ev" -eq 0 ] || log "warning: $ev evictions: rings are thinner than keys/buckets"
+  [ "$k" -eq "$keys" ] || { echo "$0: node $n holds $k keys, not $keys" >&2; exit 1; }
+  [ "$ev" -eq 0 ] || log "warning: $ev evictions on $n: rings are thinner than keys/buckets"
 done
 log "$keys keys in $bk buckets per node ($((keys / bk)) per ring)"
 
-log "warm-up: ${secs} s through routers hints and on"
+log "warm-up: ${secs} s through each router"
 bench "$rhints" "$secs" > /dev/null
+log "a1 pinned $(snap "$na" | jq .pinned) keys (--hot-threshold $thresh ops/s)"
+bench "$rnohints" "$secs" > /dev/null
 bench "$ron" "$secs" > /dev/null
-for _ in $(seq 50); do
-  [ "$(snap "$na" | jq .pinned)" -gt 0 ] && break
-  sleep 0.2
-done
-log "a1 pins $(snap "$na" | jq .pinned) keys (--hot-threshold $thresh ops/s)"
 
-# Both routers of cluster B at once, one kvbench each: they share whatever
+# Both routers of cluster C at once, one kvbench each: they share whatever
 # else the machine runs at that moment, so their ratio is a second, less
 # noisy, estimate of the detection overhead.
 concurrent() { # ROUND
@@ -220,11 +225,13 @@ concurrent() { # ROUND
 for i in $(seq 1 "$rounds"); do
   if [ $((i % 2)) -eq 1 ]; then
     run hints_on "$i" "$rhints" "$na"
-    run detect_on "$i" "$ron" "$nb"
-    run detect_off "$i" "$roff" "$nb"
+    run hints_off "$i" "$rnohints" "$nb"
+    run detect_on "$i" "$ron" "$nc"
+    run detect_off "$i" "$roff" "$nc"
   else
-    run detect_off "$i" "$roff" "$nb"
-    run detect_on "$i" "$ron" "$nb"
+    run detect_off "$i" "$roff" "$nc"
+    run detect_on "$i" "$ron" "$nc"
+    run hints_off "$i" "$rnohints" "$nb"
     run hints_on "$i" "$rhints" "$na"
   fi
   concurrent "$i"
@@ -261,18 +268,18 @@ jq -cs --slurpfile conc "$tmp/conc.jsonl" --argjson detect_cpu "$detect_cpu" --a
                      else (.[length / 2 - 1] + .[length / 2]) / 2 end;
   . as $runs | {summary: true, bench: "hot_compare", workload: "C", theta: $theta,
     keys: $keys, buckets: $buckets, keys_per_ring: ($keys / $buckets),
-    hints_on_ops: (rate("hints_on") | round), hints_off_ops: (rate("detect_on") | round),
-    hints_ratio: (ratio(rate("hints_on"); rate("detect_on")) | round3),
+    hints_on_ops: (rate("hints_on") | round), hints_off_ops: (rate("hints_off") | round),
+    hints_ratio: (ratio(rate("hints_on"); rate("hints_off")) | round3),
     visited_on: (ratio(sum("hints_on"; "index_visited"); sum("hints_on"; "index_reads")) | round3),
-    visited_off: (ratio(sum("detect_on"; "index_visited"); sum("detect_on"; "index_reads")) | round3),
+    visited_off: (ratio(sum("hints_off"; "index_visited"); sum("hints_off"; "index_reads")) | round3),
     head_hit_on: (ratio(sum("hints_on"; "head_hits"); sum("hints_on"; "index_reads")) | round4),
-    head_hit_off: (ratio(sum("detect_on"; "head_hits"); sum("detect_on"; "index_reads")) | round4),
+    head_hit_off: (ratio(sum("hints_off"; "head_hits"); sum("hints_off"; "index_reads")) | round4),
     pinned_head_hit: (ratio(sum("hints_on"; "pinned_head_hits"); sum("hints_on"; "pinned_reads"))
                       | if . == null then null else round4 end),
     pinned_read_share: (ratio(sum("hints_on"; "pinned_reads"); sum("hints_on"; "index_reads"))
                         | round4),
     pinned_keys: (kind("hints_on") | last | .pinned_keys),
-    pinned_keys_off: (kind("detect_on") + kind("detect_off") | map(.pinned_keys) | max),
+    pinned_keys_off: (kind("hints_off") + kind("detect_on") | map(.pinned_keys) | max),
     detect_on_ops: (rate("detect_on") | round), detect_off_ops: (rate("detect_off") | round),
     overhead_ratio: (ratio(rate("detect_on"); rate("detect_off")) | round3),
     overhead_ratio_rounds: ([range(1; ($runs | map(.round) | max) + 1) as $r |
@@ -280,7 +287,7 @@ jq -cs --slurpfile conc "$tmp/conc.jsonl" --argjson detect_cpu "$detect_cpu" --a
             $runs | map(select(.round == $r and .run == "detect_off"))[0].ops_per_s) | round3]),
     hints_ratio_rounds: ([range(1; ($runs | map(.round) | max) + 1) as $r |
       ratio($runs | map(select(.round == $r and .run == "hints_on"))[0].ops_per_s;
-            $runs | map(select(.round == $r and .run == "detect_on"))[0].ops_per_s) | round3]),
+            $runs | map(select(.round == $r and .run == "hints_off"))[0].ops_per_s) | round3]),
     overhead_ratio_concurrent: (($conc | map(.detect_on_ops) | add) /
                                 ($conc | map(.detect_off_ops) | add) | round3),
     overhead_ratio_concurrent_rounds: ($conc | map(.overhead_ratio | round3)),
