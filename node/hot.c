@@ -7,8 +7,8 @@
  * leaves the key out), and pins keys whose summed rate passes
  * --hot-threshold in the engine (memory-resident, HotRing head), unpinning
  * them when they cool down. A threshold of 0 pins nothing (hints off; the
- * view is still kept for kvctl hotkeys). Reports arrive about once per second per
- * router, so one mutex guards the table.
+ * view is still kept for kvctl hotkeys). Reports arrive about once per
+ * second per router, so one mutex guards the table.
  */
 #include "node/hot.h"
 
