@@ -65,6 +65,7 @@ load1() { cut -d' ' -f1 /proc/loadavg; }
 
 tmp=$(mktemp -d /tmp/hot_compare.XXXXXX)
 pids=()
+declare -A pid_of # address -> pid of the node or router listening there
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2> /dev/null || true; done
   for p in "${pids[@]}"; do
@@ -102,6 +103,7 @@ start_node() { # ID ADDR HOT_THRESHOLD
   "$build/node/kvnode" --id "$1" --listen "$2" --data-dir "$tmp/$1" --mem-mb "$mem" \
     --hot-threshold "$3" > "$tmp/$1.log" 2>&1 &
   pids+=($!)
+  pid_of[$2]=$!
   wait_ping "$2"
   "${kvctl[@]}" cluster init --rf 1 "$1=$2" > /dev/null
 }
@@ -110,6 +112,7 @@ start_router() { # NAME ADDR SEED [FLAGS...]
   shift 3
   "$build/shard/kvrouter" --listen "$addr" --seeds "$seed" "$@" > "$tmp/$name.log" 2>&1 &
   pids+=($!)
+  pid_of[$addr]=$!
   wait_ping "$addr"
   for _ in $(seq 100); do # until the router has the map
     "${kvctl[@]}" --router "$addr" status > /dev/null 2>&1 && return 0
@@ -126,6 +129,8 @@ snap() { # NODE_ADDR
     pinned_reads: (.["index.pinned_reads"] | tonumber),
     pinned_head_hits: (.["index.pinned_head_hits"] | tonumber),
     pinned: (.["hot.pinned"] | tonumber), buckets: (.["index.buckets"] | tonumber),
+    sample_rounds: (.["index.sample_rounds"] | tonumber),
+    head_moves: (.["index.head_moves"] | tonumber),
     keys: (.keys | tonumber), evictions: (.["memory.evictions"] | tonumber)}'
 }
 
@@ -137,10 +142,17 @@ bench() { # ROUTER SECONDS [FLAGS...]
     --concurrency "$conc" --seconds "$s" --report-top 0 "$@" 2> "$tmp/kvbench.err" | tail -n 1
 }
 
+# CPU time (user + system, clock ticks) a process has used so far.
+cpu_ticks() { # PID
+  awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
+tick_us=$((1000000 / $(getconf CLK_TCK)))
+
 # One measured run: prints its JSON line (stdout) and keeps it for the summary.
 run() { # KIND ROUND ROUTER NODE
-  local before after sum l b
+  local before after sum l b rc0 nc0 rc1 nc1
   l=$(load1)
+  rc0=$(cpu_ticks "${pid_of[$3]}") nc0=$(cpu_ticks "${pid_of[$4]}")
   bench "$3" "$secs" > "$tmp/run.json" &
   b=$!
   sleep "$skip"
@@ -152,23 +164,30 @@ run() { # KIND ROUND ROUTER NODE
   fi
   before=$(snap "$4")
   wait "$b" || true
+  rc1=$(cpu_ticks "${pid_of[$3]}") nc1=$(cpu_ticks "${pid_of[$4]}")
   after=$(snap "$4")
   sum=$(cat "$tmp/run.json")
   [ -n "$sum" ] || { echo "$0: kvbench failed:" >&2; cat "$tmp/kvbench.err" >&2; exit 1; }
   jq -cn --arg kind "$1" --argjson round "$2" --argjson b "$before" --argjson a "$after" \
-    --argjson s "$sum" --argjson load1 "$l" '{run: $kind, round: $round,
+    --argjson s "$sum" --argjson load1 "$l" --argjson rcpu $(((rc1 - rc0) * tick_us)) \
+    --argjson ncpu $(((nc1 - nc0) * tick_us)) '{run: $kind, round: $round,
       ops: $s.ops, seconds: $s.seconds, ops_per_s: $s.ops_per_s, p50_us: $s.p50_us,
       p99_us: $s.p99_us, errors: $s.errors, load1: $load1,
+      router_cpu_us: $rcpu, node_cpu_us: $ncpu,
+      router_us_per_op: ($rcpu / $s.ops), node_us_per_op: ($ncpu / $s.ops),
       index_reads: ($a.reads - $b.reads), index_visited: ($a.visited - $b.visited),
       head_hits: ($a.head_hits - $b.head_hits),
       pinned_reads: ($a.pinned_reads - $b.pinned_reads),
-      pinned_head_hits: ($a.pinned_head_hits - $b.pinned_head_hits), pinned_keys: $a.pinned}
+      pinned_head_hits: ($a.pinned_head_hits - $b.pinned_head_hits), pinned_keys: $a.pinned,
+      sample_rounds: ($a.sample_rounds - $b.sample_rounds),
+      head_moves: ($a.head_moves - $b.head_moves)}
     | . + {visited_per_read: (if .index_reads > 0 then .index_visited / .index_reads else null end),
            head_hit: (if .index_reads > 0 then .head_hits / .index_reads else null end)}' |
     tee -a "$tmp/runs.jsonl"
   log "$(jq -r 'def r3: if . == null then null else . * 1000 | round / 1000 end;
     "round \(.round) \(.run): \(.ops_per_s) ops/s, visited/read \(.visited_per_read | r3),
-    head hit \(.head_hit | r3), pinned keys \(.pinned_keys), errors \(.errors),
+    head hit \(.head_hit | r3), pinned keys \(.pinned_keys), CPU us/op router
+    \(.router_us_per_op | r3) node \(.node_us_per_op | r3), errors \(.errors),
     load \(.load1)"' <<< "$(tail -n 1 "$tmp/runs.jsonl")" | tr -s ' \n' ' ')"
 }
 
@@ -282,6 +301,12 @@ jq -cs --slurpfile conc "$tmp/conc.jsonl" --argjson detect_cpu "$detect_cpu" --a
     pinned_keys_off: (kind("hints_off") + kind("detect_on") | map(.pinned_keys) | max),
     detect_on_ops: (rate("detect_on") | round), detect_off_ops: (rate("detect_off") | round),
     overhead_ratio: (ratio(rate("detect_on"); rate("detect_off")) | round3),
+    router_us_per_op_on: (sum("detect_on"; "router_cpu_us") / sum("detect_on"; "ops") | round3),
+    router_us_per_op_off: (sum("detect_off"; "router_cpu_us") / sum("detect_off"; "ops") | round3),
+    overhead_cpu_ratio: (ratio(sum("detect_off"; "router_cpu_us") / sum("detect_off"; "ops");
+                               sum("detect_on"; "router_cpu_us") / sum("detect_on"; "ops")) | round3),
+    node_us_per_op_hints_on: (sum("hints_on"; "node_cpu_us") / sum("hints_on"; "ops") | round3),
+    node_us_per_op_hints_off: (sum("hints_off"; "node_cpu_us") / sum("hints_off"; "ops") | round3),
     overhead_ratio_rounds: ([range(1; ($runs | map(.round) | max) + 1) as $r |
       ratio($runs | map(select(.round == $r and .run == "detect_on"))[0].ops_per_s;
             $runs | map(select(.round == $r and .run == "detect_off"))[0].ops_per_s) | round3]),
