@@ -176,7 +176,7 @@ static void model_access(mkey *m, uint64_t t)
 
 static void model_check(ralt *r, const mkey *m, int nkeys, uint64_t now, const char *when)
 {
-    char k[8];
+    char k[16];
     for (int i = 0; i < nkeys; i++) {
         snprintf(k, sizeof(k), "m%03d", i);
         bool hot = ralt_is_hot(r, k, 4);
@@ -203,7 +203,7 @@ Test(ralt, merge_rule_matches_a_sequential_fold_however_runs_split)
             uint64_t x = lt_rand(&seed) % NMK;
             int id = (int)(x * x / NMK); /* skewed: low ids are hotter */
             size_t vlen = 1 + lt_rand(&seed) % 60;
-            char k[8];
+            char k[16];
             snprintf(k, sizeof(k), "m%03d", id);
             model_access(&m[id], accessed / 16);
             accessed += 4 + vlen;
