@@ -48,6 +48,9 @@ static void fan_done(void *arg, rpc_reply *r)
     f->done++;
     if (r->status == KV_OK)
         f->ok++;
+    if (r->status != KV_UNAVAILABLE && r->status != KV_DEADLINE_EXCEEDED &&
+        r->status != KV_CANCELLED)
+        f->answered++;
     pthread_cond_broadcast(&f->cv);
     bool last = --f->refs == 0;
     pthread_mutex_unlock(&f->mu);
@@ -72,13 +75,31 @@ void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
     rpc_call_async(ch, method, epoch, msg, deadline_ms, fan_done, &f->slots[i]);
 }
 
-void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms)
+static struct timespec abs_after(uint64_t wait_ns)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)deadline_ms * 1000000ull + 50000000ull;
+    uint64_t ns = (uint64_t)ts.tv_nsec + wait_ns;
     ts.tv_sec += (time_t)(ns / 1000000000ull);
     ts.tv_nsec = (long)(ns % 1000000000ull);
+    return ts;
+}
+
+int fan_wait_answers(fanout *f, int need, uint32_t wait_ms)
+{
+    struct timespec ts = abs_after((uint64_t)wait_ms * 1000000ull);
+    pthread_mutex_lock(&f->mu);
+    while (f->answered < need && f->done < f->sent)
+        if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) != 0)
+            break;
+    int n = f->answered;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms)
+{
+    struct timespec ts = abs_after((uint64_t)deadline_ms * 1000000ull + 50000000ull);
     pthread_mutex_lock(&f->mu);
     while (f->ok < need_ok && f->done < f->sent)
         if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) != 0)

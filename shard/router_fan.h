@@ -24,6 +24,7 @@ struct fanout {
     pthread_mutex_t mu; /* protects every field below */
     pthread_cond_t cv;
     int refs, sent, done, ok, max;
+    int answered; /* replies that are a node's verdict, not a transport error */
     fan_slot *slots;
     rpc_reply *rep;
     bool *have;
@@ -37,8 +38,13 @@ void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
 /* Waits until need_ok replies are OK, every send has answered, or the
  * deadline passed (plus a small grace for the transport's own timeout). */
 void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms);
-/* Moves the replies received so far into out[i] (have[i] says which) and
- * returns the number of sends. */
+/* Waits until need replies are verdicts (anything but UNAVAILABLE,
+ * DEADLINE_EXCEEDED or CANCELLED), every send has answered, or wait_ms passed (no grace). Returns
+ * the number of verdicts. For staged reads: ask a few replicas, then the
+ * rest only if these did not answer. */
+int fan_wait_answers(fanout *f, int need, uint32_t wait_ms);
+/* Moves the replies received so far into out[i] (have[i] says which, for
+ * i below the number of sends made) and returns the number of sends. */
 int fan_take(fanout *f, rpc_reply *out, bool *have);
 void fan_release(fanout *f);
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "shard/router.h"
 #include "shard/router_fan.h"
@@ -108,7 +109,8 @@ static void repair_refusals(router *r, cmap *m, const uint32_t *idx, rpc_reply *
     }
 }
 
-/* Sends msg to every replica of key and waits for `need` OK replies. */
+/* Sends msg to the replicas of key (writes: all; reads: `need` of them
+ * first, see below) and waits for `need` OK replies. */
 static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufCMessage *msg,
                       const ProtobufCMessage *repair, const ProtobufCBinaryData *key,
                       Kv__Consistency cons, Kv__Consistency dflt, bool is_read, bool *stale)
@@ -126,12 +128,27 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
         cmap_unref(m);
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     }
-    for (int i = 0; i < n; i++)
+    /* Reads ask `need` replicas, primary first (so each key's reads warm
+     * one node's memory tier instead of all of them), and the others only
+     * when those give no verdict: a dead node fails at once (no pipe), a
+     * stalled one after half the deadline. Writes go to every replica. */
+    int first = is_read ? need : n;
+    uint64_t t0 = kv_now_ns();
+    for (int i = 0; i < first; i++)
         fan_send(f, router_chan(r, cmap_node_at(m, idx[i])->addr), method, cmap_epoch(m), msg, dl);
-    atomic_fetch_add_explicit(&r->forwards, (uint64_t)n, memory_order_relaxed);
-    fan_wait(f, need, dl);
+    uint32_t left = dl;
+    if (first < n && fan_wait_answers(f, need, dl / 2) < need) {
+        uint64_t spent_ms = (kv_now_ns() - t0) / 1000000u;
+        left = spent_ms < dl ? dl - (uint32_t)spent_ms : 1;
+        for (int i = first; i < n; i++)
+            fan_send(f, router_chan(r, cmap_node_at(m, idx[i])->addr), method, cmap_epoch(m), msg,
+                     left);
+        first = n;
+    }
+    atomic_fetch_add_explicit(&r->forwards, (uint64_t)first, memory_order_relaxed);
+    fan_wait(f, need, left);
     rpc_reply reps[ROUTER_MAX_RF];
-    bool have[ROUTER_MAX_RF];
+    bool have[ROUTER_MAX_RF] = {false}; /* fan_take fills only the sends made */
     fan_take(f, reps, have);
     fan_release(f);
     int ok = 0, chosen = -1;

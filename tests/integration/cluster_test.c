@@ -249,6 +249,62 @@ Test(cluster, rf1_dead_node_keys_unavailable_within_deadline, .timeout = 120)
     stop();
 }
 
+/* Node i's "gets" statistic (reads it served), asked of the node itself. */
+static long node_gets(int i)
+{
+    rpc_chan *ch;
+    cr_assert_eq(rpc_chan_open(&ch, cl.node_url[i], NULL), KV_OK);
+    Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
+    rpc_reply r;
+    kv_err rv = rpc_call_retry(ch, "admin.Stats", 0, &req.base, 5000, &r);
+    cr_assert_eq(rv, KV_OK, "admin.Stats on node %d: %s", i, kv_err_name(rv));
+    long v = -1;
+    Kv__StatsReply *s = kv__stats_reply__unpack(NULL, r.len, r.body);
+    for (size_t k = 0; s && k < s->n_stats; k++)
+        if (strcmp(s->stats[k]->name, "gets") == 0)
+            v = strtol(s->stats[k]->value, NULL, 10);
+    if (s)
+        kv__stats_reply__free_unpacked(s, NULL);
+    rpc_reply_free(&r);
+    rpc_chan_close(ch);
+    cr_assert_neq(v, -1, "node %d reports no gets statistic", i);
+    return v;
+}
+
+/* Reads at ONE ask one replica (the primary) while it answers; QUORUM asks
+ * two. Counted with the nodes' own "gets" statistics. */
+Test(cluster, reads_ask_only_the_replicas_they_need, .timeout = 120)
+{
+    start3(3);
+    kv_client *c = client(cl.router_url, 3000);
+    kv_put_opts all = {.consistency = KV_CONSISTENCY_ALL};
+    cr_assert_eq(kv_put(c, "one", 3, "v", 1, &all, NULL), KV_OK);
+    const int reads = 50;
+    for (int round = 0; round < 2; round++) {
+        kv_consistency cons = round == 0 ? KV_CONSISTENCY_ONE : KV_CONSISTENCY_QUORUM;
+        long before[3], served = 0, nodes = 0;
+        for (int i = 0; i < 3; i++)
+            before[i] = node_gets(i);
+        for (int k = 0; k < reads; k++) {
+            kv_value v;
+            cr_assert_eq(kv_get_ex(c, "one", 3, cons, &v), KV_OK, "read: %s", kv_last_error());
+            kv_value_free(&v);
+        }
+        for (int i = 0; i < 3; i++) {
+            long d = node_gets(i) - before[i];
+            served += d;
+            nodes += d > 0;
+        }
+        int want = round == 0 ? 1 : 2;
+        cr_assert_eq(served, (long)reads * want, "%s: %ld node reads for %d client reads",
+                     round == 0 ? "ONE" : "QUORUM", served, reads);
+        if (round == 0)
+            cr_assert_eq(nodes, 1, "ONE reads all went to one replica (%ld served)", nodes);
+    }
+    kv_client_close(c);
+    stop();
+}
+
 Test(cluster, rf3_survives_one_dead_node, .timeout = 120)
 {
     start3(3);
@@ -271,7 +327,7 @@ Test(cluster, rf3_survives_one_dead_node, .timeout = 120)
         rv = kv_put(c, key, strlen(key), val, strlen(val), &q, NULL);
         cr_assert_eq(rv, KV_OK, "QUORUM write %s: %s %s", key, kv_err_name(rv), kv_last_error());
         rv = kv_get_ex(c, key, strlen(key), KV_CONSISTENCY_QUORUM, &v);
-        cr_assert_eq(rv, KV_OK, "QUORUM read %s", key);
+        cr_assert_eq(rv, KV_OK, "QUORUM read %s: %s %s", key, kv_err_name(rv), kv_last_error());
         cr_assert_eq(memcmp(v.data, val, strlen(val)), 0, "QUORUM read sees the write");
         kv_value_free(&v);
     }
