@@ -398,9 +398,22 @@ Test(hotring, uniform_access_calms_sampling)
         hr_get(idx, k, strlen(k), NULL, NULL);
     }
     hr_table *t = atomic_load(&idx->cur);
-    for (uint64_t b = 0; b < t->nb; b++)
-        cr_assert_eq(atomic_load(&t->heads[b]) & (HR_H_ACTIVE | HR_H_TOTAL_MASK), HR_H_CALM,
-                     "bucket %llu not calm", (unsigned long long)b);
+    /* A calm ring still starts an occasional round (1 in 2^HR_CALM_SHIFT
+     * turns), and a round's sampled counts can by chance show a spurious
+     * hotspot (state SEEN, eager again until its next round). What must
+     * hold is that uniform rings settle: all of them idle and calm at once
+     * within a bounded number of further accesses. Eager rings never get
+     * there (their idle total is SEEN). */
+    int settled = 0;
+    for (int i = 0; !settled && i < 20000; i++) {
+        settled = 1;
+        for (uint64_t b = 0; b < t->nb; b++)
+            settled &= (atomic_load(&t->heads[b]) & (HR_H_ACTIVE | HR_H_TOTAL_MASK)) == HR_H_CALM;
+        snprintf(k, sizeof k, "u-%d", i % 16);
+        if (!settled)
+            hr_get(idx, k, strlen(k), NULL, NULL);
+    }
+    cr_assert(settled, "uniform rings never settled to calm at once");
     hr_stats a, st;
     hr_get_stats(idx, &a);
     for (int i = 0; i < 20000; i++) {
