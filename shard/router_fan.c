@@ -97,6 +97,18 @@ int fan_wait_answers(fanout *f, int need, uint32_t wait_ms)
     return n;
 }
 
+bool fan_wait_slot(fanout *f, int i, uint32_t wait_ms)
+{
+    struct timespec ts = abs_after((uint64_t)wait_ms * 1000000ull);
+    pthread_mutex_lock(&f->mu);
+    while (i < f->sent && !f->have[i])
+        if (pthread_cond_timedwait(&f->cv, &f->mu, &ts) != 0)
+            break;
+    bool in = i < f->sent && f->have[i];
+    pthread_mutex_unlock(&f->mu);
+    return in;
+}
+
 void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms)
 {
     struct timespec ts = abs_after((uint64_t)deadline_ms * 1000000ull + 50000000ull);

@@ -43,6 +43,9 @@ void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms);
  * the number of verdicts. For staged reads: ask a few replicas, then the
  * rest only if these did not answer. */
 int fan_wait_answers(fanout *f, int need, uint32_t wait_ms);
+/* Waits until send number i has its reply or wait_ms passed (no grace).
+ * Returns whether the reply is in. */
+bool fan_wait_slot(fanout *f, int i, uint32_t wait_ms);
 /* Moves the replies received so far into out[i] (have[i] says which, for
  * i below the number of sends made) and returns the number of sends. */
 int fan_take(fanout *f, rpc_reply *out, bool *have);

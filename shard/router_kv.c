@@ -147,6 +147,14 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
     }
     atomic_fetch_add_explicit(&r->forwards, (uint64_t)first, memory_order_relaxed);
     fan_wait(f, need, left);
+    /* A write is acknowledged once the primary has answered too (within
+     * the deadline), so a read at ONE, which asks the primary, sees every
+     * write acknowledged while the primary was up. */
+    if (!is_read && n > 1) {
+        uint64_t spent_ms = (kv_now_ns() - t0) / 1000000u;
+        if (spent_ms < dl)
+            fan_wait_slot(f, 0, dl - (uint32_t)spent_ms);
+    }
     rpc_reply reps[ROUTER_MAX_RF];
     bool have[ROUTER_MAX_RF] = {false}; /* fan_take fills only the sends made */
     fan_take(f, reps, have);

@@ -272,7 +272,8 @@ static long node_gets(int i)
 }
 
 /* Reads at ONE ask one replica (the primary) while it answers; QUORUM asks
- * two. Counted with the nodes' own "gets" statistics. */
+ * two. Counted with the nodes' own "gets" statistics. And a read at ONE
+ * sees the write acknowledged just before it. */
 Test(cluster, reads_ask_only_the_replicas_they_need, .timeout = 120)
 {
     start3(3);
@@ -300,6 +301,20 @@ Test(cluster, reads_ask_only_the_replicas_they_need, .timeout = 120)
                      round == 0 ? "ONE" : "QUORUM", served, reads);
         if (round == 0)
             cr_assert_eq(nodes, 1, "ONE reads all went to one replica (%ld served)", nodes);
+    }
+    /* Writes wait for the primary, so a read at ONE right after a
+     * (default QUORUM) write sees it. */
+    for (int i = 0; i < 300; i++) {
+        char key[32], val[32];
+        snprintf(key, sizeof(key), "ryw%d", i);
+        snprintf(val, sizeof(val), "v%d", i);
+        cr_assert_eq(kv_put(c, key, strlen(key), val, strlen(val), NULL, NULL), KV_OK);
+        kv_value v;
+        kv_err rv = kv_get_ex(c, key, strlen(key), KV_CONSISTENCY_ONE, &v);
+        cr_assert_eq(rv, KV_OK, "read %s after its write: %s", key, kv_err_name(rv));
+        cr_assert(v.len == strlen(val) && memcmp(v.data, val, v.len) == 0, "read %s sees its write",
+                  key);
+        kv_value_free(&v);
     }
     kv_client_close(c);
     stop();
