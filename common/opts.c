@@ -193,6 +193,11 @@ kv_err kv_opts_parse(kv_optset *set, int argc, char **argv, int *npos, char *err
             return KV_CANCELLED;
         }
         if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+            if (!npos) { /* a flags-only program: a stray word is a mistake */
+                snprintf(err, errlen, "unexpected argument '%s' (flags start with --, see --help)",
+                         a);
+                return KV_INVALID_ARGUMENT;
+            }
             argv[++pos] = a;
             continue;
         }

@@ -41,7 +41,8 @@ typedef struct kv_optset {
 } kv_optset;
 
 /* Parses `--config FILE` and then every flag of argv[1..]. Non-flag words are
- * compacted to argv[1..*npos] in order (for subcommands). On failure writes a
+ * compacted to argv[1..*npos] in order (for subcommands); with npos NULL a
+ * non-flag word is an error. On failure writes a
  * message naming the flag or INI line to err and returns INVALID_ARGUMENT;
  * `--help` returns CANCELLED after printing usage to stdout. */
 kv_err kv_opts_parse(kv_optset *set, int argc, char **argv, int *npos, char *err, size_t errlen);

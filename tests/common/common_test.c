@@ -77,5 +77,11 @@ Test(opts, flags_override_ini_and_errors_name_the_flag)
     cr_assert_eq(kv_opts_parse(&set3, 2, unk, NULL, err, sizeof(err)), KV_INVALID_ARGUMENT);
     cr_assert(strstr(err, "--nope") != NULL, "%s", err);
     kv_opts_free(&set3);
+    /* a flags-only program (npos NULL) refuses a stray word, naming it */
+    char *stray[] = {"prog", "--port", "9", "foo", NULL};
+    kv_optset set4 = {table, 4, NULL, "prog", NULL};
+    cr_assert_eq(kv_opts_parse(&set4, 4, stray, NULL, err, sizeof(err)), KV_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "'foo'") != NULL, "%s", err);
+    kv_opts_free(&set4);
     unlink(path);
 }
