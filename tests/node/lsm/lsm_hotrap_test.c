@@ -12,9 +12,7 @@
 #include <math.h>
 
 #include "node/lsm/lsm_int.h"
-
-#define KLEN 8
-#define VLEN 200
+#include "lsm_test_db.h"
 
 /* ---- RALT ---- */
 
@@ -303,13 +301,6 @@ Test(ralt, a_corrupt_run_is_reported_and_the_table_relearns)
 
 /* ---- the db ---- */
 
-typedef struct tdb {
-    char *dir, fd[300], sd[300];
-    lsm_opts o;
-    lsm_db *db;
-    uint64_t seq;
-} tdb;
-
 static const char *newer_key; /* the memory-tier callback's answer */
 
 static bool newer_cb(void *arg, const void *key, size_t klen, uint64_t seqno)
@@ -322,60 +313,18 @@ static bool newer_cb(void *arg, const void *key, size_t klen, uint64_t seqno)
 static tdb *t_open(const char *tag, bool hotrap)
 {
     tdb *t = calloc(1, sizeof(*t));
-    t->dir = lt_mkdtemp(tag);
-    snprintf(t->fd, sizeof(t->fd), "%s/fd", t->dir);
-    snprintf(t->sd, sizeof(t->sd), "%s/sd", t->dir);
-    lsm_opts_default(&t->o);
-    t->o.fast_dir = t->fd;
-    t->o.slow_dir = t->sd;
-    t->o.fast_mb = 1;
-    t->o.block_size = 1024;
-    t->o.sync = LSM_SYNC_NONE;
-    t->o.no_auto_compaction = true;
+    lt_db_init(t, tag);
     t->o.hotrap = hotrap;
     t->o.newer = newer_cb;
     newer_key = NULL;
-    kv_err rv = lsm_open(&t->db, &t->o, NULL, NULL);
-    cr_assert_eq(rv, KV_OK, "lsm_open: %s", kv_strerror(rv));
+    lt_db_start(t);
     return t;
 }
 
 static void t_close(tdb *t)
 {
-    lsm_close(t->db);
-    lt_rmrf(t->dir);
-    free(t->dir);
+    lt_db_close(t);
     free(t);
-}
-
-static void key_of(char *k, int id)
-{
-    snprintf(k, KLEN + 1, "k%07u", (unsigned)id % 10000000u);
-}
-
-/* Writes keys [a, b) (WAL + flush as one L0 run); returns the first seqno. */
-static uint64_t put_range(tdb *t, int a, int b)
-{
-    size_t n = (size_t)(b - a);
-    lsm_rec *r = calloc(n, sizeof(*r));
-    char *keys = calloc(n, KLEN + 1);
-    static uint8_t val[VLEN];
-    uint64_t first = t->seq + 1;
-    for (size_t i = 0; i < n; i++) {
-        key_of(keys + i * (KLEN + 1), a + (int)i);
-        memset(val, (int)(first + i), VLEN);
-        r[i] = (lsm_rec){.key = keys + i * (KLEN + 1),
-                         .klen = KLEN,
-                         .value = val,
-                         .vlen = VLEN,
-                         .seqno = ++t->seq,
-                         .type = LSM_PUT};
-        cr_assert_eq(lsm_wal_append(t->db, &r[i], 1), KV_OK);
-    }
-    cr_assert_eq(lsm_flush(t->db, r, n, t->seq), KV_OK);
-    free(r);
-    free(keys);
-    return first;
 }
 
 /* Appends one PUT of id to the WAL (the memory tier's copy); returns seqno. */
@@ -396,30 +345,6 @@ static void flush_one(tdb *t, int id, uint64_t seq)
     lsm_rec r = {.key = k, .klen = KLEN, .value = "new", .vlen = 3, .seqno = seq};
     r.type = LSM_PUT;
     cr_assert_eq(lsm_flush(t->db, &r, 1, t->seq), KV_OK);
-}
-
-/* Looks id up; returns its tier and fills *seq (and *flags). */
-static lsm_tier get_id(tdb *t, int id, uint64_t *seq, uint8_t *flags)
-{
-    char k[KLEN + 1];
-    key_of(k, id);
-    lsm_rec r;
-    lsm_tier tier;
-    kv_err rv = lsm_get(t->db, k, KLEN, &r, &tier);
-    cr_assert_eq(rv, KV_OK, "get %d: %s", id, kv_strerror(rv));
-    if (seq)
-        *seq = r.seqno;
-    if (flags)
-        *flags = r.flags;
-    lsm_rec_free(&r);
-    return tier;
-}
-
-static lsm_stats stats_of(tdb *t)
-{
-    lsm_stats s;
-    cr_assert_eq(lsm_stats_get(t->db, &s), KV_OK);
-    return s;
 }
 
 /* Keys 0..n-1 written and compacted into SD. */

@@ -12,9 +12,7 @@
 
 #include "node/lsm/lsm_int.h"
 #include "node/nhc/nhc.h"
-
-#define KLEN 8
-#define VLEN 200
+#include "lsm_test_db.h"
 
 /* ---- the twin map alone ---- */
 
@@ -65,71 +63,22 @@ Test(twin, bounded_evicts_oldest)
 
 /* ---- routing in the db ---- */
 
-typedef struct tdb {
-    char *dir;
-    char fd[300], sd[300];
-    lsm_opts o;
-    lsm_db *db;
-    nhc *sched;
-    uint64_t seq;
-} tdb;
-
+/* The store's scheduler lives in t->o.nhc (borrowed by the LSM). */
 static tdb *t_open(const char *tag)
 {
     tdb *t = calloc(1, sizeof(*t));
-    t->dir = lt_mkdtemp(tag);
-    snprintf(t->fd, sizeof(t->fd), "%s/fd", t->dir);
-    snprintf(t->sd, sizeof(t->sd), "%s/sd", t->dir);
-    cr_assert_eq(nhc_create(NULL, 1, &t->sched), KV_OK);
-    lsm_opts_default(&t->o);
-    t->o.fast_dir = t->fd;
-    t->o.slow_dir = t->sd;
-    t->o.fast_mb = 1;
-    t->o.block_size = 1024;
-    t->o.sync = LSM_SYNC_NONE;
-    t->o.no_auto_compaction = true;
+    lt_db_init(t, tag);
+    cr_assert_eq(nhc_create(NULL, 1, &t->o.nhc), KV_OK);
     t->o.hotrap = true;
-    t->o.nhc = t->sched;
-    kv_err rv = lsm_open(&t->db, &t->o, NULL, NULL);
-    cr_assert_eq(rv, KV_OK, "lsm_open: %s", kv_strerror(rv));
+    lt_db_start(t);
     return t;
 }
 
 static void t_close(tdb *t)
 {
-    lsm_close(t->db);
-    nhc_destroy(t->sched);
-    lt_rmrf(t->dir);
-    free(t->dir);
+    lt_db_close(t);
+    nhc_destroy(t->o.nhc);
     free(t);
-}
-
-static void key_of(char *k, int id)
-{
-    snprintf(k, KLEN + 1, "k%07u", (unsigned)id % 10000000u);
-}
-
-/* Writes keys [a, b) through the WAL and flushes them as one L0 run. */
-static void put_range(tdb *t, int a, int b)
-{
-    size_t n = (size_t)(b - a);
-    lsm_rec *r = calloc(n, sizeof(*r));
-    char *keys = calloc(n, KLEN + 1);
-    static uint8_t val[VLEN];
-    for (size_t i = 0; i < n; i++) {
-        key_of(keys + i * (KLEN + 1), a + (int)i);
-        memset(val, (int)(t->seq + 1), VLEN);
-        r[i] = (lsm_rec){.key = keys + i * (KLEN + 1),
-                         .klen = KLEN,
-                         .value = val,
-                         .vlen = VLEN,
-                         .seqno = ++t->seq,
-                         .type = LSM_PUT};
-        cr_assert_eq(lsm_wal_append(t->db, &r[i], 1), KV_OK);
-    }
-    cr_assert_eq(lsm_flush(t->db, r, n, t->seq), KV_OK);
-    free(r);
-    free(keys);
 }
 
 /* A newer version of id: WAL append, then (flush) an L0 file on FD. */
@@ -143,26 +92,6 @@ static uint64_t overwrite(tdb *t, int id, bool flush)
     if (flush)
         cr_assert_eq(lsm_flush(t->db, &r, 1, t->seq), KV_OK);
     return r.seqno;
-}
-
-static lsm_tier get_id(tdb *t, int id, uint64_t *seq)
-{
-    char k[KLEN + 1];
-    key_of(k, id);
-    lsm_rec r;
-    lsm_tier tier;
-    kv_err rv = lsm_get(t->db, k, KLEN, &r, &tier);
-    cr_assert_eq(rv, KV_OK, "get %d: %s", id, kv_strerror(rv));
-    *seq = r.seqno;
-    lsm_rec_free(&r);
-    return tier;
-}
-
-static lsm_stats stats_of(tdb *t)
-{
-    lsm_stats s;
-    cr_assert_eq(lsm_stats_get(t->db, &s), KV_OK);
-    return s;
 }
 
 static bool twin_of(tdb *t, int id, uint64_t *seq)
@@ -185,7 +114,7 @@ static void twins_setup(tdb *t, int n, int hot)
     uint64_t seq;
     for (int round = 0; round < 3; round++)
         for (int i = 0; i < hot; i++)
-            cr_assert_eq(get_id(t, i, &seq), LSM_TIER_SD);
+            cr_assert_eq(get_id(t, i, &seq, NULL), LSM_TIER_SD);
     lsm_promo_sync(t->db);
     s = stats_of(t);
     cr_assert_eq(s.promoted_recs, (uint64_t)hot, "promoted %llu",
@@ -193,7 +122,7 @@ static void twins_setup(tdb *t, int n, int hot)
     cr_assert_eq(s.twin_entries, (uint64_t)hot);
     for (int i = 0; i < hot; i++) {
         uint64_t tw;
-        cr_assert_eq(get_id(t, i, &seq), LSM_TIER_FD, "key %d promoted", i);
+        cr_assert_eq(get_id(t, i, &seq, NULL), LSM_TIER_FD, "key %d promoted", i);
         cr_assert(twin_of(t, i, &tw) && tw == seq, "twin of %d has the promoted seqno", i);
     }
 }
@@ -202,19 +131,19 @@ Test(nhc_routing, load_admit_zero_serves_twins_from_sd)
 {
     tdb *t = t_open("nhc-route");
     twins_setup(t, 1000, 20);
-    nhc_force(t->sched, 0.0, false);
+    nhc_force(t->o.nhc, 0.0, false);
     uint64_t seq, tw;
     for (int i = 0; i < 20; i++) {
-        cr_assert_eq(get_id(t, i, &seq), LSM_TIER_SD, "twin %d sent to SD", i);
+        cr_assert_eq(get_id(t, i, &seq, NULL), LSM_TIER_SD, "twin %d sent to SD", i);
         cr_assert(twin_of(t, i, &tw) && tw == seq);
     }
-    cr_assert_eq(get_id(t, 500, &seq), LSM_TIER_SD, "not a twin: SD anyway");
+    cr_assert_eq(get_id(t, 500, &seq, NULL), LSM_TIER_SD, "not a twin: SD anyway");
     lsm_stats s = stats_of(t);
     cr_assert_eq(s.nhc_routed_sd, 20);
     cr_assert_eq(s.nhc_fallbacks, 0);
-    nhc_force(t->sched, 1.0, true);
+    nhc_force(t->o.nhc, 1.0, true);
     for (int i = 0; i < 20; i++)
-        cr_assert_eq(get_id(t, i, &seq), LSM_TIER_FD, "load_admit 1 keeps twin %d on FD", i);
+        cr_assert_eq(get_id(t, i, &seq, NULL), LSM_TIER_FD, "load_admit 1 keeps twin %d on FD", i);
     cr_assert_eq(stats_of(t).nhc_routed_sd, 20);
     t_close(t);
 }
@@ -223,29 +152,29 @@ Test(nhc_routing, reads_sent_to_sd_never_return_an_older_version)
 {
     tdb *t = t_open("nhc-newer");
     twins_setup(t, 1000, 40);
-    nhc_force(t->sched, 0.0, false);
+    nhc_force(t->o.nhc, 0.0, false);
     uint64_t newest[40] = {0}, seq, tw;
     for (int i = 0; i < 40; i++)
-        get_id(t, i, &newest[i]);
+        get_id(t, i, &newest[i], NULL);
     /* newer versions after promotion: flushed to L0, or only in the WAL */
     for (int i = 0; i < 40; i += 2)
         newest[i] = overwrite(t, i, i % 4 == 0);
     for (int i = 0; i < 40; i += 2)
         cr_assert(!twin_of(t, i, &tw), "a write removes twin %d", i);
     for (int i = 0; i < 40; i += 4) { /* flushed: the newest is on FD */
-        cr_assert_eq(get_id(t, i, &seq), LSM_TIER_FD);
+        cr_assert_eq(get_id(t, i, &seq, NULL), LSM_TIER_FD);
         cr_assert_eq(seq, newest[i], "key %d: got seqno %llu, newest %llu", i,
                      (unsigned long long)seq, (unsigned long long)newest[i]);
     }
     for (int i = 1; i < 40; i += 2) {
-        cr_assert_eq(get_id(t, i, &seq), LSM_TIER_SD);
+        cr_assert_eq(get_id(t, i, &seq, NULL), LSM_TIER_SD);
         cr_assert_eq(seq, newest[i]);
     }
     /* compact FD down: newer versions and promoted copies move towards SD */
     for (int l = 0; l < 3; l++)
         cr_assert_eq(lsm_compact_level(t->db, l), KV_OK);
     for (int i = 0; i < 40; i += 4) {
-        get_id(t, i, &seq);
+        get_id(t, i, &seq, NULL);
         cr_assert_eq(seq, newest[i], "after compaction key %d", i);
     }
     lsm_stats s = stats_of(t);
@@ -258,21 +187,21 @@ Test(nhc_routing, stale_entry_falls_back_to_fd_and_is_repaired)
 {
     tdb *t = t_open("nhc-stale");
     twins_setup(t, 1000, 10);
-    nhc_force(t->sched, 0.0, false);
+    nhc_force(t->o.nhc, 0.0, false);
     char k[KLEN + 1];
     uint64_t seq, tw, sd_seq;
     /* an entry claiming a seqno SD does not hold (older copy on SD) */
-    get_id(t, 600, &sd_seq);
+    get_id(t, 600, &sd_seq, NULL);
     key_of(k, 600);
     lsm_twin_put(t->db->twin, k, KLEN, sd_seq + 100000);
-    cr_assert_eq(get_id(t, 600, &seq), LSM_TIER_SD);
+    cr_assert_eq(get_id(t, 600, &seq, NULL), LSM_TIER_SD);
     cr_assert_eq(seq, sd_seq);
     cr_assert(!twin_of(t, 600, &tw), "repaired");
     /* an entry for a key SD does not hold at all */
     uint64_t fseq = overwrite(t, 5000, true);
     key_of(k, 5000);
     lsm_twin_put(t->db->twin, k, KLEN, fseq);
-    cr_assert_eq(get_id(t, 5000, &seq), LSM_TIER_FD, "absent on SD: FD-first path");
+    cr_assert_eq(get_id(t, 5000, &seq, NULL), LSM_TIER_FD, "absent on SD: FD-first path");
     cr_assert_eq(seq, fseq);
     cr_assert(!twin_of(t, 5000, &tw), "repaired");
     cr_assert_eq(stats_of(t).nhc_fallbacks, 2);
@@ -283,10 +212,10 @@ Test(nhc_routing, multiget_routes_and_falls_back)
 {
     tdb *t = t_open("nhc-multi");
     twins_setup(t, 1000, 16);
-    nhc_force(t->sched, 0.0, false);
+    nhc_force(t->o.nhc, 0.0, false);
     uint64_t newest[16];
     for (int i = 0; i < 16; i++)
-        get_id(t, i, &newest[i]);
+        get_id(t, i, &newest[i], NULL);
     for (int i = 0; i < 16; i += 3)
         newest[i] = overwrite(t, i, true);
     char keys[17][KLEN + 1];
@@ -318,17 +247,17 @@ Test(nhc_routing, data_admit_off_gates_promotion)
     put_range(t, 0, 1000);
     for (int l = 0; l < 3; l++)
         cr_assert_eq(lsm_compact_level(t->db, l), KV_OK);
-    nhc_force(t->sched, 1.0, false);
+    nhc_force(t->o.nhc, 1.0, false);
     uint64_t seq;
     for (int round = 0; round < 3; round++)
         for (int i = 0; i < 20; i++)
-            cr_assert_eq(get_id(t, i, &seq), LSM_TIER_SD);
+            cr_assert_eq(get_id(t, i, &seq, NULL), LSM_TIER_SD);
     lsm_promo_sync(t->db);
     cr_assert_eq(stats_of(t).promoted_recs, 0, "data_admit off: no promotion");
-    nhc_force(t->sched, 1.0, true);
+    nhc_force(t->o.nhc, 1.0, true);
     for (int round = 0; round < 3; round++)
         for (int i = 0; i < 20; i++)
-            get_id(t, i, &seq);
+            get_id(t, i, &seq, NULL);
     lsm_promo_sync(t->db);
     cr_assert_eq(stats_of(t).promoted_recs, 20, "data_admit on again: promoted");
     t_close(t);
@@ -338,13 +267,13 @@ Test(nhc_routing, the_scheduler_sees_per_volume_reads_and_misses)
 {
     tdb *t = t_open("nhc-feed");
     twins_setup(t, 1000, 10); /* 30 SD misses + 10 FD reads so far */
-    nhc_force(t->sched, 0.0, false);
+    nhc_force(t->o.nhc, 0.0, false);
     uint64_t seq;
     for (int i = 0; i < 10; i++)
-        get_id(t, i, &seq);                                     /* 10 routed SD reads: not misses */
-    cr_assert_eq(nhc_tick(t->sched, 1 + 5000000000ull), KV_OK); /* closes the window */
+        get_id(t, i, &seq, NULL);                               /* 10 routed SD reads: not misses */
+    cr_assert_eq(nhc_tick(t->o.nhc, 1 + 5000000000ull), KV_OK); /* closes the window */
     nhc_stats s;
-    nhc_get_stats(t->sched, &s);
+    nhc_get_stats(t->o.nhc, &s);
     cr_assert_eq(s.dev[NHC_DEV_FD].reads, 10);
     cr_assert_eq(s.dev[NHC_DEV_SD].reads, 40);
     cr_assert_float_eq(s.miss_ratio, 30.0 / 50.0, 1e-9);
