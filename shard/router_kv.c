@@ -109,6 +109,13 @@ static void repair_refusals(router *r, cmap *m, const uint32_t *idx, rpc_reply *
     }
 }
 
+/* What is left of a deadline of dl ms that started at t0 (at least 1 ms). */
+static uint32_t ms_left(uint64_t t0, uint32_t dl)
+{
+    uint64_t spent_ms = (kv_now_ns() - t0) / 1000000u;
+    return spent_ms < dl ? dl - (uint32_t)spent_ms : 1;
+}
+
 /* Sends msg to the replicas of key (writes: all; reads: `need` of them
  * first, see below) and waits for `need` OK replies. */
 static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufCMessage *msg,
@@ -138,8 +145,7 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
         fan_send(f, router_chan(r, cmap_node_at(m, idx[i])->addr), method, cmap_epoch(m), msg, dl);
     uint32_t left = dl;
     if (first < n && fan_wait_answers(f, need, dl / 2) < need) {
-        uint64_t spent_ms = (kv_now_ns() - t0) / 1000000u;
-        left = spent_ms < dl ? dl - (uint32_t)spent_ms : 1;
+        left = ms_left(t0, dl);
         for (int i = first; i < n; i++)
             fan_send(f, router_chan(r, cmap_node_at(m, idx[i])->addr), method, cmap_epoch(m), msg,
                      left);
@@ -150,11 +156,8 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
     /* A write is acknowledged once the primary has answered too (within
      * the deadline), so a read at ONE, which asks the primary, sees every
      * write acknowledged while the primary was up. */
-    if (!is_read && n > 1) {
-        uint64_t spent_ms = (kv_now_ns() - t0) / 1000000u;
-        if (spent_ms < dl)
-            fan_wait_slot(f, 0, dl - (uint32_t)spent_ms);
-    }
+    if (!is_read && n > 1)
+        fan_wait_slot(f, 0, ms_left(t0, dl));
     rpc_reply reps[ROUTER_MAX_RF];
     bool have[ROUTER_MAX_RF] = {false}; /* fan_take fills only the sends made */
     fan_take(f, reps, have);
