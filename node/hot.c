@@ -9,19 +9,28 @@
  * them when they cool down. A threshold of 0 pins nothing (hints off; the
  * view is still kept for kvctl hotkeys). Reports arrive about once per
  * second per router, so one mutex guards the table.
+ *
+ * Pins must not outlive the routers that asked for them: a router that dies
+ * (or is partitioned away) sends no more reports, so a ticker thread owned
+ * by the view re-evaluates every entry each HOT_TICK_MS and unpins keys whose
+ * reports have all aged out, whether or not any report arrives.
  */
 #include "node/hot.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
 
 #define SLOTS 16384u /* table capacity (power of two); at most half used */
 #define MAX_ROUTERS 8
 #define AGE_WINDOWS 3
+#define HOT_TICK_MS 250 /* ageing period without reports */
 
 typedef struct hot_src {
     uint64_t router; /* hash of the router id, 0 = unused */
@@ -40,10 +49,39 @@ typedef struct hot_ent {
 struct node_hot {
     engine *eng;
     double threshold;
-    pthread_mutex_t mu;
+    pthread_mutex_t mu; /* guards tab, used and stop */
+    pthread_cond_t wake;
+    pthread_t ticker;
+    bool stop;
     hot_ent *tab;
     size_t used;
 };
+
+static void sweep(node_hot *h, uint64_t router, uint64_t now);
+
+/* The ageing thread: sweeps with no reporting router, so only entries whose
+ * reports went stale change (unpinned, then dropped). */
+static void *ticker_main(void *arg)
+{
+    node_hot *h = arg;
+    engine_thread_register(); /* engine_pin reads the index */
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += HOT_TICK_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        int rc = 0;
+        while (!h->stop && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&h->wake, &h->mu, &ts);
+        if (!h->stop)
+            sweep(h, 0, kv_now_ns());
+    }
+    pthread_mutex_unlock(&h->mu);
+    engine_thread_unregister();
+    return NULL;
+}
 
 kv_err node_hot_create(node_hot **out, engine *e, double threshold)
 {
@@ -55,6 +93,18 @@ kv_err node_hot_create(node_hot **out, engine *e, double threshold)
     h->eng = e;
     h->threshold = threshold;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&h->ticker, NULL, ticker_main, h) != 0) {
+        pthread_cond_destroy(&h->wake);
+        pthread_mutex_destroy(&h->mu);
+        free(h->tab);
+        free(h);
+        return KV_RESOURCE_EXHAUSTED;
+    }
     *out = h;
     return KV_OK;
 }
@@ -63,6 +113,12 @@ void node_hot_destroy(node_hot *h)
 {
     if (!h)
         return;
+    pthread_mutex_lock(&h->mu);
+    h->stop = true;
+    pthread_cond_signal(&h->wake);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->ticker, NULL);
+    pthread_cond_destroy(&h->wake);
     for (size_t i = 0; i < SLOTS; i++)
         free(h->tab[i].key);
     free(h->tab);
@@ -138,21 +194,39 @@ static void drop_unreported(hot_ent *e, uint64_t router, uint64_t now)
             e->src[i].router = 0;
 }
 
-/* Re-inserts every live entry (open addressing has no cheap delete) and
- * applies pin decisions. Caller holds mu. */
+/* Empties slot i of the linear-probing table and shifts later members of
+ * its probe run back into the hole (backward-shift deletion), so lookups
+ * never need tombstones. Caller holds mu and has freed the key. */
+static void remove_at(node_hot *h, size_t i)
+{
+    size_t hole = i;
+    for (size_t j = (i + 1) & (SLOTS - 1);; j = (j + 1) & (SLOTS - 1)) {
+        hot_ent *e = &h->tab[j];
+        if (!e->hash)
+            break;
+        size_t home = e->hash & (SLOTS - 1);
+        /* e may fill the hole unless its home lies cyclically in (hole, j] */
+        bool stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!stays) {
+            h->tab[hole] = *e;
+            hole = j;
+        }
+    }
+    memset(&h->tab[hole], 0, sizeof(hot_ent));
+    h->used--;
+}
+
+/* Applies pin decisions to every entry and drops entries with no fresh
+ * rate; router (0 = none) is the one whose report was just merged, and its
+ * contribution to keys it left out is withdrawn. Caller holds mu. */
 static void sweep(node_hot *h, uint64_t router, uint64_t now)
 {
-    hot_ent *old = h->tab;
-    hot_ent *tab = calloc(SLOTS, sizeof(hot_ent));
-    if (!tab)
-        return;
-    h->tab = tab;
-    h->used = 0;
     for (size_t i = 0; i < SLOTS; i++) {
-        hot_ent *e = &old[i];
+        hot_ent *e = &h->tab[i];
         if (!e->hash)
             continue;
-        drop_unreported(e, router, now);
+        if (router)
+            drop_unreported(e, router, now);
         double rate = fresh_rate(e, now);
         bool want = h->threshold > 0 && rate >= h->threshold; /* 0: hints off */
         if (want != e->pinned) {
@@ -163,13 +237,10 @@ static void sweep(node_hot *h, uint64_t router, uint64_t now)
         }
         if (rate <= 0 && !e->pinned) {
             free(e->key);
-            continue;
+            remove_at(h, i);
+            i--; /* an entry may have shifted into slot i (size_t wraps back to 0) */
         }
-        hot_ent *dst = find(h, e->hash, e->key, e->klen);
-        *dst = *e;
-        h->used++;
     }
-    free(old);
 }
 
 void node_hot_report(node_hot *h, const Kv__HotKeysRequest *req, uint64_t now_ns)
