@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -44,7 +45,10 @@ const char *kvt_bin(const char *rel)
 }
 
 /* Every process a test starts is killed when the test process exits, also
- * after a failed assertion skipped the test's own cleanup. */
+ * after a failed assertion skipped the test's own cleanup (atexit), and when
+ * the test dies on a signal or a Criterion timeout (the child's parent-death
+ * signal; it fires when the thread that forked exits, so spawn only from the
+ * test's main thread, as every kvt_* start function does). */
 #define MAX_SPAWNED 64
 static pid_t spawned[MAX_SPAWNED];
 static int nspawned;
@@ -65,6 +69,7 @@ void kvt_forget(pid_t pid)
 
 static pid_t spawn(const char *log, char *const argv[])
 {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid > 0) {
         if (nspawned == 0)
@@ -74,6 +79,8 @@ static pid_t spawn(const char *log, char *const argv[])
     }
     if (pid != 0)
         return pid;
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        _exit(127); /* the test died before the signal was armed */
     int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
         dup2(fd, 1);
