@@ -31,6 +31,7 @@ typedef struct rpc_worker {
     nng_aio *aio;
     pthread_t thread;
     bool started;
+    _Atomic bool exited; /* worker_main returned: it makes no more nng calls */
 } rpc_worker;
 
 struct rpc_server {
@@ -208,6 +209,7 @@ static void *worker_main(void *arg)
     }
     if (s->opts.thread_stop)
         s->opts.thread_stop(w->index, s->opts.user);
+    atomic_store(&w->exited, true);
     return NULL;
 }
 
@@ -284,19 +286,29 @@ void rpc_server_close(rpc_server *s)
         while (atomic_load(&s->busy) > 0 && kv_now_ns() < until)
             nng_msleep(2);
     }
-    /* Stop the workers' aios before the socket goes (see rpc_chan_close):
-     * a blocked receive completes with CANCELLED and the worker exits. */
-    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
-        if (s->workers[i].aio)
-            nng_aio_stop(s->workers[i].aio);
-    nng_close(s->sock);
+    /* The workers leave nng before the socket closes: nng 1.5 panics
+     * (abort: pthread_mutex_lock on a destroyed mutex, or a stopped aio in
+     * nng_ctx_send) when nng_close races a context operation on another
+     * thread, so the close must not start while a worker may be inside one.
+     * stopping is set, so a worker submits nothing after its current
+     * operation; cancelling aborts that operation (a blocked receive, or a
+     * reply the peer does not take). A worker that checked stopping just
+     * before it was set may still submit one receive after a cancel, hence
+     * the loop until every worker has exited. */
     for (unsigned i = 0; s->workers && i < s->nworkers; i++) {
         rpc_worker *w = &s->workers[i];
-        if (w->started)
-            pthread_join(w->thread, NULL);
-        if (w->aio)
-            nng_aio_free(w->aio);
+        if (!w->started)
+            continue;
+        while (!atomic_load(&w->exited)) {
+            nng_aio_cancel(w->aio);
+            nng_msleep(1);
+        }
+        pthread_join(w->thread, NULL);
     }
+    nng_close(s->sock);
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
+        if (s->workers[i].aio)
+            nng_aio_free(s->workers[i].aio);
     free(s->workers);
     free(s);
 }
