@@ -10,10 +10,21 @@
 #
 #   {"saturated_ratio":..,"unsaturated_ratio":..,"saturated_p99_ratio":..,...}
 #
-# (throughput and p99 of NHC on over classic; means over --repeat runs).
+# (throughput and p99 of NHC on over classic). Each ratio is the MEDIAN of
+# paired rounds: round r runs `on` and `off` back to back (the order
+# alternates between rounds, on-off / off-on, so a drift of the shared host
+# weighs on both modes alike), its ratio is on_r / off_r, and the JSON line
+# carries the median and the smallest and largest round ratio (the spread
+# is the host's noise made visible, not hidden in a mean). The unsaturated
+# case runs many short rounds (--unsat-rounds, --unsat-seconds,
+# --unsat-warmup) because its expected difference is zero and only the
+# spread says how well that is measured; its `on` rounds also report how
+# long NHC had data_admit off or load_admit below 1 (both 0 = it behaved as
+# classic caching throughout).
 #
 #   bench/nhc_compare.sh [--records 60000] [--fast-mb 16] [--threads 32]
 #       [--seconds 20] [--warmup 8] [--repeat 2] [--shift-at 6]
+#       [--unsat-rounds 8] [--unsat-seconds 6] [--unsat-warmup 2]
 #       [--nhc-probe-ms 300] [--nhc-step 0.1] [--base /tmp/nhc_compare]
 #       [--out results.jsonl]
 #
@@ -55,6 +66,7 @@ export SLOWFS=${SLOWFS:-$root/build/bench/slowfs/slowfs}
 source "$here/slowfs/mount_pair.sh"
 
 records=60000 threads=32 seconds=20 warmup=8 repeat=2 shift_at=6
+unsat_rounds=8 unsat_seconds=6 unsat_warmup=2
 base=/tmp/nhc_compare out="" fast_mb=16 probe_ms=300 step=0.1
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -64,6 +76,9 @@ while [[ $# -gt 0 ]]; do
   --warmup) warmup=$2; shift ;;
   --repeat) repeat=$2; shift ;;
   --shift-at) shift_at=$2; shift ;;
+  --unsat-rounds) unsat_rounds=$2; shift ;;
+  --unsat-seconds) unsat_seconds=$2; shift ;;
+  --unsat-warmup) unsat_warmup=$2; shift ;;
   --fast-mb) fast_mb=$2; shift ;;
   --nhc-probe-ms) probe_ms=$2; shift ;;
   --nhc-step) step=$2; shift ;;
@@ -98,8 +113,8 @@ run_case() {
   mp_mount "$base/$name" || exit 1
   echo "nhc_compare: $name: FD [$fdp] SD [$SD_PROFILE], $thr threads, load: $(uptime)" >&2
   "$NHC_BENCH" --fast-dir "$FAST_DIR" --slow-dir "$SLOW_DIR" --records "$records" \
-    --fast-mb "$fast_mb" --mem-mb 1 --threads "$thr" --seconds "$seconds" --warmup "$warmup" \
-    --repeat "$repeat" --nhc-probe-ms "$probe_ms" --nhc-step "$step" "$@" \
+    --fast-mb "$fast_mb" --mem-mb 1 --threads "$thr" \
+    --nhc-probe-ms "$probe_ms" --nhc-step "$step" "$@" \
     2>"$base/$name/bench.log" |
     sed "s/^{/{\"case\":\"$name\",/" | tee -a "$out" | cut -c1-300 >&2
   mp_unmount
@@ -107,20 +122,40 @@ run_case() {
   echo "nhc_compare: $name done, load: $(uptime)" >&2
 }
 
-run_case saturated "$SAT_FD" "$threads" --modes on,off,fd-only --shift-at "$shift_at"
-run_case unsaturated "$UNSAT_FD" 4 --modes on,off
+run_case saturated "$SAT_FD" "$threads" --modes on,off,fd-only --shift-at "$shift_at" \
+  --seconds "$seconds" --warmup "$warmup" --repeat "$repeat"
+run_case unsaturated "$UNSAT_FD" 4 --modes on,off \
+  --seconds "$unsat_seconds" --warmup "$unsat_warmup" --repeat "$unsat_rounds"
 
 python3 - "$out" <<'EOF'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+def rounds(case, key):
+    """on/off ratio of each round (rep) that ran both modes"""
+    by = {}
+    for r in rows:
+        if r["case"] == case and r["mode"] in ("on", "off"):
+            by.setdefault(r["rep"], {})[r["mode"]] = r[key]
+    return [v["on"] / v["off"] for _, v in sorted(by.items())
+            if "on" in v and "off" in v and v["off"]]
+def med(v):
+    return round(statistics.median(v), 3) if v else None
+def spread(v):
+    return [round(min(v), 3), round(max(v), 3)] if v else None
 def mean(case, mode, key):
     v = [r[key] for r in rows if r["case"] == case and r["mode"] == mode]
     return sum(v) / len(v) if v else float("nan")
-print("%-12s %-9s %12s %9s %12s %12s %8s" % ("case", "mode", "ops/s", "p99_us", "fd_reads/s",
-      "sd_reads/s", "la_mean"), file=sys.stderr)
+print("%-12s %-9s %3s %10s %8s %10s %10s %7s %6s %8s %8s" % ("case", "mode", "rep", "ops/s",
+      "p99_us", "fd_rd/s", "sd_rd/s", "la_mean", "tune#", "da_off_s", "la<1_s"), file=sys.stderr)
 for r in rows:
-    print("%-12s %-9s %12.0f %9.0f %12.0f %12.0f %8.3f" % (r["case"], r["mode"], r["ops_per_s"],
-          r["p99_us"], r["fd_reads_per_s"], r["sd_reads_per_s"], r["load_admit_mean"]),
+    print("%-12s %-9s %3d %10.0f %8.0f %10.0f %10.0f %7.3f %6d %8.2f %8.2f" % (r["case"],
+          r["mode"], r["rep"], r["ops_per_s"], r["p99_us"], r["fd_reads_per_s"],
+          r["sd_reads_per_s"], r["load_admit_mean"], r["tuning_entries"], r["data_admit_off_s"],
+          r["la_below_1_s"]), file=sys.stderr)
+for case in ("saturated", "unsaturated"):
+    t, p = rounds(case, "ops_per_s"), rounds(case, "p99_us")
+    print("%s: on/off throughput per round %s (median %s), p99 per round %s (median %s)" % (case,
+          " ".join("%.3f" % x for x in t), med(t), " ".join("%.3f" % x for x in p), med(p)),
           file=sys.stderr)
 shift = [r for r in rows if r["mode"] == "on-shift"]
 for r in shift:
@@ -129,19 +164,29 @@ for r in shift:
         v = [p[3] for p in tl if a <= p[0] < b]
         return sum(v) / len(v) if v else float("nan")
     print("shift at %.1f s (state then: %s): back to classic after %.1f s, tuning again after "
-          "%.1f s; miss ratio %.3f before, %.3f in the 2 s after, %.3f at the end" % (s,
-          r["state_at_shift"], r["back_to_classic_s"],
+          "%.1f s; miss ratio %.3f before, %.3f in the 2 s after, %.3f at the end; %d records "
+          "promoted in the run" % (s, r["state_at_shift"], r["back_to_classic_s"],
           r["tuning_again_s"], mean_miss(s - 2, s), mean_miss(s, s + 2),
-          mean_miss(tl[-1][0] - 2, tl[-1][0] + 1)), file=sys.stderr)
+          mean_miss(tl[-1][0] - 2, tl[-1][0] + 1), r["promoted_in_run"]), file=sys.stderr)
     print("timeline (t, state, load_admit, miss, ops/s): " +
           " ".join("%.1f:%d:%.2f:%.3f:%.0f" % tuple(p) for p in tl[::5]), file=sys.stderr)
+st, sp = rounds("saturated", "ops_per_s"), rounds("saturated", "p99_us")
+ut = rounds("unsaturated", "ops_per_s")
+un = [r for r in rows if r["case"] == "unsaturated" and r["mode"] == "on"]
 res = {
-    "saturated_ratio": round(mean("saturated", "on", "ops_per_s") / mean("saturated", "off", "ops_per_s"), 3),
-    "unsaturated_ratio": round(mean("unsaturated", "on", "ops_per_s") / mean("unsaturated", "off", "ops_per_s"), 3),
-    "saturated_p99_ratio": round(mean("saturated", "on", "p99_us") / mean("saturated", "off", "p99_us"), 3),
-    "saturated_fd_only_ratio": round(mean("saturated", "fd-only", "ops_per_s") / mean("saturated", "off", "ops_per_s"), 3),
+    "saturated_ratio": med(st),
+    "unsaturated_ratio": med(ut),
+    "saturated_p99_ratio": med(sp),
+    "saturated_ratio_range": spread(st),
+    "unsaturated_ratio_range": spread(ut),
+    "saturated_p99_ratio_range": spread(sp),
+    "saturated_fd_only_ratio": round(mean("saturated", "fd-only", "ops_per_s") /
+                                     mean("saturated", "off", "ops_per_s"), 3),
+    "unsaturated_on_data_admit_off_s": round(sum(r["data_admit_off_s"] for r in un), 3),
+    "unsaturated_on_la_below_1_s": round(sum(r["la_below_1_s"] for r in un), 3),
     "shift_back_to_classic_s": shift[0]["back_to_classic_s"] if shift else None,
     "shift_tuning_again_s": shift[0]["tuning_again_s"] if shift else None,
+    "shift_promoted": shift[0]["promoted_in_run"] if shift else None,
 }
 print(json.dumps(res, separators=(",", ":")))
 EOF

@@ -150,6 +150,9 @@ void engine_nhc_stats(engine *e, rpc_statlist *l)
     rpc_stats_add(l, "nhc.p99_us", "%.1f", (double)s.p99_ns / 1e3);
     rpc_stats_add(l, "nhc.window_ms", "%.1f", (double)s.window_ns / 1e6);
     rpc_stats_add(l, "nhc.windows", "%" PRIu64, s.windows);
+    rpc_stats_add(l, "nhc.tuning_entries", "%" PRIu64, s.tuning_entries);
+    rpc_stats_add(l, "nhc.data_admit_off_s", "%.3f", (double)s.data_admit_off_ns / 1e9);
+    rpc_stats_add(l, "nhc.load_admit_below_1_s", "%.3f", (double)s.load_admit_below_one_ns / 1e9);
     static const char *const dev[2] = {"fd", "sd"};
     for (int d = 0; d < 2; d++) {
         char name[48];

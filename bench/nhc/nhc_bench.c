@@ -53,6 +53,7 @@ typedef struct bopts {
     double seconds, warmup, hot_pct, shift_at;
     long promote_rounds;
     long nhc_probe_ms, nhc_poll_ms; /* 0 = nhc_opts_default */
+    bool trace;                     /* promotion trace in every run, not only the shift run */
     double nhc_step;                /* 0 = nhc_opts_default */
 } bopts;
 
@@ -264,6 +265,25 @@ typedef struct tl_point {
     double la, miss, ops;
 } tl_point;
 
+/*
+ * One line of the workload-change run's promotion trace (stderr, every
+ * 0.5 s): the NHC state, and what promotion into FD is doing: records
+ * installed, checked and dropped, bytes waiting in the mutable and sealed
+ * buffers, RALT's stably hot keys and bytes against its limit, twins.
+ */
+static void trace_promotion(run *r, double t, const nhc_stats *s)
+{
+    lsm_stats ls;
+    lsm_stats_get(r->e->db, &ls);
+    fprintf(stderr,
+            "nhc_bench: t %.1f state %d da %d la %.2f miss %.3f | promoted %" PRIu64
+            " dropped %" PRIu64 " buf %" PRIu64 " backlog %" PRIu64 " | ralt %" PRIu64
+            " stable %" PRIu64 " hot %" PRIu64 "/%" PRIu64 " | twins %" PRIu64 " l0 %d\n",
+            t, (int)s->state, (int)s->data_admit, s->load_admit, s->miss_ratio, ls.promoted_recs,
+            ls.promo_dropped, ls.promo_buf_bytes, ls.promo_backlog, ls.ralt_entries, ls.ralt_stable,
+            ls.ralt_hot_bytes, ls.hot_set_limit, ls.twin_entries, (int)ls.levels[0].files);
+}
+
 /* One run of mode; shift_at > 0 moves the hot set at that second. */
 static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
 {
@@ -290,6 +310,8 @@ static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
     engine_get_stats(r->e, &es0);
     lsm_stats ls0;
     lsm_stats_get(r->e->db, &ls0);
+    nhc_stats ns0, ns1;
+    nhc_get_stats(sched, &ns0);
     uint64_t ops0 = atomic_load(&r->ops), t0 = kv_now_ns();
     atomic_store(&r->measuring, true);
     size_t npts = (size_t)(o->seconds * 10) + 2, k = 0, tuning = 0;
@@ -310,6 +332,8 @@ static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
         last_ops = ops;
         la_sum += s.load_admit;
         tuning += s.state == NHC_STATE_TUNING;
+        if ((shift_at > 0 || o->trace) && i % 5 == 4)
+            trace_promotion(r, t, &s);
         if (shift_at > 0 && t >= shift_at) {
             if (!state_at_shift)
                 state_at_shift = (int)s.state;
@@ -325,6 +349,7 @@ static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
     double secs = (double)(kv_now_ns() - t0) / 1e9;
     uint64_t ops = atomic_load(&r->ops) - ops0;
     engine_get_stats(r->e, &es1);
+    nhc_get_stats(sched, &ns1);
     atomic_store(&r->stop, true);
     for (unsigned t = 0; t < n; t++)
         pthread_join(th[t], NULL);
@@ -338,11 +363,15 @@ static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
            "\"p50_us\":%.0f,\"p99_us\":%.0f,\"p999_us\":%.0f,\"mem_reads_per_s\":%.1f,"
            "\"fd_reads_per_s\":%.1f,\"sd_reads_per_s\":%.1f,\"load_admit_mean\":%.3f,"
            "\"tuning_share\":%.3f,\"hot_records\":%" PRIu64 ",\"twins_at_load\":%" PRIu64
-           ",\"twins_now\":%" PRIu64 ",\"promoted_in_run\":%" PRIu64,
+           ",\"twins_now\":%" PRIu64 ",\"promoted_in_run\":%" PRIu64 ",\"tuning_entries\":%" PRIu64
+           ",\"data_admit_off_s\":%.3f,\"la_below_1_s\":%.3f",
            shift_at > 0 ? "on-shift" : mode, rep, o->threads, secs, (double)ops / secs, pct(r, 0.5),
            pct(r, 0.99), pct(r, 0.999), (double)rmem / secs, (double)rfd / secs, (double)rsd / secs,
            k ? la_sum / (double)k : 0, forced || !k ? 0.0 : (double)tuning / (double)k, r->hot,
-           r->twins0, ls.twin_entries, ls.promoted_recs - ls0.promoted_recs);
+           r->twins0, ls.twin_entries, ls.promoted_recs - ls0.promoted_recs,
+           ns1.tuning_entries - ns0.tuning_entries,
+           (double)(ns1.data_admit_off_ns - ns0.data_admit_off_ns) / 1e9,
+           (double)(ns1.load_admit_below_one_ns - ns0.load_admit_below_one_ns) / 1e9);
     if (shift_at > 0) {
         printf(",\"shift_at\":%.1f,\"state_at_shift\":\"%s\",\"back_to_classic_s\":%.1f,"
                "\"tuning_again_s\":%.1f,\"timeline\":[",
@@ -441,6 +470,8 @@ int main(int argc, char **argv)
         {"nhc-poll-ms", KV_OPT_INT, &o.nhc_poll_ms, "NHC poll window (0 = default)", NULL, 0,
          600000},
         {"nhc-step", KV_OPT_DOUBLE, &o.nhc_step, "NHC load_admit step (0 = default)", NULL, 0, 0},
+        {"trace", KV_OPT_BOOL, &o.trace,
+         "promotion trace (stderr, every 0.5 s) in every run, not only the shift run", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "nhc_bench", NULL};
     char err[512];

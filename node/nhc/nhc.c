@@ -44,7 +44,8 @@ struct nhc {
     _Alignas(64) pthread_mutex_t mu;
     nhc_ctl *ctl;
     bool enabled, forced;
-    nhc_decision dec;
+    nhc_decision dec;    /* the knobs in force (the controller's, or forced) */
+    nhc_state ctl_state; /* the controller's state after its last step */
     uint64_t win_start, last_tick, next_point;
     nhc_stats st;
     nhc_point series[NHC_SERIES_LEN];
@@ -129,6 +130,7 @@ kv_err nhc_create(const nhc_opts *opts, uint64_t now_ns, nhc **out)
     n->ctl = ctl;
     n->enabled = o.enable;
     n->dec = nhc_ctl_decision(ctl);
+    n->ctl_state = n->dec.state;
     n->win_start = n->last_tick = now_ns;
     n->next_point = now_ns + SEC_NS;
     publish(n);
@@ -226,6 +228,12 @@ static kv_err close_window(nhc *n, uint64_t now_ns)
     nhc_decision d;
     if ((rv = nhc_step(n->ctl, &s, &d)) != KV_OK)
         return rv;
+    if (!n->dec.data_admit)
+        n->st.data_admit_off_ns += win;
+    if (n->dec.load_admit < 1.0)
+        n->st.load_admit_below_one_ns += win;
+    n->st.tuning_entries += n->ctl_state == NHC_STATE_CLASSIC && d.state == NHC_STATE_TUNING;
+    n->ctl_state = d.state;
     if (!n->forced) {
         n->dec = d;
         publish(n);

@@ -123,6 +123,13 @@ typedef struct nhc_stats {
     uint64_t windows;     /* windows closed so far */
     bool forced;          /* knobs fixed by nhc_force */
     nhc_dev_stats dev[2]; /* indexed by nhc_dev */
+    /* Since creation, over closed windows, by the knobs in force during each
+     * window: how long data_admit was off and load_admit below 1 (0 and 0 mean
+     * the node behaved as classic caching throughout), and how often the
+     * controller entered state 2. */
+    uint64_t data_admit_off_ns;
+    uint64_t load_admit_below_one_ns;
+    uint64_t tuning_entries;
 } nhc_stats;
 
 /* One point of the time series (one a second, the last NHC_SERIES_LEN kept). */

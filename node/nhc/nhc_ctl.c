@@ -51,26 +51,39 @@ struct nhc_ctl {
 };
 
 /*
- * Defaults. The paper (§3.2) describes the algorithm — stable miss ratio
- * before tuning, probe la +/- step, move to the best, fall back on a miss
- * ratio rise — but the excerpts we could consult give no verified numbers for
- * the step, the windows or the thresholds; the values below are ours:
- * - step 0.05: 21 settings in [0, 1]; from 1.0 the optimum of a typical
- *   FD/SD split (0.5..0.9) is reached in <= 10 rounds (a few seconds with
- *   100 ms probes); a finer step converges too slowly for a node whose load
- *   shifts within seconds, a coarser one wastes up to 5% of throughput.
- * - probe 100 ms: long enough to complete thousands of reads on an SSD (the
- *   metric is then a low-noise average), short enough for a round of 3
- *   probes to fit in ~0.3 s.
- * - poll 1 s, stable_delta 0.01, miss_rise 0.05: a warm cache changes its miss
- *   ratio by well under a point per second; a 5-point rise is a workload
- *   change, not noise.
- * - miss_max 0.20: with more than a fifth of reads missing FD, SD is busy
- *   serving misses and offloading hits to it would compete with them (the
- *   paper tunes only once the cache is warm).
- * - min_gain 0.01, min_ops 64: ignore sub-1% differences and near-idle windows.
- * - stuck_rounds 2: "la stays at 1.0 twice in a row" returns to classic.
- * - backoff_max 16: an unsaturated node re-probes at most every ~16 s
+ * Defaults, and where each number comes from. The paper (Orthus, FAST'21,
+ * §3.2) gives the algorithm -- classic caching until the miss ratio is
+ * stable, then data_admit off and load_admit hill-climbed by probing +/- a
+ * step, back to classic on a miss-ratio rise -- but no numbers for the step,
+ * the windows or the thresholds. Its code does give two: Orthus-KV
+ * (github.com/sherlockwu/Wisckey_Orthus, db/db_impl.cc, monitor_func, read
+ * at commit c9fc4872) keeps the ratios in percent, starts both at 100,
+ * moves by 5 (its `last_action = -5`, kept in magnitude and reversed when
+ * the measured throughput fell) and measures every 10 ms (`usleep(10000)`)
+ * from the block devices' kernel counters, resetting both ratios to 100
+ * when the fast device shows no I/O at all.
+ * - step 0.05: the code's 5 in 100. (A coarser step converges in fewer
+ *   probes; nhc_compare.sh passes 0.1 for its 20 s runs, a benchmark
+ *   setting, not a change of the algorithm's resolution.)
+ * - probe 100 ms: ours. The code's 10 ms window counts the I/Os of NVMe
+ *   devices serving hundreds of thousands of requests a second, so it holds
+ *   thousands of them; a node counts only its reads below the memory tier
+ *   (a few thousand to tens of thousands a second), so 10 ms would hold tens
+ *   of reads and the hill climb would follow noise. 100 ms holds hundreds
+ *   to thousands at those rates; where even that is noisy (nhc_compare.sh's
+ *   2-core host, ~5k reads/s), the window is a flag (--nhc-probe-ms).
+ * - poll 1 s, stable_delta 0.01, miss_rise 0.05: ours (the paper says only
+ *   "stable" and "changes"): a warm cache changes its miss ratio by well
+ *   under a point per second; a 5-point rise is a workload change, not
+ *   noise.
+ * - miss_max 0.20: ours. With more than a fifth of reads missing FD, SD is
+ *   busy serving misses and offloading hits to it would compete with them
+ *   (the paper tunes only once the cache is warm).
+ * - min_gain 0.01, min_ops 64: ours; ignore sub-1% differences and
+ *   near-idle windows (the code's "no I/O at all" reset, with a margin).
+ * - stuck_rounds 2: the issue's "la stays at 1.0 twice in a row" returns to
+ *   classic.
+ * - backoff_max 16: ours; an unsaturated node re-probes at most every ~16 s
  *   (polls of 1 s) once it has found twice in a row that la 1.0 is best.
  */
 void nhc_opts_default(nhc_opts *o)

@@ -9,6 +9,7 @@
  * stats, and a multi-threaded smoke test that checks no read is lost.
  */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -429,6 +430,40 @@ Test(nhc_rt, disabled_never_changes)
     cr_assert(nhc_data_admit(n));
     cr_assert_float_eq(nhc_load_admit(n), 1.0, EPS);
     cr_assert_gt(st.windows, 15);
+    cr_assert_eq(st.data_admit_off_ns, 0);
+    cr_assert_eq(st.load_admit_below_one_ns, 0);
+    cr_assert_eq(st.tuning_entries, 0);
+    nhc_destroy(n);
+}
+
+/* The time-in-knob counters (disabled: see disabled_never_changes): zero
+ * while the knobs are forced classic, and the windows of tuning are counted
+ * once it tunes. */
+Test(nhc_rt, counts_time_away_from_classic)
+{
+    nhc *n = NULL;
+    nhc_stats st;
+    cr_assert_eq(nhc_create(NULL, 0, &n), KV_OK);
+    nhc_force(n, 1.0, true);
+    run_rt(n, &SAT_RT, 0, 10.0);
+    nhc_get_stats(n, &st);
+    cr_assert_eq(st.data_admit_off_ns, 0, "forced classic: data_admit stayed on");
+    cr_assert_eq(st.load_admit_below_one_ns, 0);
+    cr_assert_geq(st.tuning_entries, 1, "the controller tuned underneath");
+    nhc_destroy(n);
+
+    /* saturated: tuning from ~2 s on (two 1 s polls), la below 1 for all
+     * but the first probes */
+    cr_assert_eq(nhc_create(NULL, 0, &n), KV_OK);
+    run_rt(n, &SAT_RT, 0, 10.0);
+    nhc_get_stats(n, &st);
+    cr_assert_eq(st.state, NHC_STATE_TUNING);
+    cr_assert_eq(st.tuning_entries, 1);
+    cr_assert(st.data_admit_off_ns >= 7 * SEC && st.data_admit_off_ns <= 8 * SEC, "%" PRIu64,
+              st.data_admit_off_ns);
+    cr_assert(st.load_admit_below_one_ns >= 6 * SEC &&
+                  st.load_admit_below_one_ns < st.data_admit_off_ns,
+              "%" PRIu64, st.load_admit_below_one_ns);
     nhc_destroy(n);
 }
 
