@@ -20,10 +20,14 @@
 # --unsat-warmup) because its expected difference is zero and only the
 # spread says how well that is measured; its `on` rounds also report how
 # long NHC had data_admit off or load_admit below 1 (both 0 = it behaved as
-# classic caching throughout).
+# classic caching throughout). The workload-change run is timed for
+# --shift-seconds: after the shift the new hot set has to be promoted by
+# HotRAP before the miss ratio is low and stable enough for NHC to tune
+# again, which took 10-14 s on this host at load 20-30, so 14 s after a
+# shift at 6 s of a 20 s run left it unobserved in slow runs.
 #
 #   bench/nhc_compare.sh [--records 60000] [--fast-mb 16] [--threads 32]
-#       [--seconds 20] [--warmup 8] [--repeat 2] [--shift-at 6]
+#       [--seconds 20] [--warmup 8] [--repeat 2] [--shift-at 6] [--shift-seconds 30]
 #       [--unsat-rounds 8] [--unsat-seconds 6] [--unsat-warmup 2]
 #       [--nhc-probe-ms 300] [--nhc-step 0.1] [--base /tmp/nhc_compare]
 #       [--out results.jsonl]
@@ -66,7 +70,7 @@ export SLOWFS=${SLOWFS:-$root/build/bench/slowfs/slowfs}
 source "$here/slowfs/mount_pair.sh"
 
 records=60000 threads=32 seconds=20 warmup=8 repeat=2 shift_at=6
-unsat_rounds=8 unsat_seconds=6 unsat_warmup=2
+unsat_rounds=8 unsat_seconds=6 unsat_warmup=2 shift_seconds=30
 base=/tmp/nhc_compare out="" fast_mb=16 probe_ms=300 step=0.1
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -76,6 +80,7 @@ while [[ $# -gt 0 ]]; do
   --warmup) warmup=$2; shift ;;
   --repeat) repeat=$2; shift ;;
   --shift-at) shift_at=$2; shift ;;
+  --shift-seconds) shift_seconds=$2; shift ;;
   --unsat-rounds) unsat_rounds=$2; shift ;;
   --unsat-seconds) unsat_seconds=$2; shift ;;
   --unsat-warmup) unsat_warmup=$2; shift ;;
@@ -123,7 +128,7 @@ run_case() {
 }
 
 run_case saturated "$SAT_FD" "$threads" --modes on,off,fd-only --shift-at "$shift_at" \
-  --seconds "$seconds" --warmup "$warmup" --repeat "$repeat"
+  --shift-seconds "$shift_seconds" --seconds "$seconds" --warmup "$warmup" --repeat "$repeat"
 run_case unsaturated "$UNSAT_FD" 4 --modes on,off \
   --seconds "$unsat_seconds" --warmup "$unsat_warmup" --repeat "$unsat_rounds"
 

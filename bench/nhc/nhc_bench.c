@@ -14,7 +14,8 @@
  *   fd-only  every twin read on FD, no promotion (load_admit 1, data_admit off)
  *   sd-only  every twin read on SD (load_admit 0, data_admit off), reference
  *
- * --shift-at S adds a run with NHC on in which, S seconds into the timed
+ * --shift-at S adds a run with NHC on (timed for --shift-seconds, default
+ * --seconds) in which, S seconds into the timed
  * phase, the hot set moves to keys that have no FD copy (a workload
  * change); its JSON line carries a 100 ms timeline of state, load_admit,
  * miss ratio and throughput, and the seconds until the node was back in
@@ -51,6 +52,7 @@ typedef struct bopts {
     const char *fast_dir, *slow_dir, *modes;
     long records, value_bytes, fast_mb, mem_mb, threads, repeat, seed;
     double seconds, warmup, hot_pct, shift_at;
+    double shift_seconds; /* length of the shift run (0 = --seconds) */
     long promote_rounds;
     long nhc_probe_ms, nhc_poll_ms; /* 0 = nhc_opts_default */
     bool trace;                     /* promotion trace in every run, not only the shift run */
@@ -314,7 +316,8 @@ static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
     nhc_get_stats(sched, &ns0);
     uint64_t ops0 = atomic_load(&r->ops), t0 = kv_now_ns();
     atomic_store(&r->measuring, true);
-    size_t npts = (size_t)(o->seconds * 10) + 2, k = 0, tuning = 0;
+    double secs_run = shift_at > 0 && o->shift_seconds > 0 ? o->shift_seconds : o->seconds;
+    size_t npts = (size_t)(secs_run * 10) + 2, k = 0, tuning = 0;
     tl_point *tl = calloc(npts, sizeof(*tl));
     double la_sum = 0, back_classic = -1, retune = -1;
     int state_at_shift = 0;
@@ -342,7 +345,7 @@ static kv_err one_run(run *r, const char *mode, int rep, double shift_at)
             else if (back_classic >= 0 && retune < 0 && s.state == NHC_STATE_TUNING)
                 retune = t - shift_at;
         }
-        if (t >= o->seconds)
+        if (t >= secs_run)
             break;
     }
     atomic_store(&r->measuring, false);
@@ -416,8 +419,12 @@ static int check_opts(const bopts *o, char *err, size_t errlen)
         snprintf(err, errlen, "--hot-pct must be in (0, 50)");
         return -1;
     }
-    if (!(o->seconds > 0) || !(o->warmup >= 0) || o->shift_at >= o->seconds) {
-        snprintf(err, errlen, "--seconds > 0, --warmup >= 0, --shift-at < --seconds");
+    double shift_run = o->shift_seconds > 0 ? o->shift_seconds : o->seconds;
+    if (!(o->seconds > 0) || !(o->warmup >= 0) || !(o->shift_seconds >= 0) ||
+        o->shift_at >= shift_run) {
+        snprintf(err, errlen,
+                 "--seconds > 0, --warmup >= 0, --shift-seconds >= 0, --shift-at < the shift "
+                 "run's length");
         return -1;
     }
     char *m = strdup(o->modes), *save = NULL;
@@ -464,6 +471,8 @@ int main(int argc, char **argv)
          NULL, 1, 100},
         {"shift-at", KV_OPT_DOUBLE, &o.shift_at,
          "extra NHC-on run whose hot set moves at this second (0 = none)", NULL, 0, 0},
+        {"shift-seconds", KV_OPT_DOUBLE, &o.shift_seconds,
+         "timed phase of the shift run (0 = --seconds)", NULL, 0, 0},
         {"seed", KV_OPT_INT, &o.seed, "workload seed", NULL, 0, 1L << 40},
         {"nhc-probe-ms", KV_OPT_INT, &o.nhc_probe_ms, "NHC probe window (0 = default)", NULL, 0,
          600000},
