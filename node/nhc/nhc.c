@@ -44,8 +44,8 @@ struct nhc {
     _Alignas(64) pthread_mutex_t mu;
     nhc_ctl *ctl;
     bool enabled, forced;
-    nhc_decision dec;    /* the knobs in force (the controller's, or forced) */
-    nhc_state ctl_state; /* the controller's state after its last step */
+    bool resume;      /* unforced since the last tick: the window is not the controller's */
+    nhc_decision dec; /* the knobs in force (the controller's, or forced) */
     uint64_t win_start, last_tick, next_point;
     nhc_stats st;
     nhc_point series[NHC_SERIES_LEN];
@@ -130,7 +130,6 @@ kv_err nhc_create(const nhc_opts *opts, uint64_t now_ns, nhc **out)
     n->ctl = ctl;
     n->enabled = o.enable;
     n->dec = nhc_ctl_decision(ctl);
-    n->ctl_state = n->dec.state;
     n->win_start = n->last_tick = now_ns;
     n->next_point = now_ns + SEC_NS;
     publish(n);
@@ -210,8 +209,9 @@ static void drain_dev(dev_ctr *d, uint64_t win_ns, nhc_dev_stats *out, uint64_t 
     out->p99_ns = hist_p99(h, total);
 }
 
-/* Closes the window [win_start, now): builds the sample and steps. mu held. */
-static kv_err close_window(nhc *n, uint64_t now_ns)
+/* Closes the window [win_start, now): builds the sample and, when `step`,
+ * steps the controller with it and applies its decision. mu held. */
+static kv_err close_window(nhc *n, uint64_t now_ns, bool step)
 {
     static _Thread_local uint64_t merged[NBUCKETS];
     uint64_t win = now_ns - n->win_start;
@@ -225,16 +225,15 @@ static kv_err close_window(nhc *n, uint64_t now_ns)
     s.ops = n->st.dev[0].reads + n->st.dev[1].reads;
     s.p99_ns = hist_p99(merged, s.ops);
     s.miss_ratio = s.ops ? (double)(misses > s.ops ? s.ops : misses) / (double)s.ops : 0.0;
-    nhc_decision d;
-    if ((rv = nhc_step(n->ctl, &s, &d)) != KV_OK)
-        return rv;
     if (!n->dec.data_admit)
         n->st.data_admit_off_ns += win;
     if (n->dec.load_admit < 1.0)
         n->st.load_admit_below_one_ns += win;
-    n->st.tuning_entries += n->ctl_state == NHC_STATE_CLASSIC && d.state == NHC_STATE_TUNING;
-    n->ctl_state = d.state;
-    if (!n->forced) {
+    if (step) {
+        nhc_decision d;
+        if ((rv = nhc_step(n->ctl, &s, &d)) != KV_OK)
+            return rv;
+        n->st.tuning_entries += n->dec.state == NHC_STATE_CLASSIC && d.state == NHC_STATE_TUNING;
         n->dec = d;
         publish(n);
     }
@@ -274,8 +273,11 @@ kv_err nhc_tick(nhc *n, uint64_t now_ns)
         return KV_INVALID_ARGUMENT;
     }
     n->last_tick = now_ns;
-    if (now_ns - n->win_start >= n->dec.next_window_ns)
-        rv = close_window(n, now_ns);
+    if (n->resume && now_ns > n->win_start) /* it ran (partly) under forced knobs */
+        rv = close_window(n, now_ns, false);
+    else if (now_ns - n->win_start >= n->dec.next_window_ns)
+        rv = close_window(n, now_ns, !n->forced);
+    n->resume = false;
     if (rv == KV_OK && now_ns >= n->next_point)
         add_point(n, now_ns);
     pthread_mutex_unlock(&n->mu);
@@ -295,6 +297,7 @@ void nhc_force(nhc *n, double load_admit, bool data_admit)
 void nhc_unforce(nhc *n)
 {
     pthread_mutex_lock(&n->mu);
+    n->resume = n->forced;
     n->forced = false;
     n->dec = nhc_ctl_decision(n->ctl);
     publish(n);

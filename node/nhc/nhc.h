@@ -184,12 +184,15 @@ double nhc_load_admit(const nhc *n);
 kv_err nhc_tick(nhc *n, uint64_t now_ns);
 
 /*
- * Fixes the knobs at load_admit (clamped to [0, 1]) and data_admit: the
- * controller still sees every window but its decisions are not applied
- * (stats and the series still update), for tests and for benchmarks that
- * compare fixed policies (load_admit 1 with data_admit on is classic
- * caching). nhc_unforce applies the controller's current decision again.
- * Any thread; takes the internal mutex.
+ * Fixes the knobs at load_admit (clamped to [0, 1]) and data_admit, for
+ * tests and for benchmarks that compare fixed policies (load_admit 1 with
+ * data_admit on is classic caching). Windows still close (stats and the
+ * series update) but the controller is paused: a window measured under
+ * knobs it did not choose says nothing about its probes, so it is not
+ * stepped. nhc_unforce resumes the controller where it stopped, with its
+ * decision, and the window then in progress (which ran under the forced
+ * knobs) is closed at the next tick without stepping. Any thread; takes
+ * the internal mutex.
  */
 void nhc_force(nhc *n, double load_admit, bool data_admit);
 void nhc_unforce(nhc *n);

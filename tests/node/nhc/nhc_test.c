@@ -449,7 +449,7 @@ Test(nhc_rt, counts_time_away_from_classic)
     nhc_get_stats(n, &st);
     cr_assert_eq(st.data_admit_off_ns, 0, "forced classic: data_admit stayed on");
     cr_assert_eq(st.load_admit_below_one_ns, 0);
-    cr_assert_geq(st.tuning_entries, 1, "the controller tuned underneath");
+    cr_assert_eq(st.tuning_entries, 0, "the controller is paused while forced");
     nhc_destroy(n);
 
     /* saturated: tuning from ~2 s on (two 1 s polls), la below 1 for all
@@ -464,6 +464,44 @@ Test(nhc_rt, counts_time_away_from_classic)
     cr_assert(st.load_admit_below_one_ns >= 6 * SEC &&
                   st.load_admit_below_one_ns < st.data_admit_off_ns,
               "%" PRIu64, st.load_admit_below_one_ns);
+    nhc_destroy(n);
+}
+
+/* Forcing pauses the controller: windows under forced knobs do not step it
+ * (all probes would measure the same forced load_admit and it would end
+ * tuning as "stuck at 1"), and unforcing resumes it where it stopped. */
+Test(nhc_rt, force_pauses_and_unforce_resumes)
+{
+    nhc *n = NULL;
+    cr_assert_eq(nhc_create(NULL, 0, &n), KV_OK);
+    uint64_t t = run_rt(n, &SAT_RT, 0, 20.0);
+    nhc_stats before, st;
+    nhc_get_stats(n, &before);
+    cr_assert_eq(before.state, NHC_STATE_TUNING);
+    cr_assert(before.load_admit < 0.8, "la %g", before.load_admit);
+    nhc_force(n, 1.0, true);
+    t = run_rt(n, &SAT_RT, t, 30.0);
+    nhc_get_stats(n, &st);
+    cr_assert(st.forced && st.data_admit);
+    cr_assert_float_eq(st.load_admit, 1.0, EPS);
+    cr_assert_gt(st.windows, before.windows + 100, "windows still close while forced");
+    nhc_unforce(n);
+    nhc_get_stats(n, &st);
+    cr_assert_not(st.forced);
+    cr_assert_eq(st.state, NHC_STATE_TUNING);
+    cr_assert_float_eq(st.load_admit, before.load_admit, EPS);
+    cr_assert_not(nhc_data_admit(n));
+    /* the first window after unforcing is not stepped, the next ones are */
+    uint64_t w = st.windows;
+    cr_assert_eq(nhc_tick(n, t + 10000000ull), KV_OK);
+    nhc_get_stats(n, &st);
+    cr_assert_eq(st.windows, w + 1);
+    cr_assert_float_eq(st.load_admit, before.load_admit, EPS);
+    run_rt(n, &SAT_RT, t + 10000000ull, 10.0);
+    nhc_get_stats(n, &st);
+    cr_assert_eq(st.state, NHC_STATE_TUNING);
+    cr_assert(st.load_admit >= 0.6 - EPS && st.load_admit <= 0.8 + EPS, "la %g", st.load_admit);
+    cr_assert_eq(st.tuning_entries, 1, "no return to classic in between");
     nhc_destroy(n);
 }
 
