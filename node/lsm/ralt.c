@@ -780,6 +780,13 @@ void ralt_access(ralt *r, const void *key, size_t klen, size_t vlen)
         if (!b) {
             pthread_mutex_unlock(&r->bmu);
             free(k); /* dropped: the table is behind */
+            /* NHC fix: the buffer is full, so flush it now if no flush runs;
+             * returning without trying left it full forever once a slow flush
+             * had let it grow to 4x, and every later access was dropped */
+            if (pthread_mutex_trylock(&r->fmu) == 0) {
+                flush_locked(r);
+                pthread_mutex_unlock(&r->fmu);
+            }
             return;
         }
         r->buf = b;

@@ -9,6 +9,9 @@
 #include "lsm_test_util.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include "node/lsm/lsm_int.h"
 #include "node/nhc/nhc.h"
@@ -280,4 +283,104 @@ Test(nhc_routing, the_scheduler_sees_per_volume_reads_and_misses)
     cr_assert(s.forced);
     cr_assert_eq(s.load_admit, 0.0);
     t_close(t);
+}
+
+/* ---- RALT keeps learning after its buffer overflowed ---- */
+
+/*
+ * NHC tunes again after a workload change only once HotRAP promoted the new
+ * hot set, which needs RALT to learn it. An access that finds RALT's buffer
+ * at its cap (4x, grown while a slow flush ran) is dropped; it must still
+ * flush the buffer when no flush runs any more, or the table never changes
+ * again (measured: every promotion candidate then dropped as not hot, for
+ * the rest of nhc_bench's workload-change run). A hot-range reader blocked
+ * in its callback holds the table's lock, so a flush started meanwhile holds
+ * the flush lock until the reader is let go.
+ */
+typedef struct ralt_hold {
+    ralt *r;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, release;
+} ralt_hold;
+
+static void hold_cb(void *arg, const void *key, size_t klen, uint32_t vlen)
+{
+    (void)key, (void)klen, (void)vlen;
+    ralt_hold *h = arg;
+    pthread_mutex_lock(&h->mu);
+    h->entered = true;
+    pthread_cond_broadcast(&h->cv);
+    while (!h->release)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void *hold_reader(void *arg)
+{
+    ralt_hold *h = arg;
+    cr_assert_eq(ralt_hot_range(h->r, "a", 1, "z", 1, hold_cb, h), KV_OK);
+    return NULL;
+}
+
+static void *hold_flusher(void *arg)
+{
+    ralt_hold *h = arg;
+    cr_assert_eq(ralt_flush(h->r), KV_OK);
+    return NULL;
+}
+
+static size_t run_files(const char *dir)
+{
+    size_t n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *de; d && (de = readdir(d));)
+        n += strstr(de->d_name, ".sst") != NULL;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+Test(ralt, flushes_again_after_its_buffer_overflowed)
+{
+    char *dir = lt_mkdtemp("ralt-overflow"), rdir[300];
+    snprintf(rdir, sizeof(rdir), "%s/ralt", dir);
+    ralt_opts o = {.dir = rdir, .buf_entries = 8};
+    ralt_hold h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    cr_assert_eq(ralt_open(&h.r, &o), KV_OK);
+    ralt_access(h.r, "hot", 3, 10); /* seen twice: stable, so the range reader finds it */
+    ralt_access(h.r, "hot", 3, 10);
+    cr_assert_eq(ralt_flush(h.r), KV_OK);
+    cr_assert(ralt_is_hot(h.r, "hot", 3));
+    pthread_t reader, flusher;
+    pthread_create(&reader, NULL, hold_reader, &h);
+    pthread_mutex_lock(&h.mu);
+    while (!h.entered)
+        pthread_cond_wait(&h.cv, &h.mu);
+    pthread_mutex_unlock(&h.mu);
+    ralt_access(h.r, "b0", 2, 10); /* something for the flush to write */
+    size_t files = run_files(rdir);
+    pthread_create(&flusher, NULL, hold_flusher, &h);
+    while (run_files(rdir) == files) /* its new run is written: it holds the flush lock */
+        sched_yield();
+    char k[16];
+    for (int i = 0; i < 40; i++) { /* fills the buffer to its cap (32), then dropped */
+        snprintf(k, sizeof(k), "c%02d", i);
+        ralt_access(h.r, k, strlen(k), 10);
+    }
+    pthread_mutex_lock(&h.mu);
+    h.release = true;
+    pthread_cond_broadcast(&h.cv);
+    pthread_mutex_unlock(&h.mu);
+    pthread_join(reader, NULL);
+    pthread_join(flusher, NULL);
+    ralt_stats before, after;
+    ralt_stats_get(h.r, &before);
+    ralt_access(h.r, "d", 1, 10); /* dropped, but flushes the full buffer */
+    ralt_stats_get(h.r, &after);
+    cr_assert_eq(after.entries, before.entries + 32, "entries %llu -> %llu",
+                 (unsigned long long)before.entries, (unsigned long long)after.entries);
+    ralt_close(h.r);
+    lt_rmrf(dir);
+    free(dir);
 }
