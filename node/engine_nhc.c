@@ -3,12 +3,13 @@
  * The engine's NHC scheduler (Orthus non-hierarchical caching, DESIGN.md §5,
  * node/nhc/nhc.h): created before the LSM (which routes twin reads and gates
  * promotion with it and reports every read below the memory tier to it),
- * ticked every 10 ms by a small thread of its own (the flush thread sleeps up
- * to a second), and reported in admin.Stats as the nhc.* names, including
- * the last minute as nhc.series.N chunks. There is one only when the node
- * has a slow volume and HotRAP (twins come from HotRAP promotion); --nhc off
- * keeps it in classic state (data_admit on, load_admit 1) so that its
- * per-volume figures stay visible.
+ * ticked every 10 ms by a small thread of its own (the monitor interval of
+ * Orthus-KV's code, see nhc_ctl.c; the flush thread sleeps up to a second),
+ * and reported in admin.Stats as the nhc.* names, including the last minute
+ * as nhc.series.N chunks. There is one only when the node has a slow volume
+ * and HotRAP (twins come from HotRAP promotion); --nhc off keeps it in
+ * classic state (data_admit on, load_admit 1) so that its per-volume
+ * figures stay visible.
  */
 #include <inttypes.h>
 #include <stdio.h>
