@@ -7,9 +7,12 @@
  * miss ratio is at most miss_max, the cache is considered warm and the
  * controller enters state 2: data_admit off, and load_admit is hill-climbed.
  * One tuning round measures the target metric for one probe window each at
- * la, la + step and la - step (clamped to [0, 1]; a probe equal to la is
- * skipped) and moves la to the best of them (a probe must beat la by
- * min_gain, so measurement noise does not make la wander). State 2 returns to
+ * la, la + step, la - step (clamped to [0, 1]; a probe equal to la is
+ * skipped) and la again, and moves la to the best neighbour that beats la:
+ * by min_gain plus the difference between la's two measurements (the
+ * metric's own noise over the round; ours, not the paper's: measured on a
+ * shared host, a plain best-of-three followed noise and an unsaturated node
+ * spent half its time below la 1.0). State 2 returns to
  * state 1 when the miss ratio rises more than miss_rise above its value on
  * entry or above miss_max (the workload changed, so caching must resume), when
  * a window carries too few reads to measure, or when `stuck_rounds` rounds in
@@ -28,7 +31,7 @@
 
 #define PPM 1000000u
 
-enum { PROBE_CUR = 0, PROBE_UP = 1, PROBE_DOWN = 2, NPROBES = 3 };
+enum { PROBE_CUR = 0, PROBE_UP = 1, PROBE_DOWN = 2, PROBE_CUR2 = 3, NPROBES = 4 };
 
 struct nhc_ctl {
     nhc_opts o;
@@ -190,19 +193,31 @@ static void round_start(nhc_ctl *c)
     c->cand[PROBE_CUR] = c->la;
     c->cand[PROBE_UP] = c->la + c->step >= PPM ? PPM : c->la + c->step;
     c->cand[PROBE_DOWN] = c->la <= c->step ? 0 : c->la - c->step;
+    c->cand[PROBE_CUR2] = c->la;
     for (int i = 0; i < NPROBES; i++)
         c->measured[i] = false;
     c->phase = PROBE_CUR;
     emit(c, NHC_STATE_TUNING, c->la);
 }
 
-/* Ends a round: moves la to the best measured probe. */
+/*
+ * Ends a round: moves la to the best neighbour that beats la, or keeps la.
+ * la was measured before and after its neighbours; a neighbour must beat the
+ * better of the two by min_gain plus their difference, which is how much
+ * the metric moved with la unchanged (host noise, drift), so noise alone
+ * rarely moves la while a real gradient still does.
+ */
 static void round_finish(nhc_ctl *c)
 {
+    double a = c->score[PROBE_CUR], b = c->score[PROBE_CUR2];
+    double ref = (a > b ? a : b) + fabs(a - b), best_score = ref;
     int best = PROBE_CUR;
-    for (int i = PROBE_UP; i < NPROBES; i++)
-        if (c->measured[i] && beats(c, c->score[i], c->score[best]))
+    for (int i = PROBE_UP; i <= PROBE_DOWN; i++) {
+        if (c->measured[i] && beats(c, c->score[i], best_score)) {
             best = i;
+            best_score = c->score[i];
+        }
+    }
     c->la = c->cand[best];
     c->stuck = c->la == PPM ? c->stuck + 1 : 0;
     if (c->la < PPM)
@@ -217,11 +232,12 @@ static void round_finish(nhc_ctl *c)
     round_start(c);
 }
 
-/* Moves to the next probe that differs from la, or finishes the round. */
+/* Moves to the next probe that differs from la (la's second measurement
+ * always runs), or finishes the round. */
 static void probe_next(nhc_ctl *c)
 {
     for (int p = c->phase + 1; p < NPROBES; p++) {
-        if (c->cand[p] != c->la) {
+        if (c->cand[p] != c->la || p == PROBE_CUR2) {
             c->phase = p;
             emit(c, NHC_STATE_TUNING, c->cand[p]);
             return;

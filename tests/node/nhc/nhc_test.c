@@ -23,11 +23,15 @@ typedef struct sim {
     double fd_cap, sd_cap; /* ops/s each device can serve */
     double demand;         /* closed loop: max ops/s clients issue; open loop: offered */
     double miss;           /* miss ratio the workload shows */
+    double sd_slow;        /* > 0: closed loop, no device saturated, an SD read takes this
+                              many times an FD read: X = demand / (la + (1 - la) sd_slow) */
     bool p99;              /* open-loop latency model instead of throughput */
 } sim;
 
 static double sim_tput(const sim *m, double la)
 {
+    if (m->sd_slow > 0)
+        return m->demand / (la + (1 - la) * m->sd_slow);
     double x = m->demand;
     if (la > 0 && m->fd_cap / la < x)
         x = m->fd_cap / la;
@@ -141,7 +145,7 @@ Test(nhc_ctl, clamps_at_zero)
     sim m = {.fd_cap = 10e3, .sd_cap = 1e6, .demand = 2e6, .miss = 0.01};
     nhc_ctl *c = mk(NULL);
     double lo = 1, hi = 0;
-    drive(c, &m, 2 + 25 * 3, &lo, &hi);
+    drive(c, &m, 2 + 25 * 4, &lo, &hi); /* 20 moves, rounds of <= 4 probes */
     cr_assert(lo >= 0.0);
     lo = 1, hi = 0;
     nhc_decision d = drive(c, &m, 30, &lo, &hi);
@@ -228,19 +232,21 @@ Test(nhc_ctl, unsaturated_stays_at_one_and_returns_to_classic)
     nhc_ctl *c = mk(NULL);
     nhc_decision d = drive(c, &m, 2, NULL, NULL);
     cr_assert_eq(d.state, NHC_STATE_TUNING);
-    /* Round 1: la 1.0 then probe 0.95 (up is clamped and skipped). */
+    /* Round 1: la 1.0, probe 0.95 (up is clamped and skipped), la 1.0 again. */
     d = drive(c, &m, 1, NULL, NULL);
     cr_assert_float_eq(d.load_admit, 0.95, EPS);
+    d = drive(c, &m, 1, NULL, NULL);
+    cr_assert_float_eq(d.load_admit, 1.0, EPS);
     d = drive(c, &m, 1, NULL, NULL); /* round 1 ends at 1.0 (stuck 1) */
     cr_assert_eq(d.state, NHC_STATE_TUNING);
     cr_assert_float_eq(d.load_admit, 1.0, EPS);
-    d = drive(c, &m, 2, NULL, NULL); /* round 2 ends at 1.0 (stuck 2) */
+    d = drive(c, &m, 3, NULL, NULL); /* round 2 ends at 1.0 (stuck 2) */
     cr_assert_eq(d.state, NHC_STATE_CLASSIC);
     cr_assert(d.data_admit);
     cr_assert_float_eq(d.load_admit, 1.0, EPS);
     /*
      * Over a long run la never settles below 1: each cycle is two 1 s polls and
-     * two rounds of 100 ms probes of which two dip to 0.95, i.e. 0.2 s of 2.4 s.
+     * two rounds of three 100 ms probes of which two dip to 0.95 (0.2 s of 2.6 s).
      */
     uint64_t below = 0, total = 0;
     for (int i = 0; i < 200; i++) {
@@ -250,6 +256,57 @@ Test(nhc_ctl, unsaturated_stays_at_one_and_returns_to_classic)
         cr_assert(d.load_admit >= 0.95 - EPS);
     }
     cr_assert(below * 10 < total, "%g of the time below 1.0", (double)below / total);
+    nhc_ctl_destroy(c);
+}
+
+/*
+ * Host noise: each window's throughput is multiplied by a factor uniform in
+ * [1 - noise, 1 + noise] (a fixed xorshift sequence, so the test is
+ * deterministic). Returns the share of time load_admit spent below 1.0
+ * and the mean load_admit over the last `tail` windows.
+ */
+static double drive_noisy(nhc_ctl *c, const sim *m, double noise, int n, int tail, double *mean)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull, below = 0, total = 0;
+    double sum = 0;
+    nhc_decision d = nhc_ctl_decision(c);
+    for (int i = 0; i < n; i++) {
+        nhc_sample s = sim_sample(m, &d);
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        double f = 1.0 - noise + 2.0 * noise * (double)(x >> 11) / (double)(1ull << 53);
+        s.ops = (uint64_t)((double)s.ops * f);
+        total += d.next_window_ns;
+        below += d.load_admit < 1.0 - EPS ? d.next_window_ns : 0;
+        cr_assert_eq(nhc_step(c, &s, &d), KV_OK);
+        if (i >= n - tail)
+            sum += d.load_admit;
+    }
+    *mean = sum / tail;
+    return (double)below / (double)total;
+}
+
+/* With noise far above min_gain (+/-30% a window), an unsaturated node whose
+ * SD reads take 1.5x an FD read stays mostly classic: a neighbour must beat
+ * la by more than la's own two measurements differ. (A plain best-of-three
+ * spent 38% of the time below 1.0 here, mean la 0.87; this: 18%, 0.93.) */
+Test(nhc_ctl, noise_does_not_move_an_unsaturated_node)
+{
+    sim m = {.demand = 500e3, .miss = 0.05, .sd_slow = 1.5};
+    nhc_ctl *c = mk(NULL);
+    double mean;
+    double below = drive_noisy(c, &m, 0.3, 20000, 20000, &mean);
+    cr_assert(below < 0.25, "%g of the time below 1.0", below);
+    cr_assert(mean > 0.9, "mean la %g", mean);
+    nhc_ctl_destroy(c);
+}
+
+/* ... while a saturated one still finds its optimum (0.7) through the noise. */
+Test(nhc_ctl, noise_still_converges_when_saturated)
+{
+    nhc_ctl *c = mk(NULL);
+    double mean;
+    drive_noisy(c, &SAT, 0.1, 3000, 1000, &mean);
+    cr_assert(mean > 0.6 && mean < 0.8, "mean la %g", mean);
     nhc_ctl_destroy(c);
 }
 
