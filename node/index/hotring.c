@@ -3,20 +3,24 @@
  * HotRing keyed API: get / upsert / remove / set_flags / pin / iterate on top
  * of the lock-free rings of hr_ring.c, plus open/close and statistics.
  *
- * Record consistency (value + hr_meta). Every item carries one record slot
- * (meta + an 8-byte inline value) and a 32-bit seq word: bit 0 = the slot is
- * being rewritten (a seqlock's odd state), bit 1 = a writer owns the item,
- * the rest counts completed rewrites (steps of 4). A writer takes ownership
- * with CAS(seq: s -> s|2) from a state with both bits clear. To rewrite in
- * place it stores s|3, issues a release fence, rewrites the slot with relaxed
- * atomic stores and releases with a store of s+4 (release). A reader loads
- * seq (acquire), waits while bit 0 is set, copies the slot with relaxed
- * atomic loads, issues an acquire fence and retries if seq (ignoring bit 1)
- * changed. So readers wait only for the dozen stores of an in-place rewrite
- * of that same item (never for a write condition, an allocation or an RCU
- * update), and yield after a short spin. A second, double-buffered slot would
- * remove even that wait but costs 40 bytes on every item, and item size is
- * what bounds a memory-bound index (an 8-byte key/value item is 72 bytes).
+ * Record consistency (value + hr_meta). An item's record is its val,
+ * version and meta word (seqno, inline value length, flags; see the layout in
+ * hr_internal.h), plus seqno/expire_at in the hr_ext block of an EXT item,
+ * guarded by the 32-bit seq word: bit 0 = the record is being rewritten (a
+ * seqlock's odd state), bit 1 = a writer owns the item, bit 2 = LATE (two
+ * grace periods, hr_ring.c), bits 3-4 the item's immutable kind (BIG, EXT),
+ * bits 5-30 count completed rewrites, bit 31 = retired. A writer takes
+ * ownership with CAS(seq: s -> s|2) from a state with bits 0, 1 and 31
+ * clear. To rewrite in place it stores s|3, issues a release fence, rewrites
+ * the record with relaxed atomic stores and releases with a store of
+ * s + HR_SEQ_STEP (release). A reader loads seq (acquire), waits while bit 0
+ * is set, copies the record with relaxed atomic loads, issues an acquire
+ * fence and retries if seq changed in any bit but OWNED, LATE and RETIRED.
+ * So readers wait only for the handful of stores of an in-place rewrite of
+ * that same item (never for a write condition, an allocation or an RCU
+ * update), and yield after a short spin. A second, double-buffered record
+ * would remove even that wait but would not fit the item's one cache line,
+ * and item size is what bounds a memory-bound index.
  *
  * Writers of one key serialise on the ownership bit (a loser backs off and
  * redoes its search). A replacing or deleting writer owns the item, evaluates
@@ -24,7 +28,9 @@
  * and only then releases ownership; a later owner that finds Occupied set
  * drops ownership and retries, so no in-place write can be lost behind an
  * RCU update or a delete. Values of up to 8 bytes (in an item whose value is
- * inline) are updated in place; others by RCU replacement. Metadata-only
+ * inline, when the new record fits the item's form: a compact item holds no
+ * expire_at and a 48-bit seqno) are updated in place; others by RCU
+ * replacement, which costs one new item and one call_rcu. Metadata-only
  * changes (set_flags, pin) are always in place.
  *
  * Every function here takes its own RCU read-side section (memb flavour);
@@ -39,37 +45,71 @@
 
 /* ------------------------------------------------------------- records */
 
-static void hr_slot_put(hr_slot *s, const void *val, size_t vlen, const hr_meta *m)
+/* Does record m (with an inline value) fit an item of this kind? */
+static bool hr_rec_fits(uint32_t kind, const hr_meta *m)
 {
-    uint64_t v = 0;
-    if (vlen <= HR_INLINE_MAX && vlen > 0)
-        memcpy(&v, val, vlen);
-    atomic_store_explicit(&s->val, v, memory_order_relaxed);
-    atomic_store_explicit(&s->vlen, (uint32_t)vlen, memory_order_relaxed);
-    atomic_store_explicit(&s->version, m->version, memory_order_relaxed);
-    atomic_store_explicit(&s->seqno, m->seqno, memory_order_relaxed);
-    atomic_store_explicit(&s->expire_at, m->expire_at, memory_order_relaxed);
-    atomic_store_explicit(&s->flags, m->flags, memory_order_relaxed);
+    return (kind & HR_SEQ_EXT) || (m->seqno <= HR_MW_SEQNO_MAX && m->expire_at == 0);
 }
 
-static void hr_slot_get(const hr_slot *s, uint64_t *val, uint32_t *vlen, hr_meta *m)
+/* Writes the record into x (inline value up to 8 bytes, or a big value's
+ * length only: its bytes are immutable). Owner or not-yet-published item. */
+static void hr_rec_put(hr_item *x, const void *val, size_t vlen, const hr_meta *m)
 {
-    hr_slot *w = (hr_slot *)s;
-    *val = atomic_load_explicit(&w->val, memory_order_relaxed);
-    *vlen = atomic_load_explicit(&w->vlen, memory_order_relaxed);
-    m->version = atomic_load_explicit(&w->version, memory_order_relaxed);
-    m->seqno = atomic_load_explicit(&w->seqno, memory_order_relaxed);
-    m->expire_at = atomic_load_explicit(&w->expire_at, memory_order_relaxed);
-    m->flags = atomic_load_explicit(&w->flags, memory_order_relaxed);
+    uint32_t kind = hr_kind(x);
+    uint64_t v = 0, mw = hr_mw(x) & HR_MW_KLEN_MASK;
+    if (!(kind & HR_SEQ_BIG)) {
+        if (vlen > 0)
+            memcpy(&v, val, vlen);
+        mw |= (uint64_t)vlen << HR_MW_VLEN_SHIFT;
+    }
+    mw |= (uint64_t)(m->flags & HR_F_ALL) << HR_MW_FLAGS_SHIFT;
+    if (kind & HR_SEQ_EXT) {
+        hr_ext *e = hr_ext_of(x);
+        atomic_store_explicit(&e->seqno, m->seqno, memory_order_relaxed);
+        atomic_store_explicit(&e->expire_at, m->expire_at, memory_order_relaxed);
+    } else {
+        mw |= m->seqno;
+    }
+    atomic_store_explicit(&x->val, v, memory_order_relaxed);
+    atomic_store_explicit(&x->version, m->version, memory_order_relaxed);
+    atomic_store_explicit(&x->mw, mw, memory_order_relaxed);
+}
+
+/* Reads x's record: inline value bytes, value length and metadata. */
+static void hr_rec_get(const hr_item *xc, uint32_t kind, uint64_t *val, uint32_t *vlen, hr_meta *m)
+{
+    hr_item *x = (hr_item *)(uintptr_t)xc;
+    uint64_t mw = atomic_load_explicit(&x->mw, memory_order_relaxed);
+    *val = atomic_load_explicit(&x->val, memory_order_relaxed);
+    m->version = atomic_load_explicit(&x->version, memory_order_relaxed);
+    m->flags = (uint32_t)((mw & HR_MW_FLAGS_MASK) >> HR_MW_FLAGS_SHIFT);
+    *vlen = (uint32_t)((mw & HR_MW_VLEN_MASK) >> HR_MW_VLEN_SHIFT);
+    if (__builtin_expect(kind & HR_SEQ_EXT, 0)) {
+        hr_ext *e = hr_ext_of(x);
+        m->seqno = atomic_load_explicit(&e->seqno, memory_order_relaxed);
+        m->expire_at = atomic_load_explicit(&e->expire_at, memory_order_relaxed);
+        if (kind & HR_SEQ_BIG)
+            *vlen = (uint32_t)e->bvlen;
+    } else {
+        m->seqno = mw & HR_MW_SEQNO_MAX;
+        m->expire_at = 0;
+    }
+}
+
+static void hr_view_fill(hr_item *x, uint32_t kind, uint32_t vlen, hr_view *v, uint64_t *vbuf)
+{
+    v->key = hr_item_key(x);
+    v->klen = hr_item_klen(x);
+    v->val = kind & HR_SEQ_BIG ? (const void *)hr_bigval(x) : (const void *)vbuf;
+    v->vlen = vlen;
 }
 
 /* Consistent snapshot of x into v; an inline value is copied to *vbuf. */
 static void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
 {
-    const hr_slot *sl = hr_slot_of(x);
-    uint32_t vlen;
+    uint32_t vlen, s;
     for (unsigned spins = 0;; spins++) {
-        uint32_t s = atomic_load_explicit(&x->seq, memory_order_acquire);
+        s = atomic_load_explicit(&x->seq, memory_order_acquire);
         if (s & HR_SEQ_WRITING) { /* an in-place rewrite of this item is in flight */
             if (spins % 128 == 127)
                 sched_yield();
@@ -77,27 +117,21 @@ static void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
                 caa_cpu_relax();
             continue;
         }
-        hr_slot_get(sl, vbuf, &vlen, &v->meta);
+        hr_rec_get(x, s, vbuf, &vlen, &v->meta);
         atomic_thread_fence(memory_order_acquire);
         uint32_t s2 = atomic_load_explicit(&x->seq, memory_order_relaxed);
-        if ((s2 & ~HR_SEQ_OWNED) == (s & ~HR_SEQ_OWNED))
+        if ((s2 & ~HR_SEQ_NOREC) == (s & ~HR_SEQ_NOREC))
             break;
     }
-    v->key = x->key;
-    v->klen = x->klen;
-    v->val = x->big ? (const void *)hr_bigval(x) : (const void *)vbuf;
-    v->vlen = vlen;
+    hr_view_fill(x, s, vlen, v, vbuf);
 }
 
 /* Snapshot by x's owner: the record cannot change under it. */
 static void hr_snapshot_owned(hr_item *x, hr_view *v, uint64_t *vbuf)
 {
-    uint32_t vlen;
-    hr_slot_get(hr_slot_of(x), vbuf, &vlen, &v->meta);
-    v->key = x->key;
-    v->klen = x->klen;
-    v->val = x->big ? (const void *)hr_bigval(x) : (const void *)vbuf;
-    v->vlen = vlen;
+    uint32_t vlen, kind = hr_kind(x);
+    hr_rec_get(x, kind, vbuf, &vlen, &v->meta);
+    hr_view_fill(x, kind, vlen, v, vbuf);
 }
 
 /* Takes writer ownership of x; false if another writer owns it or x is
@@ -112,61 +146,74 @@ static bool hr_own(hr_item *x, uint32_t *s)
                                                  memory_order_acq_rel, memory_order_relaxed))
         return false;
     if (atomic_load_explicit(&x->next, memory_order_acquire) & HR_N_OCC) {
-        atomic_store_explicit(&x->seq, v, memory_order_release); /* dead: follow next */
+        /* dead: follow next. A head mover may set HR_SEQ_LATE on a dead item
+         * at any time, so drop only our bit (no plain store of v). */
+        atomic_fetch_and_explicit(&x->seq, ~HR_SEQ_OWNED, memory_order_release);
         return false;
     }
     *s = v;
     return true;
 }
 
-/* Owner only: marks the slot as being rewritten (readers wait). */
-static hr_slot *hr_rewrite_begin(hr_item *x, uint32_t s)
+/* Owner only: marks the record as being rewritten (readers wait). */
+static void hr_rewrite_begin(hr_item *x, uint32_t s)
 {
     atomic_store_explicit(&x->seq, s | HR_SEQ_OWNED | HR_SEQ_WRITING, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release); /* odd seq before the slot stores */
-    return hr_slot_of(x);
+    atomic_thread_fence(memory_order_release); /* odd seq before the record stores */
 }
 
 /* Releases ownership; after a rewrite, publishes it. */
 static void hr_disown(hr_item *x, uint32_t s, bool rewritten)
 {
-    if (rewritten) /* live and owned: nobody else writes seq */
+    if (rewritten) /* live and owned: nobody else writes seq (LATE marks dead items only) */
         atomic_store_explicit(&x->seq, (s + HR_SEQ_STEP) & ~HR_SEQ_RETIRED, memory_order_release);
-    else /* keeps HR_SEQ_RETIRED, which a helper may set once x is Occupied */
+    else /* keeps HR_SEQ_RETIRED/LATE, which helpers may set once x is Occupied */
         atomic_fetch_and_explicit(&x->seq, ~HR_SEQ_OWNED, memory_order_release);
 }
 
 static kv_err hr_item_alloc(const hr_okey *k, const void *val, size_t vlen, const hr_meta *m,
                             hr_item **out)
 {
-    bool big = vlen > HR_INLINE_MAX;
-    size_t sz = hr_align8(sizeof(hr_item) + k->klen) + sizeof(hr_slot) + (big ? vlen : 0);
-    hr_item *x = malloc(sz);
+    uint32_t kind = vlen > HR_INLINE_MAX ? HR_SEQ_BIG | HR_SEQ_EXT : 0;
+    if (!hr_rec_fits(kind, m))
+        kind |= HR_SEQ_EXT;
+    size_t sz = hr_item_need(k->klen, kind, vlen);
+    hr_item *x = hr_mem_alloc(sz);
     if (!x)
         return KV_RESOURCE_EXHAUSTED;
     if ((uintptr_t)x >> 48) {
         KV_ERROR("hotring", "heap address %p does not fit the 48-bit packed words", (void *)x);
-        free(x);
+        hr_mem_free(x, sz);
         return KV_FAILED_PRECONDITION;
     }
     atomic_init(&x->next, 0);
-    x->hash = k->hash;
-    atomic_init(&x->seq, 0);
-    x->klen = (uint16_t)k->klen;
-    x->rehash = 0;
-    x->big = big;
-    memcpy(x->key, k->key, k->klen);
-    hr_slot_put(hr_slot_of(x), val, vlen, m);
-    if (big)
-        memcpy((unsigned char *)hr_bigval(x), val, vlen);
+    x->tag = k->tag;
+    atomic_init(&x->seq, kind);
+    unsigned kf = k->klen >= HR_KLEN_LONG ? HR_KLEN_LONG : k->klen;
+    atomic_init(&x->mw, (uint64_t)kf << HR_MW_KLEN_SHIFT);
+    memset(&x->rcu, 0, sizeof(x->rcu));
+    unsigned char *kp = x->key;
+    if (kf == HR_KLEN_LONG) {
+        uint64_t n = k->klen;
+        memcpy(kp, &n, sizeof(n));
+        kp += sizeof(n);
+    }
+    memcpy(kp, k->key, k->klen);
+    if (kind & HR_SEQ_EXT) {
+        hr_ext *e = hr_ext_of(x);
+        e->bvlen = kind & HR_SEQ_BIG ? vlen : 0;
+        if (kind & HR_SEQ_BIG)
+            memcpy((unsigned char *)hr_bigval(x), val, vlen);
+    }
+    hr_rec_put(x, val, vlen, m);
     *out = x;
     return KV_OK;
 }
 
+/* Bytes x takes from the allocator (for the memory statistics). */
 static size_t hr_item_bytes(const hr_item *x)
 {
-    uint32_t vlen = atomic_load_explicit(&hr_slot_of(x)->vlen, memory_order_relaxed);
-    return hr_align8(sizeof(hr_item) + x->klen) + sizeof(hr_slot) + (x->big ? vlen : 0);
+    return hr_mem_class_bytes(hr_item_need_of(x));
 }
 
 static kv_err hr_check_key(const hr_index *idx, const void *key, size_t klen)
@@ -178,7 +225,7 @@ static kv_err hr_check_key(const hr_index *idx, const void *key, size_t klen)
 
 static hr_okey hr_key(const void *key, size_t klen)
 {
-    hr_okey k = {kv_hash64(key, klen, HR_HASH_SEED), key, (uint32_t)klen, 0};
+    hr_okey k = {hr_tag_of_hash(kv_hash64(key, klen, HR_HASH_SEED)), (uint32_t)klen, key, 0};
     return k;
 }
 
@@ -210,7 +257,7 @@ kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void 
     hr_okey k = hr_key(key, klen);
     hr_rcu_lock();
     hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
-    uint64_t b = hr_bucket(t, k.hash);
+    uint64_t b = hr_bucket(t, k.tag);
     uint64_t hw = atomic_load_explicit(&t->heads[b], memory_order_acquire);
     hr_item *x = hr_addr(hw), *hit = NULL;
     unsigned visited = 0;
@@ -334,7 +381,7 @@ static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const 
     }
     hr_disown(x, s, false); /* readers may still snapshot the dead item */
     hr_table *t = atomic_load(&idx->cur);
-    uint64_t b = hr_bucket(t, k->hash);
+    uint64_t b = hr_bucket(t, k->tag);
     hr_head_fix(idx, t, b, x);
     if (fw->pred && fw->pred != x && hr_addr(fw->pw) == x) {
         uint64_t pw = fw->pw;
@@ -358,7 +405,8 @@ static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_w
 {
     hr_item *x = w->cur;
     uint32_t s;
-    bool in_place = wr->vlen <= HR_INLINE_MAX && !x->big;
+    bool in_place = wr->vlen <= HR_INLINE_MAX && !(hr_kind(x) & HR_SEQ_BIG) &&
+                    hr_rec_fits(hr_kind(x), wr->meta);
     kv_err rv = in_place ? KV_OK : hr_wr_item(wr); /* allocate before owning */
     if (rv != KV_OK)
         return rv;
@@ -376,7 +424,8 @@ static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_w
         }
     }
     if (in_place) {
-        hr_slot_put(hr_rewrite_begin(x, s), wr->val, wr->vlen, wr->meta);
+        hr_rewrite_begin(x, s);
+        hr_rec_put(x, wr->val, wr->vlen, wr->meta);
         hr_disown(x, s, true);
         hr_hot_access(wr->idx, t, b, hw, x, x);
         return KV_OK;
@@ -397,7 +446,7 @@ kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, s
     kv_err rv = hr_check_key(idx, key, klen);
     if (rv != KV_OK)
         return rv;
-    if ((!val && vlen) || vlen > UINT32_MAX)
+    if ((!val && vlen) || vlen > UINT32_MAX || (meta && (meta->flags & ~HR_F_ALL)))
         return KV_INVALID_ARGUMENT;
     hr_meta zero = {0};
     hr_okey k = hr_key(key, klen);
@@ -406,7 +455,7 @@ kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, s
     hr_rcu_lock();
     do {
         hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
-        uint64_t b = hr_bucket(t, k.hash);
+        uint64_t b = hr_bucket(t, k.tag);
         uint64_t hw = atomic_load_explicit(&t->heads[b], memory_order_acquire);
         hr_win w;
         int r = hr_wfind(idx, t, b, &k, HR_MODE_LOOKUP, &w);
@@ -421,7 +470,8 @@ kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, s
     } while (wr.retry);
     hr_account(idx, visited, true);
     hr_rcu_unlock();
-    free(wr.nx); /* built but never published (cond failed or in-place) */
+    if (wr.nx) /* built but never published (cond failed or in-place) */
+        hr_item_free(wr.nx);
     return rv;
 }
 
@@ -438,7 +488,7 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
     hr_rcu_lock();
     for (;;) {
         hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
-        uint64_t b = hr_bucket(t, k.hash);
+        uint64_t b = hr_bucket(t, k.tag);
         uint32_t s;
         if (hr_wfind(idx, t, b, &k, HR_MODE_LOOKUP, &w) == HR_FIND_EMPTY || !w.found) {
             rv = KV_NOT_FOUND;
@@ -479,7 +529,7 @@ static kv_err hr_find_owned(hr_index *idx, const hr_okey *k, hr_table **t, uint6
     for (;;) {
         hr_win w;
         *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
-        *b = hr_bucket(*t, k->hash);
+        *b = hr_bucket(*t, k->tag);
         if (hr_wfind(idx, *t, *b, k, HR_MODE_LOOKUP, &w) == HR_FIND_EMPTY || !w.found)
             return KV_NOT_FOUND;
         if (hr_own(w.cur, s)) {
@@ -493,9 +543,11 @@ static kv_err hr_find_owned(hr_index *idx, const hr_okey *k, hr_table **t, uint6
 /* Rewrites x's metadata flags in place (x owned with seq s). */
 static void hr_flags_put(hr_item *x, uint32_t s, uint32_t set, uint32_t clear)
 {
-    hr_slot *sl = hr_rewrite_begin(x, s);
-    uint32_t f = atomic_load_explicit(&sl->flags, memory_order_relaxed);
-    atomic_store_explicit(&sl->flags, (f | set) & ~clear, memory_order_relaxed);
+    hr_rewrite_begin(x, s);
+    uint64_t mw = atomic_load_explicit(&x->mw, memory_order_relaxed);
+    uint64_t f = (((mw & HR_MW_FLAGS_MASK) >> HR_MW_FLAGS_SHIFT) | set) & ~clear & HR_F_ALL;
+    atomic_store_explicit(&x->mw, (mw & ~HR_MW_FLAGS_MASK) | f << HR_MW_FLAGS_SHIFT,
+                          memory_order_relaxed);
     hr_disown(x, s, true);
 }
 
@@ -505,6 +557,8 @@ kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno,
     kv_err rv = hr_check_key(idx, key, klen);
     if (rv != KV_OK)
         return rv;
+    if (set & ~HR_F_ALL)
+        return KV_INVALID_ARGUMENT;
     hr_okey k = hr_key(key, klen);
     hr_table *t;
     uint64_t b;
@@ -513,7 +567,10 @@ kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno,
     hr_rcu_lock();
     rv = hr_find_owned(idx, &k, &t, &b, &x, &s);
     if (rv == KV_OK) {
-        uint64_t cur = atomic_load_explicit(&hr_slot_of(x)->seqno, memory_order_relaxed);
+        hr_view v;
+        uint64_t vbuf;
+        hr_snapshot_owned(x, &v, &vbuf);
+        uint64_t cur = v.meta.seqno;
         if (cur != seqno) {
             hr_disown(x, s, false);
             rv = KV_FAILED_PRECONDITION;
@@ -580,7 +637,7 @@ typedef struct hr_iter {
     hr_visit_fn fn;
     void *arg;
     bool any;
-    uint64_t hash;
+    uint32_t tag;
     uint32_t klen;
     unsigned char key[HR_MAX_KLEN];
 } hr_iter;
@@ -588,7 +645,7 @@ typedef struct hr_iter {
 static void hr_iter_visit(hr_iter *it, hr_item *x)
 {
     if (it->any) {
-        hr_okey last = {it->hash, it->key, it->klen, 0};
+        hr_okey last = {it->tag, it->klen, it->key, 0};
         if (hr_cmp_key(&last, x) >= 0)
             return;
     }
@@ -596,9 +653,9 @@ static void hr_iter_visit(hr_iter *it, hr_item *x)
     uint64_t vbuf;
     hr_snapshot(x, &v, &vbuf);
     it->any = true;
-    it->hash = x->hash;
-    it->klen = x->klen;
-    memcpy(it->key, x->key, x->klen);
+    it->tag = x->tag;
+    it->klen = (uint32_t)v.klen;
+    memcpy(it->key, v.key, v.klen);
     it->fn(it->arg, &v);
 }
 
@@ -608,12 +665,12 @@ static void hr_iter_bucket(hr_table *t, uint64_t b, hr_iter *it)
     hr_item *h = hr_addr(atomic_load_explicit(&t->heads[b], memory_order_acquire));
     if (!h)
         return;
-    hr_okey lo = {b << (64 - t->bits), NULL, 0, 1};
+    hr_okey lo = {(uint32_t)(b << (32 - t->bits)), 0, NULL, 1};
     hr_item *x = hr_lower_bound(t, b, &lo, h), *last = NULL;
     bool last_dead = false;
     hr_cyc cy;
     hr_cyc_init(&cy, x);
-    while (hr_bucket(t, x->hash) == b) {
+    while (hr_bucket(t, x->tag) == b) {
         if (last) {
             int c = hr_cmp_items(last, x);
             if (c > 0 || (c == 0 && !last_dead))
@@ -621,7 +678,7 @@ static void hr_iter_bucket(hr_table *t, uint64_t b, hr_iter *it)
         }
         uint64_t w = atomic_load_explicit(&x->next, memory_order_acquire);
         bool dead = (w & HR_N_OCC) != 0;
-        if (!dead && !x->rehash)
+        if (!dead && !hr_is_rehash(x))
             hr_iter_visit(it, x);
         last = x;
         last_dead = dead;
@@ -643,7 +700,7 @@ void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg)
     it->fn = fn;
     it->arg = arg;
     it->any = false;
-    uint64_t pos = 0; /* lowest hash of the next bucket to visit */
+    uint32_t pos = 0; /* lowest tag of the next bucket to visit */
     for (;;) {
         hr_rcu_lock();
         hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
@@ -651,7 +708,7 @@ void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg)
         hr_iter_bucket(t, b, it);
         /* t may be freed once we leave the read section: read it first. */
         bool last = b + 1 == t->nb;
-        pos = last ? 0 : (b + 1) << (64 - t->bits);
+        pos = last ? 0 : (uint32_t)((b + 1) << (32 - t->bits));
         hr_rcu_unlock();
         if (last)
             break;
@@ -668,12 +725,13 @@ void hr_thread_register(void)
 
 void hr_thread_unregister(void)
 {
+    hr_mem_thread_flush(); /* cached free item blocks go back to the shared pool */
     urcu_memb_unregister_thread();
 }
 
 void hr_barrier(void)
 {
-    /* Retirement takes two grace periods (two chained call_rcu callbacks). */
+    /* A retirement may take two grace periods (chained call_rcu callbacks). */
     urcu_memb_barrier();
     urcu_memb_barrier();
 }
@@ -684,7 +742,7 @@ static kv_err hr_opts_fix(const hr_opts *in, hr_opts *o)
     *o = in ? *in : d;
     if (o->mode != HR_MODE_NONE && o->mode != HR_MODE_RANDOM && o->mode != HR_MODE_SAMPLE)
         return KV_INVALID_ARGUMENT;
-    if (o->buckets > (UINT64_C(1) << 40) || o->r > (1u << 20) || !(o->rehash_cost >= 0))
+    if (o->buckets > (UINT64_C(1) << HR_MAX_BITS) || o->r > (1u << 20) || !(o->rehash_cost >= 0))
         return KV_INVALID_ARGUMENT;
     if (o->buckets == 0)
         o->buckets = 1024;
@@ -767,7 +825,7 @@ static void hr_free_ring(hr_table *t, uint64_t b)
         return;
     do {
         hr_item *n = hr_addr(atomic_load_explicit(&x->next, memory_order_relaxed));
-        free(x);
+        hr_item_free(x);
         x = n;
     } while (x != h);
 }

@@ -7,8 +7,10 @@
  * moved to hot items, so a hot key is found in ~1 step.
  *
  * Items carry a record: key, value and the node's metadata (version, seqno,
- * expire_at, flags). Values up to 8 bytes are updated in place (under a
- * per-item seqlock); larger ones by read-copy-update (the old item's next word
+ * expire_at, flags). An item with a key of up to 8 bytes, a value of up to 8
+ * bytes, no expiry and a seqno below 2^48 is one 64-byte cache line. Values
+ * up to 8 bytes are updated in place (under a per-item seqlock) when the new
+ * record fits the item; others by read-copy-update (the old item's next word
  * is pointed at its replacement with the Occupied bit set, in one CAS).
  * Memory is reclaimed through liburcu (memb flavour, call_rcu).
  *
@@ -43,7 +45,7 @@ typedef enum hr_mode {
  * cost 8}. With explicit options, mode is taken as given (0 = HR_MODE_NONE)
  * and a zero buckets / r / rehash_cost field means its default. */
 typedef struct hr_opts {
-    uint64_t buckets;   /* initial bucket count, rounded up to a power of two (>= 2) */
+    uint64_t buckets;   /* initial bucket count, rounded up to a power of two (2..2^32) */
     hr_mode mode;       /* hotspot strategy */
     unsigned r;         /* access period R (default 5) */
     bool rehash;        /* lock-free rehash driven by access cost (runs a worker thread) */
@@ -54,6 +56,7 @@ typedef struct hr_opts {
 #define HR_F_TOMBSTONE 0x1u /* a delete marker (kept for last-writer-wins and flush) */
 #define HR_F_DIRTY 0x2u     /* not yet flushed to the LSM */
 #define HR_F_PINNED 0x4u    /* cluster hot-key hint: keep in memory */
+#define HR_F_ALL 0x7u       /* every flag an item can carry (others are INVALID_ARGUMENT) */
 
 typedef struct hr_meta {
     uint64_t version;   /* HLC version (last-writer-wins) */
@@ -106,11 +109,12 @@ kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void 
 
 /* Inserts or replaces key's record when cond (may be NULL = always) allows.
  * Returns KV_OK, cond's error, RESOURCE_EXHAUSTED on allocation failure, or
- * INVALID_ARGUMENT (bad key, NULL value with vlen > 0). meta NULL = zeros.
- * The index copies key and value; the caller keeps ownership of its buffers.
- * Values of up to 8 bytes replacing an inline value are written in place,
- * others by RCU replacement. cond runs inside the index's read-side section
- * while this writer holds the key (other writers of the key wait). Any
+ * INVALID_ARGUMENT (bad key, NULL value with vlen > 0, flags outside
+ * HR_F_ALL). meta NULL = zeros. The index copies key and value; the caller
+ * keeps ownership of its buffers. Values of up to 8 bytes replacing an inline
+ * value are written in place (unless the new expire_at/seqno need the
+ * extended record an item without expiry lacks), others by RCU replacement. cond runs inside the
+ * index's read-side section while this writer holds the key (other writers of the key wait). Any
  * registered thread; takes its own read-side section. */
 kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
                  const hr_meta *meta, hr_cond_fn cond, void *arg);
@@ -122,13 +126,14 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
 
 /* Atomically sets `set` and clears `clear` flag bits of key's item if its
  * seqno equals `seqno` (used to clear HR_F_DIRTY after a flush). Returns
- * KV_OK, NOT_FOUND, or FAILED_PRECONDITION when the seqno differs. Any
+ * KV_OK, NOT_FOUND, FAILED_PRECONDITION when the seqno differs, or
+ * INVALID_ARGUMENT when `set` has bits outside HR_F_ALL. Any
  * registered thread; takes its own read-side section. */
 kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno, uint32_t set,
                     uint32_t clear);
 
 /* Calls fn for every item, one consistent snapshot each, bucket by bucket in
- * hash order; concurrent writes may or may not be seen, no item is visited
+ * tag order; concurrent writes may or may not be seen, no item is visited
  * twice. Takes one read-side section per bucket (fn runs inside it). Any
  * registered thread. */
 void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg);
@@ -144,7 +149,8 @@ kv_err hr_pin(hr_index *idx, const void *key, size_t klen);
 /* Doubles the bucket count now with the lock-free rehash (the worker does the
  * same when the access cost exceeds opts.rehash_cost). Blocks the caller
  * (grace periods), never other threads. Must not be called inside an RCU
- * read-side section. Returns KV_OK or RESOURCE_EXHAUSTED. */
+ * read-side section. Returns KV_OK or RESOURCE_EXHAUSTED (out of memory, or
+ * the table already has 2^32 buckets, the most the 32-bit item tags split). */
 kv_err hr_rehash(hr_index *idx);
 
 /* Counters are per-thread shards summed on demand (approximate while

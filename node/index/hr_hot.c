@@ -97,7 +97,7 @@ static bool hr_collect(hr_table *t, uint64_t b, hr_item *h, hr_ring_view *rv)
         unsigned i = rv->len++;
         rv->it[i] = x;
         rv->cnt[i] = (uint32_t)((w & HR_N_CNT_MASK) >> HR_N_CNT_SHIFT);
-        rv->cand[i] = !(w & HR_N_OCC) && !x->rehash && hr_bucket(t, x->hash) == b;
+        rv->cand[i] = !(w & HR_N_OCC) && !hr_is_rehash(x) && hr_bucket(t, x->tag) == b;
         rv->pin[i] = rv->cand[i] && (hr_cur_flags(x) & HR_F_PINNED);
         rv->total += rv->cnt[i];
         x = hr_addr(w);
@@ -168,6 +168,7 @@ static void hr_decide(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw)
         if (atomic_compare_exchange_strong(head, &cur, (uint64_t)(uintptr_t)dst | idle)) {
             if (dst != hr_addr(cur)) {
                 hr_cnt_add(hr_my_shard(idx), HR_C_MOVES, 1);
+                hr_installed(dst);
                 hr_head_fix(idx, t, b, dst);
             }
             break;

@@ -2,7 +2,7 @@
 /*
  * HotRing internals shared by the ring core (hotring.c), the hotspot logic
  * (hr_hot.c) and the rehash (hr_rehash.c): the packed head/next words, the
- * item and table layouts, the (hash, key) ring order, per-item seqlock
+ * item and table layouts, the (tag, key) ring order, per-item seqlock
  * snapshots and sharded statistics. Nothing here is part of the node's API.
  */
 #ifndef KV_NODE_INDEX_HR_INTERNAL_H
@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <urcu/urcu-memb.h>
@@ -26,10 +27,11 @@
 #define HR_H_TOTAL_MAX UINT64_C(0x7fff)
 #define HR_H_TOTAL_MASK (HR_H_TOTAL_MAX << HR_H_TOTAL_SHIFT)
 #define HR_H_SEEN (UINT64_C(1) << HR_H_TOTAL_SHIFT) /* idle total 1: sampled before */
-#define HR_H_CALM (UINT64_C(2) << HR_H_TOTAL_SHIFT) /* idle total 2: last round found no hotspot   \
-                                                     */
-#define HR_CALM_SHIFT 5 /* a calm ring starts 1 in 2^5 of its sampling rounds */
-#define HR_CALM_GAIN 4  /* a round that saves < 1/4 of the walk calms the ring */
+#define HR_H_CALM                                                                                  \
+    (UINT64_C(2) << HR_H_TOTAL_SHIFT) /* idle total 2: last round found no hotspot                 \
+                                       */
+#define HR_CALM_SHIFT 5               /* a calm ring starts 1 in 2^5 of its sampling rounds */
+#define HR_CALM_GAIN 4                /* a round that saves < 1/4 of the walk calms the ring */
 #define HR_N_REHASH (UINT64_C(1) << 63)
 #define HR_N_OCC (UINT64_C(1) << 62)
 #define HR_N_CNT_SHIFT 48
@@ -44,28 +46,64 @@
 #define HR_DEFAULT_REHASH_COST 8.0
 #define HR_COST_WINDOW 4096u                      /* ops per thread between access-cost checks */
 #define HR_HASH_SEED UINT64_C(0x6a09e667f3bcc909) /* differs from the router's ring seed */
+#define HR_MAX_BITS 32u /* the tag holds the top 32 hash bits: at most 2^32 buckets */
 
-/* Record metadata + inline value (one per item, guarded by the item's seq). */
-typedef struct hr_slot {
-    _Atomic uint64_t val; /* inline value bytes; a rehash item's sibling */
-    _Atomic uint64_t version, seqno, expire_at;
-    _Atomic uint32_t flags, vlen; /* vlen: inline or big value length */
-} hr_slot;
-
-/* 24-byte header + key + slot (+ big value): 72 bytes for an 8-byte key. */
+/* Item layout: one 64-byte cache line (64-byte aligned, hr_mem.c) for a key of
+ * up to 8 bytes with an inline value, no expiry and a seqno below 2^48:
+ *
+ *    0 next     packed next word (address, Occupied, Rehash, counter)
+ *    8 tag      top 32 bits of the key's hash: order key part 1 (bucket = top bits)
+ *   12 seq      seqlock / ownership word, plus the immutable kind bits
+ *   16 val      inline value bytes; a rehash item's sibling
+ *   24 version  HLC version
+ *   32 mw       meta word: seqno (bits 0..47, compact items) | inline vlen (48..51)
+ *               | flags (52..54) | key length (55..63, HR_KLEN_*)
+ *   40 rcu      liburcu rcu_head: retirement needs no other allocation
+ *   56 key      key bytes (a key of HR_KLEN_LONG bytes or more: its length in
+ *               an 8-byte word, then the bytes)
+ *
+ * An EXT item (expire_at set, seqno >= 2^48 or a big value) carries an hr_ext
+ * block after the key (8-byte aligned) with the full seqno and expire_at, and
+ * a BIG item's value bytes follow that block. Which form an item has never
+ * changes; a write whose record does not fit the item's form is an RCU
+ * replacement. Everything a hit reads (next, tag, key, seq, val, version, mw)
+ * sits in the first 64 bytes of a compact item; only the retirement writes
+ * rcu, after the item left every ring. Fields a reader may see change (next,
+ * seq, val, version, mw, ext seqno/expire_at) are atomics; tag, key and the
+ * kind bits are written before the item is published and never change. */
 typedef struct hr_item {
-    _Atomic uint64_t next; /* packed next word */
-    uint64_t hash;         /* order key part 1 (bucket = top bits) */
-    _Atomic uint32_t seq;  /* HR_SEQ_* bits + rewrite count, see hotring.c */
-    uint16_t klen;         /* order key part 2: key bytes follow the header */
-    uint8_t rehash;        /* 1 = rehash (split) item, sorts before equal hashes */
-    uint8_t big;           /* 1 = value stored after the slot (immutable) */
-    unsigned char key[];
+    _Atomic uint64_t next;    /* packed next word */
+    uint32_t tag;             /* order key part 1 */
+    _Atomic uint32_t seq;     /* HR_SEQ_* bits + rewrite count, see hotring.c */
+    _Atomic uint64_t val;     /* inline value; a rehash item's sibling */
+    _Atomic uint64_t version; /* record version */
+    _Atomic uint64_t mw;      /* meta word (HR_MW_*) */
+    struct rcu_head rcu;      /* call_rcu at retirement */
+    unsigned char key[];      /* order key part 2 */
 } hr_item;
+_Static_assert(offsetof(hr_item, key) == 56, "hr_item header must be 56 bytes");
+
+typedef struct hr_ext {
+    _Atomic uint64_t seqno, expire_at;
+    uint64_t bvlen; /* a BIG item's value length (immutable) */
+} hr_ext;
+
+#define HR_MW_SEQNO_MAX ((UINT64_C(1) << 48) - 1)
+#define HR_MW_VLEN_SHIFT 48
+#define HR_MW_FLAGS_SHIFT 52
+#define HR_MW_KLEN_SHIFT 55
+#define HR_MW_VLEN_MASK (UINT64_C(0xf) << HR_MW_VLEN_SHIFT)
+#define HR_MW_FLAGS_MASK ((uint64_t)HR_F_ALL << HR_MW_FLAGS_SHIFT)
+#define HR_MW_KLEN_MASK (UINT64_C(0x1ff) << HR_MW_KLEN_SHIFT)
+#define HR_KLEN_REHASH 0u /* key length field of a rehash (split) item */
+#define HR_KLEN_LONG 511u /* key length field of keys of 511 bytes or more */
+#define HR_ITEM_HDR 56u   /* offsetof(hr_item, key) */
+#define HR_LINE 64u
+#define HR_MEM_SMALL_MAX 256u /* largest item served from hr_mem.c's size classes */
 
 typedef struct hr_table {
     uint64_t nb;   /* bucket count, a power of two */
-    unsigned bits; /* log2(nb), >= 1 */
+    unsigned bits; /* log2(nb), 1..HR_MAX_BITS */
     _Atomic uint64_t heads[];
 } hr_table;
 
@@ -111,10 +149,15 @@ struct hr_index {
     hr_shard shards[HR_SHARDS];
 };
 
-#define HR_SEQ_WRITING 1u /* the slot is being rewritten: readers wait */
+#define HR_SEQ_WRITING 1u /* the record is being rewritten: readers wait */
 #define HR_SEQ_OWNED 2u   /* a writer owns the item */
-#define HR_SEQ_STEP 4u
+#define HR_SEQ_LATE 4u    /* a head mover installed the dead item: 2 grace periods (hr_ring.c) */
+#define HR_SEQ_BIG 8u     /* immutable: the value follows the hr_ext block */
+#define HR_SEQ_EXT 16u    /* immutable: an hr_ext block follows the key */
+#define HR_SEQ_STEP 32u   /* bits 5..30 count completed rewrites */
 #define HR_SEQ_RETIRED (1u << 31) /* handed to call_rcu (dead items only) */
+/* Bits that change without changing the record (a snapshot ignores them). */
+#define HR_SEQ_NOREC (HR_SEQ_OWNED | HR_SEQ_LATE | HR_SEQ_RETIRED)
 
 /* ---- packing ---- */
 static inline hr_item *hr_addr(uint64_t w)
@@ -131,25 +174,94 @@ static inline size_t hr_align8(size_t n)
 {
     return (n + 7) & ~(size_t)7;
 }
-static inline hr_slot *hr_slot_of(const hr_item *x)
+static inline uint64_t hr_mw(const hr_item *x)
 {
-    return (hr_slot *)(uintptr_t)((const unsigned char *)x + hr_align8(sizeof(hr_item) + x->klen));
+    return atomic_load_explicit(&((hr_item *)(uintptr_t)x)->mw, memory_order_relaxed);
+}
+static inline uint32_t hr_kind(const hr_item *x) /* HR_SEQ_BIG | HR_SEQ_EXT (immutable) */
+{
+    return atomic_load_explicit(&((hr_item *)(uintptr_t)x)->seq, memory_order_relaxed) &
+           (HR_SEQ_BIG | HR_SEQ_EXT);
+}
+static inline unsigned hr_klen_field(uint64_t mw)
+{
+    return (unsigned)(mw >> HR_MW_KLEN_SHIFT);
+}
+static inline bool hr_is_rehash(const hr_item *x)
+{
+    return hr_klen_field(hr_mw(x)) == HR_KLEN_REHASH;
+}
+/* Bytes the key takes after the header (a long key's length word included). */
+static inline size_t hr_key_area(size_t klen)
+{
+    return klen >= HR_KLEN_LONG ? 8 + hr_align8(klen) : hr_align8(klen);
+}
+static inline uint32_t hr_item_klen(const hr_item *x)
+{
+    unsigned f = hr_klen_field(hr_mw(x));
+    if (__builtin_expect(f != HR_KLEN_LONG, 1))
+        return f;
+    uint64_t n;
+    memcpy(&n, x->key, sizeof(n));
+    return (uint32_t)n;
+}
+static inline const unsigned char *hr_item_key(const hr_item *x)
+{
+    return hr_klen_field(hr_mw(x)) == HR_KLEN_LONG ? x->key + 8 : x->key;
+}
+static inline hr_ext *hr_ext_of(const hr_item *x)
+{
+    return (hr_ext *)(uintptr_t)(x->key + hr_key_area(hr_item_klen(x)));
 }
 static inline const unsigned char *hr_bigval(const hr_item *x)
 {
-    return (const unsigned char *)(hr_slot_of(x) + 1);
+    return (const unsigned char *)(hr_ext_of(x) + 1);
+}
+/* Bytes an item of this shape needs (before size-class rounding). */
+static inline size_t hr_item_need(size_t klen, uint32_t kind, size_t bvlen)
+{
+    return HR_ITEM_HDR + hr_key_area(klen) + (kind & HR_SEQ_EXT ? sizeof(hr_ext) : 0) +
+           (kind & HR_SEQ_BIG ? bvlen : 0);
+}
+static inline size_t hr_item_need_of(const hr_item *x)
+{
+    uint32_t kind = hr_kind(x);
+    return hr_item_need(hr_item_klen(x), kind, kind & HR_SEQ_BIG ? hr_ext_of(x)->bvlen : 0);
 }
 
-/* ---- order: (hash, rehash items first, key bytes, key length) ---- */
+/* ---- memory (hr_mem.c): 64-byte aligned items from per-thread size classes ---- */
+/* Returns n bytes (64-byte aligned up to HR_MEM_SMALL_MAX, else malloc's
+ * alignment) or NULL. Any thread. */
+void *hr_mem_alloc(size_t n);
+/* Frees p, which hr_mem_alloc(n) returned (same n). Any thread. */
+void hr_mem_free(void *p, size_t n);
+/* Bytes hr_mem_alloc(n) really sets aside (the size class). */
+size_t hr_mem_class_bytes(size_t n);
+/* Hands the calling thread's cached free blocks back to the shared pool. */
+void hr_mem_thread_flush(void);
+static inline void hr_item_free(hr_item *x)
+{
+    hr_mem_free(x, hr_item_need_of(x));
+}
+
+/* ---- order: (tag, rehash items first, key bytes, key length) ---- */
 typedef struct hr_okey {
-    uint64_t hash;
-    const void *key;
+    uint32_t tag;
     uint32_t klen;
+    const void *key;
     uint32_t rehash;
 } hr_okey;
 
 static inline int hr_cmp_bytes(const void *a, uint32_t al, const void *b, uint32_t bl)
 {
+    if (al == 8 && bl == 8) { /* the common 8-byte key: one big-endian word compare */
+        uint64_t x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+        x = __builtin_bswap64(x);
+        y = __builtin_bswap64(y);
+        return x == y ? 0 : x < y ? -1 : 1;
+    }
     int c = memcmp(a, b, al < bl ? al : bl);
     if (c != 0)
         return c;
@@ -157,49 +269,60 @@ static inline int hr_cmp_bytes(const void *a, uint32_t al, const void *b, uint32
 }
 static inline int hr_cmp_key(const hr_okey *k, const hr_item *x)
 {
-    if (k->hash != x->hash)
-        return k->hash < x->hash ? -1 : 1;
-    if (k->rehash != x->rehash)
+    if (k->tag != x->tag)
+        return k->tag < x->tag ? -1 : 1;
+    unsigned f = hr_klen_field(hr_mw(x));
+    uint32_t xr = f == HR_KLEN_REHASH;
+    if (k->rehash != xr)
         return k->rehash ? -1 : 1;
-    return k->rehash ? 0 : hr_cmp_bytes(k->key, k->klen, x->key, x->klen);
-}
-static inline int hr_cmp_items(const hr_item *a, const hr_item *b)
-{
-    hr_okey k = {a->hash, a->key, a->klen, a->rehash};
-    return hr_cmp_key(&k, b);
+    if (k->rehash)
+        return 0;
+    if (__builtin_expect(f != HR_KLEN_LONG, 1))
+        return hr_cmp_bytes(k->key, k->klen, x->key, f);
+    return hr_cmp_bytes(k->key, k->klen, hr_item_key(x), hr_item_klen(x));
 }
 static inline hr_okey hr_okey_of(const hr_item *x)
 {
-    hr_okey k = {x->hash, x->key, x->klen, x->rehash};
+    hr_okey k = {x->tag, hr_item_klen(x), hr_item_key(x), hr_is_rehash(x)};
     return k;
+}
+static inline int hr_cmp_items(const hr_item *a, const hr_item *b)
+{
+    hr_okey k = hr_okey_of(a);
+    return hr_cmp_key(&k, b);
+}
+static inline uint32_t hr_tag_of_hash(uint64_t hash)
+{
+    return (uint32_t)(hash >> 32);
 }
 
 /* ---- tables ---- */
-static inline uint64_t hr_bucket(const hr_table *t, uint64_t hash)
+static inline uint64_t hr_bucket(const hr_table *t, uint32_t tag)
 {
-    return hash >> (64 - t->bits);
+    return tag >> (32 - t->bits);
 }
-static inline _Atomic uint64_t *hr_head_of(hr_table *t, uint64_t hash)
+static inline _Atomic uint64_t *hr_head_of(hr_table *t, uint32_t tag)
 {
-    return &t->heads[hr_bucket(t, hash)];
+    return &t->heads[hr_bucket(t, tag)];
 }
 
 /* ---- rehash split points ----
  * A rehash item keeps a pointer to its sibling (the split point of the other
- * half of the same old ring) in its unused first slot. Until a ring is split,
+ * half of the same old ring) in its unused value word. Until a ring is split,
  * a walk in one half can step onto the other half's split point through the
  * old wrap link; it then continues at its own split point (the sibling), which
  * is exactly where the half's closed ring would continue. */
 static inline hr_item *hr_sibling(const hr_item *r)
 {
-    return (hr_item *)(uintptr_t)atomic_load_explicit(&hr_slot_of(r)->val, memory_order_relaxed);
+    return (hr_item *)(uintptr_t)atomic_load_explicit(&((hr_item *)(uintptr_t)r)->val,
+                                                      memory_order_relaxed);
 }
 static inline hr_item *hr_hop(const hr_table *t, uint64_t b, hr_item *n)
 {
     /* The Rehash bit sits in n's next word, which shares n's first 16 bytes
-     * (one cache line) with the hash the walk reads anyway. */
+     * (one cache line) with the tag the walk reads anyway. */
     if (__builtin_expect(atomic_load_explicit(&n->next, memory_order_relaxed) & HR_N_REHASH, 0) &&
-        hr_bucket(t, n->hash) != b)
+        hr_bucket(t, n->tag) != b)
         return hr_sibling(n);
     return n;
 }
@@ -355,12 +478,16 @@ enum { HR_MODE_LOOKUP = 0, HR_MODE_CLEANUP = 1 };
 int hr_wfind(hr_index *idx, hr_table *t, uint64_t b, const hr_okey *k, int cleanup, hr_win *w);
 /* x was just removed from every ring link: move heads off it and retire it. */
 void hr_unlinked(hr_index *idx, hr_item *x);
+/* Called by a head mover right after its CAS installed x (which it saw live in
+ * the same read section), before hr_head_fix: marks x for a second grace
+ * period when it is already deleted (hr_ring.c, "Heads"). */
+void hr_installed(hr_item *x);
 /* Moves head b of t off x while it points at x and x is logically deleted:
  * to the next live item of the bucket, or to empty when none is left (then
  * the frozen ring is retired). */
 void hr_head_fix(hr_index *idx, hr_table *t, uint64_t b, hr_item *x);
 /* Inserts a rehash/split item into the ring under head (rehash thread). */
-hr_item *hr_item_new_rehash(uint64_t hash);
+hr_item *hr_item_new_rehash(uint32_t tag);
 int hr_insert_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *n);
 /* Marks x deleted (rehash items only) and unlinks it. */
 void hr_delete_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *x);

@@ -6,13 +6,14 @@
  * items than buckets) the index's rehash worker doubles the table. Tables
  * never shrink.
  *
- * Buckets use the top bits of the hash and rings are ordered by the full
- * hash, so doubling splits every ring into its lower and upper halves:
+ * Buckets use the top bits of the tag (the top 32 bits of the key's hash) and
+ * rings are ordered by (tag, key), so doubling splits every ring into its
+ * lower and upper halves (up to 2^32 buckets, where every tag bit is used):
  *  1. Initialisation: allocate the new table (twice the buckets) and publish
  *     it as idx->aux (only head fixes look at it).
  *  2. Split: insert two rehash items (Rehash bit set, empty key, sorting
- *     before every real item of their hash) into each old ring i: R0 at the
- *     ring's lowest hash and R1 at the midpoint; they become the heads of new
+ *     before every real item of their tag) into each old ring i: R0 at the
+ *     ring's lowest tag and R1 at the midpoint; they become the heads of new
  *     buckets 2i and 2i+1. A search from R0 for a lower key stops at R1 at
  *     the latest; from R1 an upper key stops at the wrap to R0. Then swap
  *     idx->cur to the new table and wait for a grace period, after which no
@@ -129,15 +130,15 @@ static void hr_close_half(hr_index *idx, hr_item *from, hr_item *to)
 
 static void hr_set_sibling(hr_item *r, hr_item *sib)
 {
-    atomic_store_explicit(&hr_slot_of(r)->val, (uint64_t)(uintptr_t)sib, memory_order_relaxed);
+    atomic_store_explicit(&r->val, (uint64_t)(uintptr_t)sib, memory_order_relaxed);
 }
 
 static void hr_split_phase(hr_index *idx, hr_table *old, hr_table *nt, hr_item **ri)
 {
     for (uint64_t i = 0; i < old->nb; i++) {
-        uint64_t lo = i << (64 - old->bits);
-        ri[2 * i]->hash = lo;
-        ri[2 * i + 1]->hash = lo | (UINT64_C(1) << (63 - old->bits));
+        uint32_t lo = (uint32_t)(i << (32 - old->bits));
+        ri[2 * i]->tag = lo;
+        ri[2 * i + 1]->tag = lo | (UINT32_C(1) << (31 - old->bits));
         hr_set_sibling(ri[2 * i], ri[2 * i + 1]);
         hr_set_sibling(ri[2 * i + 1], ri[2 * i]);
         hr_rcu_lock();
@@ -167,7 +168,7 @@ static hr_item **hr_rehash_items(uint64_t n)
     for (uint64_t i = 0; ri && i < n; i++) {
         if (!(ri[i] = hr_item_new_rehash(0))) {
             while (i--)
-                free(ri[i]);
+                hr_item_free(ri[i]);
             free(ri);
             return NULL;
         }
@@ -182,7 +183,8 @@ kv_err hr_rehash(hr_index *idx)
     pthread_mutex_lock(&idx->rh_lock);
     hr_table *old = atomic_load(&idx->cur), *nt = NULL;
     hr_item **ri = NULL;
-    if (old->bits >= 40 || !(nt = hr_table_new(old->bits + 1)) || !(ri = hr_rehash_items(nt->nb))) {
+    if (old->bits >= HR_MAX_BITS || !(nt = hr_table_new(old->bits + 1)) ||
+        !(ri = hr_rehash_items(nt->nb))) {
         free(nt);
         pthread_mutex_unlock(&idx->rh_lock);
         return KV_RESOURCE_EXHAUSTED;

@@ -8,11 +8,13 @@
  * FAST'20, §3.1 and §3.3):
  *
  * - Each bucket holds one circular singly linked list ordered by
- *   (hash, key); the bucket head may point at any item. A search walks from
- *   the head and stops at the first pair (x, next) whose cyclic open interval
- *   contains the key (the paper's miss early-stop: x < k < next, or at the
- *   wrap point k > x or k < next). Since items of a bucket share the top
- *   hash bits, ordering by the full hash is ordering by the paper's tag.
+ *   (tag, key), the tag being the top 32 bits of the key's hash; the bucket
+ *   head may point at any item. A search walks from the head and stops at
+ *   the first pair (x, next) whose cyclic open interval contains the key (the
+ *   paper's miss early-stop: x < k < next, or at the wrap point k > x or
+ *   k < next). The bucket is the tag's top bits (at most 2^32 buckets), so
+ *   the items of a bucket share them and a doubling splits each ring into
+ *   two ranges of its order (hr_rehash.c).
  * - Occupied bit (paper §3.3) = logical deletion, as in Harris' lock-free
  *   list: a delete sets Occupied in the victim's next word; an RCU update
  *   sets Occupied and, in the same CAS, points the victim's next word at the
@@ -26,14 +28,22 @@
  *   It first moves every head that still points at the item to the item's
  *   successor in the same bucket (hotspot inheritance for deletes; for RCU
  *   updates the successor is the new version), then retires it.
+ * - Reclamation: the unlinker retires the item with one call_rcu on the
+ *   rcu_head inside the item (no allocation); it is freed after one grace
+ *   period, unless a head mover raced with its deletion (next point).
  * - Heads are moved by CAS (random movement, sampling, pin, inheritance). A
- *   mover can install an item that gets deleted concurrently; every mover
- *   re-checks its target after the CAS and moves the head on if the target is
- *   occupied. A reader could still load such a head between those two steps,
- *   so retired items wait for two grace periods (call_rcu twice): after the
- *   first, no head can point at the item and no thread can install it (all
- *   threads that saw it live have left their read sections); after the
- *   second, no reader that loaded it from a head remains.
+ *   mover only installs an item it saw live in its read section, and
+ *   re-checks it after the CAS, moving the head on if it is occupied. If the
+ *   re-check finds the item live, its deletion comes later and the unlinker's
+ *   head sweep (before retirement) moves the head itself, so one grace period
+ *   covers every reader that loaded the item from a head. If the re-check
+ *   finds it occupied, the unlinker may already have swept the heads and
+ *   retired it, and a reader may load it from this head before the mover
+ *   moves on: the mover sets HR_SEQ_LATE in the item (hr_installed) and the
+ *   first callback, which runs after the mover's read section, queues a
+ *   second grace period; after it no reader that loaded the item from that
+ *   head remains. Only such races pay two grace periods (the old scheme paid
+ *   two, plus a separate allocation, for every retirement).
  * - Ordering: every load of a next/head word is acquire, every CAS is
  *   seq_cst, so a published item's contents are visible to whoever loads the
  *   word that points at it, and head fixes observe any table swap.
@@ -83,39 +93,49 @@ static uint64_t hr_load(_Atomic uint64_t *w)
 
 /* ---------------------------------------------------------------- reclaim */
 
-/* Items carry no rcu_head (16 bytes on every item would cost more than one
- * small allocation per retirement). */
-typedef struct hr_retired {
-    struct rcu_head rcu;
-    hr_item *x;
-} hr_retired;
-
 static void hr_free_cb2(struct rcu_head *h)
 {
-    hr_retired *r = caa_container_of(h, hr_retired, rcu);
     HR_TSAN_ACQUIRE();
-    free(r->x);
-    free(r);
+    hr_item_free(caa_container_of(h, hr_item, rcu));
 }
 
+/* After the first grace period: free x, unless a head mover installed it
+ * while it was being deleted (HR_SEQ_LATE; that mover's read section, which
+ * set the bit, has ended by now), in which case readers may have loaded it
+ * from that head after the retirement: wait for a second grace period. */
 static void hr_free_cb1(struct rcu_head *h)
 {
-    urcu_memb_call_rcu(h, hr_free_cb2); /* second grace period, see the design note */
+    hr_item *x = caa_container_of(h, hr_item, rcu);
+    HR_TSAN_ACQUIRE();
+    if (atomic_load_explicit(&x->seq, memory_order_acquire) & HR_SEQ_LATE)
+        urcu_memb_call_rcu(h, hr_free_cb2); /* the callback owns h again */
+    else
+        hr_item_free(x);
 }
 
-/* Idempotent: a frozen ring can be found by several threads at once. */
+/* Idempotent: a frozen ring can be found by several threads at once. The
+ * rcu_head lives in the item, so retiring needs no allocation. */
 static void hr_retire(hr_item *x)
 {
     if (atomic_fetch_or(&x->seq, HR_SEQ_RETIRED) & HR_SEQ_RETIRED)
         return;
-    hr_retired *r = malloc(sizeof(*r));
-    if (!r) { /* out of memory: leaking one item beats freeing it early */
-        KV_ERROR("hotring", "cannot allocate a retirement record; item leaked");
-        return;
-    }
-    r->x = x;
     HR_TSAN_RELEASE();
-    urcu_memb_call_rcu(&r->rcu, hr_free_cb1);
+    urcu_memb_call_rcu(&x->rcu, hr_free_cb1);
+}
+
+/* A head mover's CAS just installed x in a head (it saw x live in this read
+ * section). If x is already Occupied,
+ * its unlinker may have swept the heads before that CAS and retired x, and
+ * readers can load x from this head until the mover moves the head on (it
+ * does so next, in hr_head_fix): mark x for a second grace period. The load
+ * is seq_cst so that, when it finds x live, x's Occupied CAS and the
+ * unlinker's later head sweep both come after our head CAS (the sweep then
+ * moves the head itself, before x is retired). Inside the mover's read
+ * section, which began while x was live, so x is not freed yet. */
+void hr_installed(hr_item *x)
+{
+    if (atomic_load(&x->next) & HR_N_OCC)
+        atomic_fetch_or(&x->seq, HR_SEQ_LATE);
 }
 
 /* ------------------------------------------------------------------ heads */
@@ -136,7 +156,7 @@ static hr_item *hr_live_after(hr_table *t, uint64_t b, hr_item *x, hr_item **dea
             return NULL; /* not a ring any more: refuse to guess */
         uint64_t w = hr_load(&n->next);
         if (!(w & HR_N_OCC)) {
-            if (hr_bucket(t, n->hash) == b)
+            if (hr_bucket(t, n->tag) == b)
                 return n;
             all_dead = false;
         }
@@ -179,6 +199,7 @@ void hr_head_fix(hr_index *idx, hr_table *t, uint64_t b, hr_item *x)
                 hr_retire_ring(idx, dead);
                 return;
             }
+            hr_installed(nx);
             x = nx;
             hw = nh;
         }
@@ -194,6 +215,7 @@ bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *
         return false;
     hr_cnt_add(hr_my_shard(idx), HR_C_MOVES, 1);
     /* x may have been deleted after we chose it: move on (see design note). */
+    hr_installed(x);
     hr_head_fix(idx, t, b, x);
     return true;
 }
@@ -203,7 +225,7 @@ void hr_unlinked(hr_index *idx, hr_item *x)
     hr_table *ts[2] = {atomic_load(&idx->cur), atomic_load(&idx->aux)};
     for (int i = 0; i < 2; i++)
         if (ts[i])
-            hr_head_fix(idx, ts[i], hr_bucket(ts[i], x->hash), x);
+            hr_head_fix(idx, ts[i], hr_bucket(ts[i], x->tag), x);
     hr_retire(x);
 }
 
@@ -300,18 +322,20 @@ retry:;
 
 uint32_t hr_cur_flags(const hr_item *x)
 {
-    return atomic_load_explicit(&hr_slot_of(x)->flags, memory_order_relaxed);
+    return (uint32_t)((hr_mw(x) & HR_MW_FLAGS_MASK) >> HR_MW_FLAGS_SHIFT);
 }
 
-hr_item *hr_item_new_rehash(uint64_t hash)
+hr_item *hr_item_new_rehash(uint32_t tag)
 {
-    hr_item *x = calloc(1, hr_align8(sizeof(hr_item)) + sizeof(hr_slot));
-    if (!x || ((uintptr_t)x >> 48)) {
-        free(x);
+    hr_item *x = hr_mem_alloc(HR_ITEM_HDR);
+    if (!x)
+        return NULL;
+    if ((uintptr_t)x >> 48) {
+        hr_mem_free(x, HR_ITEM_HDR);
         return NULL;
     }
-    x->hash = hash;
-    x->rehash = 1;
+    memset(x, 0, HR_ITEM_HDR); /* key length field 0 = HR_KLEN_REHASH */
+    x->tag = tag;
     atomic_init(&x->next, HR_N_REHASH);
     return x;
 }
@@ -319,7 +343,7 @@ hr_item *hr_item_new_rehash(uint64_t hash)
 int hr_insert_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *n)
 {
     hr_okey k = hr_okey_of(n);
-    uint64_t own = n->rehash ? HR_N_REHASH : 0;
+    uint64_t own = hr_is_rehash(n) ? HR_N_REHASH : 0;
     for (;;) {
         hr_win w;
         if (hr_wfind(idx, t, b, &k, HR_MODE_LOOKUP, &w) == HR_FIND_EMPTY) {

@@ -237,11 +237,12 @@ static void stress(hr_mode mode, double seconds, uint64_t buckets, int want_reha
             int kl = key_of(k, t, i);
             present += ws[t].present[i];
             hr_rcu_lock();
-            hr_okey key = {kv_hash64(k, (size_t)kl, HR_HASH_SEED), k, (uint32_t)kl, 0};
+            hr_okey key = {hr_tag_of_hash(kv_hash64(k, (size_t)kl, HR_HASH_SEED)), (uint32_t)kl, k,
+                           0};
             hr_item *h = hr_test_head(idx, k, (size_t)kl);
             hr_table *tb = atomic_load(&idx->cur);
             unsigned vis;
-            hr_item *x = h ? hr_walk(tb, hr_bucket(tb, key.hash), &key, h, &vis) : NULL;
+            hr_item *x = h ? hr_walk(tb, hr_bucket(tb, key.tag), &key, h, &vis) : NULL;
             hr_rcu_unlock();
             cr_assert_eq(x != NULL, ws[t].present[i] != 0, "key %s reachable=%d, model=%d", k,
                          x != NULL, ws[t].present[i]);

@@ -351,7 +351,7 @@ static void hammer(hr_index *idx, const char *hot, int n, int cold_every, const 
 static uint64_t bucket_of(hr_index *idx, const char *k)
 {
     hr_table *t = atomic_load(&idx->cur);
-    return hr_bucket(t, kv_hash64(k, strlen(k), HR_HASH_SEED));
+    return hr_bucket(t, hr_tag_of_hash(kv_hash64(k, strlen(k), HR_HASH_SEED)));
 }
 
 Test(hotring, sampling_moves_head_to_hotspot)

@@ -37,19 +37,19 @@ static inline uint64_t hr_check_rings(hr_index *idx)
             cr_assert_eq((uintptr_t)nx & 7, 0, "misaligned next address");
             cr_assert_eq(w & HR_N_REHASH, 0, "rehash item left in ring");
             bool dead = (w & HR_N_OCC) != 0;
-            cr_assert_eq(x->rehash, 0);
-            if (hr_bucket(t, x->hash) != b) {
+            cr_assert(!hr_is_rehash(x), "rehash item left in ring");
+            if (hr_bucket(t, x->tag) != b) {
                 hr_item *y = h;
                 do {
                     uint64_t yw = atomic_load(&y->next);
                     fprintf(stderr, "  b%llu item %p bucket %llu rh %d occ %d cnt %llu\n",
                             (unsigned long long)b, (void *)y,
-                            (unsigned long long)hr_bucket(t, y->hash), y->rehash, !!(yw & HR_N_OCC),
-                            (unsigned long long)(yw >> 48 & 0x3fff));
+                            (unsigned long long)hr_bucket(t, y->tag), hr_is_rehash(y),
+                            !!(yw & HR_N_OCC), (unsigned long long)(yw >> 48 & 0x3fff));
                     y = hr_addr(yw);
                 } while (y != h);
             }
-            cr_assert_eq(hr_bucket(t, x->hash), b, "item in the wrong bucket");
+            cr_assert_eq(hr_bucket(t, x->tag), b, "item in the wrong bucket");
             int c = hr_cmp_items(x, nx);
             if (nx != x) {
                 bool ndead = (atomic_load(&nx->next) & HR_N_OCC) != 0;
@@ -74,13 +74,13 @@ static inline uint64_t hr_check_rings(hr_index *idx)
 static inline hr_item *hr_test_head(hr_index *idx, const void *key, size_t klen)
 {
     hr_table *t = atomic_load(&idx->cur);
-    uint64_t h = kv_hash64(key, klen, HR_HASH_SEED);
-    return hr_addr(atomic_load(&t->heads[hr_bucket(t, h)]));
+    uint32_t tag = hr_tag_of_hash(kv_hash64(key, klen, HR_HASH_SEED));
+    return hr_addr(atomic_load(&t->heads[hr_bucket(t, tag)]));
 }
 
 static inline bool hr_test_is(const hr_item *x, const char *key)
 {
-    return x && x->klen == strlen(key) && memcmp(x->key, key, x->klen) == 0;
+    return x && hr_item_klen(x) == strlen(key) && memcmp(hr_item_key(x), key, strlen(key)) == 0;
 }
 
 #endif
