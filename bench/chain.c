@@ -331,6 +331,11 @@ static uint64_t chain_bucket_bytes(void *h)
     return ib_chain_buckets(h) * sizeof(uintptr_t);
 }
 
+static uint64_t chain_buckets(void *h)
+{
+    return ib_chain_buckets(h);
+}
+
 static uint64_t chain_item_bytes(void *h, size_t klen, size_t vlen)
 {
     (void)h;
@@ -346,6 +351,7 @@ const ib_impl ib_chain_impl = {
     .get = chain_get,
     .put = chain_put,
     .bucket_bytes = chain_bucket_bytes,
+    .buckets = chain_buckets,
     .item_bytes = chain_item_bytes,
     .probes = true,
 };

@@ -75,13 +75,18 @@ static void hr_rstats(void *h, ib_rstats *out)
     out->head_hits = st.head_hits;
 }
 
-/* One head word per bucket (HotRing packs the pointer, a 16-bit tag and the
- * active bit into 64 bits). */
-static uint64_t hr_bucket_bytes(void *h)
+static uint64_t hr_buckets_now(void *h)
 {
     hr_stats st;
     hr_get_stats(h, &st);
-    return st.buckets * sizeof(uint64_t);
+    return st.buckets;
+}
+
+/* One head word per bucket (HotRing packs the pointer, the 15-bit sampling
+ * total and the Active bit into 64 bits). */
+static uint64_t hr_bucket_bytes(void *h)
+{
+    return hr_buckets_now(h) * sizeof(uint64_t);
 }
 
 /* HotRing's own count of item bytes, averaged over its items. */
@@ -104,6 +109,7 @@ const ib_impl ib_hotring_s_impl = {
     .put = hr_put_impl,
     .rstats = hr_rstats,
     .bucket_bytes = hr_bucket_bytes,
+    .buckets = hr_buckets_now,
     .item_bytes = hr_item_bytes_avg,
 };
 
@@ -117,5 +123,6 @@ const ib_impl ib_hotring_r_impl = {
     .put = hr_put_impl,
     .rstats = hr_rstats,
     .bucket_bytes = hr_bucket_bytes,
+    .buckets = hr_buckets_now,
     .item_bytes = hr_item_bytes_avg,
 };

@@ -16,6 +16,9 @@
 
 #define IB_MAX_IMPLS 8
 #define IB_MAX_ROUNDS 64
+/* lfht-auto's default initial bucket count: small, so that liburcu's
+ * auto-resize grows the table during the load (lfht.c) */
+#define IB_LFHT_INIT 1024
 
 typedef struct ib_opts {
     char *impl_list;
@@ -45,6 +48,7 @@ typedef struct ib_result {
     double mops, seconds, load_s;
     double cpu_mops; /* ops per CPU-second of the workers x threads (load-independent) */
     uint64_t ops, reads, hits, bucket_bytes, item_bytes;
+    uint64_t final_buckets;            /* the index's bucket count after the run (0: unknown) */
     double visited_per_read, head_hit; /* < 0: the index cannot tell */
     ib_sample *series;                 /* with --shift-at; free() it */
     size_t nseries;

@@ -145,7 +145,7 @@ echo
 echo "details:"
 for f in t122 t099 uniform miss ycsba shift; do
   jq -r --arg f "$f" 'select(.summary != true and .series == null) |
-    "  \($f)\t\(.impl)\t\(.mops) Mops/s\t\(.cpu_mops) Mops/cpu-s\tvisited/read \(.visited_per_read)\thead_hit \(.head_hit)\tbuckets \(.bucket_bytes) B" +
+    "  \($f)\t\(.impl)\t\(.mops) Mops/s\t\(.cpu_mops) Mops/cpu-s\tvisited/read \(.visited_per_read)\thead_hit \(.head_hit)\tbuckets \(.final_buckets) (\(.bucket_bytes) B)\titem \(.item_bytes) B" +
     (if .shift_at then "\tsteady \(.steady_head_hit) dip \(.dip_head_hit) recover \(.recover_ms) ms" else "" end)' \
     "$out/$f.jsonl"
 done

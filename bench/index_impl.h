@@ -70,6 +70,8 @@ typedef struct ib_impl {
     void (*settle)(void *h);
     /* Bytes of bucket memory (head array / bucket nodes), excluding items. */
     uint64_t (*bucket_bytes)(void *h);
+    /* The index's current bucket count (after a rehash or resize). */
+    uint64_t (*buckets)(void *h);
     /* Bytes requested from malloc for one item of this key and value size. */
     uint64_t (*item_bytes)(void *h, size_t klen, size_t vlen);
     bool probes; /* get() fills ib_probe */

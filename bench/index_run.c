@@ -372,6 +372,7 @@ void ib_finish(const ib_opts *o, ib_state *st, ib_result *out)
         r->head_hit = (double)acc->head_hits / (double)acc->reads;
     }
     r->bucket_bytes = st->impl->bucket_bytes(st->h);
+    r->final_buckets = st->impl->buckets ? st->impl->buckets(st->h) : 0;
     r->item_bytes = st->impl->item_bytes(st->h, WL_KEY8_LEN, (size_t)o->value_size);
     if (o->shift_at > 0)
         shift_metrics(o, r);
@@ -407,6 +408,7 @@ void ib_print_result(const ib_opts *o, const ib_result *r)
     json_num("head_hit", r->head_hit);
     json_num("hit_ratio", r->reads ? (double)r->hits / (double)r->reads : -1);
     printf(",\"bucket_bytes\":%" PRIu64 ",\"item_bytes\":%" PRIu64, r->bucket_bytes, r->item_bytes);
+    printf(",\"final_buckets\":%" PRIu64, r->final_buckets);
     if (r->nrounds > 1) {
         printf(",\"round_mops\":[");
         for (int i = 0; i < r->nrounds; i++)

@@ -10,7 +10,7 @@
  * through the blocks' first word); allocation and free are a few loads and
  * stores on thread-local data. Blocks move between the thread caches and a
  * shared pool in batches of HR_MEM_BATCH under one mutex: a cache that runs
- * dry takes a batch (or carves a new 256 KiB chunk), a cache that grows past
+ * dry takes a batch (or carves a new 2 MiB chunk), a cache that grows past
  * two batches hands one back. Items are freed by liburcu's call_rcu thread
  * after a grace period, so frees and allocations of one block happen in
  * different threads; the batch hand-over orders them (mutex), and a block is
@@ -41,7 +41,9 @@
 #endif
 
 #define HR_MEM_CLASSES (HR_MEM_SMALL_MAX / HR_LINE)
-#define HR_MEM_CHUNK (256u * 1024u) /* bytes carved per refill */
+/* Bytes carved per refill: large enough that even a huge index maps few
+ * chunks (16 GiB of items = 8192 mappings, well under vm.max_map_count) */
+#define HR_MEM_CHUNK (2u * 1024u * 1024u)
 #define HR_MEM_BATCH 128u           /* blocks per hand-over between a cache and the pool */
 
 static size_t hr_round_line(size_t n)
