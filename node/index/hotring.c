@@ -353,7 +353,7 @@ static kv_err hr_wr_insert(hr_wr *wr, hr_table *t, uint64_t b, hr_win *w, int fo
     return KV_OK;
 }
 
-static _Thread_local unsigned hr_tls_lazy;
+static HR_TLS unsigned hr_tls_lazy;
 
 /* Marks the owned item x Occupied; with repl, x's next points at repl, whose
  * next becomes x's successor. Then moves heads off x and unlinks it: at once

@@ -48,8 +48,8 @@
  */
 #include "node/index/hr_internal.h"
 
-_Thread_local unsigned hr_tls_tick;
-static _Thread_local unsigned hr_tls_rng;
+HR_TLS unsigned hr_tls_tick;
+static HR_TLS unsigned hr_tls_rng;
 
 static uint64_t hr_ld(_Atomic uint64_t *w)
 {

@@ -38,6 +38,12 @@
 #define HR_N_CNT_MAX UINT64_C(0x3fff)
 #define HR_N_CNT_MASK (HR_N_CNT_MAX << HR_N_CNT_SHIFT)
 
+/* Thread-locals of the index use the initial-exec TLS model: kv_index is
+ * compiled as PIC but linked into executables only, and the default model
+ * for PIC code calls __tls_get_addr on every access (the read path touches
+ * two thread-locals per operation). */
+#define HR_TLS _Thread_local __attribute__((tls_model("initial-exec")))
+
 #define HR_MAX_KLEN 4096u
 #define HR_INLINE_MAX 8u  /* values up to this size are updated in place */
 #define HR_RING_SCAN 256u /* longest ring a sampling decision looks at */
@@ -405,7 +411,7 @@ static inline hr_item *hr_walk(const hr_table *t, uint64_t b, const hr_okey *k, 
 }
 
 /* ---- statistics: per-thread shards, plain load+store on the read path ---- */
-extern _Thread_local unsigned hr_tls_shard;
+extern HR_TLS unsigned hr_tls_shard;
 unsigned hr_shard_assign(void);
 static inline hr_shard *hr_my_shard(hr_index *idx)
 {
@@ -495,7 +501,7 @@ uint32_t hr_cur_flags(const hr_item *x);
 
 /* hr_hot.c: access hook after every keyed operation. */
 void hr_hot_slow(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *hit, hr_item *cnt);
-extern _Thread_local unsigned hr_tls_tick;
+extern HR_TLS unsigned hr_tls_tick;
 static inline void hr_hot_access(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *hit,
                                  hr_item *cnt)
 {

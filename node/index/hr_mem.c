@@ -10,8 +10,9 @@
  * through the blocks' first word); allocation and free are a few loads and
  * stores on thread-local data. Blocks move between the thread caches and a
  * shared pool in batches of HR_MEM_BATCH under one mutex: a cache that runs
- * dry takes a batch (or carves a new 2 MiB chunk), a cache that grows past
- * two batches hands one back. Items are freed by liburcu's call_rcu thread
+ * dry takes a batch, or else carves blocks one by one from a new 2 MiB chunk
+ * (so a load touches each block once, when the item is written); a cache
+ * that grows past two batches hands one back. Items are freed by liburcu's call_rcu thread
  * after a grace period, so frees and allocations of one block happen in
  * different threads; the batch hand-over orders them (mutex), and a block is
  * in at most one list at a time, so there is no ABA: the only shared structure
@@ -44,7 +45,7 @@
 /* Bytes carved per refill: large enough that even a huge index maps few
  * chunks (16 GiB of items = 8192 mappings, well under vm.max_map_count) */
 #define HR_MEM_CHUNK (2u * 1024u * 1024u)
-#define HR_MEM_BATCH 128u           /* blocks per hand-over between a cache and the pool */
+#define HR_MEM_BATCH 128u /* blocks per hand-over between a cache and the pool */
 
 static size_t hr_round_line(size_t n)
 {
@@ -84,11 +85,12 @@ typedef struct hr_block {
 } hr_block;
 
 typedef struct hr_cache {
-    hr_block *head;
-    size_t n;
+    hr_block *head;              /* free blocks */
+    size_t n;                    /* blocks in head */
+    unsigned char *bump, *limit; /* the rest of this thread's newest chunk */
 } hr_cache;
 
-static _Thread_local hr_cache hr_tcache[HR_MEM_CLASSES];
+static HR_TLS hr_cache hr_tcache[HR_MEM_CLASSES];
 
 static struct {
     pthread_mutex_t mu;
@@ -96,7 +98,8 @@ static struct {
     void *chunks; /* every chunk carved so far, linked through its first word */
 } hr_pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-/* Fills the empty cache tc of class c: a batch from the pool, else a chunk. */
+/* Fills the empty cache tc of class c with a batch from the pool, else
+ * gives it a new chunk to carve blocks from (tc->bump is used up). */
 static bool hr_refill(unsigned c, hr_cache *tc)
 {
     pthread_mutex_lock(&hr_pool.mu);
@@ -116,13 +119,8 @@ static bool hr_refill(unsigned c, hr_cache *tc)
     memcpy(ch, &hr_pool.chunks, sizeof(void *)); /* the chunk's first line links the chunks */
     hr_pool.chunks = ch;
     pthread_mutex_unlock(&hr_pool.mu);
-    size_t sz = (size_t)(c + 1) * HR_LINE;
-    for (size_t off = HR_LINE; off + sz <= HR_MEM_CHUNK; off += sz) {
-        hr_block *b = (hr_block *)(void *)(ch + off);
-        b->next = tc->head;
-        tc->head = b;
-        tc->n++;
-    }
+    tc->bump = ch + HR_LINE;
+    tc->limit = ch + HR_MEM_CHUNK;
     return true;
 }
 
@@ -141,9 +139,20 @@ void *hr_mem_alloc(size_t n)
     if (n > HR_MEM_SMALL_MAX)
         return malloc(n);
     unsigned c = n ? (unsigned)((n - 1) / HR_LINE) : 0;
+    size_t sz = (size_t)(c + 1) * HR_LINE;
     hr_cache *tc = &hr_tcache[c];
-    if (!tc->head && !hr_refill(c, tc))
-        return NULL;
+    if (!tc->head) {
+        if (tc->bump && (size_t)(tc->limit - tc->bump) >= sz) {
+            void *p = tc->bump; /* carve lazily: a block is touched when first used */
+            tc->bump += sz;
+            return p;
+        }
+        tc->bump = tc->limit = NULL; /* a tail smaller than a block stays unused */
+        if (!hr_refill(c, tc))
+            return NULL;
+        if (!tc->head)
+            return hr_mem_alloc(n); /* a new chunk: carve from it */
+    }
     hr_block *b = tc->head;
     tc->head = b->next;
     tc->n--;
@@ -179,6 +188,14 @@ void hr_mem_thread_flush(void)
 {
     for (unsigned c = 0; c < HR_MEM_CLASSES; c++) {
         hr_cache *tc = &hr_tcache[c];
+        size_t sz = (size_t)(c + 1) * HR_LINE;
+        for (; tc->bump && (size_t)(tc->limit - tc->bump) >= sz; tc->bump += sz) {
+            hr_block *b = (hr_block *)(void *)tc->bump; /* the uncarved rest too */
+            b->next = tc->head;
+            tc->head = b;
+            tc->n++;
+        }
+        tc->bump = tc->limit = NULL;
         if (tc->head)
             hr_give(c, tc->head, tc->n);
         tc->head = NULL;

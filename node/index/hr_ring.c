@@ -72,7 +72,7 @@
 #include "common/log.h"
 #include "node/index/hr_internal.h"
 
-_Thread_local unsigned hr_tls_shard;
+HR_TLS unsigned hr_tls_shard;
 #ifdef HR_TSAN
 char hr_tsan_gp;
 #endif
