@@ -130,8 +130,8 @@ static kv_err parse_opts(ib_opts *o, int argc, char **argv)
         {"seed", KV_OPT_INT, &o->seed, "PRNG seed", NULL, 0, 1L << 62},
         {"trace-ops", KV_OPT_INT, &o->trace_ops, "pre-drawn ops per thread", NULL, 1024, 1L << 28},
         {"lfht-init", KV_OPT_INT, &o->lfht_init,
-         "lfht-auto: initial buckets, grown by liburcu during the load (0 = keys / ratio)", NULL, 0,
-         1L << 40},
+         "lfht-auto: initial buckets, grown by liburcu during the load (0 = keys / ratio / 8)",
+         NULL, 0, 1L << 40},
         {"rounds", KV_OPT_INT, &o->rounds,
          "interleave the indexes' timed phases in this many rounds (all loaded at once)", NULL, 1,
          IB_MAX_ROUNDS},
@@ -173,7 +173,7 @@ static void default_opts(ib_opts *o)
     o->seed = 1;
     o->trace_ops = 1L << 21;
     o->series_ms = 100;
-    o->lfht_init = IB_LFHT_INIT;
+    o->lfht_init = 0;
     o->rounds = 1;
 }
 

@@ -16,9 +16,6 @@
 
 #define IB_MAX_IMPLS 8
 #define IB_MAX_ROUNDS 64
-/* lfht-auto's default initial bucket count: small, so that liburcu's
- * auto-resize grows the table during the load (lfht.c) */
-#define IB_LFHT_INIT 1024
 
 typedef struct ib_opts {
     char *impl_list;

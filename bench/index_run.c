@@ -282,8 +282,11 @@ kv_err ib_load(const ib_opts *o, const ib_traces *tr, const ib_impl *impl, ib_st
                    .rehash = o->rehash,
                    .hr_r = (unsigned)o->hr_r,
                    .rehash_cost = o->rehash_cost};
+    /* lfht-auto starts at 1/8 of the fixed bucket count unless told: liburcu
+     * grows an accounting table once it holds 8 items per bucket, so this is
+     * the largest start that still grows during the load (lfht.c). */
     p.lfht_init = 1;
-    while (p.lfht_init < (o->lfht_init > 0 ? (uint64_t)o->lfht_init : o->buckets))
+    while (p.lfht_init < (o->lfht_init > 0 ? (uint64_t)o->lfht_init : o->buckets / 8))
         p.lfht_init <<= 1;
     memset(st, 0, sizeof(*st));
     st->impl = impl;

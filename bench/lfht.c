@@ -21,13 +21,16 @@
  * liburcu 0.13's auto-resize with accounting grows the table, from a resize
  * worker thread, when the global item count (committed in steps of 1024)
  * reaches a power of two with >= 8 items per bucket, to one bucket per item.
- * lfht-auto therefore starts small (--lfht-init, default 1024 buckets) and
- * grows during the load; started at the run's bucket count (keys / ratio) it
- * would never grow for 4M keys. Started at 1 bucket, the resizes lag far
- * behind two loaders on a loaded 2-core machine (chains of hundreds). The
- * settled size depends on the start and on how far the resize worker lags
- * behind the load (a late resize sees a larger count), so the JSON reports
- * it ("final_buckets", "bucket_bytes").
+ * Started at the run's bucket count (keys / ratio) it would never grow for
+ * 4M keys, so lfht-auto starts at 1/8 of it (--lfht-init to choose), the
+ * largest start that still grows during the load. Smaller starts are not the
+ * default because on the shared 2-core machine the resize worker sometimes
+ * never caught up with two loaders: from 1024 buckets a 4M-key load was
+ * still running after 7 minutes (one run; another from 1024 grew in seconds,
+ * and from 1 bucket it never finished in 400 s). The settled size depends on
+ * the start and on how far the resize lags behind the load (a late resize
+ * sees a larger count), so the JSON reports it ("final_buckets",
+ * "bucket_bytes").
  *
  * Like HotRing, this file calls liburcu through its library entry points
  * (no _LGPL_SOURCE inlining), so both pay the same read-side cost.
