@@ -446,10 +446,16 @@ void engine_lsm_stats(engine *e, rpc_statlist *l)
     rpc_stats_add(l, "hotrap.hot_set_limit", "%llu", (unsigned long long)s.hot_set_limit);
     rpc_stats_add(l, "hotrap.checker_backlog", "%llu", (unsigned long long)s.promo_backlog);
     rpc_stats_add(l, "hotrap.promo_dropped", "%llu", (unsigned long long)s.promo_dropped);
+    rpc_stats_add(l, "hotrap.promo_drop_dup", "%llu", (unsigned long long)s.promo_drop_dup);
+    rpc_stats_add(l, "hotrap.promo_drop_cold", "%llu", (unsigned long long)s.promo_drop_cold);
+    rpc_stats_add(l, "hotrap.promo_drop_newer", "%llu", (unsigned long long)s.promo_drop_newer);
+    rpc_stats_add(l, "hotrap.promo_drop_on_fd", "%llu", (unsigned long long)s.promo_drop_on_fd);
+    rpc_stats_add(l, "hotrap.promo_drop_full", "%llu", (unsigned long long)s.promo_drop_full);
     rpc_stats_add(l, "hotrap.ralt_stable", "%llu", (unsigned long long)s.ralt_stable);
     rpc_stats_add(l, "hotrap.ralt_hot_bytes", "%llu", (unsigned long long)s.ralt_hot_bytes);
     rpc_stats_add(l, "hotrap.ralt_file_bytes", "%llu", (unsigned long long)s.ralt_file_bytes);
     rpc_stats_add(l, "hotrap.ralt_errors", "%llu", (unsigned long long)s.ralt_errors);
+    rpc_stats_add(l, "hotrap.ralt_mem_bytes", "%llu", (unsigned long long)s.ralt_mem_bytes);
     vol_stats(l, "fast", &s.fd);
     if (e->o.slow_dir)
         vol_stats(l, "slow", &s.sd);

@@ -27,7 +27,7 @@ typedef struct hk {
     bool hotrap;             /* engine_opts.no_hotrap = !hotrap */
     _Atomic uint64_t stalls; /* writes retried on back-pressure (1 ms each) */
     char levels[512];
-    char hotrap_state[512]; /* JSON members: HotRAP counters at the last stats call */
+    char hotrap_state[1024]; /* JSON members: HotRAP counters at the last stats call */
 } hk;
 
 static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, size_t errlen)
@@ -158,9 +158,11 @@ static void hk_levels(hk *k, const rpc_statlist *l)
 /* Keeps HotRAP's own state at the last stats call, for the result line. */
 static void hk_hotrap(hk *k, const rpc_statlist *l)
 {
-    static const char *const names[] = {"promo_dropped",   "checker_backlog", "ralt_entries",
-                                        "ralt_stable",     "ralt_hot_bytes",  "hot_set_limit",
-                                        "ralt_file_bytes", "ralt_errors"};
+    static const char *const names[] = {"promo_dropped",    "promo_drop_dup",   "promo_drop_cold",
+                                        "promo_drop_newer", "promo_drop_on_fd", "promo_drop_full",
+                                        "checker_backlog",  "ralt_entries",     "ralt_stable",
+                                        "ralt_hot_bytes",   "hot_set_limit",    "ralt_file_bytes",
+                                        "ralt_mem_bytes",   "ralt_errors"};
     size_t off = 0;
     k->hotrap_state[0] = '\0';
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {

@@ -17,13 +17,14 @@
  * FlushWAL(sync) every --sync-ms (hotkv's WAL thread does the same);
  * none = never fsync.
  *
- * Reads per tier come from the per-level perf context (rocks_perf.cc): a
- * read answered by an FD level, or by the memtable, counts as memory+FD; a
- * read answered by an SD level counts as SD when it missed the block cache
- * there (the level's block-cache misses, capped by its hits) and as memory
- * otherwise. SD read bytes = block bytes read x the SD levels' share of
- * block-cache misses. Write amplification = (WAL + flush + compaction bytes
- * written, from RocksDB's statistics) / key+value bytes put.
+ * Reads per tier come from RocksDB's perf context, read around every timed
+ * point read (rocks_perf.cc): a read answered by the memtable or by an FD
+ * level counts as memory+FD; a read answered by an SD level counts as SD
+ * when it read a data block from a file (block-cache miss; a bloom false
+ * positive on an FD level above costs a block read too, rarely) and as
+ * memory otherwise. SD read bytes = the block bytes those SD reads read.
+ * Write amplification = (WAL + flush + compaction bytes written, from
+ * RocksDB's statistics) / key+value bytes put.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -51,16 +52,16 @@ typedef struct rk {
     bool fd_level[TB_ROCKS_MAX_LEVELS]; /* level lives on the fast volume */
     int fd_levels;
     _Atomic uint64_t user_bytes;
-    pthread_mutex_t mu; /* guards lv, gets, found */
-    tb_rocks_levels lv;
-    uint64_t gets, found;
+    pthread_mutex_t mu; /* guards the read counters */
+    uint64_t reads_mem, reads_fd, reads_sd, reads_miss, sd_read_bytes;
     pthread_t syncer;
     _Atomic bool stop;
     bool have_syncer;
     unsigned sync_ms;
 } rk;
 
-static _Thread_local uint64_t t_gets, t_found;
+/* Per worker thread, over its timed phase. */
+static _Thread_local uint64_t t_mem, t_fd, t_sd, t_miss, t_sd_bytes;
 static _Thread_local bool t_measuring;
 
 /* Levels on FD: RocksDB's LevelCompactionBuilder::GetPathId for our sizes. */
@@ -228,7 +229,7 @@ static void rk_noop(void *h) {}
 
 static void rk_measure_begin(void *h)
 {
-    t_gets = t_found = 0;
+    t_mem = t_fd = t_sd = t_miss = t_sd_bytes = 0;
     t_measuring = true;
     tb_rocks_perf_begin();
 }
@@ -236,12 +237,30 @@ static void rk_measure_begin(void *h)
 static void rk_measure_end(void *h)
 {
     rk *r = h;
+    tb_rocks_perf_end();
     pthread_mutex_lock(&r->mu);
-    tb_rocks_perf_collect(&r->lv);
-    r->gets += t_gets;
-    r->found += t_found;
+    r->reads_mem += t_mem;
+    r->reads_fd += t_fd;
+    r->reads_sd += t_sd;
+    r->reads_miss += t_miss;
+    r->sd_read_bytes += t_sd_bytes;
     pthread_mutex_unlock(&r->mu);
     t_measuring = false;
+}
+
+/* Files a timed read under the tier that served it (see the top). */
+static void rk_classify(const rk *r, bool found, const tb_rocks_get *g)
+{
+    if (!found)
+        t_miss++;
+    else if (g->level < 0 || r->fd_level[g->level])
+        *(g->level < 0 ? &t_mem : &t_fd) += 1;
+    else if (g->block_reads == 0)
+        t_mem++; /* block cache */
+    else {
+        t_sd++;
+        t_sd_bytes += g->block_read_bytes;
+    }
 }
 
 static kv_err rk_put(void *h, const void *key, size_t klen, const void *val, size_t vlen)
@@ -262,6 +281,8 @@ static kv_err rk_get(void *h, const void *key, size_t klen, bool *found)
 {
     rk *r = h;
     char *e = NULL;
+    if (t_measuring)
+        tb_rocks_perf_get_begin();
     rocksdb_pinnableslice_t *v = rocksdb_get_pinned(r->db, r->ropts, key, klen, &e);
     if (e) {
         fprintf(stderr, "tier_bench: rocksdb: get: %s\n", e);
@@ -271,8 +292,9 @@ static kv_err rk_get(void *h, const void *key, size_t klen, bool *found)
     *found = v != NULL;
     rocksdb_pinnableslice_destroy(v);
     if (t_measuring) {
-        t_gets++;
-        t_found += *found;
+        tb_rocks_get g;
+        tb_rocks_perf_get_end(&g);
+        rk_classify(r, *found, &g);
     }
     return KV_OK;
 }
@@ -309,25 +331,11 @@ static void rk_stats(void *h, tb_stats *out)
     memset(out, 0, sizeof(*out));
     out->write_amp = rk_write_amp(r);
     pthread_mutex_lock(&r->mu);
-    uint64_t in_levels = 0, sd_miss = 0, all_miss = 0;
-    for (int l = 0; l < TB_ROCKS_MAX_LEVELS; l++) {
-        uint64_t hits = r->lv.hits[l], miss = r->lv.cache_misses[l];
-        in_levels += hits;
-        all_miss += miss;
-        if (r->fd_level[l]) {
-            out->reads_fd += hits;
-            continue;
-        }
-        sd_miss += miss;
-        uint64_t from_sd = miss < hits ? miss : hits;
-        out->reads_sd += from_sd;
-        out->reads_mem += hits - from_sd; /* block-cache hits */
-    }
-    out->reads_mem += r->found > in_levels ? r->found - in_levels : 0; /* memtables */
-    out->reads_miss = r->gets - r->found;
-    if (all_miss)
-        out->sd_read_bytes =
-            (uint64_t)((double)r->lv.block_read_bytes * (double)sd_miss / (double)all_miss);
+    out->reads_mem = r->reads_mem;
+    out->reads_fd = r->reads_fd;
+    out->reads_sd = r->reads_sd;
+    out->reads_miss = r->reads_miss;
+    out->sd_read_bytes = r->sd_read_bytes;
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -360,8 +368,8 @@ static void rk_json_extra(void *h, char *buf, size_t len)
     }
     snprintf(buf, len,
              ",\"hotrap_available\":false,\"levels\":\"%s\",\"fd_levels\":%d,"
-             "\"note\":\"tiers from RocksDB's per-level perf context; sd_read_bytes counts get "
-             "block reads only\"",
+             "\"note\":\"tiers from RocksDB's perf context per get (answering level, block reads); "
+             "sd_read_bytes counts get block reads only\"",
              levels, r->fd_levels);
 }
 

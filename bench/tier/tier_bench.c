@@ -210,7 +210,7 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
     uint64_t sd = a->reads_sd - b->reads_sd, miss = a->reads_miss - b->reads_miss;
     uint64_t tot = mem + fd + sd + miss;
     bool ran = !o->load_only;
-    char load[32], ops[32], hit[32], sdb[32], wa[32], prom[32], ret[32], extra[1024] = "";
+    char load[32], ops[32], hit[32], sdb[32], wa[32], prom[32], ret[32], extra[2048] = "";
     jnum(load, sizeof(load), o->no_load ? -1 : r->load_ops_per_s);
     jnum(ops, sizeof(ops), ran ? r->ops_per_s : -1);
     jnum(hit, sizeof(hit), ran && tot ? (double)(mem + fd) / (double)tot : -1);

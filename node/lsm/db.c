@@ -361,7 +361,11 @@ static kv_err hotrap_create(lsm_db *db)
 {
     if (!db->o.hotrap || !db->has_sd)
         return KV_OK;
-    uint64_t cap = (db->o.fast_mb << 20) / 64; /* RALT size: 1/64 of FD, >= 1 MiB */
+    /* RALT's table (run files on FD; in memory only their blooms and
+     * indexes, ~1/10 of it) may take 1/16 of FD: enough to track a hot set
+     * at the hot-set limit (~0.7 x FD of records of 1 KiB, 48 table bytes
+     * each) while half the tracked keys are not (yet) stable. */
+    uint64_t cap = (db->o.fast_mb << 20) / 16;
     char dir[4096];
     snprintf(dir, sizeof(dir), "%s/ralt", db->fast_dir); /* RALT's runs, on FD (ralt.c) */
     ralt_opts ro = {.dir = dir,
@@ -884,6 +888,7 @@ static void hotrap_stats(lsm_db *db, lsm_stats *out)
     out->hot_set_limit = rs.hot_limit;
     out->ralt_evicted = rs.evicted;
     out->ralt_file_bytes = rs.file_bytes;
+    out->ralt_mem_bytes = rs.mem_bytes;
     out->ralt_errors = rs.errors;
     out->retained_recs = atomic_load(&db->retained_recs);
     out->retained_bytes = atomic_load(&db->retained_bytes);

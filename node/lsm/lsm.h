@@ -260,13 +260,19 @@ typedef struct lsm_stats {
     /* HotRAP (zero when off). FD hit rate = reads_fd / (reads_fd + reads_sd). */
     bool hotrap;
     uint64_t promoted_recs, promoted_bytes;  /* installed by the promotion buffer */
-    uint64_t promo_dropped;                  /* checked and not promoted */
+    uint64_t promo_dropped;                  /* checked and not promoted, of which: */
+    uint64_t promo_drop_dup;                 /* an older read of a key in the same buffer */
+    uint64_t promo_drop_cold;                /* not stably hot per RALT */
+    uint64_t promo_drop_newer;               /* written since the read, or expired */
+    uint64_t promo_drop_on_fd;               /* an FD level may hold the key (bloom) */
+    uint64_t promo_drop_full;                /* buffer sealed while the checker was behind */
     uint64_t retained_recs, retained_bytes;  /* kept on FD by compaction into SD */
     uint64_t ralt_entries, ralt_stable;      /* tracked keys, stably hot keys */
     uint64_t ralt_bytes, ralt_phys_limit;    /* RALT size and its adaptive limit */
     uint64_t ralt_hot_bytes, hot_set_limit;  /* key+value bytes of hot keys, limit */
     uint64_t ralt_evicted;                   /* entries evicted since open */
     uint64_t ralt_file_bytes, ralt_errors;   /* RALT's run files on FD; corrupt runs met */
+    uint64_t ralt_mem_bytes;                 /* RALT's memory: run readers, blooms, buffer */
     uint64_t promo_buf_bytes, promo_backlog; /* mutable buffer, sealed buffers waiting */
     /* NHC routing (zero without HotRAP): twin map entries, capacity and
      * evictions; lookups sent to SD by load_admit, and how many of those

@@ -143,6 +143,8 @@ bool lsm_sst_may_contain(const lsm_sst *s, const void *key, size_t klen);
 /* Index of the block that may hold key, or -1 when key is past the last. */
 int lsm_sst_find_block(const lsm_sst *s, const void *key, size_t klen);
 uint32_t lsm_sst_nblocks(const lsm_sst *s);
+/* Bytes the open reader keeps in memory (index, bloom filter, block table). */
+uint64_t lsm_sst_mem(const lsm_sst *s);
 /* Fills io to read block blk (payload + crc) into a new malloc'ed buffer. */
 kv_err lsm_sst_block_io(const lsm_sst *s, int blk, lsm_io *io);
 /* Verifies a read block (io->res, crc); DATA_LOSS is logged with the file. */
@@ -283,6 +285,7 @@ typedef struct ralt_opts {
 typedef struct ralt_stats {
     uint64_t entries, stable, runs, phys_bytes, hot_bytes, hot_limit, phys_limit, tick, evicted;
     uint64_t file_bytes; /* bytes of the run files on FD */
+    uint64_t mem_bytes;  /* memory of the runs: readers, hot/stable blooms, block hot bytes */
     uint64_t errors;     /* corrupt or unreadable run files met (each logged) */
 } ralt_stats;
 

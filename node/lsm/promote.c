@@ -58,6 +58,8 @@ struct lsm_promo {
     uint64_t limit;
     pthread_t thread;
     _Atomic uint64_t promoted, promoted_bytes, dropped, backlog;
+    /* why candidates were dropped (their sum is dropped) */
+    _Atomic uint64_t drop_dup, drop_cold, drop_newer, drop_on_fd, drop_full;
     _Atomic uint64_t marks[1u << MARK_BITS];
 };
 
@@ -113,6 +115,7 @@ static void seal(lsm_promo *p, bool force)
         return;
     if (p->nsealed == MAX_SEALED) {
         atomic_fetch_add(&p->dropped, p->mut.n);
+        atomic_fetch_add(&p->drop_full, p->mut.n);
         pbuf_free(&p->mut);
         return;
     }
@@ -164,32 +167,58 @@ static bool on_fd(lsm_db *db, const lsm_version *v, const void *key, size_t klen
     return false;
 }
 
+/* Why a candidate is not promoted; DROP_NONE keeps it. Cheapest checks
+ * first; RALT's (a block read per run that may hold the key) last. */
+typedef enum drop_why { DROP_NONE, DROP_DUP, DROP_NEWER, DROP_ON_FD, DROP_COLD } drop_why;
+
+static drop_why check(lsm_db *db, const lsm_version *v, const pent *prev, const pent *e,
+                      uint64_t now)
+{
+    if (prev && lsm_key_cmp(prev->r.key, prev->r.klen, e->r.key, e->r.klen) == 0)
+        return DROP_DUP;
+    if ((e->r.expire_at && e->r.expire_at <= now) || marked_since(db->promo, e) ||
+        (db->o.newer && db->o.newer(db->o.newer_arg, e->r.key, e->r.klen, e->r.seqno)))
+        return DROP_NEWER;
+    if (on_fd(db, v, e->r.key, e->r.klen))
+        return DROP_ON_FD;
+    if (!ralt_is_hot(db->ralt, e->r.key, e->r.klen))
+        return DROP_COLD;
+    return DROP_NONE;
+}
+
 /* Sorts b, keeps the newest read of each key that passes every check,
  * frees the rest. */
 static void filter(lsm_db *db, pbuf *b)
 {
+    lsm_promo *p = db->promo;
     if (b->n)
         qsort(b->e, b->n, sizeof(*b->e), pent_cmp);
     lsm_version *v = lsm_db_current(db);
     size_t m = 0;
     uint64_t bytes = 0, now = kv_wall_ms();
+    pent prev = {0}; /* the previous entry; its record is freed once e was compared */
+    bool prev_dropped = false;
     for (size_t i = 0; i < b->n; i++) {
-        pent *e = &b->e[i];
-        bool keep =
-            !m || lsm_key_cmp(b->e[m - 1].r.key, b->e[m - 1].r.klen, e->r.key, e->r.klen) != 0;
-        keep = keep && (!e->r.expire_at || e->r.expire_at > now);
-        keep = keep && ralt_is_hot(db->ralt, e->r.key, e->r.klen) && !marked_since(db->promo, e);
-        keep =
-            keep && !(db->o.newer && db->o.newer(db->o.newer_arg, e->r.key, e->r.klen, e->r.seqno));
-        keep = keep && !on_fd(db, v, e->r.key, e->r.klen);
-        if (keep) {
-            b->e[m++] = *e;
-            bytes += lsm_rec_size(&e->r);
-        } else {
-            lsm_rec_free(&e->r);
-            atomic_fetch_add(&db->promo->dropped, 1);
+        pent e = b->e[i];
+        drop_why why = check(db, v, i ? &prev : NULL, &e, now);
+        if (prev_dropped)
+            lsm_rec_free(&prev.r);
+        prev = e;
+        prev_dropped = why != DROP_NONE;
+        if (why == DROP_NONE) {
+            b->e[m++] = e;
+            bytes += lsm_rec_size(&e.r);
+            continue;
         }
+        _Atomic uint64_t *c = why == DROP_DUP     ? &p->drop_dup
+                              : why == DROP_NEWER ? &p->drop_newer
+                              : why == DROP_ON_FD ? &p->drop_on_fd
+                                                  : &p->drop_cold;
+        atomic_fetch_add(c, 1);
+        atomic_fetch_add(&p->dropped, 1);
     }
+    if (prev_dropped)
+        lsm_rec_free(&prev.r);
     lsm_version_unref(v);
     b->n = m;
     b->bytes = bytes;
@@ -225,6 +254,7 @@ static size_t drop_marked(lsm_db *db, pbuf *b)
     }
     b->n = m;
     atomic_fetch_add(&db->promo->dropped, n - m);
+    atomic_fetch_add(&db->promo->drop_newer, n - m);
     return n - m;
 }
 
@@ -398,6 +428,11 @@ void lsm_promo_stats(lsm_db *db, lsm_stats *out)
     out->promoted_recs = atomic_load(&p->promoted);
     out->promoted_bytes = atomic_load(&p->promoted_bytes);
     out->promo_dropped = atomic_load(&p->dropped);
+    out->promo_drop_dup = atomic_load(&p->drop_dup);
+    out->promo_drop_cold = atomic_load(&p->drop_cold);
+    out->promo_drop_newer = atomic_load(&p->drop_newer);
+    out->promo_drop_on_fd = atomic_load(&p->drop_on_fd);
+    out->promo_drop_full = atomic_load(&p->drop_full);
     out->promo_backlog = atomic_load(&p->backlog);
     pthread_mutex_lock(&p->mu);
     out->promo_buf_bytes = p->mut.bytes;

@@ -921,9 +921,17 @@ void ralt_stats_get(ralt *r, ralt_stats *out)
         out->phys_bytes += r->runs[i]->phys;
         out->stable += r->runs[i]->nstable;
         out->file_bytes += r->runs[i]->f->size;
+        const ralt_run *run = r->runs[i];
+        out->mem_bytes += sizeof(*run) + lsm_sst_mem(run->f->sst) + run->all.nbits / 8 +
+                          run->stable.nbits / 8 + (uint64_t)run->nblk * sizeof(*run->blk_hot);
     }
     out->runs = r->nruns;
     pthread_rwlock_unlock(&r->mu);
+    pthread_mutex_lock(&r->bmu);
+    out->mem_bytes += r->buf_alloc * sizeof(*r->buf);
+    for (size_t i = 0; i < r->nbuf; i++)
+        out->mem_bytes += r->buf[i].klen;
+    pthread_mutex_unlock(&r->bmu);
     out->hot_limit = atomic_load(&r->hot_limit);
     out->phys_limit = atomic_load(&r->phys_limit);
     out->tick = now_tick(r);

@@ -47,6 +47,7 @@ struct lsm_sst {
     uint8_t *bloom;
     uint64_t bloom_bits;
     unsigned k;
+    uint64_t mem; /* bytes kept in memory while open (index, bloom, block table) */
 };
 
 struct lsm_sst_builder {
@@ -386,7 +387,16 @@ static kv_err load_meta(lsm_sst *s)
         return sst_corrupt(s, "malformed bloom filter");
     s->k = s->bloom[blen - 1];
     s->bloom_bits = (uint64_t)(blen - 1) * 8;
-    return parse_index(s, ilen);
+    rv = parse_index(s, ilen);
+    s->mem = sizeof(*s) + ilen + blen +
+             (uint64_t)s->nblocks *
+                 (sizeof(*s->boff) + sizeof(*s->blen) + sizeof(*s->bklen) + sizeof(*s->bkey));
+    return rv;
+}
+
+uint64_t lsm_sst_mem(const lsm_sst *s)
+{
+    return s->mem;
 }
 
 kv_err lsm_sst_open(lsm_vol *v, uint64_t number, lsm_sst **out)

@@ -393,6 +393,10 @@ Test(hotrap, a_hot_sd_record_read_repeatedly_is_promoted)
     lsm_promo_sync(t->db);
     lsm_stats s = stats_of(t);
     cr_assert_eq(s.promoted_recs, 1, "promoted %llu", (unsigned long long)s.promoted_recs);
+    cr_assert_eq(s.promo_drop_dup, 3, "older reads of key 7");
+    cr_assert_eq(s.promo_drop_cold, 1, "key 8");
+    cr_assert_eq(s.promo_drop_newer + s.promo_drop_on_fd + s.promo_drop_full, 0);
+    cr_assert_eq(s.promo_dropped, 4);
     cr_assert_eq(s.levels[0].files, 1);
     cr_assert_eq(get_id(t, 7, &seq, &flags), LSM_TIER_FD);
     cr_assert_eq(seq, seq0, "promotion keeps the seqno");
@@ -564,4 +568,32 @@ Test(hotrap, memory_tier_accesses_count)
     cr_assert_eq(stats_of(t).promoted_recs, 1);
     cr_assert_eq(get_id(t, 11, NULL, NULL), LSM_TIER_FD);
     t_close(t);
+}
+
+/* RALT must be able to track a hot set of 1 KiB records that fills a good
+ * part of the hot-set limit: with its table capped at 1/64 of FD (1 MiB
+ * here, ~21k entries) it evicted a third of a 30k-key hot set, so those
+ * keys were never promoted or retained. */
+Test(hotrap, ralt_tracks_a_hot_set_of_kib_records_up_to_the_limit)
+{
+    tdb *t = calloc(1, sizeof(*t));
+    lt_db_init(t, "ralt_cap");
+    t->o.fast_mb = 64; /* hot-set limit 45 MiB: ~45k records of 1 KiB */
+    lt_db_start(t);
+    enum { HOT = 30000 };
+    char k[KLEN + 1];
+    for (int pass = 0; pass < 2; pass++) /* each key twice: stably hot */
+        for (int i = 0; i < HOT; i++) {
+            key_of(k, i);
+            lsm_note_access(t->db, k, KLEN, 1000);
+        }
+    lsm_promo_sync(t->db); /* flushes RALT */
+    lsm_stats s = stats_of(t);
+    cr_assert_gt(s.hot_set_limit, (uint64_t)HOT * 1008);
+    cr_assert_geq(s.ralt_stable, HOT * 95 / 100, "stable %llu of %d hot keys",
+                  (unsigned long long)s.ralt_stable, HOT);
+    cr_assert_gt(s.ralt_mem_bytes, 0);
+    cr_assert_lt(s.ralt_mem_bytes, s.ralt_file_bytes, "RALT's memory is a fraction of its table");
+    lt_db_close(t);
+    free(t);
 }
