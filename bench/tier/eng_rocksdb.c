@@ -52,17 +52,15 @@ typedef struct rk {
     bool fd_level[TB_ROCKS_MAX_LEVELS]; /* level lives on the fast volume */
     int fd_levels;
     _Atomic uint64_t user_bytes;
-    pthread_mutex_t mu; /* guards the read counters */
-    uint64_t reads_mem, reads_fd, reads_sd, reads_miss, sd_read_bytes;
+    /* point reads by serving tier since open (every phase) */
+    _Atomic uint64_t reads_mem, reads_fd, reads_sd, reads_miss, sd_read_bytes;
     pthread_t syncer;
     _Atomic bool stop;
     bool have_syncer;
     unsigned sync_ms;
 } rk;
 
-/* Per worker thread, over its timed phase. */
-static _Thread_local uint64_t t_mem, t_fd, t_sd, t_miss, t_sd_bytes;
-static _Thread_local bool t_measuring;
+static _Thread_local bool t_counting; /* the perf context is on in this thread */
 
 /* Levels on FD: RocksDB's LevelCompactionBuilder::GetPathId for our sizes. */
 static void place_levels(rk *r, uint64_t fast, uint64_t base)
@@ -152,7 +150,6 @@ static void rk_close(void *h)
         rocksdb_block_based_options_destroy(r->topts);
     if (r->cache)
         rocksdb_cache_destroy(r->cache);
-    pthread_mutex_destroy(&r->mu);
     free(r);
 }
 
@@ -182,7 +179,6 @@ static kv_err rk_open_layout(const tb_opts *o, void **h, rk_layout layout, char 
     rk *r = calloc(1, sizeof(*r));
     if (!r)
         return KV_RESOURCE_EXHAUSTED;
-    pthread_mutex_init(&r->mu, NULL);
     r->layout = layout;
     set_options(r, o);
     char name[4096], *e = NULL;
@@ -227,39 +223,35 @@ static kv_err rk_open_sd(const tb_opts *o, void **h, char *err, size_t errlen)
 
 static void rk_noop(void *h) {}
 
-static void rk_measure_begin(void *h)
+static void rk_thread_begin(void *h)
 {
-    t_mem = t_fd = t_sd = t_miss = t_sd_bytes = 0;
-    t_measuring = true;
     tb_rocks_perf_begin();
+    t_counting = true;
 }
 
-static void rk_measure_end(void *h)
+static void rk_thread_end(void *h)
 {
-    rk *r = h;
     tb_rocks_perf_end();
-    pthread_mutex_lock(&r->mu);
-    r->reads_mem += t_mem;
-    r->reads_fd += t_fd;
-    r->reads_sd += t_sd;
-    r->reads_miss += t_miss;
-    r->sd_read_bytes += t_sd_bytes;
-    pthread_mutex_unlock(&r->mu);
-    t_measuring = false;
+    t_counting = false;
 }
 
-/* Files a timed read under the tier that served it (see the top). */
-static void rk_classify(const rk *r, bool found, const tb_rocks_get *g)
+static void count(_Atomic uint64_t *c, uint64_t n)
 {
-    if (!found)
-        t_miss++;
-    else if (g->level < 0 || r->fd_level[g->level])
-        *(g->level < 0 ? &t_mem : &t_fd) += 1;
-    else if (g->block_reads == 0)
-        t_mem++; /* block cache */
-    else {
-        t_sd++;
-        t_sd_bytes += g->block_read_bytes;
+    atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+/* Files a read under the tier that served it (see the top). */
+static void rk_classify(rk *r, bool found, const tb_rocks_get *g)
+{
+    if (!found) {
+        count(&r->reads_miss, 1);
+    } else if (g->level < 0 || r->fd_level[g->level]) {
+        count(g->level < 0 ? &r->reads_mem : &r->reads_fd, 1);
+    } else if (g->block_reads == 0) {
+        count(&r->reads_mem, 1); /* block cache */
+    } else {
+        count(&r->reads_sd, 1);
+        count(&r->sd_read_bytes, g->block_read_bytes);
     }
 }
 
@@ -281,7 +273,7 @@ static kv_err rk_get(void *h, const void *key, size_t klen, bool *found)
 {
     rk *r = h;
     char *e = NULL;
-    if (t_measuring)
+    if (t_counting)
         tb_rocks_perf_get_begin();
     rocksdb_pinnableslice_t *v = rocksdb_get_pinned(r->db, r->ropts, key, klen, &e);
     if (e) {
@@ -291,7 +283,7 @@ static kv_err rk_get(void *h, const void *key, size_t klen, bool *found)
     }
     *found = v != NULL;
     rocksdb_pinnableslice_destroy(v);
-    if (t_measuring) {
+    if (t_counting) {
         tb_rocks_get g;
         tb_rocks_perf_get_end(&g);
         rk_classify(r, *found, &g);
@@ -330,13 +322,11 @@ static void rk_stats(void *h, tb_stats *out)
     rk *r = h;
     memset(out, 0, sizeof(*out));
     out->write_amp = rk_write_amp(r);
-    pthread_mutex_lock(&r->mu);
-    out->reads_mem = r->reads_mem;
-    out->reads_fd = r->reads_fd;
-    out->reads_sd = r->reads_sd;
-    out->reads_miss = r->reads_miss;
-    out->sd_read_bytes = r->sd_read_bytes;
-    pthread_mutex_unlock(&r->mu);
+    out->reads_mem = atomic_load(&r->reads_mem);
+    out->reads_fd = atomic_load(&r->reads_fd);
+    out->reads_sd = atomic_load(&r->reads_sd);
+    out->reads_miss = atomic_load(&r->reads_miss);
+    out->sd_read_bytes = atomic_load(&r->sd_read_bytes);
 }
 
 static bool rk_settled(void *h)
@@ -374,16 +364,16 @@ static void rk_json_extra(void *h, char *buf, size_t len)
 }
 
 const tb_engine tb_rocksdb_tiering_engine = {
-    "rocksdb-tiering", rk_open_tiering, rk_close, rk_noop,  rk_noop,    rk_measure_begin,
-    rk_measure_end,    rk_put,          rk_get,   rk_stats, rk_settled, rk_json_extra,
+    "rocksdb-tiering", rk_open_tiering, rk_close, rk_thread_begin, rk_thread_end, rk_noop,
+    rk_noop,           rk_put,          rk_get,   rk_stats,        rk_settled,    rk_json_extra,
 };
 
 const tb_engine tb_rocksdb_fd_engine = {
-    "rocksdb-fd",   rk_open_fd, rk_close, rk_noop,  rk_noop,    rk_measure_begin,
-    rk_measure_end, rk_put,     rk_get,   rk_stats, rk_settled, rk_json_extra,
+    "rocksdb-fd", rk_open_fd, rk_close, rk_thread_begin, rk_thread_end, rk_noop,
+    rk_noop,      rk_put,     rk_get,   rk_stats,        rk_settled,    rk_json_extra,
 };
 
 const tb_engine tb_rocksdb_sd_engine = {
-    "rocksdb-sd",   rk_open_sd, rk_close, rk_noop,  rk_noop,    rk_measure_begin,
-    rk_measure_end, rk_put,     rk_get,   rk_stats, rk_settled, rk_json_extra,
+    "rocksdb-sd", rk_open_sd, rk_close, rk_thread_begin, rk_thread_end, rk_noop,
+    rk_noop,      rk_put,     rk_get,   rk_stats,        rk_settled,    rk_json_extra,
 };

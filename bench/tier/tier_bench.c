@@ -219,7 +219,20 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
     jnum(wa, sizeof(wa), a->write_amp);
     jnum(prom, sizeof(prom), a->have_hotrap ? (double)(a->promoted - b->promoted) : -1);
     jnum(ret, sizeof(ret), a->have_hotrap ? (double)(a->retained - b->retained) : -1);
-    eng->json_extra(h, extra, sizeof(extra));
+    size_t off = 0;
+    if (r->have_shift) { /* the target: the end rate >= 90% of the steady one */
+        char steady[32], end[32], ratio[32], rec[32];
+        jnum(steady, sizeof(steady), r->shift_steady);
+        jnum(end, sizeof(end), r->shift_end);
+        jnum(ratio, sizeof(ratio),
+             r->shift_steady > 0 && r->shift_end >= 0 ? r->shift_end / r->shift_steady : -1);
+        jnum(rec, sizeof(rec), r->shift_recovery_s);
+        off = (size_t)snprintf(extra, sizeof(extra),
+                               ",\"shift_at\":%.6g,\"fd_hit_before_shift\":%s,\"fd_hit_end\":%s,"
+                               "\"shift_recovery\":%s,\"recovery_s\":%s",
+                               o->shift_at, steady, end, ratio, rec);
+    }
+    eng->json_extra(h, extra + off, sizeof(extra) - off);
     printf("{\"engine\":\"%s\",\"workload\":\"%s\",\"dist\":\"%s\",\"records\":%ld,"
            "\"value_size\":%ld,\"threads\":%ld,\"fast_mb\":%ld,\"mem_mb\":%ld,\"sync\":\"%s\","
            "\"load_s\":%.3f,\"load_ops_per_s\":%s,\"settle_s\":%.1f,\"settled\":%s,\"seconds\":%."

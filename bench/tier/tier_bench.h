@@ -73,6 +73,13 @@ typedef struct tb_engine {
 extern const tb_engine tb_hotkv_engine, tb_hotkv_nohotrap_engine;
 extern const tb_engine tb_rocksdb_tiering_engine, tb_rocksdb_fd_engine, tb_rocksdb_sd_engine;
 
+/* Reads at one moment of a phase (seconds since its start). */
+typedef struct tb_hit_sample {
+    double t;
+    uint64_t hit, tot;           /* memory + FD reads, all reads (cumulative) */
+    uint64_t promoted, retained; /* HotRAP's records (cumulative) */
+} tb_hit_sample;
+
 /* The result of one run (tier_run.c fills it, tier_bench.c prints it). */
 typedef struct tb_result {
     double load_s, load_ops_per_s;
@@ -82,6 +89,11 @@ typedef struct tb_result {
     uint64_t ops, gets, gets_found, puts;
     double p50_get_us, p99_get_us, p999_get_us, p50_put_us, p99_put_us;
     tb_stats before, after; /* engine stats at the start and end of the timed phase */
+    /* --shift-at: FD hit rate from the start of the timed phase to the
+     * move, over the run's last window, and seconds after the move until
+     * a 2 s window reached 90% of the former (-1 = never) */
+    bool have_shift;
+    double shift_steady, shift_end, shift_recovery_s;
 } tb_result;
 
 /* The value of record id (vlen bytes, deterministic): the runner writes it

@@ -192,12 +192,58 @@ static void sleep_s(double s)
     nanosleep(&ts, NULL);
 }
 
+/* Memory + FD reads and all reads in an engine's cumulative stats. */
+static void hits_of(const tb_stats *st, uint64_t *hit, uint64_t *tot)
+{
+    *hit = st->reads_mem + st->reads_fd;
+    *tot = *hit + st->reads_sd + st->reads_miss;
+}
+
+/* The FD hit rate between two samples, -1 without reads. */
+static double hit_between(const tb_hit_sample *a, const tb_hit_sample *b)
+{
+    uint64_t tot = b->tot - a->tot;
+    return tot ? (double)(b->hit - a->hit) / (double)tot : -1.0;
+}
+
+/* Engine stats every second of a warm-up or timed phase (the FD hit rate
+ * over time: progress lines and the --shift-at recovery). */
+typedef struct hitlog {
+    const tb_engine *eng;
+    void *h;
+    tb_hit_sample *s;
+    size_t n, cap;
+    tb_stats last; /* the latest sample's stats */
+} hitlog;
+
+static void hitlog_take(hitlog *l, double t)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        tb_hit_sample *x = realloc(l->s, cap * sizeof(*x));
+        if (!x)
+            return;
+        l->s = x;
+        l->cap = cap;
+    }
+    l->eng->stats(l->h, &l->last);
+    tb_hit_sample *x = &l->s[l->n++];
+    x->t = t;
+    x->promoted = l->last.promoted;
+    x->retained = l->last.retained;
+    hits_of(&l->last, &x->hit, &x->tot);
+}
+
 /* Waits until every worker has finished (load, secs <= 0) or `secs` pass,
- * printing a progress line every --progress seconds. */
-static void watch(const tb_opts *o, worker *ws, const char *what, double secs)
+ * printing a progress line every --progress seconds (with the FD hit rate
+ * since the last one when log is given: warm-up and timed phase). */
+static void watch(const tb_opts *o, worker *ws, const char *what, double secs, hitlog *log)
 {
     uint64_t start = kv_now_ns(), last_t = start, last_n = total_done(ws, o->threads, NULL);
-    double next = o->progress_s;
+    double next = o->progress_s, next_sample = 1.0;
+    size_t last_s = 0;
+    if (log)
+        hitlog_take(log, 0);
     for (;;) {
         bool fin;
         sleep_s(secs > 0 && secs < 0.05 ? secs : 0.05);
@@ -207,17 +253,66 @@ static void watch(const tb_opts *o, worker *ws, const char *what, double secs)
             return;
         if (o->shift_at > 0 && !strcmp(what, "run") && el >= o->shift_at &&
             !atomic_load(&g_run.shift)) {
+            if (log)
+                hitlog_take(log, el); /* the last sample before the move */
             atomic_store(&g_run.shift, 1);
             fprintf(stderr, "tier_bench: %s: hot set shifted at %.1f s\n", o->engine_name, el);
         }
+        if (log && el >= next_sample) {
+            hitlog_take(log, el);
+            next_sample += 1.0;
+        }
         if (el >= next) {
             uint64_t now = kv_now_ns();
-            fprintf(stderr, "tier_bench: %s %s %.0f s: %" PRIu64 " ops, %.0f ops/s\n",
+            char hit[128] = "";
+            if (log && log->n > last_s + 1) {
+                const tb_hit_sample *a = &log->s[last_s], *b = &log->s[log->n - 1];
+                double r = hit_between(a, b);
+                int k = r >= 0 ? snprintf(hit, sizeof(hit), ", fd_hit %.3f", r) : 0;
+                if (log->last.have_hotrap)
+                    snprintf(hit + k, sizeof(hit) - (size_t)k,
+                             ", promoted %" PRIu64 ", retained %" PRIu64, b->promoted - a->promoted,
+                             b->retained - a->retained);
+                last_s = log->n - 1;
+            }
+            fprintf(stderr, "tier_bench: %s %s %.0f s: %" PRIu64 " ops, %.0f ops/s%s\n",
                     o->engine_name, what, el, d,
-                    (double)(d - last_n) * 1e9 / (double)(now - last_t));
+                    (double)(d - last_n) * 1e9 / (double)(now - last_t), hit);
             last_t = now;
             last_n = d;
             next += o->progress_s;
+        }
+    }
+}
+
+/* --shift-at: the FD hit rate from the start of the timed phase to the
+ * move (steady), over the last window of the run (a third of the time
+ * after the move, 2..10 s), and the seconds after the move until a 2 s
+ * window reached 90% of the steady rate (-1: never). */
+static void shift_result(const tb_opts *o, const hitlog *l, tb_result *res)
+{
+    size_t at = 0;
+    while (at + 1 < l->n && l->s[at + 1].t <= o->shift_at + 1e-9)
+        at++;
+    if (o->shift_at <= 0 || l->n < 3 || at == 0)
+        return;
+    const tb_hit_sample *last = &l->s[l->n - 1];
+    double win = (last->t - l->s[at].t) / 3;
+    win = win < 2 ? 2 : win > 10 ? 10 : win;
+    size_t w = l->n - 1;
+    while (w > at && last->t - l->s[w - 1].t <= win + 1e-9)
+        w--;
+    res->have_shift = true;
+    res->shift_steady = hit_between(&l->s[0], &l->s[at]);
+    res->shift_end = hit_between(&l->s[w > at ? w - 1 : at], last);
+    res->shift_recovery_s = -1;
+    for (size_t i = at + 1, j = at; i < l->n; i++) {
+        while (l->s[i].t - l->s[j + 1].t >= 2.0 - 1e-9)
+            j++;
+        if (l->s[i].t - l->s[j].t >= 2.0 - 1e-9 &&
+            hit_between(&l->s[j], &l->s[i]) >= 0.9 * res->shift_steady) {
+            res->shift_recovery_s = l->s[i].t - l->s[at].t;
+            break;
         }
     }
 }
@@ -255,7 +350,7 @@ static void workers_free(const tb_opts *o, worker *ws)
 
 /* Starts fn on every worker, watches them, joins them; the first error. */
 static kv_err run_threads(const tb_opts *o, worker *ws, void *(*fn)(void *), const char *what,
-                          double secs)
+                          double secs, hitlog *log)
 {
     long started = 0;
     kv_err rv = KV_OK;
@@ -266,7 +361,7 @@ static kv_err run_threads(const tb_opts *o, worker *ws, void *(*fn)(void *), con
             break;
         }
     if (rv == KV_OK)
-        watch(o, ws, what, secs);
+        watch(o, ws, what, secs, log);
     return rv;
 }
 
@@ -294,7 +389,7 @@ static kv_err load(const tb_opts *o, worker *ws, tb_result *res)
         ws[t].hi = t == o->threads - 1 ? n : (size_t)(t + 1) * per;
     }
     uint64_t t0 = kv_now_ns();
-    rv = run_threads(o, ws, load_main, "load", 0);
+    rv = run_threads(o, ws, load_main, "load", 0, NULL);
     kv_err jrv = join_threads(o, ws);
     res->load_s = (double)(kv_now_ns() - t0) / 1e9;
     res->load_ops_per_s = (double)n / res->load_s;
@@ -377,17 +472,22 @@ static kv_err measure(const tb_opts *o, const tb_engine *eng, void *h, worker *w
         return rv;
     atomic_store(&g_run.phase, PH_WARMUP);
     atomic_store(&g_run.shift, 0);
-    if ((rv = run_threads(o, ws, run_main, "warmup", o->warmup > 0 ? o->warmup : 1e-3)) != KV_OK)
+    hitlog wl = {.eng = eng, .h = h}, rl = {.eng = eng, .h = h};
+    rv = run_threads(o, ws, run_main, "warmup", o->warmup > 0 ? o->warmup : 1e-3, &wl);
+    free(wl.s);
+    if (rv != KV_OK)
         return rv;
     eng->stats(h, &res->before);
     uint64_t t0 = kv_now_ns();
     atomic_store(&g_run.phase, PH_MEASURE);
-    watch(o, ws, "run", o->seconds);
+    watch(o, ws, "run", o->seconds, &rl);
     atomic_store(&g_run.phase, PH_STOP);
     double run_s = (double)(kv_now_ns() - t0) / 1e9;
     rv = join_threads(o, ws);
     eng->stats(h, &res->after);
     merge(o, ws, res, run_s);
+    shift_result(o, &rl, res);
+    free(rl.s);
     return rv;
 }
 

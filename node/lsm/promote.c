@@ -6,7 +6,7 @@
  * drops every record that may have a newer version above it, then writes the
  * rest as an L0 SST on FD (records keep their seqno and get LSM_F_PROMOTED;
  * L0 lookups take the highest seqno). Fewer than half an SST of survivors go
- * back to the mutable buffer instead.
+ * back to the mutable buffer instead, up to MAX_RETURNS checks in a row.
  *
  * Never shadowing a newer write. A lookup notes fread, the flushed seqno
  * published before it pinned its version: every write with seqno <= fread
@@ -35,6 +35,11 @@
 #define MARK_BITS 16
 #define MARK_SEED 0x4d41524bu
 #define MAX_SEALED 4 /* sealed buffers waiting; more are dropped */
+/* Survivors under half an SST go back to the mutable buffer at most this
+ * many checks in a row; the next check promotes them however few they are.
+ * Without the bound, the last few hot keys left on SD (fewer than half an
+ * SST of them, once the rest was promoted) waited forever. */
+#define MAX_RETURNS 4
 
 typedef struct pent {
     lsm_rec r; /* deep copy */
@@ -55,6 +60,7 @@ struct lsm_promo {
     pbuf sealed[MAX_SEALED];
     size_t nsealed;
     bool busy, stop, started;
+    unsigned returns; /* checks in a row that returned survivors (checker thread) */
     uint64_t limit;
     pthread_t thread;
     _Atomic uint64_t promoted, promoted_bytes, dropped, backlog;
@@ -315,7 +321,8 @@ static void check_one(lsm_db *db, pbuf *b)
 {
     lsm_promo *p = db->promo;
     filter(db, b);
-    if (!b->force && b->bytes < db->file_size / 2) {
+    if (!b->force && b->bytes < db->file_size / 2 && b->n && p->returns < MAX_RETURNS) {
+        p->returns++;
         pthread_mutex_lock(&p->mu); /* too few: back to the mutable buffer */
         for (size_t i = 0; i < b->n; i++)
             if (pbuf_push(&p->mut, &b->e[i]) != KV_OK)
@@ -323,6 +330,7 @@ static void check_one(lsm_db *db, pbuf *b)
         b->n = 0;
         pthread_mutex_unlock(&p->mu);
     } else if (b->n) {
+        p->returns = 0;
         kv_err rv = promote(db, b);
         if (rv != KV_OK && rv != KV_RESOURCE_EXHAUSTED)
             KV_WARN(LSM_LOG, "promotion of %zu records: %s", b->n, kv_strerror(rv));

@@ -597,3 +597,38 @@ Test(hotrap, ralt_tracks_a_hot_set_of_kib_records_up_to_the_limit)
     lt_db_close(t);
     free(t);
 }
+
+/* A few hot keys left on SD (far under half an SST of survivors per check)
+ * are promoted after a bounded number of checks, not returned to the
+ * mutable buffer forever. Cold reads fill the buffers, the hot keys are
+ * read now and then; nothing forces a promotion (no lsm_promo_sync). */
+Test(hotrap, a_few_hot_keys_are_promoted_without_a_forced_check)
+{
+    tdb *t = calloc(1, sizeof(*t));
+    lt_db_init(t, "fewhot");
+    t->o.promo_buf_kb = 8; /* a check every ~35 reads of 200-byte values */
+    lt_db_start(t);
+    fill_sd(t, 3000);
+    for (int round = 0; round < 3; round++) /* keys 1 and 2: hot */
+        for (int id = 1; id <= 2; id++)
+            cr_assert_eq(get_id(t, id, NULL, NULL), LSM_TIER_SD);
+    uint64_t promoted = 0;
+    for (int id = 100; id < 3000 && promoted < 2; id++) { /* cold reads: RALT flushes, checks */
+        get_id(t, id, NULL, NULL);
+        if (id % 20 == 0) /* the hot keys are read on (until promoted, from SD) */
+            for (int hot = 1; hot <= 2; hot++)
+                get_id(t, hot, NULL, NULL);
+        if (id % 100 == 0) {
+            for (int i = 0; i < 50 && (promoted = stats_of(t).promoted_recs) < 2; i++)
+                usleep(1000); /* the checker thread catches up */
+        }
+    }
+    lsm_stats s = stats_of(t);
+    cr_assert_eq(promoted, 2, "hot keys promoted: %llu (dropped %llu: cold %llu dup %llu)",
+                 (unsigned long long)promoted, (unsigned long long)s.promo_dropped,
+                 (unsigned long long)s.promo_drop_cold, (unsigned long long)s.promo_drop_dup);
+    cr_assert_eq(get_id(t, 1, NULL, NULL), LSM_TIER_FD);
+    cr_assert_eq(get_id(t, 2, NULL, NULL), LSM_TIER_FD);
+    lt_db_close(t);
+    free(t);
+}
