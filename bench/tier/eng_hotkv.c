@@ -27,6 +27,7 @@ typedef struct hk {
     bool hotrap;             /* engine_opts.no_hotrap = !hotrap */
     _Atomic uint64_t stalls; /* writes retried on back-pressure (1 ms each) */
     char levels[512];
+    char wa_parts[96];       /* write amplification by source, at the last stats call */
     char hotrap_state[1024]; /* JSON members: HotRAP counters at the last stats call */
 } hk;
 
@@ -200,16 +201,26 @@ static void hk_stats(void *h, tb_stats *out)
     out->retained = ret ? strtoull(ret, NULL, 10) : 0;
     hk_hotrap(k, &l);
     hk_levels(k, &l);
+    const char *wal = stat_value(&l, "lsm.wal_bytes"), *fl = stat_value(&l, "lsm.flush_bytes");
+    const char *co = stat_value(&l, "lsm.compact_write_bytes");
+    const char *pb = stat_value(&l, "hotrap.promoted_bytes");
+    double ub = user ? strtod(user, NULL) : 0;
+    if (ub > 0 && wal && fl && co)
+        snprintf(k->wa_parts, sizeof(k->wa_parts), "wal=%.2f flush=%.2f compact=%.2f promote=%.2f",
+                 strtod(wal, NULL) / ub, strtod(fl, NULL) / ub, strtod(co, NULL) / ub,
+                 pb ? strtod(pb, NULL) / ub : 0.0);
     rpc_stats_free(&l);
 }
 
-/* lsm's compaction triggers: L0 at 4 files (its default l0_trigger), a
- * deeper level above its target; and no dirty bytes beyond one buffer. */
+/* lsm's compaction triggers: L0 at 4 files (its default l0_trigger) or at
+ * L1's target in bytes, a deeper level above its target; and no dirty bytes
+ * beyond one buffer. */
 static bool hk_settled(void *h)
 {
     hk *k = h;
     rpc_statlist l;
     bool ok = true;
+    unsigned long long l0_bytes = 0, l1_target = 0;
     rpc_stats_init(&l);
     engine_lsm_stats(k->e, &l);
     for (size_t i = 0; i < l.n; i++) {
@@ -221,9 +232,11 @@ static bool hk_settled(void *h)
             continue;
         if ((level == 0 && files >= 4) || (level > 0 && target && bytes > target))
             ok = false;
+        l0_bytes = level == 0 ? bytes : l0_bytes;
+        l1_target = level == 1 ? target : l1_target;
     }
     rpc_stats_free(&l);
-    return ok;
+    return ok && (!l1_target || l0_bytes < l1_target);
 }
 
 static void hk_json_extra(void *h, char *buf, size_t len)
@@ -231,10 +244,10 @@ static void hk_json_extra(void *h, char *buf, size_t len)
     hk *k = h;
     snprintf(buf, len,
              ",\"hotrap_available\":true,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
-             "\"levels\":\"%s\",\"hotrap_state\":{%s},"
+             "\"levels\":\"%s\",\"wa_parts\":\"%s\",\"hotrap_state\":{%s},"
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)\"",
              k->hotrap ? "true" : "false", (unsigned long long)atomic_load(&k->stalls), k->levels,
-             k->hotrap_state);
+             k->wa_parts, k->hotrap_state);
 }
 
 const tb_engine tb_hotkv_engine = {

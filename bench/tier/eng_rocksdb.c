@@ -10,8 +10,9 @@
  * compaction, L1 = fast-mb / 12 and x10 per level (hotkv's sizing, which
  * puts L0..L2 on FD), SST files of L1 / 4, 4 KiB blocks, 10-bit bloom
  * filters, no compression, memtable = --write-buffer-mb, block cache =
- * --mem-mb (hotkv's memory tier gets --mem-mb + --write-buffer-mb, as it
- * holds its memtable too: eng_hotkv.c), no manual compaction, two
+ * --mem-mb + --tracker-mb (hotkv's memory tier gets --mem-mb +
+ * --write-buffer-mb, as it holds its memtable too: eng_hotkv.c; and its
+ * HotRAP tracker, RALT, keeps about --tracker-mb in memory), no manual compaction, two
  * background jobs. WAL sync follows --sync as hotkv's: always = sync on
  * every write; batch = writes reach the kernel and a thread calls
  * FlushWAL(sync) every --sync-ms (hotkv's WAL thread does the same);
@@ -52,6 +53,7 @@ typedef struct rk {
     bool fd_level[TB_ROCKS_MAX_LEVELS]; /* level lives on the fast volume */
     int fd_levels;
     _Atomic uint64_t user_bytes;
+    char wa_parts[96]; /* write amplification by source, at the last stats call */
     /* point reads by serving tier since open (every phase) */
     _Atomic uint64_t reads_mem, reads_fd, reads_sd, reads_miss, sd_read_bytes;
     pthread_t syncer;
@@ -84,7 +86,7 @@ static void set_table_options(rk *r, const tb_opts *o)
 {
     r->topts = rocksdb_block_based_options_create();
     rocksdb_block_based_options_set_block_size(r->topts, 4096);
-    r->cache = rocksdb_cache_create_lru((size_t)o->mem_mb << 20);
+    r->cache = rocksdb_cache_create_lru((size_t)(o->mem_mb + o->tracker_mb) << 20);
     rocksdb_block_based_options_set_block_cache(r->topts, r->cache);
     r->filter = rocksdb_filterpolicy_create_bloom_full(10);
     rocksdb_block_based_options_set_filter_policy(r->topts, r->filter);
@@ -310,11 +312,15 @@ static double rk_write_amp(rk *r)
     char *dump = rocksdb_options_statistics_get_string(r->opts);
     if (!dump)
         return -1.0;
-    uint64_t w = ticker(dump, "rocksdb.wal.bytes") + ticker(dump, "rocksdb.flush.write.bytes") +
-                 ticker(dump, "rocksdb.compact.write.bytes");
+    uint64_t wal = ticker(dump, "rocksdb.wal.bytes"),
+             fl = ticker(dump, "rocksdb.flush.write.bytes");
+    uint64_t co = ticker(dump, "rocksdb.compact.write.bytes");
     rocksdb_free(dump);
     uint64_t user = atomic_load(&r->user_bytes);
-    return user ? (double)w / (double)user : -1.0;
+    if (user)
+        snprintf(r->wa_parts, sizeof(r->wa_parts), "wal=%.2f flush=%.2f compact=%.2f",
+                 (double)wal / (double)user, (double)fl / (double)user, (double)co / (double)user);
+    return user ? (double)(wal + fl + co) / (double)user : -1.0;
 }
 
 static void rk_stats(void *h, tb_stats *out)
@@ -357,10 +363,10 @@ static void rk_json_extra(void *h, char *buf, size_t len)
         rocksdb_free(files);
     }
     snprintf(buf, len,
-             ",\"hotrap_available\":false,\"levels\":\"%s\",\"fd_levels\":%d,"
+             ",\"hotrap_available\":false,\"levels\":\"%s\",\"wa_parts\":\"%s\",\"fd_levels\":%d,"
              "\"note\":\"tiers from RocksDB's perf context per get (answering level, block reads); "
              "sd_read_bytes counts get block reads only\"",
-             levels, r->fd_levels);
+             levels, r->wa_parts, r->fd_levels);
 }
 
 const tb_engine tb_rocksdb_tiering_engine = {

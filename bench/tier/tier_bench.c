@@ -159,6 +159,9 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
         {"fast-mb", KV_OPT_INT, &o->fast_mb, "FD capacity for LSM levels, MiB", NULL, 1, 1L << 24},
         {"mem-mb", KV_OPT_INT, &o->mem_mb,
          "memory budget (hotkv memory tier = RocksDB block cache)", NULL, 1, 1L << 20},
+        {"tracker-mb", KV_OPT_INT, &o->tracker_mb,
+         "RocksDB's block cache gets --mem-mb + this: hotkv's HotRAP tracker (RALT) memory", NULL,
+         0, 1L << 20},
         {"write-buffer-mb", KV_OPT_INT, &o->write_buffer_mb, "memtable / dirty bytes per flush",
          NULL, 1, 4096},
         {"records", KV_OPT_INT, &o->records, "records loaded", NULL, 1, 1L << 34},
@@ -233,22 +236,25 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
                                o->shift_at, steady, end, ratio, rec);
     }
     eng->json_extra(h, extra + off, sizeof(extra) - off);
-    printf("{\"engine\":\"%s\",\"workload\":\"%s\",\"dist\":\"%s\",\"records\":%ld,"
-           "\"value_size\":%ld,\"threads\":%ld,\"fast_mb\":%ld,\"mem_mb\":%ld,\"sync\":\"%s\","
-           "\"load_s\":%.3f,\"load_ops_per_s\":%s,\"settle_s\":%.1f,\"settled\":%s,\"seconds\":%."
-           "3f,\"ops\":%llu,\"ops_per_s\":%s,"
-           "\"gets\":%llu,\"found_ratio\":%.6g,\"p50_get_us\":%.2f,\"p99_get_us\":%.2f,"
-           "\"p999_get_us\":%.2f,\"p50_put_us\":%.2f,\"p99_put_us\":%.2f,"
-           "\"reads_mem\":%llu,\"reads_fd\":%llu,\"reads_sd\":%llu,\"reads_miss\":%llu,"
-           "\"fd_hit_rate\":%s,\"sd_read_bytes_per_get\":%s,\"write_amp\":%s,\"promoted\":%s,"
-           "\"retained\":%s%s}\n",
-           o->engine_name, o->workload_name, o->dist_name, o->records, o->value_size, o->threads,
-           o->fast_mb, o->mem_mb, sync_choices[o->sync_idx], r->load_s, load, r->settle_s,
-           r->settled ? "true" : "false", r->run_s, (unsigned long long)r->ops, ops,
-           (unsigned long long)r->gets, r->gets ? (double)r->gets_found / (double)r->gets : 0.0,
-           r->p50_get_us, r->p99_get_us, r->p999_get_us, r->p50_put_us, r->p99_put_us,
-           (unsigned long long)mem, (unsigned long long)fd, (unsigned long long)sd,
-           (unsigned long long)miss, hit, sdb, wa, prom, ret, extra);
+    printf(
+        "{\"engine\":\"%s\",\"workload\":\"%s\",\"dist\":\"%s\",\"records\":%ld,"
+        "\"value_size\":%ld,\"threads\":%ld,\"fast_mb\":%ld,\"mem_mb\":%ld,\"write_buffer_mb\":%ld,"
+        "\"tracker_mb\":%ld,\"sync\":\"%s\","
+        "\"load_s\":%.3f,\"load_ops_per_s\":%s,\"settle_s\":%.1f,\"settled\":%s,\"seconds\":%."
+        "3f,\"ops\":%llu,\"ops_per_s\":%s,"
+        "\"gets\":%llu,\"found_ratio\":%.6g,\"p50_get_us\":%.2f,\"p99_get_us\":%.2f,"
+        "\"p999_get_us\":%.2f,\"p50_put_us\":%.2f,\"p99_put_us\":%.2f,"
+        "\"reads_mem\":%llu,\"reads_fd\":%llu,\"reads_sd\":%llu,\"reads_miss\":%llu,"
+        "\"fd_hit_rate\":%s,\"sd_read_bytes_per_get\":%s,\"write_amp\":%s,\"promoted\":%s,"
+        "\"retained\":%s%s}\n",
+        o->engine_name, o->workload_name, o->dist_name, o->records, o->value_size, o->threads,
+        o->fast_mb, o->mem_mb, o->write_buffer_mb, o->tracker_mb, sync_choices[o->sync_idx],
+        r->load_s, load, r->settle_s, r->settled ? "true" : "false", r->run_s,
+        (unsigned long long)r->ops, ops, (unsigned long long)r->gets,
+        r->gets ? (double)r->gets_found / (double)r->gets : 0.0, r->p50_get_us, r->p99_get_us,
+        r->p999_get_us, r->p50_put_us, r->p99_put_us, (unsigned long long)mem,
+        (unsigned long long)fd, (unsigned long long)sd, (unsigned long long)miss, hit, sdb, wa,
+        prom, ret, extra);
     fflush(stdout);
 }
 

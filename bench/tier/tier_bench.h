@@ -27,6 +27,7 @@ typedef struct tb_opts {
     const char *engine_name;
     const char *fast_dir, *slow_dir;
     long fast_mb, mem_mb, write_buffer_mb;
+    long tracker_mb; /* RocksDB: block cache += this (hotkv's RALT memory, equal budgets) */
     long records, value_size, threads, trace_ops, seed;
     double seconds, warmup, shift_at, progress_s, settle_s;
     int workload_idx, dist_idx, sync_idx;

@@ -1,14 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Leveled compaction (LevelDB/RocksDB style). Scores: L0 = files /
- * l0_trigger, Ln = bytes / target(n) with target(1) from the FD capacity
- * and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are
- * not busy is compacted. L0 compacts all its files into L1; Ln picks one
- * file round-robin (compaction pointer) plus the overlapping files of Ln+1,
- * except the last FD level under HotRAP, which picks the file with the
- * highest benefit = file bytes - hot bytes (per RALT) in its key range.
- * A single Ln file with no overlap below on the same volume is moved by a
- * manifest edit only.
+ * Leveled compaction (LevelDB/RocksDB style). Scores: L0 = the larger of
+ * files / l0_trigger and bytes / target(1), Ln = bytes / target(n) with target(1) from the FD
+ * capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not busy is
+ * compacted. L0 compacts all its files into L1; Ln picks one file round-robin (compaction pointer)
+ * plus the overlapping files of Ln+1, except the last FD level under HotRAP, which picks the file
+ * with the highest benefit = file bytes - hot bytes (per RALT) in its key range. A single Ln file
+ * with no overlap below on the same volume is moved by a manifest edit only.
  *
  * The merge keeps the highest-seqno record per key (no snapshots). An
  * expired PUT becomes a tombstone; a tombstone is dropped when no level
@@ -49,8 +47,11 @@ typedef struct cjob {
 
 static double score(const lsm_db *db, const lsm_version *v, int l)
 {
-    if (l == 0)
-        return (double)v->nfiles[0] / db->o.l0_trigger;
+    if (l == 0) { /* files, or bytes against L1's target (as RocksDB: no giant L0 on FD) */
+        double files = (double)v->nfiles[0] / db->o.l0_trigger;
+        double bytes = (double)lsm_level_bytes(v, 0) / (double)db->target[1];
+        return files > bytes ? files : bytes;
+    }
     return (double)lsm_level_bytes(v, l) / (double)db->target[l];
 }
 

@@ -428,6 +428,44 @@ static void flush_range(lsm_db *db, int n, uint64_t seq0, uint8_t type, uint64_t
     cr_assert_eq(lsm_flush(db, run, (size_t)n, seq0 + (uint64_t)n - 1), KV_OK);
 }
 
+/* One L0 file larger than L1's target is compacted although L0 holds
+ * fewer files than l0_trigger (as RocksDB scores L0 by bytes too): a large
+ * flush must not sit on FD as a giant L0 file. */
+Test(compaction, l0_bytes_over_the_l1_target_trigger_compaction)
+{
+    char *dir = lt_mkdtemp("l0bytes");
+    lsm_opts o;
+    lsm_opts_default(&o);
+    o.fast_dir = dir;
+    o.fast_mb = 1; /* L1 target 87 KiB */
+    o.sync = LSM_SYNC_NONE;
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    static char keys[1000][16], val[200];
+    static lsm_rec run[1000];
+    for (int i = 0; i < 1000; i++) { /* one L0 file of ~210 KiB */
+        int kn = snprintf(keys[i], 16, "b%05d", i);
+        run[i] = (lsm_rec){.key = keys[i],
+                           .klen = (size_t)kn,
+                           .value = val,
+                           .vlen = sizeof(val),
+                           .seqno = (uint64_t)i + 1,
+                           .type = LSM_PUT};
+    }
+    cr_assert_eq(lsm_wal_append(db, run, 1000), KV_OK);
+    cr_assert_eq(lsm_flush(db, run, 1000, 1000), KV_OK);
+    cr_assert_eq(lsm_compact_wait_idle(db), KV_OK);
+    lsm_stats s;
+    cr_assert_eq(lsm_stats_get(db, &s), KV_OK);
+    cr_assert_gt(s.levels[1].target_bytes, 0);
+    cr_assert_eq(s.levels[0].files, 0, "L0 holds %llu bytes, L1's target is %llu",
+                 (unsigned long long)s.levels[0].bytes,
+                 (unsigned long long)s.levels[1].target_bytes);
+    lsm_close(db);
+    lt_rmrf(dir);
+    free(dir);
+}
+
 Test(compaction, last_level_drops_tombstones_and_expired)
 {
     char *dir = lt_mkdtemp("drop");
