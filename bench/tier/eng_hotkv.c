@@ -53,6 +53,10 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, s
     eo.sync_ms = (unsigned)o->sync_ms;
     k->hotrap = hotrap;
     eo.no_hotrap = !hotrap;
+    nhc_opts no;
+    nhc_opts_default(&no);
+    no.enable = o->nhc_idx == 0;
+    eo.nhc = &no;
     kv_err rv = engine_open(&k->e, &eo, err, errlen);
     if (rv != KV_OK) {
         free(k);

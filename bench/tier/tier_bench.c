@@ -33,6 +33,7 @@ static const tb_engine *const engines[] = {
 
 static const char *const workload_choices[] = {"RO", "RW", "WH", "UH", "C", "A", NULL};
 static const char *const sync_choices[] = {"always", "batch", "none", NULL};
+static const char *const onoff_choices[] = {"on", "off", NULL};
 /* read, update, insert shares per tb_workload */
 static const double mixes[TB_NWORKLOADS][3] = {
     [TB_RO] = {1.0, 0.0, 0.0}, [TB_RW] = {0.5, 0.0, 0.5}, [TB_WH] = {0.1, 0.0, 0.9},
@@ -176,6 +177,10 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
         {"no-load", KV_OPT_BOOL, &o->no_load, "reuse the records already in the directories"},
         {"sync", KV_OPT_ENUM, &o->sync_idx, "WAL sync: always|batch|none (both engines)",
          sync_choices},
+        {"nhc", KV_OPT_ENUM, &o->nhc_idx,
+         "hotkv: NHC scheduler (node/nhc) on|off; off = classic caching, every SD read offered "
+         "to HotRAP's promotion",
+         onoff_choices},
         {"sync-ms", KV_OPT_INT, &o->sync_ms, "batch sync period", NULL, 1, 10000},
         {"trace-ops", KV_OPT_INT, &o->trace_ops, "pre-drawn ops per thread", NULL, 1024, 1L << 28},
         {"seed", KV_OPT_INT, &o->seed, "PRNG seed", NULL, 0, 1L << 62},

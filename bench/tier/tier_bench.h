@@ -33,6 +33,7 @@ typedef struct tb_opts {
     int workload_idx, dist_idx, sync_idx;
     long sync_ms;
     bool load_only, no_load;
+    int nhc_idx;                           /* hotkv: the NHC scheduler (node/nhc) on or off */
     const char *workload_name, *dist_name; /* as given: "RO", "hotspot5", ... */
     wl_config wl;                          /* distribution, keys, seed */
 } tb_opts;

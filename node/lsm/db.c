@@ -563,6 +563,8 @@ kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno
     if (rv == KV_OK && n)
         rv = build_l0(db, sst_no, sorted, n, &f);
     if (rv == KV_OK)
+        lsm_promo_mark_flushed(db, sorted, n); /* before the install (promote.c) */
+    if (rv == KV_OK)
         rv = install_flush(db, f, max_seqno, wal_no);
     if (rv != KV_OK && f)
         atomic_store(&f->obsolete, true); /* written but not installed */

@@ -98,8 +98,9 @@ typedef int (*lsm_route_fn)(void *arg, const lsm_rec *rec, int from_level);
  * whose seqno is greater than seqno. Called on the promotion checker thread
  * for each record about to be promoted; must be cheap, must not block on
  * I/O and must not call into the db. NULL = assume the memory tier holds
- * nothing newer (promotion still drops keys written since the read, see
- * lsm_wal_append). */
+ * nothing newer (a promoted copy still never shadows a later write: it is
+ * dropped once the write was flushed, and lands in L0 below its seqno
+ * otherwise; see promote.c). */
 typedef bool (*lsm_newer_fn)(void *arg, const void *key, size_t klen, uint64_t seqno);
 
 /* Called with newer_arg on the promotion checker thread: begin = true once

@@ -422,6 +422,8 @@ kv_err lsm_promo_start(lsm_db *db);
 void lsm_promo_close(lsm_db *db); /* stops the checker, frees; NULL promo ok */
 /* Marks the keys of recs as updated (lsm_wal_append, replay). */
 void lsm_promo_mark(lsm_db *db, const lsm_rec *recs, size_t n);
+/* Marks the keys of recs as flushed (lsm_flush, before the install). */
+void lsm_promo_mark_flushed(lsm_db *db, const lsm_rec *recs, size_t n);
 /* Offers a record read from SD by a lookup that saw flushed seqno fread. */
 void lsm_promo_add(lsm_db *db, const lsm_rec *r, uint64_t fread);
 /* Seals the mutable buffer, has the checker promote it whatever its size,

@@ -11,16 +11,22 @@
  * Never shadowing a newer write. A lookup notes fread, the flushed seqno
  * published before it pinned its version: every write with seqno <= fread
  * is in that version, so the record it read from SD is newer than all of
- * them. Every write with seqno > fread passes through lsm_wal_append (or WAL
- * replay), which stores its seqno in a mark slot chosen by the key's hash
- * before it returns, i.e. before the write can reach the memory tier, L0 or
- * any lower level. A record is dropped when its key's slot holds a seqno
- * above its fread (a hash collision only costs a promotion). The check runs
- * when the buffer is filtered and again under db->mu right before the
- * install: a write marked later cannot be flushed before the install (its
- * flush needs db->mu after the append returned), so its L0 file is newer. The
- * engine's memory-tier callback (lsm_opts.newer) and the FD bloom filters
- * are checked as well, as the paper does; they also skip keys already on FD.
+ * them. A later write (seqno > fread) can be shadowed by the promoted copy
+ * only once it sits below L0 (in L0 the highest seqno wins), i.e. once it
+ * has been flushed. lsm_flush stores the seqno of every record it flushes
+ * in a flush-mark slot chosen by the key's hash before it installs the
+ * file; a candidate is dropped when its key's slot holds a seqno above its
+ * fread (a hash collision only costs a promotion). The check runs when the
+ * buffer is filtered and again under db->mu right before the install: a
+ * flush installed before it (db->mu) has stored its marks, and a write
+ * flushed after it lands in L0 above the promoted copy. Writes not flushed
+ * yet do not block a promotion (they will land in L0 with a higher seqno);
+ * the engine's memory-tier callback (lsm_opts.newer) still drops records
+ * it holds a newer version of, which would only be stale copies, and the
+ * FD bloom filters skip keys already on FD, as the paper does. (Marks of
+ * unflushed writes made ~12% of keys unpromotable in a read-only phase:
+ * the memtable's last writes never flush and their slots stay above every
+ * fread.) Appended writes keep their own marks for the NHC twin map.
  *
  * Threads: any reader adds (mu); one checker thread; marks are atomics.
  */
@@ -66,29 +72,45 @@ struct lsm_promo {
     _Atomic uint64_t promoted, promoted_bytes, dropped, backlog;
     /* why candidates were dropped (their sum is dropped) */
     _Atomic uint64_t drop_dup, drop_cold, drop_newer, drop_on_fd, drop_full;
-    _Atomic uint64_t marks[1u << MARK_BITS];
+    _Atomic uint64_t marks[1u << MARK_BITS];  /* appended writes (NHC twin map) */
+    _Atomic uint64_t fmarks[1u << MARK_BITS]; /* flushed writes (promotion) */
 };
 
-static _Atomic uint64_t *mark_slot(lsm_promo *p, const void *key, size_t klen)
+static size_t mark_idx(const void *key, size_t klen)
 {
-    return &p->marks[kv_hash64(key, klen, MARK_SEED) >> (64 - MARK_BITS)];
+    return kv_hash64(key, klen, MARK_SEED) >> (64 - MARK_BITS);
 }
 
 static bool marked_since(lsm_promo *p, const pent *e)
 {
-    return atomic_load(mark_slot(p, e->r.key, e->r.klen)) > e->fread;
+    return atomic_load(&p->marks[mark_idx(e->r.key, e->r.klen)]) > e->fread;
+}
+
+static bool flushed_since(lsm_promo *p, const pent *e)
+{
+    return atomic_load(&p->fmarks[mark_idx(e->r.key, e->r.klen)]) > e->fread;
+}
+
+static void mark(_Atomic uint64_t *slots, const lsm_rec *recs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        _Atomic uint64_t *s = &slots[mark_idx(recs[i].key, recs[i].klen)];
+        uint64_t cur = atomic_load(s);
+        while (recs[i].seqno > cur && !atomic_compare_exchange_weak(s, &cur, recs[i].seqno))
+            ; /* seq_cst: the mark is visible before the caller goes on */
+    }
 }
 
 void lsm_promo_mark(lsm_db *db, const lsm_rec *recs, size_t n)
 {
-    if (!db->promo)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        _Atomic uint64_t *s = mark_slot(db->promo, recs[i].key, recs[i].klen);
-        uint64_t cur = atomic_load(s);
-        while (recs[i].seqno > cur && !atomic_compare_exchange_weak(s, &cur, recs[i].seqno))
-            ; /* seq_cst: the mark is visible before the append returns */
-    }
+    if (db->promo)
+        mark(db->promo->marks, recs, n);
+}
+
+void lsm_promo_mark_flushed(lsm_db *db, const lsm_rec *recs, size_t n)
+{
+    if (db->promo)
+        mark(db->promo->fmarks, recs, n);
 }
 
 static void pbuf_free(pbuf *b)
@@ -182,7 +204,7 @@ static drop_why check(lsm_db *db, const lsm_version *v, const pent *prev, const 
 {
     if (prev && lsm_key_cmp(prev->r.key, prev->r.klen, e->r.key, e->r.klen) == 0)
         return DROP_DUP;
-    if ((e->r.expire_at && e->r.expire_at <= now) || marked_since(db->promo, e) ||
+    if ((e->r.expire_at && e->r.expire_at <= now) || flushed_since(db->promo, e) ||
         (db->o.newer && db->o.newer(db->o.newer_arg, e->r.key, e->r.klen, e->r.seqno)))
         return DROP_NEWER;
     if (on_fd(db, v, e->r.key, e->r.klen))
@@ -247,13 +269,13 @@ static kv_err build(lsm_db *db, const pbuf *b, lsm_file **out)
     return lsm_sst_builder_finish(sb, 0, out);
 }
 
-/* Drops the records of b marked since their read (db->mu held); returns
- * how many were dropped. */
+/* Drops the records of b whose key was flushed since their read (db->mu
+ * held); returns how many were dropped. */
 static size_t drop_marked(lsm_db *db, pbuf *b)
 {
     size_t m = 0, n = b->n;
     for (size_t i = 0; i < n; i++) {
-        if (marked_since(db->promo, &b->e[i]))
+        if (flushed_since(db->promo, &b->e[i]))
             lsm_rec_free(&b->e[i].r);
         else
             b->e[m++] = b->e[i];
