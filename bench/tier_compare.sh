@@ -8,6 +8,7 @@
 #   bench/tier_compare.sh [--matrix issue5|issue4] [--engines "hotkv rocksdb-tiering"]
 #       [--baseline rocksdb-tiering] [--records 2000000] [--fast-mb 200] [--mem-mb 256]
 #       [--write-buffer-mb 64] [--tracker-mb 0] [--runs "RO:hotspot5 RO:hotspot5:shift"]
+#       [--nhc on|off]
 #       [--seconds 30] [--warmup 30] [--threads 4] [--plain] [--fast-plain]
 #       [--base /tmp/tier_compare] [--out results.jsonl] [--repeat 1]
 #
@@ -15,6 +16,7 @@
 #   memtable in one budget); RocksDB a block cache of --mem-mb + --tracker-mb
 #   (set it to hotkv's RALT memory, hotrap_state.ralt_mem_bytes) and its
 #   memtable of --write-buffer-mb beside it.
+# --nhc: hotkv's NHC scheduler (tier_bench --nhc; off = HotRAP alone).
 # --runs overrides the matrix's runs (WORKLOAD:DIST, read-only ones first);
 #   WORKLOAD:DIST:shift moves the hot set halfway through the timed phase
 #   (--shift-at) and the table adds the FD hit rate before / at the end.
@@ -38,7 +40,7 @@ source "$here/slowfs/mount_pair.sh"
 
 matrix=issue5 engines="hotkv rocksdb-tiering" baseline=rocksdb-tiering
 records=2000000 fast_mb=200 mem_mb=256 seconds=30 warmup=30 threads=4
-plain=0 fast_plain=0 base=/tmp/tier_compare out="" repeat=1 wb_mb=64 tracker_mb=0 runs_arg=""
+plain=0 fast_plain=0 base=/tmp/tier_compare out="" repeat=1 wb_mb=64 tracker_mb=0 runs_arg="" nhc=on
 while [[ $# -gt 0 ]]; do
   case $1 in
   --matrix) matrix=$2; shift ;;
@@ -50,6 +52,7 @@ while [[ $# -gt 0 ]]; do
   --write-buffer-mb) wb_mb=$2; shift ;;
   --tracker-mb) tracker_mb=$2; shift ;;
   --runs) runs_arg=$2; shift ;;
+  --nhc) nhc=$2; shift ;;
   --seconds) seconds=$2; shift ;;
   --warmup) warmup=$2; shift ;;
   --threads) threads=$2; shift ;;
@@ -58,7 +61,7 @@ while [[ $# -gt 0 ]]; do
   --base) base=$2; shift ;;
   --out) out=$2; shift ;;
   --repeat) repeat=$2; shift ;;
-  -h | --help) sed -n '4,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '4,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "tier_compare: unknown flag $1" >&2; exit 2 ;;
   esac
   shift
@@ -91,6 +94,7 @@ echo "tier_compare: FD=$FAST_DIR SD=$SLOW_DIR records=$records fast_mb=$fast_mb 
 bench() {
   local e=$1 w=$2 d=$3
   shift 3
+  [[ $e == hotkv* ]] && set -- --nhc "$nhc" "$@"
   echo "tier_compare: $e $w $d $*" >&2
   "$TIER_BENCH" --engine "$e" --fast-dir "$FAST_DIR" --slow-dir "$SLOW_DIR" --fast-mb "$fast_mb" \
     --mem-mb "$mem_mb" --write-buffer-mb "$wb_mb" --tracker-mb "$tracker_mb" \
