@@ -214,6 +214,7 @@ typedef struct hitlog {
     tb_hit_sample *s;
     size_t n, cap;
     tb_stats last; /* the latest sample's stats */
+    size_t shift;  /* index of the sample taken right before the move, 0 = none */
 } hitlog;
 
 static void hitlog_take(hitlog *l, double t)
@@ -249,12 +250,17 @@ static void watch(const tb_opts *o, worker *ws, const char *what, double secs, h
         sleep_s(secs > 0 && secs < 0.05 ? secs : 0.05);
         double el = (double)(kv_now_ns() - start) / 1e9;
         uint64_t d = total_done(ws, o->threads, &fin);
-        if ((secs > 0 && el >= secs) || (secs <= 0 && fin))
+        if ((secs > 0 && el >= secs) || (secs <= 0 && fin)) {
+            if (log)
+                hitlog_take(log, el); /* the phase's last moment */
             return;
+        }
         if (o->shift_at > 0 && !strcmp(what, "run") && el >= o->shift_at &&
             !atomic_load(&g_run.shift)) {
-            if (log)
+            if (log) {
                 hitlog_take(log, el); /* the last sample before the move */
+                log->shift = log->n - 1;
+            }
             atomic_store(&g_run.shift, 1);
             fprintf(stderr, "tier_bench: %s: hot set shifted at %.1f s\n", o->engine_name, el);
         }
@@ -291,10 +297,8 @@ static void watch(const tb_opts *o, worker *ws, const char *what, double secs, h
  * window reached 90% of the steady rate (-1: never). */
 static void shift_result(const tb_opts *o, const hitlog *l, tb_result *res)
 {
-    size_t at = 0;
-    while (at + 1 < l->n && l->s[at + 1].t <= o->shift_at + 1e-9)
-        at++;
-    if (o->shift_at <= 0 || l->n < 3 || at == 0)
+    size_t at = l->shift;
+    if (o->shift_at <= 0 || at == 0 || at + 1 >= l->n)
         return;
     const tb_hit_sample *last = &l->s[l->n - 1];
     double win = (last->t - l->s[at].t) / 3;
