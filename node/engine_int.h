@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "common/ticker.h"
 #include "node/engine.h"
 #include "node/index/hotring.h"
 #include "node/lsm/lsm.h"
@@ -48,10 +49,7 @@ struct engine {
     _Atomic uint64_t npins;
     /* NHC (engine_nhc.c): NULL without a slow volume or HotRAP. */
     nhc *nhc;
-    pthread_t nhc_thread;
-    pthread_mutex_t nhc_mu; /* protects nhc_stop; pairs with nhc_cv */
-    pthread_cond_t nhc_cv;
-    bool nhc_stop, nhc_started, nhc_inited;
+    kv_ticker *nhc_ticker; /* calls nhc_tick every NHC_TICK_NS; NULL when none */
 };
 
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);

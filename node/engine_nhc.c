@@ -14,7 +14,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/log.h"
 #include "node/engine_int.h"
@@ -41,58 +40,26 @@ kv_err engine_nhc_create(engine *e, lsm_opts *lo, char *err, size_t errlen)
     return KV_OK;
 }
 
-static void *nhc_main(void *arg)
+static void nhc_on_tick(void *arg)
 {
     engine *e = arg;
-    pthread_mutex_lock(&e->nhc_mu);
-    while (!e->nhc_stop) {
-        pthread_mutex_unlock(&e->nhc_mu);
-        kv_err rv = nhc_tick(e->nhc, kv_now_ns());
-        if (rv != KV_OK)
-            KV_WARN("engine", "nhc tick: %s", kv_strerror(rv));
-        pthread_mutex_lock(&e->nhc_mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)NHC_TICK_NS;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        if (!e->nhc_stop)
-            pthread_cond_timedwait(&e->nhc_cv, &e->nhc_mu, &ts);
-    }
-    pthread_mutex_unlock(&e->nhc_mu);
-    return NULL;
+    kv_err rv = nhc_tick(e->nhc, kv_now_ns());
+    if (rv != KV_OK)
+        KV_WARN("engine", "nhc tick: %s", kv_strerror(rv));
 }
 
 kv_err engine_nhc_start(engine *e)
 {
     if (!e->nhc)
         return KV_OK;
-    pthread_mutex_init(&e->nhc_mu, NULL);
-    pthread_cond_init(&e->nhc_cv, NULL);
-    e->nhc_inited = true;
-    if (pthread_create(&e->nhc_thread, NULL, nhc_main, e) != 0)
-        return KV_RESOURCE_EXHAUSTED;
-    e->nhc_started = true;
-    return KV_OK;
+    kv_ticker_opts to = {.period_ns = NHC_TICK_NS, .fn = nhc_on_tick, .arg = e};
+    return kv_ticker_start(&e->nhc_ticker, &to);
 }
 
 void engine_nhc_stop(engine *e)
 {
-    if (e->nhc_started) {
-        pthread_mutex_lock(&e->nhc_mu);
-        e->nhc_stop = true;
-        pthread_cond_broadcast(&e->nhc_cv);
-        pthread_mutex_unlock(&e->nhc_mu);
-        pthread_join(e->nhc_thread, NULL);
-        e->nhc_started = false;
-    }
-    if (e->nhc_inited) {
-        pthread_mutex_destroy(&e->nhc_mu);
-        pthread_cond_destroy(&e->nhc_cv);
-        e->nhc_inited = false;
-    }
+    kv_ticker_stop(e->nhc_ticker);
+    e->nhc_ticker = NULL;
 }
 
 void engine_nhc_destroy(engine *e)

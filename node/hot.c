@@ -17,15 +17,14 @@
  */
 #include "node/hot.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/ticker.h"
 
 #define SLOTS 16384u /* table capacity (power of two); at most half used */
 #define MAX_ROUTERS 8
@@ -49,38 +48,22 @@ typedef struct hot_ent {
 struct node_hot {
     engine *eng;
     double threshold;
-    pthread_mutex_t mu; /* guards tab, used and stop */
-    pthread_cond_t wake;
-    pthread_t ticker;
-    bool stop;
+    pthread_mutex_t mu; /* guards tab and used */
+    kv_ticker *ticker;
     hot_ent *tab;
     size_t used;
 };
 
 static void sweep(node_hot *h, uint64_t router, uint64_t now);
 
-/* The ageing thread: sweeps with no reporting router, so only entries whose
+/* The ageing tick: sweeps with no reporting router, so only entries whose
  * reports went stale change (unpinned, then dropped). */
-static void *ticker_main(void *arg)
+static void age(void *arg)
 {
     node_hot *h = arg;
-    engine_thread_register(); /* engine_pin reads the index */
     pthread_mutex_lock(&h->mu);
-    while (!h->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += HOT_TICK_MS * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        int rc = 0;
-        while (!h->stop && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&h->wake, &h->mu, &ts);
-        if (!h->stop)
-            sweep(h, 0, kv_now_ns());
-    }
+    sweep(h, 0, kv_now_ns());
     pthread_mutex_unlock(&h->mu);
-    engine_thread_unregister();
-    return NULL;
 }
 
 kv_err node_hot_create(node_hot **out, engine *e, double threshold)
@@ -93,13 +76,12 @@ kv_err node_hot_create(node_hot **out, engine *e, double threshold)
     h->eng = e;
     h->threshold = threshold;
     pthread_mutex_init(&h->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&h->wake, &ca);
-    pthread_condattr_destroy(&ca);
-    if (pthread_create(&h->ticker, NULL, ticker_main, h) != 0) {
-        pthread_cond_destroy(&h->wake);
+    kv_ticker_opts to = {.period_ns = HOT_TICK_MS * 1000000ull,
+                         .fn = age,
+                         .arg = h,
+                         .thread_start = engine_thread_register, /* engine_pin reads the index */
+                         .thread_stop = engine_thread_unregister};
+    if (kv_ticker_start(&h->ticker, &to) != KV_OK) {
         pthread_mutex_destroy(&h->mu);
         free(h->tab);
         free(h);
@@ -113,12 +95,7 @@ void node_hot_destroy(node_hot *h)
 {
     if (!h)
         return;
-    pthread_mutex_lock(&h->mu);
-    h->stop = true;
-    pthread_cond_signal(&h->wake);
-    pthread_mutex_unlock(&h->mu);
-    pthread_join(h->ticker, NULL);
-    pthread_cond_destroy(&h->wake);
+    kv_ticker_stop(h->ticker);
     for (size_t i = 0; i < SLOTS; i++)
         free(h->tab[i].key);
     free(h->tab);
