@@ -64,25 +64,57 @@ static uint32_t draw(unsigned *seed)
     return lo;
 }
 
+/* A bounded window of asynchronous reads: at most INFLIGHT outstanding. */
+typedef struct window {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int inflight;
+} window;
+
+static void win_init(window *w)
+{
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->inflight = 0;
+}
+
+/* Waits for a free place in the window and takes it. */
+static void win_take(window *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->inflight >= INFLIGHT)
+        pthread_cond_wait(&w->cv, &w->mu);
+    w->inflight++;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* The reads' completion callback (arg: the window). */
+static void win_done(void *arg, kv_err err, const kv_result *res)
+{
+    window *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->inflight--;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Waits until every read in the window has completed. */
+static void win_drain(window *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->inflight > 0)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
 typedef struct loader {
     const char *url;
     uint32_t offset; /* rank r is key (r + offset) % NKEYS: the shift moves it */
     uint64_t until_ns;
     uint32_t *counts; /* ground truth: requests sent per key */
     unsigned seed;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int inflight;
+    window win;
 } loader;
-
-static void done(void *arg, kv_err err, const kv_result *res)
-{
-    loader *l = arg;
-    pthread_mutex_lock(&l->mu);
-    l->inflight--;
-    pthread_cond_signal(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-}
 
 static void *load(void *arg)
 {
@@ -92,20 +124,13 @@ static void *load(void *arg)
         return NULL;
     char key[24];
     while (kv_now_ns() < l->until_ns) {
-        pthread_mutex_lock(&l->mu);
-        while (l->inflight >= INFLIGHT)
-            pthread_cond_wait(&l->cv, &l->mu);
-        l->inflight++;
-        pthread_mutex_unlock(&l->mu);
+        win_take(&l->win);
         uint32_t k = (draw(&l->seed) + l->offset) % NKEYS;
         l->counts[k]++;
         snprintf(key, sizeof(key), "key%012u", k);
-        kv_get_async(c, key, strlen(key), done, l);
+        kv_get_async(c, key, strlen(key), win_done, &l->win);
     }
-    pthread_mutex_lock(&l->mu);
-    while (l->inflight > 0)
-        pthread_cond_wait(&l->cv, &l->mu);
-    pthread_mutex_unlock(&l->mu);
+    win_drain(&l->win);
     kv_client_close(c);
     return NULL;
 }
@@ -121,8 +146,7 @@ static void run_load(uint32_t offset, int ms, uint32_t *truth)
                         .until_ns = kv_now_ns() + (uint64_t)ms * 1000000ull,
                         .counts = calloc(NKEYS, sizeof(uint32_t)),
                         .seed = 17u + (unsigned)i};
-        pthread_mutex_init(&l[i].mu, NULL);
-        pthread_cond_init(&l[i].cv, NULL);
+        win_init(&l[i].win);
         pthread_create(&t[i], NULL, load, &l[i]);
     }
     for (int i = 0; i < 2; i++) {
@@ -337,19 +361,8 @@ typedef struct effect_load {
     kv_client *c;
     const uint32_t *hot;
     atomic_bool stop;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int inflight;
+    window win;
 } effect_load;
-
-static void effect_done(void *arg, kv_err err, const kv_result *res)
-{
-    effect_load *l = arg;
-    pthread_mutex_lock(&l->mu);
-    l->inflight--;
-    pthread_cond_signal(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-}
 
 /* Until stopped: 3 reads in 4 go to the hot keys in turn, the rest to a key
  * drawn uniformly from all of them. */
@@ -359,20 +372,13 @@ static void *effect_main(void *arg)
     unsigned seed = 7;
     char key[24];
     for (unsigned long i = 0; !atomic_load(&l->stop); i++) {
-        pthread_mutex_lock(&l->mu);
-        while (l->inflight >= INFLIGHT)
-            pthread_cond_wait(&l->cv, &l->mu);
-        l->inflight++;
-        pthread_mutex_unlock(&l->mu);
+        win_take(&l->win);
         uint32_t k =
             i % 4 ? l->hot[(i - i / 4 - 1) % EFFECT_HOT] : (uint32_t)rand_r(&seed) % EFFECT_KEYS;
         snprintf(key, sizeof(key), "key%012u", k);
-        kv_get_async(l->c, key, strlen(key), effect_done, l);
+        kv_get_async(l->c, key, strlen(key), win_done, &l->win);
     }
-    pthread_mutex_lock(&l->mu);
-    while (l->inflight > 0)
-        pthread_cond_wait(&l->cv, &l->mu);
-    pthread_mutex_unlock(&l->mu);
+    win_drain(&l->win);
     return NULL;
 }
 
@@ -481,9 +487,8 @@ Test(hotkeys, pinned_keys_answered_by_ring_head, .timeout = 180)
     kvt_router_extra = rflags;
     kvt_node_extra = nflags;
     cr_assert_eq(kvt_cluster_start(&cl, 2, 2, NULL), KV_OK, "logs in %s", cl.dir);
-    effect_load l = {.inflight = 0};
-    pthread_mutex_init(&l.mu, NULL);
-    pthread_cond_init(&l.cv, NULL);
+    effect_load l = {0};
+    win_init(&l.win);
     cr_assert_eq(kv_client_open(&l.c, cl.router_url, NULL), KV_OK);
     effect_fill(l.c);
     long buckets = 0;
