@@ -69,8 +69,8 @@ struct lsm_promo {
     unsigned returns; /* checks in a row that returned survivors (checker thread) */
     uint64_t limit;
     pthread_t thread;
-    _Atomic uint64_t promoted, promoted_bytes, dropped, backlog;
-    /* why candidates were dropped (their sum is dropped) */
+    _Atomic uint64_t promoted, promoted_bytes, backlog;
+    /* dropped candidates by reason (stats report their sum as promo_dropped) */
     _Atomic uint64_t drop_dup, drop_cold, drop_newer, drop_on_fd, drop_full;
     _Atomic uint64_t marks[1u << MARK_BITS];  /* appended writes (NHC twin map) */
     _Atomic uint64_t fmarks[1u << MARK_BITS]; /* flushed writes (promotion) */
@@ -142,7 +142,6 @@ static void seal(lsm_promo *p, bool force)
     if (!p->mut.n && !force)
         return;
     if (p->nsealed == MAX_SEALED) {
-        atomic_fetch_add(&p->dropped, p->mut.n);
         atomic_fetch_add(&p->drop_full, p->mut.n);
         pbuf_free(&p->mut);
         return;
@@ -243,7 +242,6 @@ static void filter(lsm_db *db, pbuf *b)
                               : why == DROP_ON_FD ? &p->drop_on_fd
                                                   : &p->drop_cold;
         atomic_fetch_add(c, 1);
-        atomic_fetch_add(&p->dropped, 1);
     }
     if (prev_dropped)
         lsm_rec_free(&prev.r);
@@ -281,7 +279,6 @@ static size_t drop_marked(lsm_db *db, pbuf *b)
             b->e[m++] = b->e[i];
     }
     b->n = m;
-    atomic_fetch_add(&db->promo->dropped, n - m);
     atomic_fetch_add(&db->promo->drop_newer, n - m);
     return n - m;
 }
@@ -457,12 +454,13 @@ void lsm_promo_stats(lsm_db *db, lsm_stats *out)
         return;
     out->promoted_recs = atomic_load(&p->promoted);
     out->promoted_bytes = atomic_load(&p->promoted_bytes);
-    out->promo_dropped = atomic_load(&p->dropped);
     out->promo_drop_dup = atomic_load(&p->drop_dup);
     out->promo_drop_cold = atomic_load(&p->drop_cold);
     out->promo_drop_newer = atomic_load(&p->drop_newer);
     out->promo_drop_on_fd = atomic_load(&p->drop_on_fd);
     out->promo_drop_full = atomic_load(&p->drop_full);
+    out->promo_dropped = out->promo_drop_dup + out->promo_drop_cold + out->promo_drop_newer +
+                         out->promo_drop_on_fd + out->promo_drop_full;
     out->promo_backlog = atomic_load(&p->backlog);
     pthread_mutex_lock(&p->mu);
     out->promo_buf_bytes = p->mut.bytes;
