@@ -278,6 +278,8 @@ typedef struct ralt_opts {
     bool disable_io_uring; /* as lsm_opts */
     uint64_t hot_limit;    /* hot-set limit in key+value bytes, 0 = 64 MiB */
     uint64_t tick_bytes;   /* accessed bytes per tick, 0 = hot_limit / 16 (>= 4 KiB) */
+    uint64_t period_bytes; /* accessed bytes per counter decrement (rounded to whole ticks),
+                            * 0 = 4 ticks; the engine passes the FD size, as HotRAP does */
     size_t buf_entries;    /* unsorted buffer entries, 0 = 1024 */
     uint64_t phys_cap;     /* bound of the adaptive table size, 0 = the hot-set limit */
 } ralt_opts;

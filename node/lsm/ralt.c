@@ -18,7 +18,12 @@
  * advances every tick_bytes of accessed key + value bytes; a score halves
  * every RALT_HALF_LIFE ticks. A key becomes stable (stably hot) once it is
  * seen again while its counter is positive; the counter starts at 5 on each
- * access and drops by one every RALT_PERIOD_TICKS ticks. "Hot" below means
+ * access and drops by one every period (period_bytes of accesses, whole
+ * ticks; the engine sets it to the FD size, the value HotRAP's code passes
+ * as accessed_size_to_decr_counter). A key is thus stable once it is read
+ * twice within about 5 x FD bytes of reads: shorter windows (the old 4
+ * ticks, hot_limit / 4) left the zipf tail unstable, its keys being read
+ * about once per such window. "Hot" below means
  * stable and still tracked. Limits: the hot-set limit bounds the key + value
  * bytes of stable entries (the caller sets it from the FD size); the physical
  * limit bounds the table's own bytes and adapts to the stable share: the
@@ -56,7 +61,7 @@
 #define RALT_BITS_PER_KEY 14
 #define RALT_BLOOM_K 10
 #define RALT_COUNTER0 5
-#define RALT_PERIOD_TICKS 4
+#define RALT_PERIOD_TICKS 4 /* default period */
 #define RALT_HALF_LIFE 16.0
 #define RALT_ENT_BYTES 40 /* per-entry bytes besides the key */
 #define RALT_SEED 0x52414c54u
@@ -100,7 +105,7 @@ struct ralt {
     ralt_run *runs[RALT_MAX_RUNS + 1]; /* oldest first */
     size_t nruns;
     uint64_t id; /* unique per table (ralt_ids), for the per-thread block */
-    uint64_t tick_bytes, phys_cap, next_number;
+    uint64_t tick_bytes, period_ticks, phys_cap, next_number;
     _Atomic uint64_t accessed, hot_limit, phys_limit, evicted, errors;
 };
 
@@ -186,10 +191,11 @@ static bool bloom_may(const ralt_bloom *b, uint64_t h)
 
 /* ---- the merge rule ---- */
 
-/* e's counter as of tick t (periods elapsed since its last access). */
-static unsigned counter_at(const ralt_ent *e, uint64_t t)
+/* e's counter as of tick t (periods of period ticks elapsed since its last
+ * access). */
+static unsigned counter_at(const ralt_ent *e, uint64_t t, uint64_t period)
 {
-    uint64_t periods = t > e->tick ? (t - e->tick) / RALT_PERIOD_TICKS : 0;
+    uint64_t periods = t > e->tick ? (t - e->tick) / period : 0;
     return periods >= e->counter ? 0 : e->counter - (unsigned)periods;
 }
 
@@ -200,11 +206,11 @@ static unsigned counter_at(const ralt_ent *e, uint64_t t)
  * Comparing against b's first access (not its last) makes the rule
  * associative: folding a key's accesses gives the same entry however they
  * were grouped into buffers and runs (the model test checks it). */
-static void ent_fold(ralt_ent *a, const ralt_ent *b)
+static void ent_fold(ralt_ent *a, const ralt_ent *b, uint64_t period)
 {
     uint64_t t = b->tick > a->tick ? b->tick : a->tick;
-    unsigned cnt = counter_at(a, t), bcnt = counter_at(b, t);
-    a->stable = a->stable || b->stable || counter_at(a, b->first) > 0;
+    unsigned cnt = counter_at(a, t, period), bcnt = counter_at(b, t, period);
+    a->stable = a->stable || b->stable || counter_at(a, b->first, period) > 0;
     a->score = a->score * decay(t - a->tick) + b->score * decay(t - b->tick);
     a->counter = (uint8_t)(cnt > bcnt ? cnt : bcnt);
     a->first = b->first < a->first ? b->first : a->first;
@@ -442,7 +448,7 @@ static bool merger_next(merger *m)
     for (size_t i = (size_t)best + 1; i < m->n; i++) { /* newer sources, same key */
         src *s = &m->s[i];
         if (s->valid && lsm_key_cmp(s->cur.key, s->cur.klen, m->out.key, m->out.klen) == 0) {
-            ent_fold(&m->out, &s->cur);
+            ent_fold(&m->out, &s->cur, m->r->period_ticks);
             if ((rv = src_next(s)) != KV_OK)
                 return merger_fail(m, i, rv);
         }
@@ -661,7 +667,7 @@ static kv_err add_buffer(ralt *r, ralt_ent *e, size_t n)
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (m && lsm_key_cmp(e[m - 1].key, e[m - 1].klen, e[i].key, e[i].klen) == 0) {
-            ent_fold(&e[m - 1], &e[i]);
+            ent_fold(&e[m - 1], &e[i], r->period_ticks);
             free(e[i].key);
         } else {
             e[m++] = e[i];
@@ -735,6 +741,8 @@ kv_err ralt_open(ralt **out, const ralt_opts *o)
     r->buf_cap = o->buf_entries ? o->buf_entries : 1024;
     uint64_t hl = o->hot_limit ? o->hot_limit : (64u << 20);
     r->tick_bytes = o->tick_bytes ? o->tick_bytes : (hl / 16 < 4096 ? 4096 : hl / 16);
+    r->period_ticks = o->period_bytes ? o->period_bytes / r->tick_bytes : RALT_PERIOD_TICKS;
+    r->period_ticks = r->period_ticks ? r->period_ticks : 1;
     atomic_store(&r->hot_limit, hl);
     r->phys_cap = o->phys_cap ? o->phys_cap : UINT64_MAX;
     uint64_t pl = hl < r->phys_cap ? hl : r->phys_cap;
@@ -829,7 +837,7 @@ bool ralt_is_hot(ralt *r, const void *key, size_t klen)
         if (!bloom_may(&run->all, h) || run_get(r, run, key, klen, &x) != KV_OK)
             continue;
         if (have)
-            ent_fold(&acc, &x);
+            ent_fold(&acc, &x, r->period_ticks);
         else
             acc = x;
         have = true;

@@ -91,6 +91,25 @@ Test(ralt, stable_needs_a_second_access_while_the_counter_is_positive)
     ralt_close_tmp(r);
 }
 
+/* period_bytes sets the counter period (the engine passes the FD size):
+ * a second access 20 ticks after the first is too late with the default
+ * period of 4 ticks and in time with a period of 10. */
+Test(ralt, the_counter_period_follows_period_bytes)
+{
+    for (int longer = 0; longer < 2; longer++) {
+        ralt *r;
+        ralt_opts o = {.hot_limit = 1 << 20, .tick_bytes = 100, .period_bytes = longer ? 1000 : 0};
+        cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
+        acc(r, "key", 95);          /* tick 0 */
+        acc(r, "filler", 20 * 100); /* 20 ticks */
+        acc(r, "key", 95);          /* 5 default periods later; 2 long ones */
+        cr_assert_eq(ralt_flush(r), KV_OK);
+        cr_assert_eq(ralt_is_hot(r, "key", 3), longer == 1, "period %s",
+                     longer ? "10 ticks" : "4 ticks");
+        ralt_close_tmp(r);
+    }
+}
+
 Test(ralt, evicts_lowest_scores_at_the_hot_set_limit)
 {
     ralt *r;
