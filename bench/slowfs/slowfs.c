@@ -3,8 +3,8 @@
  * slowfs: serves --backing DIR at MOUNTPOINT through FUSE, in the
  * foreground, as an emulated block volume (slowfs.h): --read-lat-us and
  * --write-lat-us per request, --iops and --mbps caps shared by all threads.
- * Lifetime: fuse_new + fuse_mount, libfuse's signal handlers (SIGINT,
- * SIGTERM, SIGHUP end the session loop), the multi-threaded loop, then
+ * Lifetime: fuse_new, libfuse's signal handlers (SIGINT,
+ * SIGTERM, SIGHUP end the session loop), fuse_mount, the multi-threaded loop, then
  * fuse_unmount + fuse_destroy, so a clean exit leaves nothing mounted; the
  * device counters go to stderr on exit.
  */
@@ -90,28 +90,35 @@ static int serve(sfs_state *s, const sfs_cli *c, const char *prog)
     struct fuse *f = make_fuse(s, prog);
     if (!f)
         return 1;
-    if (fuse_mount(f, c->mountpoint) != 0) {
-        fprintf(stderr, "slowfs: cannot mount at %s\n", c->mountpoint);
-        fuse_destroy(f);
-        return 1;
-    }
     struct fuse_session *se = fuse_get_session(f);
-    int rc = 1;
     /* libfuse only takes over signals left at their default; a shell starts
-     * background jobs with SIGINT ignored, and slowfs must still stop on it. */
+     * background jobs with SIGINT ignored, and slowfs must still stop on it.
+     * The handlers go in before the mount: a signal in between killed the
+     * process by the default action and left the mount behind (seen as a
+     * flaky sigint_unmounts test on a loaded host). A signal that arrives
+     * after this and before the loop makes the loop return at once. */
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
-    if (fuse_set_signal_handlers(se) == 0) {
-        struct fuse_loop_config *lc = fuse_loop_cfg_create();
-        fuse_loop_cfg_set_max_threads(lc, (unsigned)c->threads);
-        fuse_loop_cfg_set_idle_threads(lc, (unsigned)c->threads);
-        fprintf(stderr, "slowfs: %s at %s (read %ld us, write %ld us, %ld IOPS, %ld MiB/s)\n",
-                c->backing, c->mountpoint, c->read_lat_us, c->write_lat_us, c->iops, c->mbps);
-        rc = fuse_loop_mt(f, lc) < 0 ? 1 : 0;
-        fuse_loop_cfg_destroy(lc);
-        fuse_remove_signal_handlers(se);
+    if (fuse_set_signal_handlers(se) != 0) {
+        fprintf(stderr, "slowfs: cannot install signal handlers\n");
+        fuse_destroy(f);
+        return 1;
     }
+    if (fuse_mount(f, c->mountpoint) != 0) {
+        fprintf(stderr, "slowfs: cannot mount at %s\n", c->mountpoint);
+        fuse_remove_signal_handlers(se);
+        fuse_destroy(f);
+        return 1;
+    }
+    struct fuse_loop_config *lc = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(lc, (unsigned)c->threads);
+    fuse_loop_cfg_set_idle_threads(lc, (unsigned)c->threads);
+    fprintf(stderr, "slowfs: %s at %s (read %ld us, write %ld us, %ld IOPS, %ld MiB/s)\n",
+            c->backing, c->mountpoint, c->read_lat_us, c->write_lat_us, c->iops, c->mbps);
+    int rc = fuse_loop_mt(f, lc) < 0 ? 1 : 0;
+    fuse_loop_cfg_destroy(lc);
+    fuse_remove_signal_handlers(se);
     fuse_unmount(f);
     fuse_destroy(f);
     return rc;
