@@ -447,8 +447,12 @@ void lsm_close(lsm_db *db)
 {
     if (!db)
         return;
-    lsm_promo_close(db);
+    /* Compactions first: one running inside SD offers hot records to the
+     * promotion buffer (compact.c, promote_from_sd), so the buffer must
+     * outlive them (TSan saw a compaction read db->promo while close freed
+     * it). The checker never waits for compactions. */
     lsm_compact_stop(db);
+    lsm_promo_close(db);
     db_free(db);
 }
 
