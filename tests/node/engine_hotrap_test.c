@@ -7,7 +7,7 @@
  * whether that write is still only in memory (dirty, unflushed) or already
  * flushed and compacted when the checker runs.
  */
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
  * be identical. Plus last-writer-wins, the no-stale-fill rule, and NHC
  * routing reads of promoted records to the slow volume.
  */
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * router leaves out, ageing without reports (a dead router's pins go), and
  * the table's in-place deletion keeping every surviving key findable.
  */
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +14,13 @@
 #include "node/engine.h"
 #include "node/hot.h"
 
-static char dir[] = "/tmp/kv-hot-test-XXXXXX";
+static char dir[64];
 static engine *eng;
 static node_hot *hot;
 
 static void setup(void)
 {
+    snprintf(dir, sizeof(dir), "/tmp/kv-hot-test-XXXXXX"); /* a fresh template per test */
     cr_assert_not_null(mkdtemp(dir));
     engine_opts o = {.fast_dir = dir, .mem_mb = 8, .sync = ENGINE_SYNC_NONE};
     char err[256];
@@ -30,6 +31,7 @@ static void setup(void)
 static void teardown(void)
 {
     node_hot_destroy(hot);
+    hot = NULL;
     engine_thread_unregister();
     engine_close(eng);
     char cmd[128];

@@ -8,7 +8,7 @@
  * aligned blocks across threads, and the grace-period bookkeeping (one
  * call_rcu per retirement, LATE for a racing head mover) frees every item.
  */
-#include "tests/node/index/hr_testfw.h"
+#include "tests/kv_testfw.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>

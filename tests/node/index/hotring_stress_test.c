@@ -10,7 +10,7 @@
  * reachable from its ring's head with its last acknowledged version, absent
  * keys must be absent, and the packed words must be intact.
  */
-#include "tests/node/index/hr_testfw.h"
+#include "tests/kv_testfw.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

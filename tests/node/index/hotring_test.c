@@ -4,7 +4,7 @@
  * conditions, in-place vs RCU updates, the W_t head choice, hotspot
  * inheritance, pinning, sampling/random movement and rehash splitting.
  */
-#include "tests/node/index/hr_testfw.h"
+#include "tests/kv_testfw.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>

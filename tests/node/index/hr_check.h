@@ -9,7 +9,7 @@
 #ifndef KV_TESTS_HR_CHECK_H
 #define KV_TESTS_HR_CHECK_H
 
-#include "tests/node/index/hr_testfw.h"
+#include "tests/kv_testfw.h"
 
 #include "common/hash.h"
 

@@ -10,7 +10,7 @@
  */
 #include "lsm_test_util.h"
 
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <pthread.h>
 
 #include "common/clock.h"

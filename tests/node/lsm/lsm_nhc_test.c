@@ -8,7 +8,7 @@
  */
 #include "lsm_test_util.h"
 
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <dirent.h>
 #include <pthread.h>
 #include <sched.h>

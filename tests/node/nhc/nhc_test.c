@@ -8,7 +8,7 @@
  * explicit clock values (no sleeping): routing probability, time series,
  * stats, and a multi-threaded smoke test that checks no read is lost.
  */
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
