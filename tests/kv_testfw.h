@@ -144,6 +144,12 @@ int main(void)
 #undef cr_assert_not
 #undef cr_assert_float_eq
 #undef cr_log_info
+#undef cr_expect
+#undef cr_expect_eq
+#undef cr_expect_lt
+#undef cr_expect_gt
+#undef cr_expect_leq
+#undef cr_expect_geq
 #define cr_assert(c, ...) KV_TF_CHECK(c, #c, "" __VA_ARGS__)
 #define cr_assert_eq(a, b, ...) KV_TF_CHECK((a) == (b), #a " == " #b, "" __VA_ARGS__)
 #define cr_assert_neq(a, b, ...) KV_TF_CHECK((a) != (b), #a " != " #b, "" __VA_ARGS__)
@@ -157,6 +163,13 @@ int main(void)
 #define cr_assert_not(c, ...) KV_TF_CHECK(!(c), "!(" #c ")", "" __VA_ARGS__)
 #define cr_assert_float_eq(a, b, eps, ...)                                                         \
     KV_TF_CHECK(fabs((double)(a) - (double)(b)) <= (eps), #a " ~= " #b, "" __VA_ARGS__)
+/* cr_expect* stop the test too here (Criterion carries on to the end). */
+#define cr_expect(c, ...) cr_assert(c, __VA_ARGS__)
+#define cr_expect_eq(a, b, ...) cr_assert_eq(a, b, __VA_ARGS__)
+#define cr_expect_lt(a, b, ...) cr_assert_lt(a, b, __VA_ARGS__)
+#define cr_expect_gt(a, b, ...) cr_assert_gt(a, b, __VA_ARGS__)
+#define cr_expect_leq(a, b, ...) cr_assert_leq(a, b, __VA_ARGS__)
+#define cr_expect_geq(a, b, ...) cr_assert_geq(a, b, __VA_ARGS__)
 #define cr_log_info(...) (fprintf(stderr, __VA_ARGS__), fprintf(stderr, "\n"))
 #endif
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* RPC runtime tests: dispatch, deadlines, auth, malformed input, oversize
  * requests and an unreachable peer, each followed by a call that must work. */
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>

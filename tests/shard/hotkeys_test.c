@@ -2,7 +2,7 @@
 /* Tests for shard/hotkeys.c: exact counts on small streams, zipf top-K
  * accuracy, the count/error interval, merges, long-tail churn, and the
  * sampling window (including concurrent samplers). */
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
