@@ -90,7 +90,8 @@ typedef struct tb_result {
     double run_s, ops_per_s;
     uint64_t ops, gets, gets_found, puts;
     double p50_get_us, p99_get_us, p999_get_us, p50_put_us, p99_put_us;
-    tb_stats before, after; /* engine stats at the start and end of the timed phase */
+    tb_stats before, after; /* engine stats at the start and end of the timed phase; after
+                             * the load (and settling) under --load-only */
     /* --shift-at: FD hit rate from the start of the timed phase to the
      * move, over the run's last window, and seconds after the move until
      * a 2 s window reached 90% of the former (-1 = never) */

@@ -506,6 +506,8 @@ kv_err tb_run(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
         settle(o, eng, h, res);
     if (rv == KV_OK && !o->load_only)
         rv = measure(o, eng, h, ws, res);
+    else if (rv == KV_OK) /* a load-only run reports the load's (and settling's) stats */
+        eng->stats(h, &res->after);
     if (rv != KV_OK)
         fprintf(stderr, "tier_bench: %s: %s\n", o->engine_name, kv_strerror(rv));
     workers_free(o, ws);
