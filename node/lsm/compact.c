@@ -23,6 +23,7 @@
  * Threads: compaction_threads background threads plus callers of
  * lsm_compact_all; all coordination is under db->mu / db->cv.
  */
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
@@ -411,6 +412,14 @@ static kv_err trivial_move(lsm_db *db, cjob *j, lsm_edit *e)
     return rv;
 }
 
+static uint64_t files_bytes(lsm_file *const *f, size_t n)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < n; i++)
+        b += f[i]->size;
+    return b;
+}
+
 /* Runs a picked job without mu and installs it with mu held on return. */
 static kv_err run_job(lsm_db *db, cjob *j)
 {
@@ -428,8 +437,12 @@ static kv_err run_job(lsm_db *db, cjob *j)
         KV_ERROR(LSM_LOG, "compaction L%d -> L%d failed: %s", j->from, j->to, kv_strerror(rv));
     } else {
         atomic_fetch_add(&db->compactions, 1);
-        KV_DEBUG(LSM_LOG, "compaction L%d -> L%d%s: %zu + %zu inputs, %zu outputs", j->from, j->to,
-                 j->trivial ? " (move)" : "", j->nin[0], j->nin[1], e.nadd);
+        KV_DEBUG(LSM_LOG,
+                 "compaction L%d -> L%d%s: %zu + %zu inputs (%" PRIu64 " + %" PRIu64
+                 " bytes), %zu outputs (%" PRIu64 " bytes)",
+                 j->from, j->to, j->trivial ? " (move)" : "", j->nin[0], j->nin[1],
+                 files_bytes(j->in[0], j->nin[0]), files_bytes(j->in[1], j->nin[1]), e.nadd,
+                 files_bytes(e.adds, e.nadd));
     }
     lsm_edit_free(&e);
     db->busy[j->from] = db->busy[j->to] = false;
