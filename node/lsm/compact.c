@@ -3,10 +3,11 @@
  * Leveled compaction (LevelDB/RocksDB style). Scores: L0 = the larger of
  * files / l0_trigger and bytes / target(1), Ln = bytes / target(n) with target(1) from the FD
  * capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not busy is
- * compacted. L0 compacts all its files into L1; Ln picks one file round-robin (compaction pointer)
- * plus the overlapping files of Ln+1, except the last FD level under HotRAP, which picks the file
- * with the highest benefit = file bytes - hot bytes (per RALT) in its key range. A single Ln file
- * with no overlap below on the same volume is moved by a manifest edit only.
+ * compacted. L0 compacts all its files into L1; Ln picks the file with the least overlap in Ln+1
+ * against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except the
+ * last FD level under HotRAP, which picks the file with the highest benefit = file bytes - hot
+ * bytes (per RALT) in its key range. A single Ln file with no overlap below on the same volume is
+ * moved by a manifest edit only.
  *
  * The merge keeps the highest-seqno record per key (no snapshots). An
  * expired PUT becomes a tombstone; a tombstone is dropped when no level
@@ -96,26 +97,33 @@ static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
     return KV_OK;
 }
 
-/* Round-robin choice of one file of level l >= 1. */
-static size_t rr_pick(lsm_db *db, const lsm_version *v, int l)
+/* RocksDB's kMinOverlappingRatio: the file of level l >= 1 whose overlapping
+ * bytes in level l + 1 are the smallest against its own size, i.e. the job
+ * that rewrites the fewest bytes below per byte it pushes down (a file with
+ * no overlap is a free trivial move); ties go to the smallest key. With
+ * random writes the round-robin pointer LevelDB uses also sweeps the dense
+ * stretches of l + 1, each time rewriting ~10x the file, while this choice
+ * lets l + 1's sparse stretches absorb l's data first. Both levels are
+ * sorted and disjoint, so one sweep suffices: below[k] is the first file of
+ * l + 1 not wholly left of the current file. */
+static size_t min_overlap_pick(const lsm_version *v, int l)
 {
-    for (size_t i = 0; db->cptr[l] && i < v->nfiles[l]; i++) {
+    lsm_file *const *below = v->files[l + 1];
+    size_t nb = v->nfiles[l + 1], k = 0, best = 0;
+    double best_ratio = 0;
+    for (size_t i = 0; i < v->nfiles[l]; i++) {
         const lsm_file *f = v->files[l][i];
-        if (lsm_key_cmp(f->smallest, f->slen, db->cptr[l], db->cptr_len[l]) > 0)
-            return i;
+        while (k < nb && lsm_key_cmp(below[k]->largest, below[k]->llen, f->smallest, f->slen) < 0)
+            k++;
+        uint64_t over = 0;
+        for (size_t m = k; m < nb && overlaps(below[m], f->smallest, f->slen, f->largest, f->llen);
+             m++)
+            over += below[m]->size;
+        double ratio = (double)over / (double)(f->size ? f->size : 1);
+        if (i == 0 || ratio < best_ratio)
+            best = i, best_ratio = ratio;
     }
-    return 0;
-}
-
-static void set_cptr(lsm_db *db, int l, const lsm_file *f)
-{
-    uint8_t *k = malloc(f->llen);
-    if (!k)
-        return;
-    memcpy(k, f->largest, f->llen);
-    free(db->cptr[l]);
-    db->cptr[l] = k;
-    db->cptr_len[l] = f->llen;
+    return best;
 }
 
 uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f)
@@ -165,9 +173,8 @@ static bool pick(lsm_db *db, cjob *j)
     *j = (cjob){.from = best, .to = best + 1, .base = v, .fread = fread};
     size_t a = 0, b = v->nfiles[best];
     if (best > 0) {
-        a = hotrap_level(db, best) ? benefit_pick(db, v, best) : rr_pick(db, v, best);
+        a = hotrap_level(db, best) ? benefit_pick(db, v, best) : min_overlap_pick(v, best);
         b = a + 1;
-        set_cptr(db, best, v->files[best][a]);
     }
     if (job_inputs(db, j, a, b) != KV_OK) {
         free(j->in[0]);

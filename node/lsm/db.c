@@ -179,8 +179,6 @@ static void db_free(lsm_db *db)
         lsm_vol_fini(&db->vols[i]);
     if (db->lock_fd >= 0)
         close(db->lock_fd); /* releases the flock */
-    for (int l = 0; l < LSM_MAX_LEVELS; l++)
-        free(db->cptr[l]);
     free(db->fast_dir);
     free(db->slow_dir);
     pthread_mutex_destroy(&db->vmu);

@@ -378,8 +378,6 @@ struct lsm_db {
     uint64_t target[LSM_MAX_LEVELS];
     lsm_tier level_tier[LSM_MAX_LEVELS];
     uint64_t file_size;
-    uint8_t *cptr[LSM_MAX_LEVELS]; /* round-robin compaction pointer */
-    size_t cptr_len[LSM_MAX_LEVELS];
 
     pthread_t *threads;
     unsigned nthreads;

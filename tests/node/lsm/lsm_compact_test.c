@@ -1,0 +1,68 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Tests of compaction picking (compact.c): a level above its target pushes
+ * down the file whose overlap in the next level is the smallest against its
+ * own size (RocksDB's kMinOverlappingRatio), not the next file of a
+ * round-robin pointer. The levels are laid out by manual compactions with
+ * automatic compaction off, then the store is reopened with it on so that
+ * the background picker makes exactly one choice.
+ */
+#include "lsm_test_util.h"
+
+#include <criterion/criterion.h>
+
+#include "node/lsm/lsm_int.h"
+#include "lsm_test_db.h"
+
+/* The id of a file's smallest key ("k%07u"). */
+static int first_id(const lsm_file *f)
+{
+    char k[KLEN + 1];
+    cr_assert_eq(f->slen, KLEN);
+    memcpy(k, f->smallest, KLEN);
+    k[KLEN] = '\0';
+    return atoi(k + 1);
+}
+
+/* L2: dense [0, 200), sparse [550, 560), dense [1000, 1200), one file each.
+ * L1: [0, 150), [500, 650), [1000, 1150), ~35 KiB each, together just over
+ * L1's 87 KiB target, two of them under it: one job is due. The middle file
+ * overlaps 10 keys below, the others 200: a round-robin pointer (none yet
+ * after a reopen) would take the first file and rewrite a dense L2 file. */
+Test(pick, least_overlap_below_goes_first)
+{
+    tdb t;
+    lt_db_init(&t, "pick");
+    lt_db_start(&t);
+    static const int l2[3][2] = {{0, 200}, {550, 560}, {1000, 1200}};
+    for (int i = 0; i < 3; i++) {
+        put_range(&t, l2[i][0], l2[i][1]);
+        cr_assert_eq(lsm_compact_level(t.db, 0), KV_OK);
+        cr_assert_eq(lsm_compact_level(t.db, 1), KV_OK);
+    }
+    for (int a = 0; a <= 1000; a += 500) {
+        put_range(&t, a, a + 150);
+        cr_assert_eq(lsm_compact_level(t.db, 0), KV_OK);
+    }
+    lsm_stats s = stats_of(&t);
+    cr_assert_eq(s.levels[1].files, 3);
+    cr_assert_eq(s.levels[2].files, 3);
+    cr_assert_gt(s.levels[1].bytes, s.levels[1].target_bytes, "L1 must need a job");
+    cr_assert_lt(s.levels[1].bytes / 3 * 2, s.levels[1].target_bytes, "and only one");
+
+    lsm_close(t.db);
+    t.o.no_auto_compaction = false;
+    lt_db_start(&t);
+    cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
+    lsm_version *v = lsm_db_current(t.db);
+    cr_assert_eq(v->nfiles[0], 0);
+    cr_assert_eq(v->nfiles[1], 2, "L1 holds %zu files", v->nfiles[1]);
+    cr_assert_eq(first_id(v->files[1][0]), 0, "L1's first file was pushed down");
+    cr_assert_eq(first_id(v->files[1][1]), 1000);
+    lsm_version_unref(v);
+    s = stats_of(&t);
+    cr_assert_eq(s.compactions, 1, "%llu jobs", (unsigned long long)s.compactions);
+    for (int id = 500; id < 650; id++)
+        get_id(&t, id, NULL, NULL);
+    lt_db_close(&t);
+}
