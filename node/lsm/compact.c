@@ -100,12 +100,13 @@ static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
 /* RocksDB's kMinOverlappingRatio: the file of level l >= 1 whose overlapping
  * bytes in level l + 1 are the smallest against its own size, i.e. the job
  * that rewrites the fewest bytes below per byte it pushes down (a file with
- * no overlap is a free trivial move); ties go to the smallest key. With
- * random writes the round-robin pointer LevelDB uses also sweeps the dense
- * stretches of l + 1, each time rewriting ~10x the file, while this choice
- * lets l + 1's sparse stretches absorb l's data first. Both levels are
- * sorted and disjoint, so one sweep suffices: below[k] is the first file of
- * l + 1 not wholly left of the current file. */
+ * no overlap is a free trivial move); ties go to the smallest key. A
+ * round-robin pointer (LevelDB) takes files in key order whatever lies below
+ * them; this choice lets the sparse stretches of l + 1 absorb l's data first
+ * and leaves the dense ones until l holds more there (with random writes at
+ * 1 GiB it rewrote 3.6-3.8 bytes of L2 per L1 byte merged instead of 5.8-6.7).
+ * Both levels are sorted and disjoint, so one sweep suffices: below[k] is
+ * the first file of l + 1 not wholly left of the current file. */
 static size_t min_overlap_pick(const lsm_version *v, int l)
 {
     lsm_file *const *below = v->files[l + 1];
