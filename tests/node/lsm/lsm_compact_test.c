@@ -3,13 +3,14 @@
  * Tests of compaction picking (compact.c): a level above its target pushes
  * down the file whose overlap in the next level is the smallest against its
  * own size (RocksDB's kMinOverlappingRatio), not the next file of a
- * round-robin pointer. The levels are laid out by manual compactions with
- * automatic compaction off, then the store is reopened with it on so that
- * the background picker makes exactly one choice.
+ * round-robin pointer, and HotRAP's pick on the last FD level breaks
+ * benefit near-ties the same way. The levels are laid out by manual
+ * compactions with automatic compaction off, then the store is reopened
+ * with it on so that the background picker makes its choices.
  */
 #include "lsm_test_util.h"
 
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 
 #include "node/lsm/lsm_int.h"
 #include "lsm_test_db.h"
@@ -63,6 +64,51 @@ Test(pick, least_overlap_below_goes_first)
     s = stats_of(&t);
     cr_assert_eq(s.compactions, 1, "%llu jobs", (unsigned long long)s.compactions);
     for (int id = 500; id < 650; id++)
+        get_id(&t, id, NULL, NULL);
+    lt_db_close(&t);
+}
+
+/* HotRAP's pick on the last FD level (benefit = file bytes - hot bytes)
+ * breaks near-ties by the least overlap below. With no key hot, every full
+ * L2 file has the same benefit; taking the first of them rewrote the dense
+ * part of L3 again and again. L3 (SD): dense [0, 3000), sparse [4500, 4510).
+ * L2: [0, 6000) rewritten, over its target: the jobs must push down files
+ * of the sparse half and leave L2's first file (over dense L3) on FD. */
+Test(pick, last_fd_level_breaks_benefit_ties_by_least_overlap)
+{
+    tdb t;
+    lt_db_init(&t, "pickfd");
+    t.o.hotrap = true;
+    lt_db_start(&t);
+    static const int l3[2][2] = {{0, 3000}, {4500, 4510}};
+    for (int i = 0; i < 2; i++) {
+        put_range(&t, l3[i][0], l3[i][1]);
+        for (int l = 0; l < 3; l++)
+            cr_assert_eq(lsm_compact_level(t.db, l), KV_OK);
+    }
+    put_range(&t, 0, 6000);
+    cr_assert_eq(lsm_compact_level(t.db, 0), KV_OK);
+    cr_assert_eq(lsm_compact_level(t.db, 1), KV_OK);
+    lsm_stats s = stats_of(&t);
+    cr_assert_eq(s.levels[2].volume, LSM_TIER_FD);
+    cr_assert_eq(s.levels[3].volume, LSM_TIER_SD);
+    cr_assert_eq(s.levels[0].files + s.levels[1].files, 0);
+    cr_assert_gt(s.levels[2].bytes, s.levels[2].target_bytes, "L2 must need jobs");
+    cr_assert_lt(s.levels[2].bytes / 3, s.levels[2].target_bytes, "fewer than the sparse half");
+    uint64_t jobs0 = s.compactions;
+
+    lsm_close(t.db);
+    t.o.no_auto_compaction = false;
+    lt_db_start(&t);
+    cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
+    s = stats_of(&t);
+    cr_assert_gt(s.compactions, 0, "no job ran (%llu before the reopen)",
+                 (unsigned long long)jobs0);
+    cr_assert_leq(s.levels[2].bytes, s.levels[2].target_bytes);
+    lsm_version *v = lsm_db_current(t.db);
+    cr_assert_eq(first_id(v->files[2][0]), 0, "L2's first file (over dense L3) was pushed down");
+    lsm_version_unref(v);
+    for (int id = 0; id < 6000; id += 7)
         get_id(&t, id, NULL, NULL);
     lt_db_close(&t);
 }
