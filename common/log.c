@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,7 +18,7 @@ int kv_log_parse_level(const char *name)
 {
     static const char *const names[] = {"debug", "info", "warn", "error"};
     for (int i = 0; i < 4; i++)
-        if (name && strcmp(name, names[i]) == 0)
+        if (name && strcasecmp(name, names[i]) == 0)
             return i;
     return -1;
 }
@@ -31,9 +32,20 @@ int kv_log_enabled(kv_log_level lvl)
 {
     int cur = atomic_load_explicit(&log_level, memory_order_relaxed);
     if (cur < 0) {
-        int env = kv_log_parse_level(getenv("KV_LOG_LEVEL"));
-        cur = env < 0 ? KV_LOG_INFO : env;
-        atomic_store_explicit(&log_level, cur, memory_order_relaxed);
+        /* First use: the environment decides once; the thread whose CAS
+         * installs the level reports a value it does not understand (it
+         * used to be ignored silently). */
+        const char *v = getenv("KV_LOG_LEVEL");
+        int env = kv_log_parse_level(v);
+        int want = env < 0 ? KV_LOG_INFO : env, expect = -1;
+        if (atomic_compare_exchange_strong(&log_level, &expect, want)) {
+            if (v && *v && env < 0)
+                fprintf(stderr, "log: KV_LOG_LEVEL=%s is not debug|info|warn|error; using info\n",
+                        v);
+            cur = want;
+        } else {
+            cur = expect;
+        }
     }
     return (int)lvl >= cur;
 }

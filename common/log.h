@@ -3,7 +3,7 @@
  * Logging for every hotkv binary: one line per event on stderr,
  * "2026-11-30T02:28:32.123Z LEVEL module: message". Thread-safe (one write(2)
  * per line). The level threshold comes from kv_log_set_level() or the
- * KV_LOG_LEVEL environment variable (debug|info|warn|error).
+ * KV_LOG_LEVEL environment variable (debug|info|warn|error, any case).
  */
 #ifndef KV_COMMON_LOG_H
 #define KV_COMMON_LOG_H

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/opts.h"
 #include "kv/kv_err.h"
 
@@ -84,4 +85,41 @@ Test(opts, flags_override_ini_and_errors_name_the_flag)
     cr_assert(strstr(err, "'foo'") != NULL, "%s", err);
     kv_opts_free(&set4);
     unlink(path);
+}
+
+/* Level names are read in any case (KV_LOG_LEVEL=DEBUG used to be ignored
+ * without a word); unknown names are refused. */
+Test(log, level_names_in_any_case)
+{
+    cr_assert_eq(kv_log_parse_level("debug"), KV_LOG_DEBUG);
+    cr_assert_eq(kv_log_parse_level("DEBUG"), KV_LOG_DEBUG);
+    cr_assert_eq(kv_log_parse_level("Warn"), KV_LOG_WARN);
+    cr_assert_eq(kv_log_parse_level("error"), KV_LOG_ERROR);
+    cr_assert_eq(kv_log_parse_level("loud"), -1);
+    cr_assert_eq(kv_log_parse_level(""), -1);
+    cr_assert_eq(kv_log_parse_level(NULL), -1);
+}
+
+/* An unknown KV_LOG_LEVEL is reported on stderr (once) and info is used.
+ * Criterion runs each test in its own process, so the level is unread. */
+Test(log, unknown_env_level_is_reported)
+{
+    cr_assert_eq(setenv("KV_LOG_LEVEL", "loud", 1), 0);
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    int saved = dup(2);
+    cr_assert_eq(dup2(p[1], 2), 2);
+    bool debug = kv_log_enabled(KV_LOG_DEBUG), info = kv_log_enabled(KV_LOG_INFO);
+    kv_log_enabled(KV_LOG_INFO); /* a second read reports nothing */
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(p[1]);
+    char buf[512] = {0};
+    ssize_t n = read(p[0], buf, sizeof(buf) - 1);
+    close(p[0]);
+    cr_assert(!debug && info, "info is the level used");
+    cr_assert_gt(n, 0, "nothing on stderr");
+    cr_assert_not_null(strstr(buf, "KV_LOG_LEVEL=loud"), "stderr: %s", buf);
+    cr_assert_null(strstr(strstr(buf, "KV_LOG_LEVEL=loud") + 1, "KV_LOG_LEVEL"), "reported twice");
 }
