@@ -149,6 +149,10 @@ uint64_t lsm_sst_mem(const lsm_sst *s);
 kv_err lsm_sst_block_io(const lsm_sst *s, int blk, lsm_io *io);
 /* Verifies a read block (io->res, crc); DATA_LOSS is logged with the file. */
 kv_err lsm_sst_block_check(const lsm_sst *s, int blk, const lsm_io *io);
+/* Reads block blk now and verifies it: KV_OK with io->buf (payload + crc,
+ * the caller frees it), or the error of lsm_sst_block_io (RESOURCE_EXHAUSTED)
+ * or of lsm_sst_block_check, with nothing to free. */
+kv_err lsm_sst_read_block(const lsm_sst *s, int blk, lsm_io *io);
 /* Binary search in a verified block: KV_OK + *out (pointing into buf),
  * NOT_FOUND, or DATA_LOSS. */
 kv_err lsm_block_search(const uint8_t *buf, size_t len, const void *key, size_t klen, lsm_rec *out);

@@ -194,15 +194,10 @@ static bool file_holds(const lsm_file *f, const void *key, size_t klen)
     if (blk < 0)
         return false;
     lsm_io io;
-    kv_err rv = lsm_sst_block_io(f->sst, blk, &io);
-    if (rv != KV_OK)
+    if (lsm_sst_read_block(f->sst, blk, &io) != KV_OK)
         return true;
-    rv = lsm_vol_read(&io, 1);
-    if (rv == KV_OK)
-        rv = lsm_sst_block_check(f->sst, blk, &io);
     lsm_rec r;
-    if (rv == KV_OK)
-        rv = lsm_block_search(io.buf, io.len - 4, key, klen, &r);
+    kv_err rv = lsm_block_search(io.buf, io.len - 4, key, klen, &r);
     free(io.buf);
     return rv != KV_NOT_FOUND;
 }
@@ -225,8 +220,9 @@ static bool on_fd(lsm_db *db, const lsm_version *v, const void *key, size_t klen
     return false;
 }
 
-/* Why a candidate is not promoted; DROP_NONE keeps it. Cheapest checks
- * first; RALT's (a block read per run that may hold the key) last. */
+/* Why a candidate is not promoted; DROP_NONE keeps it. Checks without I/O
+ * first; the FD and RALT checks read a block only where a filter says
+ * "maybe" (RALT: per run that may hold the key). */
 typedef enum drop_why { DROP_NONE, DROP_DUP, DROP_NEWER, DROP_ON_FD, DROP_COLD } drop_why;
 
 static drop_why check(lsm_db *db, const lsm_version *v, const pent *prev, const pent *e,

@@ -328,12 +328,9 @@ static kv_err run_get(ralt *r, ralt_run *run, const void *key, size_t klen, ralt
         rv = lsm_block_search(tl_blk.buf, tl_blk.len, key, klen, &rec);
     } else {
         lsm_io io;
-        if ((rv = lsm_sst_block_io(s, b, &io)) != KV_OK)
-            return rv;
-        lsm_vol_read(&io, 1);
-        rv = lsm_sst_block_check(s, b, &io);
-        if (rv == KV_OK)
-            rv = lsm_block_search(io.buf, io.len - 4, key, klen, &rec);
+        if ((rv = lsm_sst_read_block(s, b, &io)) != KV_OK) /* no memory, or a bad block */
+            return rv == KV_RESOURCE_EXHAUSTED ? rv : run_error(r, run, rv);
+        rv = lsm_block_search(io.buf, io.len - 4, key, klen, &rec);
         if ((rv == KV_OK || rv == KV_NOT_FOUND) && io.len - 4 <= sizeof(tl_blk.buf)) {
             memcpy(tl_blk.buf, io.buf, io.len - 4); /* verified: keep it */
             tl_blk.len = io.len - 4;

@@ -494,6 +494,20 @@ kv_err lsm_sst_block_check(const lsm_sst *s, int blk, const lsm_io *io)
     return KV_OK;
 }
 
+kv_err lsm_sst_read_block(const lsm_sst *s, int blk, lsm_io *io)
+{
+    kv_err rv = lsm_sst_block_io(s, blk, io);
+    if (rv != KV_OK)
+        return rv;
+    lsm_vol_read(io, 1);
+    rv = lsm_sst_block_check(s, blk, io);
+    if (rv != KV_OK) {
+        free(io->buf);
+        io->buf = NULL;
+    }
+    return rv;
+}
+
 kv_err lsm_block_search(const uint8_t *buf, size_t len, const void *key, size_t klen, lsm_rec *out)
 {
     uint32_t n = lsm_get32(buf + len - 4);

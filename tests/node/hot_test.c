@@ -20,7 +20,9 @@ static node_hot *hot;
 
 static void setup(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/kv-hot-test-XXXXXX"); /* a fresh template per test */
+    /* mkdtemp fills in the template: each test needs a fresh one (under
+     * TSan all tests share one process, tests/kv_testfw.h) */
+    snprintf(dir, sizeof(dir), "/tmp/kv-hot-test-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     engine_opts o = {.fast_dir = dir, .mem_mb = 8, .sync = ENGINE_SYNC_NONE};
     char err[256];
