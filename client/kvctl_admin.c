@@ -106,7 +106,7 @@ int kvctl_ring(kvctl_env *env, int argc, char **argv)
     if (code == KVCTL_OK) {
         size_t n = cmap_node_count(m);
         double *share = calloc(n, sizeof(double));
-        ring_shares(cmap_ring(m), share);
+        cmap_shares(m, false, share);
         if (env->json)
             printf("{\"epoch\":%llu,\"rf\":%u,\"vnodes\":%u,\"nodes\":[",
                    (unsigned long long)cmap_epoch(m), cmap_rf(m), cmap_vnodes(m));

@@ -63,14 +63,7 @@ static bool holds_replica(node *n, cmap *m, const void *key, size_t klen)
     if (!m)
         return true;
     int self = cmap_find(m, n->cfg.id);
-    if (self < 0)
-        return false;
-    uint32_t idx[16];
-    size_t k = cmap_replicas(m, key, klen, idx);
-    for (size_t i = 0; i < k; i++)
-        if (idx[i] == (uint32_t)self)
-            return true;
-    return false;
+    return self >= 0 && cmap_holds(m, (size_t)self, key, klen);
 }
 
 static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData *key)

@@ -24,8 +24,13 @@ struct cmap {
     unsigned vnodes;
     size_t n;
     cmap_node *nodes;
-    char *strings; /* one arena holding every id and address */
-    ring *ring;
+    char *strings;      /* one arena holding every id, address and ring name */
+    ring *ring;         /* the current ring */
+    uint32_t *cur_idx;  /* current ring index -> map index */
+    ring *pring;        /* the pending ring, NULL without a transition */
+    uint32_t *pend_idx; /* pending ring index -> map index */
+    Kv__Transition *tr; /* own copy, NULL without a transition */
+    _Atomic uint8_t *health;
 };
 
 struct cmap_slot {
@@ -124,6 +129,107 @@ static kv_err check_node(const Kv__NodeInfo *ni, size_t i, char *err, size_t err
                     RING_MAX_WEIGHT);
     if ((unsigned)ni->state > (unsigned)CMAP_LEAVING)
         return fail(err, errlen, "node \"%s\": unknown state %d", ni->id, (int)ni->state);
+    if (ni->next_weight > RING_MAX_WEIGHT)
+        return fail(err, errlen, "node \"%s\": next weight %u out of range 1..%u", ni->id,
+                    ni->next_weight, RING_MAX_WEIGHT);
+    if (ni->ring_name && ni->ring_name[0] && !id_ok(ni->ring_name))
+        return fail(err, errlen, "node \"%s\": invalid ring name \"%s\"", ni->id,
+                    shown(ni->ring_name, b1));
+    return KV_OK;
+}
+
+static const char *ring_name_of(const Kv__NodeInfo *ni)
+{
+    return ni->ring_name && ni->ring_name[0] ? ni->ring_name : ni->id;
+}
+
+/* Whether node ni is a member of the current (next = false) or pending ring. */
+static bool in_ring(const Kv__NodeInfo *ni, bool next)
+{
+    return next ? ni->state != KV__NODE_STATE__LEAVING : ni->state != KV__NODE_STATE__JOINING;
+}
+
+static uint32_t ring_weight(const Kv__NodeInfo *ni, bool next)
+{
+    uint32_t w = next && ni->next_weight ? ni->next_weight : ni->weight;
+    return w ? w : 1;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Checks one ring of the map: at least rf members, unique ring names, and
+ * its point count. */
+static kv_err check_ring(const Kv__ClusterMap *pb, bool next, char *err, size_t errlen)
+{
+    uint64_t points = 0, vn = pb->vnodes ? pb->vnodes : RING_DEFAULT_VNODES;
+    const char **names = malloc(pb->n_nodes * sizeof *names);
+    if (names == NULL)
+        return KV_RESOURCE_EXHAUSTED;
+    size_t members = 0;
+    for (size_t i = 0; i < pb->n_nodes; i++) {
+        if (!in_ring(pb->nodes[i], next))
+            continue;
+        names[members++] = ring_name_of(pb->nodes[i]);
+        points += vn * ring_weight(pb->nodes[i], next);
+    }
+    qsort(names, members, sizeof *names, name_cmp);
+    const char *dup = NULL;
+    for (size_t i = 1; i < members && !dup; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            dup = names[i];
+    kv_err rv = KV_OK;
+    if (dup)
+        rv = fail(err, errlen, "two nodes of the %s ring share the ring name \"%s\"",
+                  next ? "pending" : "current", dup);
+    else if (members < pb->rf)
+        rv = fail(err, errlen, "the %s ring has %zu nodes, fewer than rf %u",
+                  next ? "pending" : "current", members, pb->rf);
+    else if (points > RING_MAX_POINTS)
+        rv = fail(err, errlen, "ring too large: %llu points (vnodes x total weight, max %u)",
+                  (unsigned long long)points, RING_MAX_POINTS);
+    free(names);
+    return rv;
+}
+
+/* JOINING, LEAVING and next_weight belong to a transition; a transition
+ * needs something to change and its streams well-formed. */
+static kv_err check_transition(const Kv__ClusterMap *pb, char *err, size_t errlen)
+{
+    bool moving = false;
+    for (size_t i = 0; i < pb->n_nodes; i++) {
+        const Kv__NodeInfo *ni = pb->nodes[i];
+        if (ni->state == KV__NODE_STATE__JOINING || ni->state == KV__NODE_STATE__LEAVING ||
+            ni->next_weight) {
+            if (!pb->transition)
+                return fail(err, errlen, "node \"%s\" is %s without a transition", ni->id,
+                            ni->next_weight ? "reweighted"
+                                            : cmap_state_name((cmap_state)ni->state));
+            moving = true;
+        }
+    }
+    if (!pb->transition)
+        return KV_OK;
+    if (!moving)
+        return fail(err, errlen, "transition without a joining, leaving or reweighted node");
+    const Kv__Transition *t = pb->transition;
+    for (size_t i = 0; i < t->n_streams; i++) {
+        const Kv__StreamPlan *sp = t->streams[i];
+        if (!sp || !sp->id || !sp->id[0] || !sp->source || !sp->target)
+            return fail(err, errlen, "transition stream %zu: missing id, source or target", i);
+        bool src = false, dst = false;
+        for (size_t k = 0; k < pb->n_nodes; k++) {
+            src = src || strcmp(pb->nodes[k]->id, sp->source) == 0;
+            dst = dst || strcmp(pb->nodes[k]->id, sp->target) == 0;
+        }
+        if (!src || !dst)
+            return fail(err, errlen, "transition stream %s: unknown source or target", sp->id);
+        for (size_t r = 0; r < sp->n_ranges; r++)
+            if (!sp->ranges[r])
+                return fail(err, errlen, "transition stream %s: missing range", sp->id);
+    }
     return KV_OK;
 }
 
@@ -163,21 +269,16 @@ static kv_err check_map(const Kv__ClusterMap *pb, char *err, size_t errlen)
         return fail(err, errlen, "cluster map has no nodes");
     if (pb->n_nodes > CMAP_MAX_NODES)
         return fail(err, errlen, "cluster map has %zu nodes (max %d)", pb->n_nodes, CMAP_MAX_NODES);
-    if (pb->rf < 1 || pb->rf > pb->n_nodes)
-        return fail(err, errlen, "rf %u out of range 1..%zu (number of nodes)", pb->rf,
-                    pb->n_nodes);
+    if (pb->rf < 1 || pb->rf > pb->n_nodes || pb->rf > CMAP_MAX_RF)
+        return fail(err, errlen, "rf %u out of range 1..%zu (number of nodes, at most %d)", pb->rf,
+                    pb->n_nodes, CMAP_MAX_RF);
     if (pb->vnodes > RING_MAX_VNODES)
         return fail(err, errlen, "vnodes %u out of range 0..%u", pb->vnodes, RING_MAX_VNODES);
-    uint64_t points = 0, vn = pb->vnodes ? pb->vnodes : RING_DEFAULT_VNODES;
     for (size_t i = 0; i < pb->n_nodes; i++) {
         kv_err rv = check_node(pb->nodes[i], i, err, errlen);
         if (rv != KV_OK)
             return rv;
-        points += vn * (pb->nodes[i]->weight ? pb->nodes[i]->weight : 1);
     }
-    if (points > RING_MAX_POINTS)
-        return fail(err, errlen, "ring too large: %llu points (vnodes x total weight, max %u)",
-                    (unsigned long long)points, RING_MAX_POINTS);
     const char *dup = NULL;
     for (int a = 0; a < 2; a++) {
         kv_err rv = find_dup(pb->nodes, pb->n_nodes, a == 1, &dup);
@@ -186,43 +287,93 @@ static kv_err check_map(const Kv__ClusterMap *pb, char *err, size_t errlen)
         if (rv != KV_OK)
             return fail(err, errlen, "duplicate node %s \"%s\"", a ? "address" : "id", dup);
     }
+    kv_err trv = check_transition(pb, err, errlen);
+    for (int next = 0; trv == KV_OK && next < (pb->transition ? 2 : 1); next++)
+        trv = check_ring(pb, next == 1, err, errlen);
+    if (trv != KV_OK)
+        return trv;
     return KV_OK;
 }
 
 static void map_free(cmap *m)
 {
     ring_destroy(m->ring);
+    ring_destroy(m->pring);
+    free(m->cur_idx);
+    free(m->pend_idx);
+    if (m->tr)
+        kv__transition__free_unpacked(m->tr, NULL);
+    free((void *)m->health);
     free(m->nodes);
     free(m->strings);
     free(m);
 }
 
-/* Copies the (validated) nodes of pb into m and builds the ring. */
+/* Builds the current (next = false) or pending ring over the member nodes,
+ * with *idx mapping ring indices back to map indices. */
+static kv_err build_ring(cmap *m, const Kv__ClusterMap *pb, bool next, ring **out, uint32_t **idx)
+{
+    ring_node *rn = malloc(m->n * sizeof *rn);
+    *idx = malloc(m->n * sizeof **idx);
+    if (rn == NULL || *idx == NULL) {
+        free(rn);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        if (!in_ring(pb->nodes[i], next))
+            continue;
+        rn[k] = (ring_node){m->nodes[i].ring_name, ring_weight(pb->nodes[i], next)};
+        (*idx)[k++] = (uint32_t)i;
+    }
+    kv_err rv = ring_create(out, rn, k, m->vnodes);
+    free(rn);
+    return rv;
+}
+
+/* Keeps a copy of the transition (pack + unpack: a deep copy). */
+static kv_err copy_transition(cmap *m, const Kv__Transition *t)
+{
+    size_t len = kv__transition__get_packed_size(t);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (buf == NULL)
+        return KV_RESOURCE_EXHAUSTED;
+    kv__transition__pack(t, buf);
+    m->tr = kv__transition__unpack(NULL, len, buf);
+    free(buf);
+    return m->tr ? KV_OK : KV_RESOURCE_EXHAUSTED;
+}
+
+/* Copies the (validated) nodes of pb into m and builds the ring(s). */
 static kv_err map_fill(cmap *m, const Kv__ClusterMap *pb)
 {
     size_t bytes = 0;
     for (size_t i = 0; i < m->n; i++)
-        bytes += strlen(pb->nodes[i]->id) + strlen(pb->nodes[i]->addr) + 2;
+        bytes += strlen(pb->nodes[i]->id) + strlen(pb->nodes[i]->addr) +
+                 strlen(ring_name_of(pb->nodes[i])) + 3;
     m->nodes = calloc(m->n, sizeof *m->nodes);
     m->strings = malloc(bytes);
-    ring_node *rn = malloc(m->n * sizeof *rn);
-    if (m->nodes == NULL || m->strings == NULL || rn == NULL) {
-        free(rn);
+    m->health = calloc(m->n, 1);
+    if (m->nodes == NULL || m->strings == NULL || m->health == NULL)
         return KV_RESOURCE_EXHAUSTED;
-    }
     char *p = m->strings;
     for (size_t i = 0; i < m->n; i++) {
         const Kv__NodeInfo *ni = pb->nodes[i];
-        size_t il = strlen(ni->id) + 1, al = strlen(ni->addr) + 1;
+        const char *rname = ring_name_of(ni);
+        size_t il = strlen(ni->id) + 1, al = strlen(ni->addr) + 1, rl = strlen(rname) + 1;
         m->nodes[i].id = memcpy(p, ni->id, il);
         m->nodes[i].addr = memcpy(p + il, ni->addr, al);
-        p += il + al;
+        m->nodes[i].ring_name = memcpy(p + il + al, rname, rl);
+        p += il + al + rl;
         m->nodes[i].weight = ni->weight ? ni->weight : 1;
+        m->nodes[i].next_weight = ni->next_weight;
         m->nodes[i].state = (cmap_state)ni->state;
-        rn[i] = (ring_node){m->nodes[i].id, m->nodes[i].weight};
     }
-    kv_err rv = ring_create(&m->ring, rn, m->n, m->vnodes);
-    free(rn);
+    kv_err rv = build_ring(m, pb, false, &m->ring, &m->cur_idx);
+    if (rv == KV_OK && pb->transition)
+        rv = build_ring(m, pb, true, &m->pring, &m->pend_idx);
+    if (rv == KV_OK && pb->transition)
+        rv = copy_transition(m, pb->transition);
     return rv;
 }
 
@@ -277,8 +428,12 @@ static void pb_view(const cmap *m, Kv__ClusterMap *pb, Kv__NodeInfo *nodes, Kv__
         nodes[i].addr = (char *)m->nodes[i].addr;
         nodes[i].weight = m->nodes[i].weight;
         nodes[i].state = (Kv__NodeState)m->nodes[i].state;
+        nodes[i].next_weight = m->nodes[i].next_weight;
+        if (strcmp(m->nodes[i].ring_name, m->nodes[i].id) != 0)
+            nodes[i].ring_name = (char *)m->nodes[i].ring_name;
         ptrs[i] = &nodes[i];
     }
+    pb->transition = m->tr;
 }
 
 kv_err cmap_encode(const cmap *m, uint8_t **buf, size_t *len)
@@ -322,7 +477,19 @@ kv_err cmap_to_pb(const cmap *m, Kv__ClusterMap **out)
             ni->addr = strdup(m->nodes[i].addr);
             ni->weight = m->nodes[i].weight;
             ni->state = (Kv__NodeState)m->nodes[i].state;
+            ni->next_weight = m->nodes[i].next_weight;
             ok = ni->id != NULL && ni->addr != NULL;
+            if (ok && strcmp(m->nodes[i].ring_name, m->nodes[i].id) != 0)
+                ok = (ni->ring_name = strdup(m->nodes[i].ring_name)) != NULL;
+        }
+    }
+    if (ok && m->tr) { /* deep copy through the wire form */
+        size_t len = kv__transition__get_packed_size(m->tr);
+        uint8_t *buf = malloc(len ? len : 1);
+        if ((ok = buf != NULL)) {
+            kv__transition__pack(m->tr, buf);
+            ok = (pb->transition = kv__transition__unpack(NULL, len, buf)) != NULL;
+            free(buf);
         }
     }
     if (!ok) {
@@ -442,14 +609,113 @@ const ring *cmap_ring(const cmap *m)
     return m->ring;
 }
 
+static size_t translate(const uint32_t *map, uint32_t *idx, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        idx[i] = map[idx[i]];
+    return n;
+}
+
+size_t cmap_replicas_hash(const cmap *m, uint64_t h, uint32_t *idx_out)
+{
+    return translate(m->cur_idx, idx_out, ring_replicas_hash(m->ring, h, m->rf, idx_out));
+}
+
 size_t cmap_replicas(const cmap *m, const void *key, size_t klen, uint32_t *idx_out)
 {
-    return ring_replicas(m->ring, key, klen, m->rf, idx_out);
+    return cmap_replicas_hash(m, ring_key_hash(key, klen), idx_out);
+}
+
+size_t cmap_next_replicas_hash(const cmap *m, uint64_t h, uint32_t *idx_out)
+{
+    if (m->pring == NULL)
+        return cmap_replicas_hash(m, h, idx_out);
+    return translate(m->pend_idx, idx_out, ring_replicas_hash(m->pring, h, m->rf, idx_out));
+}
+
+size_t cmap_pending_hash(const cmap *m, uint64_t h, uint32_t *idx_out)
+{
+    if (m->pring == NULL)
+        return 0;
+    uint32_t cur[CMAP_MAX_RF], next[CMAP_MAX_RF];
+    size_t nc = cmap_replicas_hash(m, h, cur), nn = cmap_next_replicas_hash(m, h, next), k = 0;
+    for (size_t i = 0; i < nn; i++) {
+        size_t j = 0;
+        while (j < nc && cur[j] != next[i])
+            j++;
+        if (j == nc)
+            idx_out[k++] = next[i];
+    }
+    return k;
+}
+
+size_t cmap_pending(const cmap *m, const void *key, size_t klen, uint32_t *idx_out)
+{
+    return cmap_pending_hash(m, ring_key_hash(key, klen), idx_out);
+}
+
+bool cmap_holds(const cmap *m, size_t i, const void *key, size_t klen)
+{
+    uint32_t idx[CMAP_MAX_RF];
+    uint64_t h = ring_key_hash(key, klen);
+    size_t n = cmap_replicas_hash(m, h, idx);
+    for (size_t k = 0; k < n; k++)
+        if (idx[k] == i)
+            return true;
+    n = cmap_pending_hash(m, h, idx);
+    for (size_t k = 0; k < n; k++)
+        if (idx[k] == i)
+            return true;
+    return false;
 }
 
 uint32_t cmap_owner(const cmap *m, const void *key, size_t klen)
 {
-    return ring_owner(m->ring, key, klen);
+    return m->cur_idx[ring_owner(m->ring, key, klen)];
+}
+
+void cmap_shares(const cmap *m, bool next, double *share_out)
+{
+    const ring *r = next && m->pring ? m->pring : m->ring;
+    const uint32_t *map = next && m->pring ? m->pend_idx : m->cur_idx;
+    size_t k = ring_node_count(r);
+    double *tmp = calloc(k, sizeof *tmp);
+    for (size_t i = 0; i < m->n; i++)
+        share_out[i] = 0.0;
+    if (tmp == NULL)
+        return;
+    ring_shares(r, tmp);
+    for (size_t i = 0; i < k; i++)
+        share_out[map[i]] = tmp[i];
+    free(tmp);
+}
+
+const ring *cmap_ring_next(const cmap *m)
+{
+    return m->pring ? m->pring : m->ring;
+}
+
+const Kv__Transition *cmap_transition(const cmap *m)
+{
+    return m->tr;
+}
+
+void cmap_set_health(const cmap *m, size_t i, cmap_health h)
+{
+    if (i < m->n)
+        atomic_store_explicit(&m->health[i], (uint8_t)h, memory_order_relaxed);
+}
+
+cmap_health cmap_get_health(const cmap *m, size_t i)
+{
+    return i < m->n ? (cmap_health)atomic_load_explicit(&m->health[i], memory_order_relaxed)
+                    : CMAP_HEALTH_UNKNOWN;
+}
+
+bool cmap_readable(const cmap *m, size_t i)
+{
+    cmap_health h = cmap_get_health(m, i);
+    return h == CMAP_HEALTH_UNKNOWN || h == CMAP_HEALTH_UP;
 }
 
 int cmap_find(const cmap *m, const char *id)

@@ -7,6 +7,14 @@
  * without locks. Every node, whatever its state, keeps its place in the ring
  * (a DOWN node is never ejected; states are for the router to act on).
  *
+ * Membership transitions (DESIGN.md §4): a map may carry an open transition
+ * (kv.Transition). Its current ring holds every node but the JOINING ones; its
+ * pending ring every node but the LEAVING ones, each with its next_weight
+ * where set. Reads use the current replicas of a key; writes go to the
+ * current replicas and to the pending ones (cmap_pending), whose acks come on
+ * top of the consistency level. A node's ring points are hashed from its
+ * ring name (its id unless a replacement inherited another node's name).
+ *
  * Lifetime: a map is reference counted (atomic). It is created with one
  * reference; cmap_ref() takes another, cmap_unref()/cmap_destroy() drop one,
  * the last drop frees it. A reader that uses a map beyond the statement that
@@ -18,6 +26,7 @@
 #ifndef KV_SHARD_CLUSTERMAP_H
 #define KV_SHARD_CLUSTERMAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +37,7 @@
 #define CMAP_MAX_ID 64    /* bytes of a node id, [A-Za-z0-9._-] */
 #define CMAP_MAX_ADDR 256 /* bytes of a node address, tcp://host:port */
 #define CMAP_MAX_NODES 4096
+#define CMAP_MAX_RF 16 /* replicas of a key; also the room callers give idx_out */
 
 /* Same numbers as kv.NodeState. */
 typedef enum cmap_state {
@@ -43,7 +53,25 @@ typedef struct cmap_node {
     const char *addr;
     uint32_t weight; /* 1..1000 */
     cmap_state state;
+    const char *ring_name; /* what the ring points are hashed from (the id by default) */
+    uint32_t next_weight;  /* weight in the pending ring, 0 = unchanged */
 } cmap_node;
+
+/* An arc of the hash ring: positions h with lo < h <= hi, wrapping past
+ * 2^64 - 1 when lo > hi; lo == hi is the whole ring. */
+typedef struct cmap_range {
+    uint64_t lo, hi;
+} cmap_range;
+
+/* True when h lies in r. */
+static inline int cmap_range_has(cmap_range r, uint64_t h)
+{
+    if (r.lo < r.hi)
+        return h > r.lo && h <= r.hi;
+    if (r.lo > r.hi)
+        return h > r.lo || h <= r.hi;
+    return 1;
+}
 
 typedef struct cmap cmap;
 
@@ -51,7 +79,9 @@ typedef struct cmap cmap;
  * one node (at most CMAP_MAX_NODES), 1 <= rf <= node count, ids non-empty,
  * unique, at most 64 bytes of [A-Za-z0-9._-], addresses unique and of the
  * form tcp://host:port (host a name, IPv4 or [IPv6], port 1..65535), weight
- * 1..1000 (0 means 1), a known state, vnodes 0..1024 (0 means 128). On
+ * 1..1000 (0 means 1), a known state, vnodes 0..1024 (0 means 128), rf at
+ * most CMAP_MAX_RF; JOINING, LEAVING and next_weight only with a transition,
+ * at least rf nodes in each ring and ring names unique in each ring. On
  * failure returns INVALID_ARGUMENT (RESOURCE_EXHAUSTED when out of memory),
  * writes a message naming the problem to err (if errlen > 0) and leaves *out
  * untouched. On success *out holds one reference owned by the caller; the
@@ -92,15 +122,51 @@ unsigned cmap_rf(const cmap *m);
 unsigned cmap_vnodes(const cmap *m);
 size_t cmap_node_count(const cmap *m);
 const cmap_node *cmap_node_at(const cmap *m, size_t i);
-/* The ring over the map's nodes (index i = node i); lives as long as m. */
+/* The current ring; its node indices are its own (not the map's: JOINING
+ * nodes are not in it), so use the cmap_* lookups. Lives as long as m. */
 const ring *cmap_ring(const cmap *m);
 
-/* Writes the indices of the min(rf, n) replicas of key to idx_out, owner
- * first, and returns that count; idx_out needs room for cmap_rf(m) entries.
- * Thread-safe, allocation-free. */
+/* Writes the map indices of the key's current replicas (min(rf, ring
+ * members)) to idx_out, owner first, and returns that count; idx_out needs
+ * room for cmap_rf(m) entries. Thread-safe, allocation-free. */
 size_t cmap_replicas(const cmap *m, const void *key, size_t klen, uint32_t *idx_out);
-/* Index of the key's primary owner. */
+/* The same for a ring position (ring_key_hash). */
+size_t cmap_replicas_hash(const cmap *m, uint64_t h, uint32_t *idx_out);
+/* The key's pending replicas: members of its replica set in the pending
+ * ring that are not current replicas (writes go to them too). 0 without a
+ * transition. idx_out needs room for cmap_rf(m) entries. */
+size_t cmap_pending(const cmap *m, const void *key, size_t klen, uint32_t *idx_out);
+size_t cmap_pending_hash(const cmap *m, uint64_t h, uint32_t *idx_out);
+/* The replica set in the pending ring (the set once the transition
+ * completes); the current set without a transition. */
+size_t cmap_next_replicas_hash(const cmap *m, uint64_t h, uint32_t *idx_out);
+/* True when node i is a current or pending replica of key. */
+bool cmap_holds(const cmap *m, size_t i, const void *key, size_t klen);
+/* Index of the key's primary owner (current ring). */
 uint32_t cmap_owner(const cmap *m, const void *key, size_t klen);
+/* share_out[i] (room for cmap_node_count) = the fraction of the ring whose
+ * primary is node i, in the current ring (next: the pending ring). */
+void cmap_shares(const cmap *m, bool next, double *share_out);
+
+/* The pending ring (the current ring without a transition). */
+const ring *cmap_ring_next(const cmap *m);
+
+/* The open transition, NULL when none; lives as long as m. */
+const Kv__Transition *cmap_transition(const cmap *m);
+
+/* Router-side health of node i (a mutable byte beside the immutable map,
+ * which the prober of a router sets and its request path reads; relaxed
+ * atomics, any thread). A new map starts UNKNOWN (treated as usable). */
+typedef enum cmap_health {
+    CMAP_HEALTH_UNKNOWN = 0,
+    CMAP_HEALTH_UP = 1,          /* answers and serves */
+    CMAP_HEALTH_NOT_SERVING = 2, /* answers, takes writes, must not serve reads */
+    CMAP_HEALTH_DOWN = 3,        /* does not answer */
+} cmap_health;
+void cmap_set_health(const cmap *m, size_t i, cmap_health h);
+cmap_health cmap_get_health(const cmap *m, size_t i);
+/* Usable for reads: UNKNOWN or UP. */
+bool cmap_readable(const cmap *m, size_t i);
 
 /* Index of the node with this id / address, or -1. Thread-safe. */
 int cmap_find(const cmap *m, const char *id);

@@ -157,6 +157,11 @@ size_t ring_point_count(const ring *r)
     return r->npoints;
 }
 
+uint64_t ring_point_hash(const ring *r, size_t i)
+{
+    return r->points[i].hash;
+}
+
 uint64_t ring_key_hash(const void *key, size_t klen)
 {
     return kv_hash64(key, klen, 0);

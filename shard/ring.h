@@ -47,6 +47,9 @@ void ring_destroy(ring *r);
 size_t ring_node_count(const ring *r);
 size_t ring_point_count(const ring *r);
 
+/* Position of point i (0 <= i < ring_point_count), ascending in i. */
+uint64_t ring_point_hash(const ring *r, size_t i);
+
 /* Hash of a key on the ring: xxh64(key, klen, 0). */
 uint64_t ring_key_hash(const void *key, size_t klen);
 
