@@ -276,6 +276,10 @@ const char *lsm_iter_failed_file(const lsm_iter *it);
 /* Unpins the version and frees it. NULL is a no-op. */
 void lsm_iter_close(lsm_iter *it);
 
+/* The LSM's key order: memcmp over the common prefix, then the shorter key
+ * first. Returns <0, 0 or >0. Any thread. */
+int lsm_key_cmp(const void *a, size_t al, const void *b, size_t bl);
+
 /* Frees the key and value of a record filled by lsm_get / lsm_multiget and
  * zeroes them. NULL is a no-op. */
 void lsm_rec_free(lsm_rec *rec);

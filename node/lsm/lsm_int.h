@@ -71,7 +71,6 @@ kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
 bool lsm_rec_valid(const lsm_rec *r);
 /* Deep copy of r (key and value malloc'ed) into *out. */
 kv_err lsm_rec_copy(lsm_rec *out, const lsm_rec *r);
-int lsm_key_cmp(const void *a, size_t al, const void *b, size_t bl);
 /* Maps an errno to kv_err: ENOSPC/EDQUOT -> RESOURCE_EXHAUSTED, else INTERNAL. */
 kv_err lsm_errno(int e);
 
