@@ -91,10 +91,14 @@ static void account(engine *e, const put_acct *a, uint64_t bytes, bool dirty)
     atomic_fetch_add(&e->mem_bytes, bytes);
     if (a->had_old)
         atomic_fetch_sub(&e->mem_bytes, a->old_bytes);
-    if (dirty)
+    if (dirty) {
         atomic_fetch_add(&e->dirty_bytes, bytes);
-    if (a->old_dirty)
+        atomic_fetch_add(&e->dirty_items, 1);
+    }
+    if (a->old_dirty) {
         atomic_fetch_sub(&e->dirty_bytes, a->old_bytes);
+        atomic_fetch_sub(&e->dirty_items, 1);
+    }
 }
 
 static kv_err replay_one(void *arg, const lsm_rec *r)
@@ -180,6 +184,7 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
     lo.newer = engine_mem_newer;
     lo.newer_thread = engine_promo_thread;
     lo.newer_arg = e;
+    lo.tombstone_grace_ms = e->o.tombstone_grace_ms;
     if ((rv = engine_nhc_create(e, &lo, err, errlen)) != KV_OK) /* NHC */
         return rv;
     engine_thread_register(); /* the replay callback inserts into the index */
@@ -505,15 +510,17 @@ static kv_err check_conditions(const engine_write *w, const current *c, char *er
     return KV_OK;
 }
 
-/* Appends to the WAL and inserts into memory; the caller holds the stripe. */
-static kv_err apply(engine *e, const engine_write *w, uint64_t version, char *err, size_t errlen)
+/* Appends to the WAL and inserts into memory; the caller holds the stripe.
+ * *applied: false when the memory tier already held a newer version. */
+static kv_err apply(engine *e, const engine_write *w, uint64_t version, bool *applied, char *err,
+                    size_t errlen)
 {
     uint64_t now = kv_wall_ms();
     lsm_rec rec = {.key = w->key, .klen = w->klen, .version = version};
     rec.type = w->is_delete ? LSM_DELETE : LSM_PUT;
     rec.value = w->is_delete ? NULL : w->val;
     rec.vlen = w->is_delete ? 0 : w->vlen;
-    rec.expire_at = w->ttl_ms && !w->is_delete ? now + w->ttl_ms : 0;
+    rec.expire_at = w->expire_at ? w->expire_at : w->ttl_ms && !w->is_delete ? now + w->ttl_ms : 0;
     pthread_rwlock_rdlock(&e->apply_lock);
     rec.seqno = atomic_fetch_add(&e->next_seqno, 1);
     kv_err rv = lsm_wal_append(e->db, &rec, 1);
@@ -537,6 +544,7 @@ static kv_err apply(engine *e, const engine_write *w, uint64_t version, char *er
         account(e, &a, engine_rec_bytes(w->klen, rec.vlen), true);
     else if (rv != SKIP)
         snprintf(err, errlen, "memory tier insert failed: %s", kv_strerror(rv));
+    *applied = rv == KV_OK;
     return rv == SKIP ? KV_OK : rv;
 }
 
@@ -562,7 +570,9 @@ kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, ch
     if (rv == KV_OK && c.exists && c.version >= version) {
         r.version = c.version; /* a newer (or the same) write already won: LWW says done */
     } else if (rv == KV_OK) {
-        rv = apply(e, w, version, err, errlen);
+        /* a key never seen gets a tombstone too: it outvotes older copies
+         * that a stream or a hint may still apply */
+        rv = apply(e, w, version, &r.applied, err, errlen);
         r.version = version;
     }
     pthread_mutex_unlock(stripe);

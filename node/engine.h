@@ -53,6 +53,11 @@ typedef struct engine_opts {
      * 0 = derived from fast_mb (lsm_opts.twin_entries). */
     const nhc_opts *nhc;
     uint64_t twin_entries;
+    /* Compaction keeps a tombstone at least this long after its write (or
+     * after its expiry, for an expired record), so that no repair or stream
+     * resurrects the key (lsm_opts.tombstone_grace_ms); 0 = dropped as soon
+     * as no lower level may hold the key. */
+    uint64_t tombstone_grace_ms;
 } engine_opts;
 
 /* A write. version 0 = the engine assigns one from its HLC (direct writes);
@@ -67,6 +72,10 @@ typedef struct engine_write {
     uint64_t if_version; /* 0 = unconditional */
     bool if_absent;
     bool is_delete;
+    /* Absolute expiry, wall-clock ms; non-zero wins over ttl_ms (a streamed
+     * record keeps its expiry unchanged; on a delete it is stored with the
+     * tombstone, whose grace period then counts from it). 0 = ttl_ms. */
+    uint64_t expire_at;
 } engine_write;
 
 typedef struct engine_result {
@@ -74,6 +83,7 @@ typedef struct engine_result {
     bool found;       /* get: a live record; delete: a live record existed */
     uint8_t *val;     /* get: malloc'ed copy, owned by the caller (free()) */
     size_t vlen;
+    bool applied; /* write: stored; false when an equal or newer version governs the key */
 } engine_result;
 
 typedef struct engine_stats {
@@ -109,7 +119,12 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
                        engine_result *out, kv_err *errs);
 
 /* Applies a put or delete. Returns KV_OK (out->version = the version now
- * governing the key: the write's own, or a newer one that superseded it),
+ * governing the key: the write's own, or a newer one that superseded it;
+ * out->applied = whether this write was stored, false when a record with an
+ * equal or newer version governs the key (last-writer-wins no-op)). A
+ * delete is stored as a tombstone even when the key has no record at all,
+ * so that an older copy applied later (a stream, a hint) cannot resurrect
+ * the key. Returns
  * ALREADY_EXISTS (if_absent), FAILED_PRECONDITION (if_version mismatch),
  * RESOURCE_EXHAUSTED (volume full or flush far behind), DATA_LOSS; err gets
  * a message for every failure. Nothing is acknowledged before the WAL holds
@@ -129,6 +144,86 @@ bool engine_is_pinned(engine *e, const void *key, size_t klen);
 
 /* Flushes every dirty item now and waits for it (tests, admin). */
 kv_err engine_flush(engine *e);
+
+/* Returns once every write acknowledged (engine_write_one returned) before
+ * the call is durable in the WAL on FD (fsync), whatever the sync mode: a
+ * stream persists its resume point only after this. (Not engine_sync: that
+ * name is the sync-mode type above.) Returns KV_OK or INTERNAL (the fsync
+ * failed, logged). Any thread. */
+kv_err engine_wal_sync(engine *e);
+
+/* ---- iteration (engine_iter.c) ----
+ *
+ * Every key's newest record, the memory tier merged over the LSM, in key
+ * order (memcmp, a shorter key first on a common prefix), tombstones and
+ * expired records included (the caller checks tombstone and expire_at).
+ * What it returns is a snapshot taken at engine_iter_open, give or take the
+ * writes that race the open: a record written before the open and not
+ * overwritten since comes out with that value; a later write may or may not
+ * be seen. Safe while writers, flushes, compactions and HotRAP promotion
+ * run. Close every iterator before engine_close. */
+typedef struct engine_rec {
+    const void *key;
+    size_t klen;
+    const void *val; /* NULL/0 for a tombstone */
+    size_t vlen;
+    uint64_t version;   /* HLC version */
+    uint64_t expire_at; /* wall-clock ms, 0 = never */
+    bool tombstone;
+} engine_rec;
+
+/* Returns true to keep key (key valid during the call only). */
+typedef bool (*engine_key_filter)(void *arg, const void *key, size_t klen);
+
+typedef struct engine_iter_opts {
+    const void *after; /* start strictly after this key (borrowed for the open); NULL = first */
+    size_t after_len;
+    /* NULL = every key. Called once per key (> after) before its value is
+     * copied, on the threads calling engine_iter_open (the memory tier's
+     * dirty keys, inside its RCU read-side section: it must not block) and
+     * engine_iter_next. */
+    engine_key_filter filter;
+    void *filter_arg;
+} engine_iter_opts;
+
+typedef struct engine_iter engine_iter;
+
+/* Snapshots the dirty records of the memory tier (those > after that pass
+ * the filter), then pins the LSM's current version. o may be NULL (every
+ * key). Returns KV_OK and *out (caller owns it: engine_iter_close),
+ * RESOURCE_EXHAUSTED, or the LSM's error (DATA_LOSS: a corrupt block).
+ * Call from a thread registered with engine_thread_register. */
+kv_err engine_iter_open(engine *e, const engine_iter_opts *o, engine_iter **out);
+/* Returns KV_OK and the next record in *out (its pointers valid until the
+ * next call or close), NOT_FOUND at the end, DATA_LOSS (a corrupt block,
+ * logged with the file) or another error; an iterator that failed keeps
+ * failing. One thread at a time (any thread). */
+kv_err engine_iter_next(engine_iter *it, engine_rec *out);
+/* Keys examined so far, filtered out or not. */
+uint64_t engine_iter_scanned(const engine_iter *it);
+/* Frees it and unpins the LSM version. NULL is a no-op. */
+void engine_iter_close(engine_iter *it);
+
+/* Removes every record whose key keep rejects: flushes the memory tier,
+ * removes the clean memory items of rejected keys (dirty ones are writes
+ * made since the flush and stay), runs lsm_compact_all_filter (every SST
+ * rewritten, no version of a rejected key left), then removes the clean
+ * items again (a read that filled one meanwhile). *dropped = the record
+ * versions removed from the SSTs (memory copies not counted), *kept = the
+ * records left (SST entries, plus the dirty items); both may be NULL.
+ * keep may be called from threads other than the caller's (the LSM's
+ * compaction threads; today its manual steps run on the caller's) and
+ * inside the memory tier's RCU read-side section: it must be thread-safe
+ * and must not block. Returns KV_OK, or the flush's or compaction's error.
+ * Any registered thread; blocks background compaction while it runs. */
+kv_err engine_cleanup(engine *e, engine_key_filter keep, void *arg, uint64_t *dropped,
+                      uint64_t *kept);
+
+/* A cheap estimate (no I/O) of what the node holds: *keys = SST entries
+ * (a key stored at several levels counts once per version) + dirty items,
+ * *bytes = SST file sizes + the dirty items' key and value bytes. For a
+ * stream's ETA. Any thread. */
+void engine_estimate(engine *e, uint64_t *keys, uint64_t *bytes);
 
 void engine_get_stats(engine *e, engine_stats *out);
 /* Appends the LSM/tier statistics (levels, volumes, WAL) to l. */

@@ -142,8 +142,10 @@ static kv_err flush_now(engine *e)
     }
     for (size_t i = 0; rv == KV_OK && i < c.n; i++) {
         const lsm_rec *r = &c.recs[i];
-        if (hr_set_flags(e->idx, r->key, r->klen, r->seqno, 0, HR_F_DIRTY) == KV_OK)
+        if (hr_set_flags(e->idx, r->key, r->klen, r->seqno, 0, HR_F_DIRTY) == KV_OK) {
             atomic_fetch_sub(&e->dirty_bytes, engine_rec_bytes(r->klen, r->vlen));
+            atomic_fetch_sub(&e->dirty_items, 1);
+        }
     }
     for (size_t i = 0; i < c.n; i++)
         free((void *)c.recs[i].key);

@@ -23,7 +23,7 @@ struct engine {
     engine_opts o;
     kv_hlc hlc;
     uint64_t mem_limit, write_buffer;
-    _Atomic uint64_t mem_bytes, dirty_bytes, next_seqno;
+    _Atomic uint64_t mem_bytes, dirty_bytes, dirty_items, next_seqno;
     /* Writers of one key are serialised by its stripe, so the condition
      * check, the WAL append and the memory-tier update act as one step. */
     pthread_mutex_t stripes[ENGINE_STRIPES];

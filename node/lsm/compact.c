@@ -31,7 +31,14 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "node/lsm/lsm_int.h"
+#include "node/lsm/iter.h"
+
+/* lsm_compact_all_filter's drop filter, shared by its jobs. */
+typedef struct cfilter {
+    lsm_keep_fn keep;
+    void *arg;
+    uint64_t dropped;
+} cfilter;
 
 typedef struct cjob {
     int from, to;
@@ -43,6 +50,10 @@ typedef struct cjob {
     bool trivial;
     uint64_t retain_budget; /* bytes the route hook may keep on the from level */
     uint64_t fread;         /* flushed seqno published before base was pinned */
+    /* Cleanup (lsm_compact_all_filter): records of keys the filter rejects
+     * are dropped; every to-level file is an input, so no older version of
+     * such a key is left below; from == to rewrites a level into itself. */
+    cfilter *filter;
 } cjob;
 
 /* ---- picking ---- */
@@ -89,11 +100,11 @@ static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
         j->retain_budget = (db->target[j->from] - (lvl - in_bytes)) / 4 * 3;
     if (!db->o.route && j->retain_budget > db->hot_limit)
         j->retain_budget = db->hot_limit; /* HotRAP retention: at most the hot set */
-    for (size_t i = 0; i < v->nfiles[j->to]; i++)
-        if (overlaps(v->files[j->to][i], j->lo, j->lolen, j->hi, j->hilen))
+    for (size_t i = 0; j->to != j->from && i < v->nfiles[j->to]; i++)
+        if (j->filter || overlaps(v->files[j->to][i], j->lo, j->lolen, j->hi, j->hilen))
             j->in[1][j->nin[1]++] = v->files[j->to][i];
     j->trivial = j->from > 0 && j->nin[0] == 1 && j->nin[1] == 0 && !db->o.route &&
-                 db->level_tier[j->from] == db->level_tier[j->to];
+                 db->level_tier[j->from] == db->level_tier[j->to] && !j->filter;
     return KV_OK;
 }
 
@@ -214,31 +225,6 @@ static bool pick(lsm_db *db, cjob *j)
 
 /* ---- merging ---- */
 
-typedef struct merger {
-    lsm_sst_iter *it;
-    size_t n;
-} merger;
-
-/* Index of the iterator holding the next record (smallest key, then highest
- * seqno), or -1 when all are exhausted. */
-static int merge_min(merger *m)
-{
-    int best = -1;
-    for (size_t i = 0; i < m->n; i++) {
-        if (!m->it[i].valid)
-            continue;
-        if (best < 0) {
-            best = (int)i;
-            continue;
-        }
-        const lsm_rec *a = &m->it[i].cur, *b = &m->it[best].cur;
-        int c = lsm_key_cmp(a->key, a->klen, b->key, b->klen);
-        if (c < 0 || (c == 0 && a->seqno > b->seqno))
-            best = (int)i;
-    }
-    return best;
-}
-
 static bool may_exist_below(const lsm_version *v, int level, const lsm_rec *r)
 {
     for (int l = level + 1; l < LSM_MAX_LEVELS; l++) {
@@ -332,7 +318,7 @@ static kv_err out_add(output *o, int slot, const lsm_rec *r)
 static int route(lsm_db *db, cjob *j, const lsm_rec *r)
 {
     bool builtin = hotrap_level(db, j->from);
-    if ((!db->o.route && !builtin) || j->from == 0 || r->type != LSM_PUT)
+    if ((!db->o.route && !builtin) || j->from == 0 || j->from == j->to || r->type != LSM_PUT)
         return 0;
     if (lsm_key_cmp(r->key, r->klen, j->lo, j->lolen) < 0 ||
         lsm_key_cmp(r->key, r->klen, j->hi, j->hilen) > 0)
@@ -349,56 +335,117 @@ static int route(lsm_db *db, cjob *j, const lsm_rec *r)
     return 1;
 }
 
+/* True when tombstone r is older than the grace period (lsm_opts): its
+ * time is its version's milliseconds, or its expire_at when later. */
+static bool grace_over(const lsm_db *db, const lsm_rec *r, uint64_t now)
+{
+    uint64_t grace = db->o.tombstone_grace_ms, t = KV_HLC_MS(r->version);
+    t = r->expire_at > t ? r->expire_at : t;
+    return grace == 0 || (now > t && now - t > grace);
+}
+
 /* Decides the fate of the newest record of a key and writes it. */
 static kv_err emit(output *o, lsm_rec r, uint64_t now)
 {
     if (r.type == LSM_PUT && r.expire_at && r.expire_at <= now) {
         r.type = LSM_DELETE; /* expired: it must still shadow older versions */
-        r.value = NULL;
+        r.value = NULL;      /* (expire_at stays: the grace period counts from it) */
         r.vlen = 0;
     }
-    if (r.type == LSM_DELETE && !may_exist_below(o->j->base, o->j->to, &r))
+    if (r.type == LSM_DELETE && grace_over(o->db, &r, now) &&
+        !may_exist_below(o->j->base, o->j->to, &r))
         return KV_OK;
     promote_from_sd(o->db, o->j, &r);
     return out_add(o, route(o->db, o->j, &r), &r);
 }
 
+/* The job's inputs as merge sources: one per file when from == 0, else one
+ * concatenating source for the from level; one for the to level. Ranks
+ * follow the input order (from-level files, then the to level), so that a
+ * seqno tie (a promoted copy and its original) keeps the same copy as ever. */
+typedef struct job_srcs {
+    lsm_sst_src *l0;
+    lsm_level_src lv[2]; /* [0] from level (from > 0), [1] to level */
+    lsm_src **ps;
+    size_t n;
+} job_srcs;
+
+static kv_err job_srcs_init(job_srcs *s, const cjob *j)
+{
+    memset(s, 0, sizeof(*s));
+    size_t n0 = j->from == 0 ? j->nin[0] : 1;
+    s->ps = calloc(n0 + 1, sizeof(*s->ps));
+    if (j->from == 0)
+        s->l0 = calloc(n0 ? n0 : 1, sizeof(*s->l0));
+    if (!s->ps || (j->from == 0 && !s->l0))
+        return KV_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; j->from == 0 && i < n0; i++) {
+        lsm_sst_src_init(&s->l0[i], j->in[0][i]->sst, (int)i);
+        s->ps[s->n++] = &s->l0[i].base;
+    }
+    if (j->from > 0) {
+        lsm_level_src_init(&s->lv[0], j->in[0], j->nin[0], 0);
+        s->ps[s->n++] = &s->lv[0].base;
+    }
+    lsm_level_src_init(&s->lv[1], j->in[1], j->nin[1], (int)s->n);
+    s->ps[s->n++] = &s->lv[1].base;
+    return KV_OK;
+}
+
+/* Emits the newest record of each key (unless the cleanup filter rejects
+ * the key) and skips its older versions. */
+static kv_err merge_run(output *o, lsm_merge *mg)
+{
+    lsm_db *db = o->db;
+    cfilter *f = o->j->filter;
+    uint64_t now = kv_wall_ms();
+    lsm_buf key = {0};
+    kv_err rv = KV_OK;
+    lsm_merge_first(mg);
+    while (rv == KV_OK && lsm_merge_valid(mg)) {
+        lsm_rec r = *lsm_merge_cur(mg);
+        bool keep = !f || f->keep(f->arg, r.key, r.klen);
+        key.len = 0;
+        rv = lsm_buf_put(&key, r.key, r.klen);
+        if (rv == KV_OK && keep)
+            rv = emit(o, r, now);
+        if (rv == KV_OK && !keep) {
+            f->dropped++;
+            lsm_twin_drop(db->twin, r.key, r.klen, r.seqno);
+        }
+        if (rv != KV_OK)
+            break;
+        for (lsm_merge_next(mg); lsm_merge_valid(mg); lsm_merge_next(mg)) { /* older versions */
+            const lsm_rec *d = lsm_merge_cur(mg);
+            if (lsm_key_cmp(d->key, d->klen, key.p, key.len) != 0)
+                break;
+            /* NHC: a dropped copy (superseded, or a twin merged) ends the twin */
+            lsm_twin_drop(db->twin, key.p, key.len, d->seqno);
+            if (!keep)
+                f->dropped++;
+        }
+    }
+    lsm_buf_free(&key);
+    return rv == KV_OK ? lsm_merge_error(mg, NULL, NULL) : rv;
+}
+
 static kv_err merge(lsm_db *db, cjob *j, lsm_edit *e)
 {
-    size_t n = j->nin[0] + j->nin[1];
-    merger m = {.it = calloc(n ? n : 1, sizeof(lsm_sst_iter)), .n = n};
-    if (!m.it)
-        return KV_RESOURCE_EXHAUSTED;
-    for (size_t i = 0; i < n; i++)
-        lsm_sst_iter_init(&m.it[i],
-                          i < j->nin[0] ? j->in[0][i]->sst : j->in[1][i - j->nin[0]]->sst);
+    job_srcs js;
+    lsm_merge mg = {0};
+    kv_err rv = job_srcs_init(&js, j);
+    if (rv == KV_OK)
+        rv = lsm_merge_init(&mg, js.ps, js.n);
     output o = {.db = db, .j = j, .e = e};
-    if (db->ralt && !db->o.route && j->from > 0 && j->from >= db->last_fd)
+    if (rv == KV_OK && db->ralt && !db->o.route && j->from > 0 && j->from >= db->last_fd)
         ralt_flush(db->ralt); /* so that recent accesses count */
-    uint64_t now = kv_wall_ms();
-    kv_err rv = KV_OK;
-    int b;
-    while (rv == KV_OK && (b = merge_min(&m)) >= 0) {
-        lsm_rec r = m.it[b].cur;
-        rv = emit(&o, r, now);
-        for (size_t i = 0; i < n && rv == KV_OK; i++) { /* skip older versions */
-            if ((int)i != b && m.it[i].valid &&
-                lsm_key_cmp(m.it[i].cur.key, m.it[i].cur.klen, r.key, r.klen) == 0) {
-                /* NHC: a dropped copy (superseded, or a twin merged) ends the twin */
-                lsm_twin_drop(db->twin, r.key, r.klen, m.it[i].cur.seqno);
-                lsm_sst_iter_next(&m.it[i]);
-            }
-        }
-        lsm_sst_iter_next(&m.it[b]);
-    }
-    uint64_t read = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (rv == KV_OK && m.it[i].err != KV_OK)
-            rv = m.it[i].err;
-        read += m.it[i].bytes_read;
-        lsm_sst_iter_fini(&m.it[i]);
-    }
-    free(m.it);
+    if (rv == KV_OK)
+        rv = merge_run(&o, &mg);
+    uint64_t read = lsm_merge_bytes(&mg);
+    if (mg.heap)
+        lsm_merge_fini(&mg);
+    free(js.l0);
+    free(js.ps);
     for (int s = 0; s < 2 && rv == KV_OK; s++)
         rv = out_close(&o, s);
     if (rv != KV_OK) {
@@ -578,19 +625,21 @@ kv_err lsm_compact_wait_idle(lsm_db *db)
     return rv;
 }
 
-/* One manual job: all files of level l into l + 1 (mu held). */
-static kv_err manual_level(lsm_db *db, int l)
+/* One manual job: all files of level from into to (from + 1, or from itself
+ * for a cleanup of the deepest level), with the cleanup filter f (may be
+ * NULL). mu held on entry and on return. */
+static kv_err manual_level(lsm_db *db, int from, int to, cfilter *f)
 {
     uint64_t fread = atomic_load(&db->flushed_pub);
-    cjob j = {.from = l, .to = l + 1, .fread = fread, .base = lsm_db_current(db)};
-    kv_err rv = job_inputs(db, &j, 0, j.base->nfiles[l]);
+    cjob j = {.from = from, .to = to, .fread = fread, .base = lsm_db_current(db), .filter = f};
+    kv_err rv = job_inputs(db, &j, 0, j.base->nfiles[from]);
     if (rv != KV_OK) {
         free(j.in[0]);
         free(j.in[1]);
         lsm_version_unref(j.base);
         return rv;
     }
-    db->busy[l] = db->busy[l + 1] = true;
+    db->busy[from] = db->busy[to] = true;
     db->running++;
     pthread_mutex_unlock(&db->mu);
     return run_job(db, &j);
@@ -612,7 +661,36 @@ kv_err lsm_compact_level(lsm_db *db, int level)
         return KV_INVALID_ARGUMENT;
     pthread_mutex_lock(&db->mu);
     manual_begin(db);
-    kv_err rv = db->cur->nfiles[level] ? manual_level(db, level) : KV_OK;
+    kv_err rv = db->cur->nfiles[level] ? manual_level(db, level, level + 1, NULL) : KV_OK;
+    db->manual = false;
+    pthread_cond_broadcast(&db->cv);
+    pthread_mutex_unlock(&db->mu);
+    return rv;
+}
+
+/* lsm_compact_all, with the cleanup filter f when not NULL: then every file
+ * is an input of some step (see cjob.filter), and when no step runs (only
+ * the deepest level holds files) that level is rewritten into itself. */
+static kv_err compact_all(lsm_db *db, cfilter *f)
+{
+    pthread_mutex_lock(&db->mu);
+    manual_begin(db);
+    kv_err rv = KV_OK;
+    int deepest = 0;
+    bool ran = false;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        if (db->cur->nfiles[l])
+            deepest = l;
+    for (int l = 0; l < (deepest ? deepest : 1) && rv == KV_OK; l++) {
+        if (db->cur->nfiles[l]) {
+            rv = manual_level(db, l, l + 1, f);
+            ran = true;
+        }
+    }
+    if (rv == KV_OK && f && !ran && db->cur->nfiles[deepest])
+        rv = manual_level(db, deepest, deepest, f);
+    if (f) /* a memory-tier fill that looked a rejected key up before this fails */
+        atomic_fetch_add(&db->flush_gen, 1);
     db->manual = false;
     pthread_cond_broadcast(&db->cv);
     pthread_mutex_unlock(&db->mu);
@@ -621,20 +699,18 @@ kv_err lsm_compact_level(lsm_db *db, int level)
 
 kv_err lsm_compact_all(lsm_db *db)
 {
-    pthread_mutex_lock(&db->mu);
-    manual_begin(db);
-    kv_err rv = KV_OK;
-    int deepest = 0;
-    for (int l = 0; l < LSM_MAX_LEVELS; l++)
-        if (db->cur->nfiles[l])
-            deepest = l;
-    if (deepest == 0)
-        deepest = 1;
-    for (int l = 0; l < deepest && rv == KV_OK; l++)
-        if (db->cur->nfiles[l])
-            rv = manual_level(db, l);
-    db->manual = false;
-    pthread_cond_broadcast(&db->cv);
-    pthread_mutex_unlock(&db->mu);
+    return compact_all(db, NULL);
+}
+
+kv_err lsm_compact_all_filter(lsm_db *db, lsm_keep_fn keep, void *arg, uint64_t *dropped)
+{
+    if (!keep)
+        return KV_INVALID_ARGUMENT;
+    if (db->promo)
+        lsm_promo_sync(db); /* buffered promotions land in L0 first, to be filtered */
+    cfilter f = {keep, arg, 0};
+    kv_err rv = compact_all(db, &f);
+    if (rv == KV_OK && dropped)
+        *dropped = f.dropped;
     return rv;
 }

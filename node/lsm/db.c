@@ -27,7 +27,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "node/lsm/lsm_int.h"
+#include "node/lsm/iter.h"
 #include "node/nhc/nhc.h"
 
 #define MANIFEST_REWRITE_BYTES (64u << 20)
@@ -473,6 +473,26 @@ uint64_t lsm_flush_generation(lsm_db *db)
     return atomic_load(&db->flush_gen);
 }
 
+kv_err lsm_wal_sync(lsm_db *db)
+{
+    return lsm_wal_sync_all(db->wal);
+}
+
+void lsm_estimate(lsm_db *db, uint64_t *records, uint64_t *bytes)
+{
+    lsm_version *v = lsm_db_current(db);
+    uint64_t r = 0, b = 0;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++) {
+        for (size_t i = 0; i < v->nfiles[l]; i++) {
+            r += v->files[l][i]->nentries;
+            b += v->files[l][i]->size;
+        }
+    }
+    lsm_version_unref(v);
+    *records = r;
+    *bytes = b;
+}
+
 kv_err lsm_wal_append(lsm_db *db, const lsm_rec *recs, size_t n)
 {
     if (n && recs) {
@@ -679,20 +699,6 @@ static void run_probes(lookup *lk)
     lk->np = 0;
 }
 
-/* Index of the file of a sorted L1+ level whose largest key >= key. */
-static size_t level_find(lsm_file *const *files, size_t n, const void *key, size_t klen)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (lsm_key_cmp(files[mid]->largest, files[mid]->llen, key, klen) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 static kv_err probe_level(lookup *lk, const lsm_version *v, int l)
 {
     kv_err rv = KV_OK;
@@ -704,7 +710,7 @@ static kv_err probe_level(lookup *lk, const lsm_version *v, int l)
                 rv = add_probe(lk, k, v->files[0][i]);
             continue;
         }
-        size_t i = level_find(v->files[l], v->nfiles[l], lk->keys[k], lk->klens[k]);
+        size_t i = lsm_level_find(v->files[l], v->nfiles[l], lk->keys[k], lk->klens[k]);
         if (i < v->nfiles[l])
             rv = add_probe(lk, k, v->files[l][i]);
     }

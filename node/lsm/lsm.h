@@ -144,6 +144,14 @@ typedef struct lsm_opts {
      * FD), at least 4096. */
     struct nhc *nhc;
     uint64_t twin_entries;
+    /* A tombstone is dropped by compaction only when no level below may hold
+     * its key and it is older than this (DESIGN.md §4: deletes keep their
+     * tombstones for a grace period so no repair resurrects the key). Its
+     * age is measured from its time: the milliseconds of its HLC version
+     * (version >> 16), or its expire_at when later (an expired PUT turned
+     * into a tombstone keeps its expire_at). 0 = dropped as soon as nothing
+     * below may hold the key. */
+    uint64_t tombstone_grace_ms;
 } lsm_opts;
 
 /* Called by lsm_open for each WAL record not covered by an installed SST, in
@@ -203,8 +211,9 @@ kv_err lsm_wal_append(lsm_db *db, const lsm_rec *recs, size_t n);
  * serialised internally. */
 kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno);
 
-/* Number of flushes installed since lsm_open (the node compares it before
- * and after a read to avoid stale fills of the memory tier). */
+/* Number of flushes installed since lsm_open, plus one per
+ * lsm_compact_all_filter (the node compares it before and after a read to
+ * avoid stale fills of the memory tier). */
 uint64_t lsm_flush_generation(lsm_db *db);
 
 /* Looks key up across all levels and fills *out with its newest record,
@@ -232,6 +241,44 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
  * only slows the key's score growth). No-op when HotRAP is off. key is
  * borrowed. Any thread. */
 void lsm_note_access(lsm_db *db, const void *key, size_t klen, size_t vlen);
+
+/* ---- iteration ----
+ *
+ * An iterator over a snapshot of the SSTs: it pins the version current at
+ * lsm_iter_open (refcounted), so flushes and compactions that run meanwhile
+ * neither change what it returns nor delete the files it reads; records
+ * flushed after the open are not seen. It returns the newest record (highest
+ * seqno) of each key in key order (lsm_key_cmp: memcmp, a shorter key first
+ * on a common prefix), tombstones and expired records included as stored.
+ * Blocks are read sequentially with read-ahead (one open file per level,
+ * one per L0 file) and verified. An iterator belongs to one thread at a time
+ * (any thread); close every iterator before lsm_close. */
+typedef struct lsm_iter lsm_iter;
+
+/* Opens an iterator over the current version, not positioned yet (call
+ * lsm_iter_seek). Returns KV_OK and *out (caller owns it, lsm_iter_close)
+ * or RESOURCE_EXHAUSTED. Does no I/O. */
+kv_err lsm_iter_open(lsm_db *db, lsm_iter **out);
+/* Positions it on the first key strictly greater than after (after NULL:
+ * the first key). Returns KV_OK (lsm_iter_rec is NULL when no key is
+ * left), DATA_LOSS when a block is corrupt (logged with the file; see
+ * lsm_iter_failed_file), INTERNAL on a read error, RESOURCE_EXHAUSTED. An
+ * iterator that failed keeps returning its error. after is borrowed. */
+kv_err lsm_iter_seek(lsm_iter *it, const void *after, size_t after_len);
+/* Moves to the next key. Returns as lsm_iter_seek (KV_OK at the end). */
+kv_err lsm_iter_next(lsm_iter *it);
+/* The current record, or NULL at the end, before the first seek or after an
+ * error. It points into the iterator's buffers (key, value) and stays valid
+ * until the next seek, next or close. */
+const lsm_rec *lsm_iter_rec(const lsm_iter *it);
+/* The path of the SST whose read failed, or NULL; valid until close. */
+const char *lsm_iter_failed_file(const lsm_iter *it);
+/* Unpins the version and frees it. NULL is a no-op. */
+void lsm_iter_close(lsm_iter *it);
+
+/* The LSM's key order: memcmp over the common prefix, then the shorter key
+ * first. Returns <0, 0 or >0. Any thread. */
+int lsm_key_cmp(const void *a, size_t al, const void *b, size_t bl);
 
 /* Frees the key and value of a record filled by lsm_get / lsm_multiget and
  * zeroes them. NULL is a no-op. */
@@ -297,5 +344,40 @@ kv_err lsm_compact_wait_idle(lsm_db *db);
  * Waits for background compactions first and blocks them meanwhile. Returns
  * KV_OK or the first compaction error. For tests and admin. */
 kv_err lsm_compact_all(lsm_db *db);
+
+/* Cleanup filter: returns true to keep key. Called on the thread running
+ * the compaction (today the caller of lsm_compact_all_filter; callers must
+ * not rely on it), with a key valid during the call only; must not call
+ * into the db. */
+typedef bool (*lsm_keep_fn)(void *arg, const void *key, size_t klen);
+
+/* lsm_compact_all that also drops every record (every version, tombstones
+ * included) whose key keep rejects, and rewrites every file of every level
+ * to do so (the deepest level too, into itself, when no level above holds
+ * a file), so that once it returns no version of a rejected key is left in
+ * any SST of the version it installed: neither retention nor promotion by
+ * compaction keeps a rejected record. Flushes the promotion buffer first
+ * (its records are then compacted away too); a promotion of a rejected key
+ * read from SD during the call may still land in L0 afterwards. Bumps the
+ * flush generation at the end, so that a memory-tier fill racing it fails.
+ * *dropped (may be NULL) = the records the filter removed (each stored
+ * version counted once). Returns KV_OK or the first compaction error (the
+ * steps done before it stay installed). Any thread; blocks background
+ * compaction meanwhile. */
+kv_err lsm_compact_all_filter(lsm_db *db, lsm_keep_fn keep, void *arg, uint64_t *dropped);
+
+/* Returns once every record lsm_wal_append acknowledged before the call is
+ * durable in the WAL (fsync of the current segment, and of the sealed
+ * segments not synced when they were sealed), whatever the sync mode;
+ * records already flushed are durable in their SST. Returns KV_OK or
+ * INTERNAL (the fsync failed, logged). Any thread; concurrent appends wait
+ * during the fsync. */
+kv_err lsm_wal_sync(lsm_db *db);
+
+/* A cheap estimate (no I/O, one version pin) of what the SSTs hold: *records
+ * = the sum of their entry counts (a key with versions in several levels
+ * counts once per version), *bytes = the sum of their file sizes (keys,
+ * values and record headers, plus index and bloom filter). Any thread. */
+void lsm_estimate(lsm_db *db, uint64_t *records, uint64_t *bytes);
 
 #endif

@@ -71,7 +71,6 @@ kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
 bool lsm_rec_valid(const lsm_rec *r);
 /* Deep copy of r (key and value malloc'ed) into *out. */
 kv_err lsm_rec_copy(lsm_rec *out, const lsm_rec *r);
-int lsm_key_cmp(const void *a, size_t al, const void *b, size_t bl);
 /* Maps an errno to kv_err: ENOSPC/EDQUOT -> RESOURCE_EXHAUSTED, else INTERNAL. */
 kv_err lsm_errno(int e);
 
@@ -143,6 +142,8 @@ bool lsm_sst_may_contain(const lsm_sst *s, const void *key, size_t klen);
 /* Index of the block that may hold key, or -1 when key is past the last. */
 int lsm_sst_find_block(const lsm_sst *s, const void *key, size_t klen);
 uint32_t lsm_sst_nblocks(const lsm_sst *s);
+/* The file's path (for messages), valid while s is open. */
+const char *lsm_sst_path(const lsm_sst *s);
 /* Bytes the open reader keeps in memory (index, bloom filter, block table). */
 uint64_t lsm_sst_mem(const lsm_sst *s);
 /* Fills io to read block blk (payload + crc) into a new malloc'ed buffer. */
@@ -217,6 +218,8 @@ kv_err lsm_wal_open(lsm_wal **out, lsm_vol *v, const lsm_opts *o, uint64_t numbe
 kv_err lsm_wal_write(lsm_wal *w, const lsm_rec *recs, size_t n);
 /* Seals the current segment (fsync unless sync none) and starts `number`. */
 kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number);
+/* lsm_wal_sync: fsyncs what the sync mode left unsynced (see lsm.h). */
+kv_err lsm_wal_sync_all(lsm_wal *w);
 /* Deletes sealed segments whose records all have seqno <= flushed_seq. */
 void lsm_wal_release(lsm_wal *w, uint64_t flushed_seq);
 void lsm_wal_close(lsm_wal *w);

@@ -55,7 +55,7 @@
 
 #include "common/hash.h"
 #include "common/log.h"
-#include "node/lsm/lsm_int.h"
+#include "node/lsm/iter.h"
 
 #define RALT_MAX_RUNS 8
 #define RALT_BITS_PER_KEY 14
@@ -358,57 +358,96 @@ static kv_err run_get(ralt *r, ralt_run *run, const void *key, size_t klen, ralt
 
 /* ---- merging: sources, eviction, writing a run ---- */
 
-/* One sorted input: the folded buffer (entries owned by the caller) or a
- * run's SST. */
-typedef struct src {
-    const ralt_ent *buf;
+/* The folded buffer as a merge source (iter.h): its entries (owned by the
+ * caller, sorted, one per key) encoded as a run's records are. */
+typedef struct buf_src {
+    lsm_src base;
+    const ralt_ent *e;
     size_t n, i;
-    ralt_run *run; /* NULL for the buffer */
-    lsm_sst_iter it;
-    ralt_ent cur;
-    bool valid;
-} src;
+    uint8_t val[RALT_VAL_LEN];
+    lsm_rec rec;
+} buf_src;
 
-static kv_err src_load(src *s)
+static void buf_load(buf_src *b)
 {
-    if (!s->run) {
-        s->valid = s->i < s->n;
-        if (s->valid)
-            s->cur = s->buf[s->i];
-        return KV_OK;
+    if (b->i >= b->n)
+        return;
+    val_encode(b->val, &b->e[b->i]);
+    b->rec = (lsm_rec){.key = b->e[b->i].key,
+                       .klen = b->e[b->i].klen,
+                       .value = b->val,
+                       .vlen = RALT_VAL_LEN,
+                       .type = LSM_PUT};
+}
+
+static void buf_first(lsm_src *s)
+{
+    ((buf_src *)s)->i = 0;
+    buf_load((buf_src *)s);
+}
+
+static void buf_seek(lsm_src *s, const void *key, size_t klen)
+{
+    buf_src *b = (buf_src *)s;
+    size_t lo = 0, hi = b->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (lsm_key_cmp(b->e[mid].key, b->e[mid].klen, key, klen) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    s->valid = s->it.valid;
-    if (!s->valid)
-        return s->it.err;
-    kv_err rv = val_decode(&s->it.cur, &s->cur);
-    s->valid = rv == KV_OK;
-    return rv;
+    b->i = lo;
+    buf_load(b);
 }
 
-static kv_err src_rewind(src *s)
+static void buf_next(lsm_src *s)
 {
-    if (s->run) {
-        lsm_sst_iter_fini(&s->it);
-        lsm_sst_iter_init(&s->it, s->run->f->sst);
-    } else {
-        s->i = 0;
-    }
-    return src_load(s);
+    ((buf_src *)s)->i++;
+    buf_load((buf_src *)s);
 }
 
-static kv_err src_next(src *s)
+static const lsm_rec *buf_cur(const lsm_src *s)
 {
-    if (s->run)
-        lsm_sst_iter_next(&s->it);
-    else
-        s->i++;
-    return src_load(s);
+    return &((const buf_src *)s)->rec;
 }
 
+static bool buf_valid(const lsm_src *s)
+{
+    return ((const buf_src *)s)->i < ((const buf_src *)s)->n;
+}
+
+static kv_err buf_error(const lsm_src *s, const char **file)
+{
+    (void)s;
+    if (file)
+        *file = NULL;
+    return KV_OK;
+}
+
+static uint64_t buf_bytes(const lsm_src *s)
+{
+    (void)s;
+    return 0;
+}
+
+static void buf_fini(lsm_src *s)
+{
+    (void)s;
+}
+
+static const lsm_src_ops buf_ops = {buf_first, buf_seek,  buf_next,  buf_cur,
+                                    buf_valid, buf_error, buf_bytes, buf_fini};
+
+/* Runs (oldest first) and the buffer (newest, when present) merged: ranks
+ * are the sources' age, so equal keys come oldest first. */
 typedef struct merger {
     ralt *r;
-    src *s; /* oldest first; the buffer, when present, is last */
-    size_t n;
+    lsm_sst_src *runs;
+    ralt_run **run_of; /* per source: its run, NULL for the buffer */
+    buf_src buf;
+    lsm_src **ps;
+    lsm_merge mg;
     lsm_buf key; /* out.key points here */
     ralt_ent out;
     kv_err err;
@@ -418,51 +457,85 @@ typedef struct merger {
 static bool merger_fail(merger *m, size_t i, kv_err rv)
 {
     m->err = rv;
-    m->bad = m->s[i].run;
+    m->bad = m->run_of[i];
     return false;
+}
+
+/* Decodes the merger's current record into *e (its source's index *i). */
+static kv_err merger_cur(merger *m, ralt_ent *e, size_t *i)
+{
+    *i = lsm_merge_top(&m->mg);
+    return val_decode(lsm_merge_cur(&m->mg), e);
 }
 
 /* Produces the next folded entry in key order into m->out; false at the
  * end or on an error (m->err). Equal keys fold oldest into newest. */
 static bool merger_next(merger *m)
 {
-    int best = -1;
-    for (size_t i = 0; i < m->n; i++)
-        if (m->s[i].valid && (best < 0 || lsm_key_cmp(m->s[i].cur.key, m->s[i].cur.klen,
-                                                      m->s[best].cur.key, m->s[best].cur.klen) < 0))
-            best = (int)i;
-    if (best < 0)
-        return false;
-    src *b = &m->s[best];
-    m->key.len = 0;
-    kv_err rv = lsm_buf_put(&m->key, b->cur.key, b->cur.klen);
+    size_t i;
+    ralt_ent e;
+    if (!lsm_merge_valid(&m->mg))
+        return lsm_merge_error(&m->mg, &i, NULL) != KV_OK ? merger_fail(m, i, m->mg.err) : false;
+    kv_err rv = merger_cur(m, &e, &i);
     if (rv != KV_OK)
-        return merger_fail(m, (size_t)best, rv);
-    m->out = b->cur;
+        return merger_fail(m, i, rv);
+    m->key.len = 0;
+    if ((rv = lsm_buf_put(&m->key, e.key, e.klen)) != KV_OK)
+        return merger_fail(m, i, rv);
+    m->out = e;
     m->out.key = m->key.p;
-    if ((rv = src_next(b)) != KV_OK)
-        return merger_fail(m, (size_t)best, rv);
-    for (size_t i = (size_t)best + 1; i < m->n; i++) { /* newer sources, same key */
-        src *s = &m->s[i];
-        if (s->valid && lsm_key_cmp(s->cur.key, s->cur.klen, m->out.key, m->out.klen) == 0) {
-            ent_fold(&m->out, &s->cur, m->r->period_ticks);
-            if ((rv = src_next(s)) != KV_OK)
-                return merger_fail(m, i, rv);
-        }
+    for (lsm_merge_next(&m->mg); lsm_merge_valid(&m->mg); lsm_merge_next(&m->mg)) {
+        if ((rv = merger_cur(m, &e, &i)) != KV_OK)
+            return merger_fail(m, i, rv);
+        if (lsm_key_cmp(e.key, e.klen, m->out.key, m->out.klen) != 0)
+            break;
+        ent_fold(&m->out, &e, m->r->period_ticks); /* a newer source, same key */
     }
+    if (lsm_merge_error(&m->mg, &i, NULL) != KV_OK)
+        return merger_fail(m, i, m->mg.err);
     return true;
 }
 
 static kv_err merger_rewind(merger *m)
 {
-    for (size_t i = 0; i < m->n; i++) {
-        kv_err rv = src_rewind(&m->s[i]);
-        if (rv != KV_OK) {
-            merger_fail(m, i, rv);
-            return rv;
-        }
+    size_t i;
+    lsm_merge_first(&m->mg);
+    kv_err rv = lsm_merge_error(&m->mg, &i, NULL);
+    if (rv != KV_OK)
+        merger_fail(m, i, rv);
+    return rv;
+}
+
+/* Sets up the merge of runs [from, nruns) and the buffer (may be NULL). */
+static kv_err merger_init(merger *m, ralt *r, size_t from, const ralt_ent *buf, size_t nbuf)
+{
+    size_t nr = r->nruns - from, n = nr + (buf ? 1 : 0);
+    *m = (merger){.r = r};
+    m->runs = calloc(nr ? nr : 1, sizeof(*m->runs));
+    m->run_of = calloc(n ? n : 1, sizeof(*m->run_of));
+    m->ps = calloc(n ? n : 1, sizeof(*m->ps));
+    if (!m->runs || !m->run_of || !m->ps)
+        return KV_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; i < nr; i++) {
+        m->run_of[i] = r->runs[from + i];
+        lsm_sst_src_init(&m->runs[i], m->run_of[i]->f->sst, (int)i);
+        m->ps[i] = &m->runs[i].base;
     }
-    return KV_OK;
+    if (buf) {
+        m->buf = (buf_src){.base = {&buf_ops, (int)nr}, .e = buf, .n = nbuf};
+        m->ps[nr] = &m->buf.base;
+    }
+    return lsm_merge_init(&m->mg, m->ps, n);
+}
+
+static void merger_fini(merger *m)
+{
+    if (m->mg.heap)
+        lsm_merge_fini(&m->mg);
+    free(m->runs);
+    free(m->run_of);
+    free(m->ps);
+    lsm_buf_free(&m->key);
 }
 
 typedef struct scored {
@@ -599,17 +672,12 @@ static kv_err write_run(merger *m, const uint8_t *drop, ralt_run **out)
  * read error the whole table is dropped (logged). */
 static kv_err merge_runs(ralt *r, size_t from, const ralt_ent *buf, size_t nbuf)
 {
-    size_t n = r->nruns - from + (buf ? 1 : 0);
-    merger m = {.r = r, .s = calloc(n ? n : 1, sizeof(src)), .n = n};
-    if (!m.s)
-        return KV_RESOURCE_EXHAUSTED;
-    for (size_t i = 0; i + from < r->nruns; i++)
-        m.s[i].run = r->runs[from + i];
-    if (buf)
-        m.s[n - 1] = (src){.buf = buf, .n = nbuf};
+    merger m;
     uint8_t *drop = NULL;
     ralt_run *run = NULL;
-    kv_err rv = merger_rewind(&m);
+    kv_err rv = merger_init(&m, r, from, buf, nbuf);
+    if (rv == KV_OK)
+        rv = merger_rewind(&m);
     if (rv == KV_OK && from == 0) {
         rv = plan_eviction(&m, &drop);
         if (rv == KV_OK)
@@ -618,12 +686,8 @@ static kv_err merge_runs(ralt *r, size_t from, const ralt_ent *buf, size_t nbuf)
     if (rv == KV_OK)
         rv = write_run(&m, drop, &run);
     ralt_run *bad = m.bad;
-    for (size_t i = 0; i < n; i++)
-        if (m.s[i].run)
-            lsm_sst_iter_fini(&m.s[i].it);
-    free(m.s);
+    merger_fini(&m);
     free(drop);
-    lsm_buf_free(&m.key);
     if (rv != KV_OK && !bad)
         return rv; /* e.g. FD full: the runs stay as they were */
     size_t keep = rv == KV_OK ? from : 0;

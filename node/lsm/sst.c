@@ -440,6 +440,11 @@ void lsm_sst_close(lsm_sst *s)
     free(s);
 }
 
+const char *lsm_sst_path(const lsm_sst *s)
+{
+    return s->path;
+}
+
 uint32_t lsm_sst_nblocks(const lsm_sst *s)
 {
     return s->nblocks;

@@ -50,6 +50,7 @@ struct lsm_wal {
     pthread_mutex_t mu;
     pthread_cond_t cv, sync_cv;
     bool writing, dirty, stop;
+    bool sealed_unsynced; /* a sealed segment may hold unsynced bytes (sync none, recovered) */
     int fd;
     uint64_t number, off, seg_max;
     lsm_wal_seg *sealed;
@@ -247,6 +248,7 @@ kv_err lsm_wal_open(lsm_wal **out, lsm_vol *v, const lsm_opts *o, uint64_t numbe
     w->number = number;
     w->sealed = segs;
     w->nsealed = w->capsealed = nsegs;
+    w->sealed_unsynced = nsegs > 0; /* replayed: maybe written by a process that never synced */
     *out = w;
     return KV_OK;
 }
@@ -288,6 +290,7 @@ kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number)
         w->off = 0;
         w->seg_max = 0;
         w->dirty = false;
+        w->sealed_unsynced |= w->mode == LSM_SYNC_NONE;
     } else if (fd >= 0) {
         close(fd);
     }
@@ -296,6 +299,59 @@ kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number)
     pthread_mutex_unlock(&w->mu);
     if (rv == KV_OK)
         close(old);
+    return rv;
+}
+
+/* fsyncs the sealed segments named in nums (a segment deleted meanwhile was
+ * flushed: nothing to do). */
+static kv_err sync_sealed(lsm_wal *w, const uint64_t *nums, size_t n)
+{
+    kv_err rv = KV_OK;
+    for (size_t i = 0; i < n && rv == KV_OK; i++) {
+        char name[64];
+        seg_name(name, sizeof(name), nums[i]);
+        int fd = lsm_vol_open(w->v, name, O_RDONLY);
+        if (fd == -ENOENT)
+            continue;
+        rv = fd < 0 ? lsm_errno(fd) : lsm_vol_fsync(w->v, fd);
+        if (fd >= 0)
+            close(fd);
+    }
+    return rv;
+}
+
+kv_err lsm_wal_sync_all(lsm_wal *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->writing) /* every acknowledged group is written once this ends */
+        pthread_cond_wait(&w->cv, &w->mu);
+    bool cur = w->mode != LSM_SYNC_ALWAYS, sealed = w->sealed_unsynced;
+    size_t n = sealed ? w->nsealed : 0;
+    uint64_t *nums = n ? malloc(n * sizeof(*nums)) : NULL;
+    if ((!cur && !sealed) || (n && !nums)) {
+        pthread_mutex_unlock(&w->mu);
+        return n && !nums ? KV_RESOURCE_EXHAUSTED : KV_OK; /* always: synced on each write */
+    }
+    for (size_t i = 0; i < n; i++)
+        nums[i] = w->sealed[i].number;
+    w->writing = true; /* no group write, rotation or batch fsync meanwhile */
+    int fd = w->fd;
+    pthread_mutex_unlock(&w->mu);
+    kv_err rv = cur ? lsm_vol_fsync(w->v, fd) : KV_OK;
+    if (rv == KV_OK)
+        rv = sync_sealed(w, nums, n);
+    free(nums);
+    if (rv != KV_OK)
+        KV_ERROR(LSM_LOG, "WAL sync in %s: %s", w->v->dir, kv_strerror(rv));
+    pthread_mutex_lock(&w->mu);
+    if (rv == KV_OK) {
+        w->dirty = false;
+        w->sealed_unsynced = false;
+        atomic_fetch_add(&w->fsyncs, 1);
+    }
+    w->writing = false;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
     return rv;
 }
 
