@@ -4,3 +4,4 @@ add_library(kv_node STATIC server.c stats.c engine.c engine_bg.c engine_iter.c e
 target_link_libraries(kv_node PUBLIC kv_index kv_lsm kv_shard kv_proto kv_common)
 add_executable(kvnode main.c)
 target_link_libraries(kvnode PRIVATE kv_node)
+target_sources(kv_node PRIVATE hints.c hints_seg.c)
