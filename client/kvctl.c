@@ -23,6 +23,12 @@ static const kvctl_cmd commands[] = {
     {"ping", kvctl_ping, 0, 0, "ping"},
     {"cluster", kvctl_cluster, 1, 1000, "cluster init --rf N ID=ADDR..."},
     {"hotkeys", kvctl_hotkeys, 0, 0, "hotkeys [--top N] [--watch] [--json]"},
+    {"node", kvctl_node, 1, 3,
+     "node add ID=ADDR [--weight W] | remove ID | replace OLD_ID NEW_ID=ADDR | weight ID W | "
+     "abort | cleanup ID   membership changes, with streaming (--stream-mbps N, --no-wait)"},
+    {"repair", kvctl_repair, 0, 1,
+     "repair [NODE_ID] [--ranges LO:HI,...]   compare replicas (Merkle trees) and stream the "
+     "differences"},
     {"nhc", kvctl_nhc, 0, 1,
      "nhc [NODE_ID] [--watch] [--json]   NHC scheduler per node: state, data_admit, "
      "load_admit, miss ratio, per-volume reads/s and latency, last minute"},
@@ -55,6 +61,15 @@ int main(int argc, char **argv)
         {"rf", KV_OPT_INT, &env.rf, "cluster init: replication factor", NULL, 1, 16},
         {"top", KV_OPT_INT, &env.top, "hotkeys: how many keys", NULL, 1, 100000},
         {"watch", KV_OPT_BOOL, &env.watch, "hotkeys, nhc: refresh every second", NULL, 0, 0},
+        {"weight", KV_OPT_INT, &env.weight, "node add: the new node's weight (1..1000)", NULL, 1,
+         1000},
+        {"stream-mbps", KV_OPT_INT, &env.stream_mbps,
+         "node, repair: stream throttle in MiB/s (default: each node's --stream-mbps)", NULL, 1,
+         100000},
+        {"ranges", KV_OPT_STR, &env.ranges,
+         "repair: only these ring ranges, LO:HI[,LO:HI...] (hash positions, (LO, HI])", NULL, 0, 0},
+        {"no-wait", KV_OPT_BOOL, &env.no_wait,
+         "node, repair: start the streams and return (rerun the command to finish)", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvctl", "COMMAND [ARGS]"};
     char err[512];

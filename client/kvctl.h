@@ -6,8 +6,17 @@
 #include <stdbool.h>
 
 #include "kv/kv_err.h"
+#include "proto/kv.pb-c.h"
+#include "proto/rpc.h"
+#include "shard/clustermap.h"
 
-enum { KVCTL_OK = 0, KVCTL_NOT_FOUND = 1, KVCTL_USAGE = 2, KVCTL_SERVER = 3 };
+enum {
+    KVCTL_OK = 0,
+    KVCTL_NOT_FOUND = 1,
+    KVCTL_USAGE = 2,
+    KVCTL_SERVER = 3,
+    KVCTL_INTERRUPTED = 130
+};
 
 typedef struct kvctl_env {
     char *router;
@@ -19,6 +28,10 @@ typedef struct kvctl_env {
     long rf;
     long top;
     bool watch;
+    long weight;      /* node add: the new node's weight */
+    long stream_mbps; /* node *, repair: stream throttle (0 = the nodes' --stream-mbps) */
+    char *ranges;     /* repair: LO:HI[,LO:HI...] */
+    bool no_wait;     /* node *, repair: start and return without waiting */
 } kvctl_env;
 
 typedef int (*kvctl_fn)(kvctl_env *env, int argc, char **argv);
@@ -35,6 +48,20 @@ int kvctl_fail(kv_err rv, const char *msg);
 /* Prints s as a JSON string literal (escaped) to stdout. */
 void kvctl_json_str(const char *s, size_t len);
 
+/* ---- kvctl_rpc.c ---- */
+/* A channel to addr; NULL (message printed) for a bad address. */
+rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr);
+/* Calls method (deadline 0 = --timeout); on failure prints the status
+ * unless quiet and returns KVCTL_SERVER (rep freed). */
+int kvctl_call(kvctl_env *env, rpc_chan *ch, const char *method, const ProtobufCMessage *req,
+               uint32_t deadline_ms, rpc_reply *rep, bool quiet);
+/* Fetches the map from ch: *out = NULL when the peer has none. */
+int kvctl_fetch_map(kvctl_env *env, rpc_chan *ch, cmap **out, bool quiet);
+/* Pings ch; NULL on failure. *ms (may be NULL) gets the round trip. */
+Kv__PingReply *kvctl_ping_rpc(kvctl_env *env, rpc_chan *ch, double *ms, bool quiet);
+/* "serving", "catching_up", ... for a Kv__Serving. */
+const char *kvctl_serving_name(int s);
+
 int kvctl_get(kvctl_env *env, int argc, char **argv);
 int kvctl_put(kvctl_env *env, int argc, char **argv);
 int kvctl_del(kvctl_env *env, int argc, char **argv);
@@ -44,5 +71,7 @@ int kvctl_ping(kvctl_env *env, int argc, char **argv);
 int kvctl_cluster(kvctl_env *env, int argc, char **argv);
 int kvctl_hotkeys(kvctl_env *env, int argc, char **argv);
 int kvctl_nhc(kvctl_env *env, int argc, char **argv);
+int kvctl_node(kvctl_env *env, int argc, char **argv);
+int kvctl_repair(kvctl_env *env, int argc, char **argv);
 
 #endif

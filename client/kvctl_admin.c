@@ -14,73 +14,13 @@
 #include "proto/rpc.h"
 #include "shard/clustermap.h"
 
-static rpc_chan *open_chan(kvctl_env *env, const char *addr)
-{
-    rpc_chan *ch = NULL;
-    rpc_chan_opts o = {.auth = env->auth, .connect_wait_ms = 1000};
-    if (rpc_chan_open(&ch, addr, &o) != KV_OK) {
-        fprintf(stderr, "kvctl: INVALID_ARGUMENT: bad address '%s'\n", addr);
-        return NULL;
-    }
-    return ch;
-}
-
-/* Calls method; on failure prints the status and returns KVCTL_SERVER. */
-static int admin_call(kvctl_env *env, rpc_chan *ch, const char *method, const ProtobufCMessage *req,
-                      rpc_reply *rep, bool quiet)
-{
-    kv_err rv = rpc_call(ch, method, 0, req, (uint32_t)env->timeout_ms, rep);
-    if (rv == KV_OK)
-        return KVCTL_OK;
-    if (!quiet) {
-        char msg[400];
-        snprintf(msg, sizeof(msg), "%s: %s", rpc_chan_url(ch),
-                 rep->message ? rep->message : kv_strerror(rv));
-        kvctl_fail(rv, msg);
-    }
-    rpc_reply_free(rep);
-    return KVCTL_SERVER;
-}
-
-/* Fetches the map from ch: *out = NULL when the peer has none. */
-static int fetch_map(kvctl_env *env, rpc_chan *ch, cmap **out, bool quiet)
-{
-    Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
-    rpc_reply rep;
-    int code = admin_call(env, ch, "admin.GetMap", &req.base, &rep, quiet);
-    if (code != KVCTL_OK)
-        return code;
-    Kv__GetMapReply *g = kv__get_map_reply__unpack(NULL, rep.len, rep.body);
-    char err[256] = "malformed GetMapReply";
-    *out = NULL;
-    if (!g || (g->has_map && (!g->map || cmap_from_pb(g->map, out, err, sizeof(err)) != KV_OK)))
-        code = kvctl_fail(KV_INTERNAL, err);
-    if (g)
-        kv__get_map_reply__free_unpacked(g, NULL);
-    rpc_reply_free(&rep);
-    return code;
-}
-
-static Kv__PingReply *ping(kvctl_env *env, rpc_chan *ch, double *ms, bool quiet)
-{
-    Kv__PingRequest req = KV__PING_REQUEST__INIT;
-    rpc_reply rep;
-    uint64_t t0 = kv_now_ns();
-    if (admin_call(env, ch, "admin.Ping", &req.base, &rep, quiet) != KVCTL_OK)
-        return NULL;
-    *ms = (double)(kv_now_ns() - t0) / 1e6;
-    Kv__PingReply *p = kv__ping_reply__unpack(NULL, rep.len, rep.body);
-    rpc_reply_free(&rep);
-    return p;
-}
-
 int kvctl_ping(kvctl_env *env, int argc, char **argv)
 {
-    rpc_chan *ch = open_chan(env, env->router);
+    rpc_chan *ch = kvctl_open_chan(env, env->router);
     if (!ch)
         return KVCTL_USAGE;
     double ms = 0;
-    Kv__PingReply *p = ping(env, ch, &ms, false);
+    Kv__PingReply *p = kvctl_ping_rpc(env, ch, &ms, false);
     int code = p ? KVCTL_OK : KVCTL_SERVER;
     if (p && env->json)
         printf("{\"role\":\"%s\",\"id\":\"%s\",\"map_epoch\":%llu,\"uptime_ms\":%llu,"
@@ -98,9 +38,9 @@ int kvctl_ping(kvctl_env *env, int argc, char **argv)
 
 int kvctl_ring(kvctl_env *env, int argc, char **argv)
 {
-    rpc_chan *ch = open_chan(env, env->router);
+    rpc_chan *ch = kvctl_open_chan(env, env->router);
     cmap *m = NULL;
-    int code = ch ? fetch_map(env, ch, &m, false) : KVCTL_USAGE;
+    int code = ch ? kvctl_fetch_map(env, ch, &m, false) : KVCTL_USAGE;
     if (code == KVCTL_OK && !m)
         code = kvctl_fail(KV_FAILED_PRECONDITION, "no cluster map yet (run kvctl cluster init)");
     if (code == KVCTL_OK) {
@@ -149,8 +89,8 @@ int kvctl_cluster(kvctl_env *env, int argc, char **argv)
     int code = KVCTL_OK;
     for (size_t i = 0; code == KVCTL_OK && i < n; i++) { /* refuse before writing anything */
         cmap *old = NULL;
-        chans[i] = open_chan(env, cmap_node_at(m, i)->addr);
-        code = chans[i] ? fetch_map(env, chans[i], &old, false) : KVCTL_USAGE;
+        chans[i] = kvctl_open_chan(env, cmap_node_at(m, i)->addr);
+        code = chans[i] ? kvctl_fetch_map(env, chans[i], &old, false) : KVCTL_USAGE;
         if (code == KVCTL_OK && old) {
             snprintf(err, sizeof(err), "node %s (%s) already has a cluster map (epoch %llu)",
                      cmap_node_at(m, i)->id, cmap_node_at(m, i)->addr,
@@ -167,7 +107,7 @@ int kvctl_cluster(kvctl_env *env, int argc, char **argv)
         req.map = pb;
         req.only_if_empty = true;
         rpc_reply rep;
-        code = admin_call(env, chans[i], "admin.SetMap", &req.base, &rep, false);
+        code = kvctl_call(env, chans[i], "admin.SetMap", &req.base, 0, &rep, false);
         if (code == KVCTL_OK)
             rpc_reply_free(&rep);
     }

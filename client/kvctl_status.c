@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "client/kvctl.h"
+#include "client/kvctl_stream.h"
+#include "common/clock.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
 #include "shard/clustermap.h"
@@ -21,6 +23,7 @@ typedef struct status_ctx {
     bool target_is_router;
     const char *target_id;
     int printed;
+    Kv__StatsReply *router; /* the router's own stats (its view of the nodes) */
 } status_ctx;
 
 static const char *stat_of(const Kv__StatsReply *s, const char *name)
@@ -65,13 +68,24 @@ static Kv__StatsReply *node_stats(status_ctx *sc, const char *id, const char *ad
     return s;
 }
 
+/* The router's view of node id ("up", "down", ...), "-" against a node. */
+static const char *view_of(status_ctx *sc, const char *id)
+{
+    char name[CMAP_MAX_ID + 8];
+    snprintf(name, sizeof(name), "view.%s", id);
+    const char *v = stat_of(sc->router, name);
+    return v ? v : "-";
+}
+
 static void print_row(status_ctx *sc, const char *id, const char *addr, const char *state,
                       const Kv__StatsReply *s)
 {
     const kvctl_env *env = sc->env;
+    const char *serving = s ? stat_of(s, "serving") : NULL;
     if (env->json) {
-        printf("%s{\"id\":\"%s\",\"address\":\"%s\",\"state\":\"%s\",\"stats\":{",
-               sc->printed++ ? "," : "", id, addr, state);
+        printf("%s{\"id\":\"%s\",\"address\":\"%s\",\"state\":\"%s\",\"serving\":\"%s\","
+               "\"view\":\"%s\",\"stats\":{",
+               sc->printed++ ? "," : "", id, addr, state, serving ? serving : "-", view_of(sc, id));
         for (size_t i = 0; s && i < s->n_stats; i++) {
             printf("%s\"%s\":", i ? "," : "", s->stats[i]->name);
             kvctl_json_str(s->stats[i]->value, strlen(s->stats[i]->value));
@@ -88,8 +102,8 @@ static void print_row(status_ctx *sc, const char *id, const char *addr, const ch
     snprintf(memcol, sizeof(memcol), "%s / %s", mem, lim);
     const char *keys = s ? stat_of(s, "keys") : NULL;
     const char *dur = s ? stat_of(s, "durability") : NULL;
-    printf("%-12s %-26s %-12s %10s  %-22s %s\n", id, addr, state, keys ? keys : "-", memcol,
-           dur ? dur : "-");
+    printf("%-12s %-26s %-12s %-13s %-13s %10s  %-22s %s\n", id, addr, state,
+           serving ? serving : "-", view_of(sc, id), keys ? keys : "-", memcol, dur ? dur : "-");
     for (size_t i = 0; env->verbose && s && i < s->n_stats; i++)
         printf("    %-28s %s\n", s->stats[i]->name, s->stats[i]->value);
 }
@@ -136,6 +150,54 @@ static cmap *target_map(status_ctx *sc, int *code)
     return m;
 }
 
+/* The router's own stats (its failure detector's view). */
+static Kv__StatsReply *router_stats(status_ctx *sc)
+{
+    Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
+    rpc_reply rep;
+    Kv__StatsReply *s = NULL;
+    if (rpc_call(sc->target, "admin.Stats", 0, &req.base, (uint32_t)sc->env->timeout_ms, &rep) ==
+        KV_OK)
+        s = kv__stats_reply__unpack(NULL, rep.len, rep.body);
+    rpc_reply_free(&rep);
+    return s;
+}
+
+/* The open transition and its streams (asked of the target nodes). */
+static void print_transition(status_ctx *sc, const cmap *m)
+{
+    const Kv__Transition *t = cmap_transition(m);
+    size_t n = 0;
+    kvctl_stream *s = kvctl_transition_streams(m, &n);
+    if (!s)
+        return;
+    kvctl_streams_poll(sc->env, s, n);
+    double age = (double)(kv_wall_ms() - t->started_ms) / 1000.0;
+    if (sc->env->json) {
+        printf("\"transition\":{\"kind\":\"%s\",\"node\":\"%s\",\"from_epoch\":%llu,"
+               "\"age_s\":%.0f,\"streams\":",
+               t->kind, t->nodes[0], (unsigned long long)t->from_epoch, age);
+        kvctl_streams_print_json(s, n);
+        printf("},");
+        free(s);
+        return;
+    }
+    printf("transition: %s %s%s%s (since %.0f s), %zu streams\n", t->kind, t->nodes[0],
+           t->n_nodes > 1 ? " for " : "", t->n_nodes > 1 ? t->nodes[1] : "", age, n);
+    for (size_t i = 0; i < n; i++) {
+        char b[32], r[32];
+        kvctl_human((double)s[i].bytes, b, sizeof(b));
+        kvctl_human(s[i].rate, r, sizeof(r));
+        double eta = s[i].rate > 0 && s[i].est_bytes > s[i].bytes
+                         ? (double)(s[i].est_bytes - s[i].bytes) / s[i].rate
+                         : 0;
+        printf("  %-24s %s -> %-10s %-9s %10llu keys %12s %12s/s  ETA %.0f s%s%s\n", s[i].job.id,
+               s[i].source, s[i].target, s[i].state[0] ? s[i].state : "?",
+               (unsigned long long)s[i].keys, b, r, eta, s[i].error[0] ? "  " : "", s[i].error);
+    }
+    free(s);
+}
+
 int kvctl_status(kvctl_env *env, int argc, char **argv)
 {
     status_ctx sc = {.env = env};
@@ -153,14 +215,22 @@ int kvctl_status(kvctl_env *env, int argc, char **argv)
         if (!m && sc.target_is_router)
             code = kvctl_fail(KV_FAILED_PRECONDITION, "the router has no cluster map yet");
     }
+    if (code == KVCTL_OK && sc.target_is_router)
+        sc.router = router_stats(&sc);
     if (code == KVCTL_OK) {
         if (env->json)
-            printf("{\"map_epoch\":%llu,\"rf\":%u,\"nodes\":[",
-                   (unsigned long long)(m ? cmap_epoch(m) : 0), m ? cmap_rf(m) : 1);
+            printf("{\"map_epoch\":%llu,\"rf\":%u,", (unsigned long long)(m ? cmap_epoch(m) : 0),
+                   m ? cmap_rf(m) : 1);
         else
-            printf("map epoch %llu, rf %u\n%-12s %-26s %-12s %10s  %-22s %s\n",
-                   (unsigned long long)(m ? cmap_epoch(m) : 0), m ? cmap_rf(m) : 1, "ID", "ADDRESS",
-                   "STATE", "KEYS", "MEMORY", "DURABILITY");
+            printf("map epoch %llu, rf %u\n", (unsigned long long)(m ? cmap_epoch(m) : 0),
+                   m ? cmap_rf(m) : 1);
+        if (m && cmap_transition(m))
+            print_transition(&sc, m);
+        if (env->json)
+            printf("\"nodes\":[");
+        else
+            printf("%-12s %-26s %-12s %-13s %-13s %10s  %-22s %s\n", "ID", "ADDRESS", "STATE",
+                   "SERVING", "ROUTER VIEW", "KEYS", "MEMORY", "DURABILITY");
         for (size_t i = 0; m && i < cmap_node_count(m); i++)
             one_node(&sc, cmap_node_at(m, i)->id, cmap_node_at(m, i)->addr,
                      cmap_node_at(m, i)->state);
@@ -171,6 +241,8 @@ int kvctl_status(kvctl_env *env, int argc, char **argv)
     }
     if (p)
         kv__ping_reply__free_unpacked(p, NULL);
+    if (sc.router)
+        kv__stats_reply__free_unpacked(sc.router, NULL);
     cmap_unref(m);
     rpc_chan_close(sc.target);
     return code;

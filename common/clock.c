@@ -2,6 +2,7 @@
 /* Monotonic and wall clocks, and the lock-free hybrid logical clock. */
 #include "common/clock.h"
 
+#include <errno.h>
 #include <time.h>
 
 uint64_t kv_now_ns(void)
@@ -41,5 +42,12 @@ void kv_hlc_observe(kv_hlc *c, uint64_t remote)
     /* CAS: raise `last` to `remote` unless another thread raised it further. */
     while (remote > old && !atomic_compare_exchange_weak_explicit(
                                &c->last, &old, remote, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+void kv_sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
 }

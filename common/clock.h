@@ -13,6 +13,8 @@
 
 uint64_t kv_now_ns(void);  /* CLOCK_MONOTONIC */
 uint64_t kv_wall_ms(void); /* CLOCK_REALTIME, milliseconds since the epoch */
+/* Sleeps ns nanoseconds (resumed after signals). */
+void kv_sleep_ns(uint64_t ns);
 
 typedef struct kv_hlc {
     _Atomic uint64_t last;

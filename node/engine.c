@@ -271,6 +271,7 @@ static void get_visit(void *arg, const hr_view *v)
 {
     get_state *g = arg;
     g->out->version = v->meta.version;
+    g->out->expire_at = v->meta.expire_at;
     if (!rec_live(v->meta.flags, v->meta.expire_at, g->now_ms))
         return;
     uint8_t *copy = malloc(v->vlen ? v->vlen : 1);
@@ -338,6 +339,7 @@ static kv_err get_from_lsm(engine *e, const void *key, size_t klen, engine_resul
     atomic_fetch_add_explicit(tier == LSM_TIER_SD ? &e->reads_sd : &e->reads_fd, 1,
                               memory_order_relaxed);
     r->version = rec.version;
+    r->expire_at = rec.expire_at;
     if (rec.type == LSM_PUT && (rec.expire_at == 0 || rec.expire_at > now_ms)) {
         r->val = malloc(rec.vlen ? rec.vlen : 1);
         if (!r->val) {
@@ -388,6 +390,7 @@ static kv_err lsm_result(engine *e, const lsm_rec *rec, lsm_tier tier, uint64_t 
     atomic_fetch_add_explicit(tier == LSM_TIER_SD ? &e->reads_sd : &e->reads_fd, 1,
                               memory_order_relaxed);
     r->version = rec->version;
+    r->expire_at = rec->expire_at;
     if (rec->type == LSM_PUT && (rec->expire_at == 0 || rec->expire_at > now_ms)) {
         if (!(r->val = malloc(rec->vlen ? rec->vlen : 1)))
             return KV_RESOURCE_EXHAUSTED;

@@ -83,7 +83,8 @@ typedef struct engine_result {
     bool found;       /* get: a live record; delete: a live record existed */
     uint8_t *val;     /* get: malloc'ed copy, owned by the caller (free()) */
     size_t vlen;
-    bool applied; /* write: stored; false when an equal or newer version governs the key */
+    bool applied;       /* write: stored; false when an equal or newer version governs the key */
+    uint64_t expire_at; /* get: the record's expiry (wall ms, 0 = never) */
 } engine_result;
 
 typedef struct engine_stats {

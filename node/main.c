@@ -87,6 +87,13 @@ int main(int argc, char **argv)
     n.cfg.write_buffer_mb = 64;
     n.cfg.hot_threshold = 1000;
     n.cfg.hotrap = true;
+    n.cfg.stream_mbps = 16;
+    n.cfg.cleanup_delay_s = 300;
+    n.cfg.map_refresh_ms = 2000;
+    n.cfg.hints_max_mb = 1024;
+    n.cfg.hint_window_s = 3 * 3600;
+    n.cfg.tombstone_grace_s = 10 * 86400;
+    n.cfg.catchup_timeout_ms = 10000;
     static const char *const sync_modes[] = {"always", "batch", "none", NULL};
     static const char *const nhc_targets[] = {"throughput", "p99", NULL};
     static const char *const off_on[] = {"off", "on", NULL}; /* a value is required */
@@ -159,6 +166,28 @@ int main(int argc, char **argv)
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},
         {"max-batch-bytes", KV_OPT_INT, &max_batch, "batch size limit", NULL, 1, 1L << 30},
+        {"stream-mbps", KV_OPT_INT, &n.cfg.stream_mbps,
+         "default throttle of the streams this node pulls (membership changes, repair), MiB/s",
+         NULL, 1, 100000},
+        {"cleanup-delay", KV_OPT_INT, &n.cfg.cleanup_delay_s,
+         "seconds after a membership change completes before the node drops the ranges it no "
+         "longer replicates (-1 = only on kvctl node cleanup)",
+         NULL, -1, 365L * 86400},
+        {"map-refresh-ms", KV_OPT_INT, &n.cfg.map_refresh_ms,
+         "how often a peer is asked for a newer cluster map", NULL, 50, 3600000},
+        {"hints-max-mb", KV_OPT_INT, &n.cfg.hints_max_mb,
+         "bound on the hints this node keeps for unreachable replicas, MiB", NULL, 1, 1L << 30},
+        {"hint-window", KV_OPT_INT, &n.cfg.hint_window_s,
+         "seconds a hint is kept; older hints are dropped and their target needs kvctl repair",
+         NULL, 1, 365L * 86400},
+        {"tombstone-grace", KV_OPT_INT, &n.cfg.tombstone_grace_s,
+         "seconds a delete's tombstone is kept before compaction may drop it (a node down "
+         "longer must be wiped and replaced, not restarted)",
+         NULL, 0, 3650L * 86400},
+        {"catchup-timeout-ms", KV_OPT_INT, &n.cfg.catchup_timeout_ms,
+         "after a restart, a peer that does not answer within this time is skipped when "
+         "waiting for the hints held for this node",
+         NULL, 100, 3600000},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};

@@ -6,8 +6,12 @@
 #ifndef KV_NODE_NODE_H
 #define KV_NODE_NODE_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "common/ticker.h"
 
 #include "common/limits.h"
 #include "node/engine.h"
@@ -36,7 +40,22 @@ typedef struct node_config {
     long workers;
     double hot_threshold; /* ops/s summed over routers that pins a key */
     kv_limits limits;
+    long stream_mbps;        /* default throttle of stream jobs, MiB/s */
+    long cleanup_delay_s;    /* cleanup this long after a transition completes (<0 = never) */
+    long map_refresh_ms;     /* how often a peer is asked for a newer map */
+    long hints_max_mb;       /* bound on stored hints */
+    long hint_window_s;      /* hints older than this are dropped (repair needed) */
+    long tombstone_grace_s;  /* tombstones are kept at least this long */
+    long catchup_timeout_ms; /* a peer silent this long is skipped by the catch-up */
 } node_config;
+
+typedef struct node_streams node_streams; /* stream.c */
+typedef struct node_handoff node_handoff; /* handoff.c */
+
+typedef struct node_peer {
+    char *addr;
+    rpc_chan *chan;
+} node_peer;
 
 typedef struct node {
     node_config cfg;
@@ -45,7 +64,76 @@ typedef struct node {
     cmap_slot *maps; /* the node's cluster map (empty before cluster init) */
     rpc_server *rpc;
     uint64_t started_ns;
+    /* nodemap.c: map installs are serialised by map_mu (check, persist,
+     * install as one step: the compare-and-set of admin.SetMap). */
+    pthread_mutex_t map_mu;
+    _Atomic int serving;            /* Kv__Serving */
+    _Atomic bool needs_repair;      /* persisted as DATA_DIR/NEEDS_REPAIR */
+    _Atomic bool catching_up;       /* until the peers' hints for this node are drained */
+    _Atomic uint64_t seen_epoch;    /* highest map epoch seen on a request */
+    _Atomic uint64_t cleanup_at_ms; /* automatic cleanup due (0 = none) */
+    kv_ticker *map_ticker;
+    size_t refresh_next;      /* round-robin peer index of the refresher */
+    pthread_mutex_t peers_mu; /* protects peers (append-only) */
+    node_peer *peers;
+    size_t npeers, peers_cap;
+    node_streams *streams;
+    node_handoff *handoff;
 } node;
+
+/* ---- nodemap.c: the map, the serving state, peers ---- */
+
+/* The channel to a peer address (created on first use, kept until
+ * node_stop). NULL when out of memory or the address is invalid. Any
+ * thread. */
+rpc_chan *node_chan(node *n, const char *addr);
+/* Loads DATA_DIR/cluster.map and the NEEDS_REPAIR mark (node_start). */
+kv_err node_map_load(node *n, char *err, size_t errlen);
+/* Starts / stops the map refresher (asks a peer for a newer map every
+ * map_refresh_ms, at once when a request showed a newer epoch) and the
+ * automatic cleanup after a transition. */
+kv_err node_map_start(node *n);
+void node_map_stop(node *n);
+/* A request carried map epoch e: remember it, so the refresher fetches a
+ * newer map at once. Any thread. */
+void node_map_saw_epoch(node *n, uint64_t e);
+/* The node's serving state (Kv__Serving) and a one-line reason. */
+int node_serving(node *n, char *detail, size_t len);
+/* Sets or clears NEEDS_REPAIR (persisted). */
+kv_err node_set_needs_repair(node *n, bool on, const char *why);
+/* True when node index self of m holds key (current or pending replica). */
+bool node_holds(node *n, cmap *m, const void *key, size_t klen);
+/* Handlers (nodemap.c). */
+kv_err node_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err node_h_set_map(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err node_h_cleanup(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err node_h_repaired(rpc_ctx *c, const uint8_t *body, size_t len);
+/* Drops the records of ranges the node no longer replicates (admin.Cleanup
+ * and the automatic cleanup). */
+kv_err node_cleanup(node *n, uint64_t *dropped, uint64_t *kept);
+
+/* ---- stream.c / stream_src.c: streaming, repair, apply ---- */
+kv_err node_streams_open(node *n, node_streams **out, char *err, size_t errlen);
+void node_streams_close(node_streams *s);
+/* The map changed: cancel transition jobs whose transition is gone. */
+void node_streams_map_changed(node *n);
+kv_err node_h_stream_read(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err node_h_stream_start(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err node_h_stream_status(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err node_h_digest(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err node_h_apply(rpc_ctx *c, const uint8_t *body, size_t len);
+/* Applies one versioned record (last-writer-wins); *applied true when it
+ * was newer than the local copy. */
+kv_err node_apply_record(node *n, const Kv__Record *r, bool *applied, char *err, size_t errlen);
+
+/* ---- handoff.c: hints and catching up ---- */
+kv_err node_handoff_open(node *n, node_handoff **out, char *err, size_t errlen);
+void node_handoff_close(node_handoff *h);
+kv_err node_h_hint(rpc_ctx *c, const uint8_t *body, size_t len);
+kv_err node_h_hint_status(rpc_ctx *c, const uint8_t *body, size_t len);
+void node_handoff_stats(node *n, rpc_statlist *l);
+/* kvctl repair rebuilt target: clear its lost-hints mark. */
+kv_err node_handoff_repaired(node *n, const char *target);
 
 /* Creates the data directory, loads a persisted map, opens the engine and
  * starts serving on cfg->listen. On failure writes a message to err. */

@@ -20,8 +20,6 @@
 #include "proto/statlist.h"
 #include "proto/kv.pb-c.h"
 
-#define MAP_FILE "cluster.map"
-
 /* ---- cluster map ------------------------------------------------------- */
 
 /* Fails the call with FAILED_PRECONDITION and the node's map as the body. */
@@ -37,12 +35,20 @@ static kv_err fail_with_map(rpc_ctx *c, cmap *m, const char *why)
     return rpc_fail(c, KV_FAILED_PRECONDITION, "%s", why);
 }
 
-/* The node's map for this call (NULL = no map: serve every key). Fails the
+/* The node's map for this call (NULL = no map: serve every key, as a
+ * one-node cluster, but only to callers that know no map either). Fails the
  * call when the caller's epoch is stale. On KV_OK the caller unrefs *out. */
 static kv_err call_map(node *n, rpc_ctx *c, cmap **out)
 {
     cmap *m = cmap_slot_get(n->maps);
     *out = m;
+    if (c->map_epoch && (!m || c->map_epoch > cmap_epoch(m)))
+        node_map_saw_epoch(n, c->map_epoch);
+    if (!m && c->map_epoch) {
+        char why[200];
+        node_serving(n, why, sizeof(why));
+        return rpc_fail(c, KV_UNAVAILABLE, "node %s: %s", n->cfg.id, why);
+    }
     if (!m)
         return KV_OK;
     c->reply_epoch = cmap_epoch(m);
@@ -60,10 +66,17 @@ static kv_err call_map(node *n, rpc_ctx *c, cmap **out)
 
 static bool holds_replica(node *n, cmap *m, const void *key, size_t klen)
 {
-    if (!m)
-        return true;
-    int self = cmap_find(m, n->cfg.id);
-    return self >= 0 && cmap_holds(m, (size_t)self, key, klen);
+    return node_holds(n, m, key, klen);
+}
+
+/* Reads from a cluster (map_epoch > 0) are refused while the node is not
+ * SERVING (catching up, needs repair): the router reads another replica. */
+static kv_err check_readable(node *n, rpc_ctx *c)
+{
+    char why[200];
+    if (!c->map_epoch || node_serving(n, why, sizeof(why)) == KV__SERVING__SERVING)
+        return KV_OK;
+    return rpc_fail(c, KV_UNAVAILABLE, "node %s does not serve reads: %s", n->cfg.id, why);
 }
 
 static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData *key)
@@ -71,6 +84,11 @@ static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData 
     kv_err rv = kv_check_key(&n->cfg.limits, key->len, c->message, sizeof(c->message));
     if (rv != KV_OK)
         return rv;
+    if (!holds_replica(n, m, key->data, key->len) && c->map_epoch > cmap_epoch(m))
+        return rpc_fail(c, KV_UNAVAILABLE,
+                        "node %s has map epoch %llu, older than the caller's %llu: fetching it",
+                        n->cfg.id, (unsigned long long)cmap_epoch(m),
+                        (unsigned long long)c->map_epoch);
     if (!holds_replica(n, m, key->data, key->len)) {
         char why[160];
         snprintf(why, sizeof(why), "node %s holds no replica of this key (map epoch %llu)",
@@ -95,6 +113,8 @@ static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
     kv_err rv = call_map(n, c, &m);
     if (rv == KV_OK)
         rv = check_key(n, c, m, &req->key);
+    if (rv == KV_OK)
+        rv = check_readable(n, c);
     engine_result r = {0};
     if (rv == KV_OK)
         rv = engine_get(n->eng, req->key.data, req->key.len, &r);
@@ -104,6 +124,7 @@ static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
         rep.value.data = r.val;
         rep.value.len = r.vlen;
         rep.version = r.version;
+        rep.expire_at_ms = r.found ? r.expire_at : 0;
         rv = rpc_reply_msg(c, &rep.base);
         free(r.val);
     }
@@ -301,83 +322,11 @@ static kv_err h_ping(rpc_ctx *c, const uint8_t *body, size_t len)
     rep.role = "node";
     rep.map_epoch = cmap_slot_epoch(n->maps);
     rep.uptime_ms = (kv_now_ns() - n->started_ns) / 1000000ull;
+    char detail[200];
+    rep.serving = (Kv__Serving)node_serving(n, detail, sizeof(detail));
+    rep.detail = detail;
     c->reply_epoch = rep.map_epoch;
     return rpc_reply_msg(c, &rep.base);
-}
-
-static kv_err h_get_map(rpc_ctx *c, const uint8_t *body, size_t len)
-{
-    node *n = c->user;
-    Kv__GetMapReply rep = KV__GET_MAP_REPLY__INIT;
-    cmap *m = cmap_slot_get(n->maps);
-    Kv__ClusterMap *pb = NULL;
-    if (m && cmap_to_pb(m, &pb) != KV_OK) {
-        cmap_unref(m);
-        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory encoding the map");
-    }
-    rep.has_map = m != NULL;
-    rep.map = pb;
-    c->reply_epoch = m ? cmap_epoch(m) : 0;
-    kv_err rv = rpc_reply_msg(c, &rep.base);
-    if (pb)
-        kv__cluster_map__free_unpacked(pb, NULL);
-    cmap_unref(m);
-    return rv;
-}
-
-/* Writes the map to DATA_DIR/cluster.map atomically (tmp + fsync + rename). */
-static kv_err persist_map(node *n, const cmap *m, char *err, size_t errlen)
-{
-    uint8_t *buf;
-    size_t len;
-    char path[4096], tmp[4200];
-    if (cmap_encode(m, &buf, &len) != KV_OK)
-        return KV_RESOURCE_EXHAUSTED;
-    snprintf(path, sizeof(path), "%s/%s", n->cfg.data_dir, MAP_FILE);
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    bool ok = fd >= 0 && write(fd, buf, len) == (ssize_t)len && fsync(fd) == 0;
-    if (fd >= 0)
-        close(fd);
-    ok = ok && rename(tmp, path) == 0;
-    free(buf);
-    if (!ok) {
-        snprintf(err, errlen, "cannot persist the cluster map to %.150s: %s", path,
-                 strerror(errno));
-        return KV_INTERNAL;
-    }
-    return KV_OK;
-}
-
-static kv_err h_set_map(rpc_ctx *c, const uint8_t *body, size_t len)
-{
-    node *n = c->user;
-    UNPACK_OR_FAIL(req, Kv__SetMapRequest, kv__set_map_request__unpack, c, body, len);
-    cmap *m = NULL;
-    kv_err rv = req->map ? cmap_from_pb(req->map, &m, c->message, sizeof(c->message))
-                         : rpc_fail(c, KV_INVALID_ARGUMENT, "SetMap without a map");
-    if (rv == KV_OK && cmap_find(m, n->cfg.id) < 0)
-        rv = rpc_fail(c, KV_FAILED_PRECONDITION, "node id '%s' is not in the map", n->cfg.id);
-    if (rv == KV_OK && req->only_if_empty && cmap_slot_epoch(n->maps) != 0)
-        rv = rpc_fail(c, KV_ALREADY_EXISTS, "node %s already has a cluster map (epoch %llu)",
-                      n->cfg.id, (unsigned long long)cmap_slot_epoch(n->maps));
-    if (rv == KV_OK && cmap_epoch(m) <= cmap_slot_epoch(n->maps))
-        rv = rpc_fail(c, KV_FAILED_PRECONDITION, "map epoch %llu is not newer than %llu",
-                      (unsigned long long)cmap_epoch(m),
-                      (unsigned long long)cmap_slot_epoch(n->maps));
-    if (rv == KV_OK)
-        rv = persist_map(n, m, c->message, sizeof(c->message));
-    if (rv == KV_OK && (rv = cmap_slot_install(n->maps, m)) == KV_OK) {
-        KV_INFO("node", "installed cluster map epoch %llu (rf %u, %zu nodes)",
-                (unsigned long long)cmap_epoch(m), cmap_rf(m), cmap_node_count(m));
-        Kv__SetMapReply rep = KV__SET_MAP_REPLY__INIT;
-        rep.epoch = cmap_epoch(m);
-        c->reply_epoch = rep.epoch;
-        rv = rpc_reply_msg(c, &rep.base);
-    }
-    cmap_unref(m);
-    kv__set_map_request__free_unpacked(req, NULL);
-    return rv;
 }
 
 static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
@@ -443,36 +392,27 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
 }
 
 static const rpc_method node_methods[] = {
-    {"admin.HotKeys", h_hot_keys}, {"kv.Get", h_get},           {"kv.Put", h_put},
-    {"kv.Delete", h_delete},       {"kv.Batch", h_batch},       {"admin.Ping", h_ping},
-    {"admin.Stats", h_stats},      {"admin.GetMap", h_get_map}, {"admin.SetMap", h_set_map},
+    {"kv.Get", h_get},
+    {"kv.Put", h_put},
+    {"kv.Delete", h_delete},
+    {"kv.Batch", h_batch},
+    {"admin.Ping", h_ping},
+    {"admin.Stats", h_stats},
+    {"admin.HotKeys", h_hot_keys},
+    {"admin.GetMap", node_h_get_map},
+    {"admin.SetMap", node_h_set_map},
+    {"admin.StreamRead", node_h_stream_read},
+    {"admin.StreamStart", node_h_stream_start},
+    {"admin.StreamStatus", node_h_stream_status},
+    {"admin.Digest", node_h_digest},
+    {"admin.Apply", node_h_apply},
+    {"admin.Hint", node_h_hint},
+    {"admin.HintStatus", node_h_hint_status},
+    {"admin.Cleanup", node_h_cleanup},
+    {"admin.Repaired", node_h_repaired},
 };
 
 /* ---- lifecycle --------------------------------------------------------- */
-
-static kv_err load_map(node *n, char *err, size_t errlen)
-{
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/%s", n->cfg.data_dir, MAP_FILE);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return errno == ENOENT ? KV_OK : KV_INTERNAL;
-    uint8_t buf[1 << 16];
-    size_t len = fread(buf, 1, sizeof(buf), f);
-    fclose(f);
-    cmap *m = NULL;
-    char why[256];
-    kv_err rv = cmap_decode(buf, len, &m, why, sizeof(why));
-    if (rv != KV_OK) {
-        snprintf(err, errlen, "%s is damaged: %s", path, why);
-        return KV_DATA_LOSS;
-    }
-    rv = cmap_slot_install(n->maps, m);
-    KV_INFO("node", "loaded cluster map epoch %llu from %s", (unsigned long long)cmap_epoch(m),
-            path);
-    cmap_unref(m);
-    return rv;
-}
 
 /* mkdir -p: creates path and its missing parents. */
 static int mkdir_p(const char *path)
@@ -508,7 +448,9 @@ kv_err node_start(node *n, char *err, size_t errlen)
         snprintf(err, errlen, "cannot create --data-dir %s: %s", n->cfg.data_dir, strerror(errno));
         return KV_INVALID_ARGUMENT;
     }
-    if ((rv = cmap_slot_create(&n->maps)) != KV_OK || (rv = load_map(n, err, errlen)) != KV_OK)
+    pthread_mutex_init(&n->map_mu, NULL);
+    pthread_mutex_init(&n->peers_mu, NULL);
+    if ((rv = cmap_slot_create(&n->maps)) != KV_OK || (rv = node_map_load(n, err, errlen)) != KV_OK)
         return rv;
     char fast[4200];
     if (!n->cfg.fast_dir) {
@@ -526,12 +468,19 @@ kv_err node_start(node *n, char *err, size_t errlen)
                       .disable_io_uring = n->cfg.no_io_uring,
                       .no_hotrap = !n->cfg.hotrap,
                       .nhc = &n->cfg.nhc,
-                      .twin_entries = (uint64_t)n->cfg.twin_entries};
+                      .twin_entries = (uint64_t)n->cfg.twin_entries,
+                      .tombstone_grace_ms = (uint64_t)n->cfg.tombstone_grace_s * 1000u};
     rv = engine_open(&n->eng, &eo, err, errlen);
     if (n->cfg.fast_dir == fast)
         n->cfg.fast_dir = NULL;
     if (rv == KV_OK)
         rv = node_hot_create(&n->hot, n->eng, n->cfg.hot_threshold);
+    if (rv == KV_OK)
+        rv = node_streams_open(n, &n->streams, err, errlen);
+    if (rv == KV_OK)
+        rv = node_handoff_open(n, &n->handoff, err, errlen);
+    if (rv == KV_OK && (rv = node_map_start(n)) != KV_OK)
+        snprintf(err, errlen, "cannot start the map refresher thread");
     if (rv != KV_OK)
         return rv;
     rpc_server_opts ro = {.url = n->cfg.listen,
@@ -550,6 +499,18 @@ void node_stop(node *n)
 {
     rpc_server_close(n->rpc);
     n->rpc = NULL;
+    node_map_stop(n);
+    node_handoff_close(n->handoff);
+    n->handoff = NULL;
+    node_streams_close(n->streams);
+    n->streams = NULL;
+    for (size_t i = 0; i < n->npeers; i++) {
+        rpc_chan_close(n->peers[i].chan);
+        free(n->peers[i].addr);
+    }
+    free(n->peers);
+    n->peers = NULL;
+    n->npeers = n->peers_cap = 0;
     node_hot_destroy(n->hot);
     n->hot = NULL;
     engine_close(n->eng);

@@ -22,6 +22,16 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
     rpc_stats_add(l, "deletes", "%llu", (unsigned long long)es.deletes);
     rpc_stats_add(l, "dirty_bytes", "%llu", (unsigned long long)es.dirty_bytes);
     rpc_stats_add(l, "hot.pinned", "%zu", node_hot_pinned(n->hot));
+    char why[200];
+    int serving = node_serving(n, why, sizeof(why));
+    static const char *const names[] = {"serving", "catching_up", "needs_repair", "no_map",
+                                        "removed"};
+    rpc_stats_add(l, "serving", "%s", serving >= 0 && serving < 5 ? names[serving] : "?");
+    uint64_t rec_est = 0, bytes_est = 0;
+    engine_estimate(n->eng, &rec_est, &bytes_est);
+    rpc_stats_add(l, "records_estimate", "%llu", (unsigned long long)rec_est);
+    rpc_stats_add(l, "bytes_estimate", "%llu", (unsigned long long)bytes_est);
+    node_handoff_stats(n, l);
     engine_nhc_stats(n->eng, l); /* nhc.* */
     if (!verbose)
         return;

@@ -20,6 +20,7 @@
 #include "proto/rpc.h"
 #include "shard/clustermap.h"
 #include "shard/hotkeys.h"
+#include "proto/statlist.h"
 #include "shard/router_mitigate.h"
 
 #define ROUTER_MAX_RF 16
@@ -37,6 +38,8 @@ typedef struct router_config {
     long hot_cache_ms;
     double hot_flag_rate;
     kv_limits limits;
+    long probe_ms;    /* failure detector: admin.Ping period per node */
+    long probe_fails; /* consecutive failed probes that mark a node down */
 } router_config;
 
 typedef struct router_peer {
@@ -61,7 +64,38 @@ typedef struct router {
     atomic_bool stopping;
     uint64_t started_ns;
     _Atomic uint64_t requests, forwards, forward_errors, map_refreshes;
+    _Atomic uint64_t hints_sent, hint_errors, read_repairs, skipped_down;
+    /* failure detector (router_probe.c) */
+    struct router_probe *probe;
+    pthread_t probe_thread;
+    bool probe_started;
 } router;
+
+/* ---- router_repl.c: replication helpers ---- */
+
+/* Writes to order[] the replicas idx[0..n) that may serve reads first
+ * (health UNKNOWN or UP, in their ring order), then the others; returns how
+ * many are readable. */
+int router_read_order(cmap *m, const uint32_t *idx, int n, uint32_t *order);
+/* Asks map node holder to keep recs for map node target (admin.Hint,
+ * asynchronous, fire-and-forget; counted in hints_sent / hint_errors). */
+void router_send_hint(router *r, cmap *m, uint32_t holder, uint32_t target, Kv__Record *const *recs,
+                      size_t n);
+/* Read repair: given the replies of a read (GetReply bodies), writes the
+ * newest version to the replicas that answered with an older one
+ * (admin.Apply, asynchronous; counted in read_repairs). */
+void router_read_repair(router *r, cmap *m, const ProtobufCBinaryData *key, const uint32_t *idx,
+                        const rpc_reply *reps, const bool *have, int n);
+/* True for statuses that mean "no verdict from the node". */
+bool router_transport_err(kv_err s);
+
+/* ---- router_probe.c: failure detector ---- */
+kv_err router_probe_start(router *r);
+void router_probe_stop(router *r);
+/* A new map was installed: carry the health of its nodes over. */
+void router_probe_map_changed(router *r, cmap *old, cmap *m);
+/* Appends the router's view (view.<id> = up|down|catching_up|...) to l. */
+void router_probe_stats(router *r, rpc_statlist *l);
 
 /* The channel for a node address (created on first use). NULL only when out
  * of memory or the address is invalid. Thread-safe. */

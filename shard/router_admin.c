@@ -68,6 +68,7 @@ void router_learn_map(router *r, const uint8_t *body, size_t len)
         return;
     }
     if (cmap_slot_install(r->maps, m) == KV_OK) {
+        router_probe_map_changed(r, NULL, m);
         atomic_fetch_add(&r->map_refreshes, 1);
         KV_INFO("router", "learned cluster map epoch %llu", (unsigned long long)cmap_epoch(m));
     }
@@ -90,6 +91,7 @@ static bool fetch_from(router *r, const char *addr)
         if (g && g->has_map && g->map && cmap_from_pb(g->map, &m, err, sizeof(err)) == KV_OK) {
             got = true;
             if (cmap_slot_install(r->maps, m) == KV_OK) {
+                router_probe_map_changed(r, NULL, m);
                 atomic_fetch_add(&r->map_refreshes, 1);
                 KV_INFO("router", "cluster map epoch %llu from %s (%zu nodes, rf %u)",
                         (unsigned long long)cmap_epoch(m), addr, cmap_node_count(m), cmap_rf(m));
@@ -248,6 +250,10 @@ kv_err router_start(router *r, char *err, size_t errlen)
         return KV_RESOURCE_EXHAUSTED;
     }
     r->refresher_started = true;
+    if ((rv = router_probe_start(r)) != KV_OK) {
+        snprintf(err, errlen, "cannot start the failure detector");
+        return rv;
+    }
     if ((rv = router_hot_start(r)) != KV_OK) {
         snprintf(err, errlen, "cannot start hot-key detection: %s", kv_strerror(rv));
         return rv;
@@ -270,6 +276,7 @@ void router_stop(router *r)
     if (r->refresher_started)
         pthread_join(r->refresher, NULL);
     router_hot_stop(r);
+    router_probe_stop(r);
     for (size_t i = 0; i < r->npeers; i++) {
         rpc_chan_close(r->peers[i].chan);
         free(r->peers[i].addr);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "shard/router.h"
+#include "common/clock.h"
 #include "shard/router_fan.h"
 
 static bool carries_map(const rpc_reply *r)
@@ -20,6 +21,8 @@ static bool carries_map(const rpc_reply *r)
 /* Per-op bookkeeping while merging. */
 typedef struct op_merge {
     int ok, sent, need;
+    int pend, pend_ok;  /* pending replicas (a transition) and their acks */
+    int holder;         /* a node that acknowledged the op (hints), -1 = none */
     Kv__OpResult *best; /* borrowed from a node's unpacked reply */
     kv_err err;
     const char *errmsg;
@@ -29,6 +32,7 @@ typedef struct batch_plan {
     size_t nnodes;
     Kv__Op ***node_ops; /* per node: the ops it gets */
     size_t **node_pos;  /* per node: op index of each */
+    bool **node_pend;   /* per node: whether it is a pending replica of each */
     size_t *node_n;
     Kv__BatchReply **replies; /* per node, unpacked */
 } batch_plan;
@@ -38,11 +42,13 @@ static void plan_free(batch_plan *p)
     for (size_t j = 0; j < p->nnodes; j++) {
         free(p->node_ops ? p->node_ops[j] : NULL);
         free(p->node_pos ? p->node_pos[j] : NULL);
+        free(p->node_pend ? p->node_pend[j] : NULL);
         if (p->replies && p->replies[j])
             kv__batch_reply__free_unpacked(p->replies[j], NULL);
     }
     free(p->node_ops);
     free(p->node_pos);
+    free(p->node_pend);
     free(p->node_n);
     free(p->replies);
 }
@@ -52,14 +58,16 @@ static bool plan_alloc(batch_plan *p, size_t nnodes, size_t nops)
     p->nnodes = nnodes;
     p->node_ops = calloc(nnodes, sizeof(*p->node_ops));
     p->node_pos = calloc(nnodes, sizeof(*p->node_pos));
+    p->node_pend = calloc(nnodes, sizeof(*p->node_pend));
     p->node_n = calloc(nnodes, sizeof(*p->node_n));
     p->replies = calloc(nnodes, sizeof(*p->replies));
-    if (!p->node_ops || !p->node_pos || !p->node_n || !p->replies)
+    if (!p->node_ops || !p->node_pos || !p->node_pend || !p->node_n || !p->replies)
         return false;
     for (size_t j = 0; j < nnodes; j++) {
         p->node_ops[j] = malloc(nops * sizeof(Kv__Op *));
         p->node_pos[j] = malloc(nops * sizeof(size_t));
-        if (!p->node_ops[j] || !p->node_pos[j])
+        p->node_pend[j] = malloc(nops * sizeof(bool));
+        if (!p->node_ops[j] || !p->node_pos[j] || !p->node_pend[j])
             return false;
     }
     return true;
@@ -73,21 +81,27 @@ static int consistency_need(Kv__Consistency c, bool write, int n)
     return need > n ? n : need;
 }
 
-/* Assigns op i to its nodes. */
+/* Assigns op i to its nodes: a write to its current and pending replicas,
+ * a read at ONE to the first replica that serves and is connected. */
 static void plan_op(router *r, cmap *m, batch_plan *p, Kv__BatchRequest *req, size_t i,
                     op_merge *mg)
 {
     Kv__Op *op = req->ops[i];
-    uint32_t idx[ROUTER_MAX_RF];
-    int n = (int)cmap_replicas(m, op->key.data, op->key.len, idx);
+    uint32_t cur[ROUTER_MAX_RF], idx[2 * ROUTER_MAX_RF];
+    int n = (int)cmap_replicas(m, op->key.data, op->key.len, cur);
     bool write = op->type != KV__OP_TYPE__GET;
     mg->need = consistency_need(req->consistency, write, n);
-    int targets = n;
-    if (!write && mg->need == 1) { /* a read at ONE: the first reachable replica */
+    mg->holder = -1;
+    int targets = n, readable = router_read_order(m, cur, n, idx);
+    if (write) {
+        memcpy(idx, cur, (size_t)n * sizeof(cur[0]));
+        mg->pend = (int)cmap_pending(m, op->key.data, op->key.len, idx + n);
+        targets = n + mg->pend;
+    } else if (mg->need == 1) {
         int pick = 0;
         for (int k = 0; k < n; k++) {
             rpc_chan *ch = router_chan(r, cmap_node_at(m, idx[k])->addr);
-            if (ch && rpc_chan_connected(ch) > 0) {
+            if (ch && rpc_chan_connected(ch) > 0 && (k < readable || readable == 0)) {
                 pick = k;
                 break;
             }
@@ -98,6 +112,7 @@ static void plan_op(router *r, cmap *m, batch_plan *p, Kv__BatchRequest *req, si
     for (int k = 0; k < targets; k++) {
         size_t j = idx[k];
         p->node_ops[j][p->node_n[j]] = op;
+        p->node_pend[j][p->node_n[j]] = k >= n;
         p->node_pos[j][p->node_n[j]++] = i;
     }
     mg->sent = targets;
@@ -122,6 +137,12 @@ static void merge_node(batch_plan *p, size_t j, const rpc_reply *rep, op_merge *
             o->errmsg = res->status->message;
             continue;
         }
+        if (o->holder < 0)
+            o->holder = (int)j;
+        if (p->node_pend[j][k]) {
+            o->pend_ok++;
+            continue;
+        }
         o->ok++;
         if (!o->best || (res->found && (!o->best->found || res->version > o->best->version)))
             o->best = res;
@@ -133,7 +154,7 @@ static void fill_result(const op_merge *o, Kv__OpResult *out, Kv__Status *st, ch
     kv__op_result__init(out);
     kv__status__init(st);
     out->status = st;
-    if (o->ok >= o->need && o->best) {
+    if (o->ok >= o->need && o->pend_ok >= o->pend && o->best) {
         out->found = o->best->found;
         out->value = o->best->value;
         out->version = o->best->version;
@@ -142,8 +163,8 @@ static void fill_result(const op_merge *o, Kv__OpResult *out, Kv__Status *st, ch
     kv_err e = o->err == KV_OK || o->err == KV_DEADLINE_EXCEEDED ? KV_UNAVAILABLE : o->err;
     st->code = (int32_t)e;
     char buf[300];
-    snprintf(buf, sizeof(buf), "%d of %d replicas acknowledged (need %d): %s", o->ok, o->sent,
-             o->need, o->errmsg ? o->errmsg : kv_strerror(e));
+    snprintf(buf, sizeof(buf), "%d of %d replicas acknowledged (need %d): %s", o->ok + o->pend_ok,
+             o->sent, o->need + o->pend, o->errmsg ? o->errmsg : kv_strerror(e));
     *msgbuf = strdup(buf);
     st->message = *msgbuf ? *msgbuf : "";
 }
@@ -172,6 +193,36 @@ static kv_err reply_merged(rpc_ctx *c, size_t nops, op_merge *mg)
     free(ptrs);
     free(sts);
     return rv;
+}
+
+/* Hints for node j, whose sub-batch failed without a verdict: each write op
+ * it missed goes to a node that acknowledged that op, grouped by holder. */
+static void hint_node(router *r, cmap *m, const batch_plan *p, size_t j, const op_merge *mg)
+{
+    size_t n = p->node_n[j];
+    Kv__Record *recs = calloc(n ? n : 1, sizeof(*recs));
+    Kv__Record **ptrs = calloc(n ? n : 1, sizeof(*ptrs));
+    uint64_t now = kv_wall_ms();
+    for (size_t h = 0; recs && ptrs && h < p->nnodes; h++) {
+        size_t k = 0;
+        for (size_t x = 0; x < n; x++) {
+            const Kv__Op *op = p->node_ops[j][x];
+            if (op->type == KV__OP_TYPE__GET || mg[p->node_pos[j][x]].holder != (int)h)
+                continue;
+            kv__record__init(&recs[k]);
+            recs[k].key = op->key;
+            recs[k].version = op->version;
+            recs[k].tombstone = op->type == KV__OP_TYPE__DELETE;
+            recs[k].value = recs[k].tombstone ? (ProtobufCBinaryData){0, NULL} : op->value;
+            recs[k].expire_at_ms = op->ttl_ms && !recs[k].tombstone ? now + op->ttl_ms : 0;
+            ptrs[k] = &recs[k];
+            k++;
+        }
+        if (k)
+            router_send_hint(r, m, (uint32_t)h, (uint32_t)j, ptrs, k);
+    }
+    free(recs);
+    free(ptrs);
 }
 
 /* Plans, sends and merges one attempt; *stale when a node sent its map. */
@@ -221,6 +272,9 @@ static kv_err batch_attempt(router *r, rpc_ctx *c, Kv__BatchRequest *req, op_mer
         }
         merge_node(&p, sent_node[s], have[s] ? &reps[s] : &none, mg);
     }
+    for (int s = 0; reps && have && !*stale && s < nsent; s++)
+        if (!have[s] || router_transport_err(reps[s].status))
+            hint_node(r, m, &p, sent_node[s], mg);
     if (!*stale)
         rv = (reps && have) ? reply_merged(c, nops, mg)
                             : rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");

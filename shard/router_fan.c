@@ -14,6 +14,8 @@
 
 static void fan_free(fanout *f)
 {
+    if (f->late_free)
+        f->late_free(f->late_arg);
     for (int i = 0; i < f->sent; i++)
         if (f->have[i])
             rpc_reply_free(&f->rep[i]);
@@ -35,6 +37,7 @@ fanout *fan_create(int max)
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     f->refs = 1; /* the handler's */
+    f->first_ok = -1;
     return f;
 }
 
@@ -43,6 +46,10 @@ static void fan_done(void *arg, rpc_reply *r)
     fan_slot *s = arg;
     fanout *f = s->f;
     pthread_mutex_lock(&f->mu);
+    if (f->taken && f->late)
+        f->late(f->late_arg, s->i, r, f->first_ok);
+    if (r->status == KV_OK && f->first_ok < 0)
+        f->first_ok = s->i;
     f->rep[s->i] = *r;
     f->have[s->i] = true;
     f->done++;
@@ -122,6 +129,7 @@ void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms)
 int fan_take(fanout *f, rpc_reply *out, bool *have)
 {
     pthread_mutex_lock(&f->mu);
+    f->taken = true;
     int n = f->sent;
     for (int i = 0; i < n; i++) {
         have[i] = f->have[i];
@@ -141,4 +149,13 @@ void fan_release(fanout *f)
     pthread_mutex_unlock(&f->mu);
     if (last)
         fan_free(f);
+}
+
+void fan_on_late(fanout *f, fan_late_fn fn, void *arg, void (*free_arg)(void *arg))
+{
+    pthread_mutex_lock(&f->mu);
+    f->late = fn;
+    f->late_arg = arg;
+    f->late_free = free_arg;
+    pthread_mutex_unlock(&f->mu);
 }

@@ -15,6 +15,11 @@
 #include "proto/rpc.h"
 
 typedef struct fanout fanout;
+/* Called for a reply that arrives after fan_take (the handler moved on),
+ * from an nng thread, with the fanout's lock held: it must not block and
+ * must not call into the fanout. first_ok: the first send that answered OK,
+ * -1 when none did. */
+typedef void (*fan_late_fn)(void *arg, int i, const rpc_reply *r, int first_ok);
 typedef struct fan_slot {
     fanout *f;
     int i;
@@ -28,6 +33,11 @@ struct fanout {
     fan_slot *slots;
     rpc_reply *rep;
     bool *have;
+    bool taken;       /* fan_take ran: later replies are late */
+    int first_ok;     /* first send that answered OK, -1 = none yet */
+    fan_late_fn late; /* may be NULL */
+    void *late_arg;
+    void (*late_free)(void *arg); /* frees late_arg with the fanout */
 };
 
 /* A fanout for at most max sends; NULL when out of memory. */
@@ -50,5 +60,8 @@ bool fan_wait_slot(fanout *f, int i, uint32_t wait_ms);
  * i below the number of sends made) and returns the number of sends. */
 int fan_take(fanout *f, rpc_reply *out, bool *have);
 void fan_release(fanout *f);
+/* Registers fn for late replies (call it before any fan_send);
+ * free_arg(arg) runs when the fanout is freed. */
+void fan_on_late(fanout *f, fan_late_fn fn, void *arg, void (*free_arg)(void *arg));
 
 #endif

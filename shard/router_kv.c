@@ -41,7 +41,8 @@ static cmap *current_map(router *r, rpc_ctx *c, kv_err *rv)
 }
 
 /* Index of the reply to return for a read: the OK reply with the newest
- * version (found beats not found). */
+ * version, a tombstone (not found, version set) included, so a newer delete
+ * beats an older value; on equal versions a found record. */
 static int newest_read(rpc_reply *reps, bool *have, int n)
 {
     int best = -1;
@@ -53,7 +54,7 @@ static int newest_read(rpc_reply *reps, bool *have, int n)
         Kv__GetReply *g = kv__get_reply__unpack(NULL, reps[i].len, reps[i].body);
         if (!g)
             continue;
-        if (best < 0 || (g->found && (!best_found || g->version > best_v))) {
+        if (best < 0 || g->version > best_v || (g->version == best_v && g->found && !best_found)) {
             best = i;
             best_v = g->version;
             best_found = g->found;
@@ -116,75 +117,215 @@ static uint32_t ms_left(uint64_t t0, uint32_t dl)
     return spent_ms < dl ? dl - (uint32_t)spent_ms : 1;
 }
 
-/* Sends msg to the replicas of key (writes: all; reads: `need` of them
- * first, see below) and waits for `need` OK replies. */
+/* Hinted handoff for the sends of one write whose replies come after the
+ * handler returned: a replica that then fails gets a hint on the first
+ * replica that acknowledged. */
+typedef struct late_hint {
+    router *r;
+    cmap *m;
+    uint32_t target[2 * ROUTER_MAX_RF]; /* per send: map index */
+    uint8_t *rec;                       /* packed Kv__Record */
+    size_t rlen;
+} late_hint;
+
+static void late_free(void *arg)
+{
+    late_hint *h = arg;
+    if (!h)
+        return;
+    cmap_unref(h->m);
+    free(h->rec);
+    free(h);
+}
+
+static void late_reply(void *arg, int i, const rpc_reply *rep, int first_ok)
+{
+    late_hint *h = arg;
+    if (first_ok < 0 || !router_transport_err(rep->status) || atomic_load(&h->r->stopping))
+        return;
+    Kv__Record *rec = kv__record__unpack(NULL, h->rlen, h->rec);
+    if (rec) {
+        router_send_hint(h->r, h->m, h->target[first_ok], h->target[i], &rec, 1);
+        kv__record__free_unpacked(rec, NULL);
+    }
+}
+
+static late_hint *late_new(router *r, cmap *m, const Kv__Record *rec)
+{
+    late_hint *h = calloc(1, sizeof(*h));
+    if (!h)
+        return NULL;
+    h->rlen = kv__record__get_packed_size(rec);
+    if (!(h->rec = malloc(h->rlen ? h->rlen : 1))) {
+        free(h);
+        return NULL;
+    }
+    kv__record__pack(rec, h->rec);
+    h->r = r;
+    h->m = cmap_ref(m);
+    return h;
+}
+
+/* The targets of one forwarded call: for a read the current replicas in
+ * read order, for a write the current replicas then the pending ones. */
+typedef struct targets {
+    uint32_t idx[2 * ROUTER_MAX_RF];
+    int n, ncur, readable, need;
+} targets;
+
+static void plan_targets(cmap *m, const ProtobufCBinaryData *key, Kv__Consistency cons,
+                         Kv__Consistency dflt, bool is_read, targets *t)
+{
+    uint32_t cur[ROUTER_MAX_RF];
+    t->ncur = (int)cmap_replicas(m, key->data, key->len, cur);
+    t->need = acks_needed(cons, dflt, t->ncur);
+    if (is_read) {
+        t->readable = router_read_order(m, cur, t->ncur, t->idx);
+        t->n = t->ncur;
+        return;
+    }
+    memcpy(t->idx, cur, (size_t)t->ncur * sizeof(cur[0]));
+    t->n = t->ncur + (int)cmap_pending(m, key->data, key->len, t->idx + t->ncur);
+}
+
+/* Sends a read to `need` replicas (healthy ones first, the primary first
+ * among them, so each key's reads warm one node's memory tier) and to the
+ * rest only when those give no verdict: a dead node fails at once (no
+ * pipe), a stalled one after half the deadline. */
+static int send_read(router *r, cmap *m, fanout *f, const targets *t, const char *method,
+                     const ProtobufCMessage *msg, uint32_t dl, uint64_t t0, uint32_t *left)
+{
+    int first = t->need;
+    for (int i = 0; i < first; i++)
+        fan_send(f, router_chan(r, cmap_node_at(m, t->idx[i])->addr), method, cmap_epoch(m), msg,
+                 dl);
+    *left = dl;
+    if (first < t->n &&
+        fan_wait_answers(f, t->need, t->readable >= t->need ? dl / 2 : 0) < t->need) {
+        *left = ms_left(t0, dl);
+        for (int i = first; i < t->n; i++)
+            fan_send(f, router_chan(r, cmap_node_at(m, t->idx[i])->addr), method, cmap_epoch(m),
+                     msg, *left);
+        first = t->n;
+    }
+    return first;
+}
+
+/* Sends a write to every current and pending replica but those the failure
+ * detector holds down (they fail at once and get a hint). */
+static void send_write(router *r, cmap *m, fanout *f, const targets *t, const char *method,
+                       const ProtobufCMessage *msg, uint32_t dl)
+{
+    for (int i = 0; i < t->n; i++) {
+        bool down = cmap_get_health(m, t->idx[i]) == CMAP_HEALTH_DOWN;
+        if (down)
+            atomic_fetch_add_explicit(&r->skipped_down, 1, memory_order_relaxed);
+        fan_send(f, down ? NULL : router_chan(r, cmap_node_at(m, t->idx[i])->addr), method,
+                 cmap_epoch(m), msg, dl);
+    }
+}
+
+/* Waits for a write's acks: the level's from the current replicas, every
+ * pending replica (DESIGN.md §4), and the primary (so a read at ONE, which
+ * asks the primary, sees every write acknowledged while it was up). */
+static void wait_write(fanout *f, const targets *t, uint64_t t0, uint32_t dl)
+{
+    fan_wait(f, t->need + (t->n - t->ncur), dl);
+    for (int i = t->ncur; i < t->n; i++)
+        fan_wait_slot(f, i, ms_left(t0, dl));
+    if (t->ncur > 1)
+        fan_wait_slot(f, 0, ms_left(t0, dl));
+}
+
+/* Hints for the sends of a write that failed without a verdict. */
+static void hint_failed(router *r, cmap *m, const targets *t, const rpc_reply *reps,
+                        const bool *have, const Kv__Record *rec)
+{
+    int holder = -1;
+    for (int i = 0; i < t->n && holder < 0; i++)
+        if (have[i] && reps[i].status == KV_OK)
+            holder = i;
+    for (int i = 0; holder >= 0 && i < t->n; i++)
+        if (have[i] && router_transport_err(reps[i].status))
+            router_send_hint(r, m, t->idx[holder], t->idx[i], (Kv__Record **)&rec, 1);
+}
+
+/* Sends msg to the replicas of key and waits for enough OK replies; rec
+ * (writes) is what hints carry. */
 static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufCMessage *msg,
                       const ProtobufCMessage *repair, const ProtobufCBinaryData *key,
-                      Kv__Consistency cons, Kv__Consistency dflt, bool is_read, bool *stale)
+                      Kv__Consistency cons, Kv__Consistency dflt, const Kv__Record *rec,
+                      bool *stale)
 {
     kv_err rv = KV_OK;
     cmap *m = current_map(r, c, &rv);
     if (!m)
         return rv;
-    uint32_t idx[ROUTER_MAX_RF];
-    int n = (int)cmap_replicas(m, key->data, key->len, idx);
-    int need = acks_needed(cons, dflt, n);
-    uint32_t dl = router_forward_deadline(c);
-    fanout *f = fan_create(n);
-    if (!f) {
+    bool is_read = rec == NULL;
+    targets t;
+    plan_targets(m, key, cons, dflt, is_read, &t);
+    uint32_t dl = router_forward_deadline(c), left = dl;
+    fanout *f = fan_create(t.n);
+    late_hint *lh = f && !is_read ? late_new(r, m, rec) : NULL;
+    if (!f || (!is_read && !lh)) {
+        late_free(lh);
+        if (f)
+            fan_release(f);
         cmap_unref(m);
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     }
-    /* Reads ask `need` replicas, primary first (so each key's reads warm
-     * one node's memory tier instead of all of them), and the others only
-     * when those give no verdict: a dead node fails at once (no pipe), a
-     * stalled one after half the deadline. Writes go to every replica. */
-    int first = is_read ? need : n;
-    uint64_t t0 = kv_now_ns();
-    for (int i = 0; i < first; i++)
-        fan_send(f, router_chan(r, cmap_node_at(m, idx[i])->addr), method, cmap_epoch(m), msg, dl);
-    uint32_t left = dl;
-    if (first < n && fan_wait_answers(f, need, dl / 2) < need) {
-        left = ms_left(t0, dl);
-        for (int i = first; i < n; i++)
-            fan_send(f, router_chan(r, cmap_node_at(m, idx[i])->addr), method, cmap_epoch(m), msg,
-                     left);
-        first = n;
+    if (lh && repair) { /* a conditional write may fail: no hint before its verdict */
+        late_free(lh);
+        lh = NULL;
     }
-    atomic_fetch_add_explicit(&r->forwards, (uint64_t)first, memory_order_relaxed);
-    fan_wait(f, need, left);
-    /* A write is acknowledged once the primary has answered too (within
-     * the deadline), so a read at ONE, which asks the primary, sees every
-     * write acknowledged while the primary was up. */
-    if (!is_read && n > 1)
-        fan_wait_slot(f, 0, ms_left(t0, dl));
-    rpc_reply reps[ROUTER_MAX_RF];
-    bool have[ROUTER_MAX_RF] = {false}; /* fan_take fills only the sends made */
+    if (lh) {
+        memcpy(lh->target, t.idx, (size_t)t.n * sizeof(t.idx[0]));
+        fan_on_late(f, late_reply, lh, late_free);
+    }
+    uint64_t t0 = kv_now_ns();
+    int sent = t.n;
+    if (is_read) {
+        sent = send_read(r, m, f, &t, method, msg, dl, t0, &left);
+        fan_wait(f, t.need, left);
+    } else {
+        send_write(r, m, f, &t, method, msg, dl);
+        wait_write(f, &t, t0, dl);
+    }
+    atomic_fetch_add_explicit(&r->forwards, (uint64_t)sent, memory_order_relaxed);
+    rpc_reply reps[2 * ROUTER_MAX_RF];
+    bool have[2 * ROUTER_MAX_RF] = {false}; /* fan_take fills only the sends made */
     fan_take(f, reps, have);
     fan_release(f);
-    int ok = 0, chosen = -1;
-    for (int i = 0; i < n; i++) {
-        if (have[i] && reps[i].status == KV_OK && chosen < 0)
+    int ok = 0, pend_ok = 0, chosen = -1;
+    for (int i = 0; i < t.n; i++) {
+        bool good = have[i] && reps[i].status == KV_OK;
+        if (good && chosen < 0 && i < t.ncur)
             chosen = i;
-        ok += have[i] && reps[i].status == KV_OK;
+        ok += good && i < t.ncur;
+        pend_ok += good && i >= t.ncur;
         if (have[i] && carries_map(&reps[i])) {
             router_learn_map(r, reps[i].body, reps[i].len);
             *stale = true;
         }
     }
-    if (ok >= need) {
-        if (is_read)
-            chosen = newest_read(reps, have, n);
+    bool won = ok >= t.need && pend_ok == t.n - t.ncur;
+    if (!is_read && (won || !repair))
+        hint_failed(r, m, &t, reps, have, rec);
+    if (won) {
+        if (is_read) {
+            chosen = newest_read(reps, have, t.n);
+            router_read_repair(r, m, key, t.idx, reps, have, t.n);
+        }
         c->reply = reps[chosen].body; /* the node's reply body is ours to return */
         c->reply_len = reps[chosen].len;
         reps[chosen].body = NULL;
         rv = KV_OK;
-        repair_refusals(r, m, idx, reps, have, n, method, repair, dl);
+        repair_refusals(r, m, t.idx, reps, have, t.ncur, method, repair, dl);
     } else {
         atomic_fetch_add_explicit(&r->forward_errors, 1, memory_order_relaxed);
-        rv = fan_error(c, reps, have, n, ok, need);
+        rv = fan_error(c, reps, have, t.n, ok + pend_ok, t.need + t.n - t.ncur);
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < t.n; i++)
         if (have[i])
             rpc_reply_free(&reps[i]);
     cmap_unref(m);
@@ -194,17 +335,17 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
 /* Runs fan_key, and once more after learning a newer map. */
 static kv_err forward_key(router *r, rpc_ctx *c, const char *method, const ProtobufCMessage *msg,
                           const ProtobufCMessage *repair, const ProtobufCBinaryData *key,
-                          Kv__Consistency cons, Kv__Consistency dflt, bool is_read)
+                          Kv__Consistency cons, Kv__Consistency dflt, const Kv__Record *rec)
 {
     bool stale = false;
-    kv_err rv = fan_key(r, c, method, msg, repair, key, cons, dflt, is_read, &stale);
+    kv_err rv = fan_key(r, c, method, msg, repair, key, cons, dflt, rec, &stale);
     if (rv == KV_OK || !stale)
         return rv;
     free(c->reply);
     c->reply = NULL;
     c->reply_len = 0;
     stale = false;
-    return fan_key(r, c, method, msg, repair, key, cons, dflt, is_read, &stale);
+    return fan_key(r, c, method, msg, repair, key, cons, dflt, rec, &stale);
 }
 
 /* A read at ONE of a flagged hot key: the router's cache, else replicas in
@@ -261,7 +402,7 @@ kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
         rv = get_hot(r, c, req);
     else if (rv == KV_OK)
         rv = forward_key(r, c, "kv.Get", &req->base, NULL, &req->key, req->consistency,
-                         KV__CONSISTENCY__ONE, true);
+                         KV__CONSISTENCY__ONE, NULL);
     kv__get_request__free_unpacked(req, NULL);
     return rv;
 }
@@ -285,8 +426,13 @@ kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len)
         repair.if_version = 0;
         repair.if_absent = false;
         bool conditional = req->if_version || req->if_absent;
+        Kv__Record rec = KV__RECORD__INIT;
+        rec.key = req->key;
+        rec.value = req->value;
+        rec.version = req->version;
+        rec.expire_at_ms = req->ttl_ms ? kv_wall_ms() + req->ttl_ms : 0;
         rv = forward_key(r, c, "kv.Put", &req->base, conditional ? &repair.base : NULL, &req->key,
-                         req->consistency, KV__CONSISTENCY__QUORUM, false);
+                         req->consistency, KV__CONSISTENCY__QUORUM, &rec);
         router_mit_invalidate(r->mit, req->key.data, req->key.len);
     }
     kv__put_request__free_unpacked(req, NULL);
@@ -308,8 +454,12 @@ kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
             req->version = kv_hlc_now(&r->hlc);
         Kv__DeleteRequest repair = *req;
         repair.if_version = 0;
+        Kv__Record rec = KV__RECORD__INIT;
+        rec.key = req->key;
+        rec.version = req->version;
+        rec.tombstone = true;
         rv = forward_key(r, c, "kv.Delete", &req->base, req->if_version ? &repair.base : NULL,
-                         &req->key, req->consistency, KV__CONSISTENCY__QUORUM, false);
+                         &req->key, req->consistency, KV__CONSISTENCY__QUORUM, &rec);
         router_mit_invalidate(r->mit, req->key.data, req->key.len);
     }
     kv__delete_request__free_unpacked(req, NULL);

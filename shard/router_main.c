@@ -22,6 +22,8 @@ int main(int argc, char **argv)
     r.cfg.hot_window_ms = 1000;
     r.cfg.hot_k = 1024;
     r.cfg.hot_flag_rate = 100;
+    r.cfg.probe_ms = 500;
+    r.cfg.probe_fails = 2;
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
     char *log_level = "info";
@@ -45,6 +47,10 @@ int main(int argc, char **argv)
         {"hot-flag-rate", KV_OPT_DOUBLE, &r.cfg.hot_flag_rate,
          "ops/s at which the mitigations treat a key as hot", NULL, 0, 0},
         {"hot-k", KV_OPT_INT, &r.cfg.hot_k, "keys tracked per hot-key sketch", NULL, 16, 1 << 20},
+        {"probe-ms", KV_OPT_INT, &r.cfg.probe_ms,
+         "failure detector: ping every node this often (0 = off)", NULL, 0, 600000},
+        {"probe-fails", KV_OPT_INT, &r.cfg.probe_fails,
+         "failure detector: consecutive failed pings that mark a node down", NULL, 1, 1000},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},

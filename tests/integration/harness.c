@@ -136,31 +136,39 @@ static bool router_has_map(const char *url, const char *auth, int timeout_ms)
     return ok;
 }
 
+/* Spawns node i of c (id n<i+1>, c->node_url[i], data in c->dir). */
+static void spawn_node(kvt_cluster *c, int i)
+{
+    char id[16], dir[300], log[300];
+    snprintf(id, sizeof(id), "n%d", i + 1);
+    snprintf(dir, sizeof(dir), "%s/%s", c->dir, id);
+    snprintf(log, sizeof(log), "%s/%s.log", c->dir, id);
+    char *argv[48] = {strdup(kvt_bin("node/kvnode")),
+                      "--id",
+                      id,
+                      "--listen",
+                      c->node_url[i],
+                      "--data-dir",
+                      dir,
+                      "--mem-mb",
+                      "512",
+                      "--auth",
+                      (char *)(c->auth ? c->auth : "")};
+    int n = 11;
+    for (int k = 0; kvt_node_extra && kvt_node_extra[k] && n < 40; k++)
+        argv[n++] = (char *)kvt_node_extra[k];
+    for (int k = 0; c->node_extra[i] && c->node_extra[i][k] && n < 47; k++)
+        argv[n++] = (char *)c->node_extra[i][k];
+    argv[n] = NULL;
+    c->node_pid[i] = spawn(log, argv);
+    free(argv[0]);
+}
+
 static kv_err start_nodes(kvt_cluster *c)
 {
     for (int i = 0; i < c->nnodes; i++) {
-        char id[16], dir[300], log[300];
-        snprintf(id, sizeof(id), "n%d", i + 1);
-        snprintf(dir, sizeof(dir), "%s/%s", c->dir, id);
-        snprintf(log, sizeof(log), "%s/%s.log", c->dir, id);
         snprintf(c->node_url[i], sizeof(c->node_url[i]), "tcp://127.0.0.1:%d", kvt_free_port());
-        char *argv[32] = {strdup(kvt_bin("node/kvnode")),
-                          "--id",
-                          id,
-                          "--listen",
-                          c->node_url[i],
-                          "--data-dir",
-                          dir,
-                          "--mem-mb",
-                          "512",
-                          "--auth",
-                          (char *)(c->auth ? c->auth : "")};
-        int n = 11;
-        for (int k = 0; kvt_node_extra && kvt_node_extra[k] && n < 31; k++)
-            argv[n++] = (char *)kvt_node_extra[k];
-        argv[n] = NULL;
-        c->node_pid[i] = spawn(log, argv);
-        free(argv[0]);
+        spawn_node(c, i);
     }
     for (int i = 0; i < c->nnodes; i++)
         if (!kvt_wait_ping(c->node_url[i], c->auth, 10000))
@@ -299,4 +307,90 @@ pid_t kvt_node_start(const char *dir, const char *id, const char *url, const cha
         return -1;
     }
     return pid;
+}
+
+kv_err kvt_node_restart(kvt_cluster *c, int i)
+{
+    if (i < 0 || i > c->nnodes || i >= KVT_MAX_NODES)
+        return KV_INVALID_ARGUMENT;
+    if (i == c->nnodes) {
+        snprintf(c->node_url[i], sizeof(c->node_url[i]), "tcp://127.0.0.1:%d", kvt_free_port());
+        c->nnodes++;
+    }
+    spawn_node(c, i);
+    return kvt_wait_ping(c->node_url[i], c->auth, 15000) ? KV_OK : KV_UNAVAILABLE;
+}
+
+void kvt_node_wipe(kvt_cluster *c, int i)
+{
+    char cmd[600], out[16];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s/n%d'", c->dir, i + 1);
+    kvt_run(cmd, out, sizeof(out));
+}
+
+int kvt_kvctl(const kvt_cluster *c, const char *args, char *out, size_t outlen)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s --router %s --auth '%s' --timeout 10000 %s 2>&1",
+             kvt_bin("client/kvctl"), c->router_url, c->auth ? c->auth : "", args);
+    return kvt_run(cmd, out, outlen);
+}
+
+kv_err kvt_node_count(const char *url, const char *auth, uint64_t *live, uint64_t *tombs)
+{
+    rpc_chan *ch;
+    rpc_chan_opts o = {.auth = auth};
+    if (rpc_chan_open(&ch, url, &o) != KV_OK)
+        return KV_INVALID_ARGUMENT;
+    Kv__Range whole = KV__RANGE__INIT, *rp = &whole;
+    Kv__DigestRequest req = KV__DIGEST_REQUEST__INIT;
+    req.n_ranges = 1;
+    req.ranges = &rp;
+    req.leaves = 1;
+    rpc_reply r;
+    kv_err rv = rpc_call(ch, "admin.Digest", 0, &req.base, 120000, &r);
+    Kv__DigestReply *d = rv == KV_OK ? kv__digest_reply__unpack(NULL, r.len, r.body) : NULL;
+    if (rv == KV_OK && (!d || d->n_ranges != 1))
+        rv = KV_INTERNAL;
+    if (rv == KV_OK) {
+        *live = d->ranges[0]->live;
+        if (tombs)
+            *tombs = d->ranges[0]->tombstones;
+    }
+    if (d)
+        kv__digest_reply__free_unpacked(d, NULL);
+    rpc_reply_free(&r);
+    rpc_chan_close(ch);
+    return rv;
+}
+
+bool kvt_wait_serving(const char *url, const char *auth, int serving, int timeout_ms)
+{
+    rpc_chan *ch;
+    rpc_chan_opts o = {.auth = auth};
+    if (rpc_chan_open(&ch, url, &o) != KV_OK)
+        return false;
+    uint64_t end = kv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    bool ok = false;
+    while (!ok && kv_now_ns() < end) {
+        Kv__PingRequest req = KV__PING_REQUEST__INIT;
+        rpc_reply r;
+        if (rpc_call(ch, "admin.Ping", 0, &req.base, 500, &r) == KV_OK) {
+            Kv__PingReply *p = kv__ping_reply__unpack(NULL, r.len, r.body);
+            ok = p && (int)p->serving == serving;
+            if (p)
+                kv__ping_reply__free_unpacked(p, NULL);
+        }
+        rpc_reply_free(&r);
+        if (!ok)
+            usleep(50000);
+    }
+    rpc_chan_close(ch);
+    return ok;
+}
+
+int kvt_node_index(const kvt_cluster *c, const char *id)
+{
+    int i;
+    return sscanf(id, "n%d", &i) == 1 && i >= 1 && i <= c->nnodes ? i - 1 : -1;
 }

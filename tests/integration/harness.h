@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "kv/kv_err.h"
@@ -23,6 +24,7 @@ extern const char *const *kvt_node_extra;
 
 typedef struct kvt_cluster {
     int nnodes, rf;
+    const char *const *node_extra[KVT_MAX_NODES]; /* per-node extra flags on (re)start */
     const char *auth;
     char dir[256];
     char router_url[64];
@@ -60,5 +62,25 @@ void kvt_forget(pid_t pid);
 /* Runs a shell command line; captures stdout (and stderr when err is set)
  * into out. Returns the exit status, or -1. */
 int kvt_run(const char *cmd, char *out, size_t outlen);
+
+/* ---- membership and repair tests ---- */
+
+/* Starts node i (id n<i+1>) of c again with its data dir and address, or
+ * (i == c->nnodes) a new node n<i+1> on a fresh port and data dir, which
+ * becomes part of c (c->nnodes grows) but not of the cluster map. Returns
+ * KV_OK once it answers admin.Ping. */
+kv_err kvt_node_restart(kvt_cluster *c, int i);
+/* Deletes node i's data dir (the node must be stopped). */
+void kvt_node_wipe(kvt_cluster *c, int i);
+/* Runs `kvctl --router ROUTER --auth TOKEN ARGS` (ARGS a shell word list);
+ * stdout (and stderr) into out. Returns the exit status. */
+int kvt_kvctl(const kvt_cluster *c, const char *args, char *out, size_t outlen);
+/* Live records and tombstones node url holds (admin.Digest over the whole
+ * ring). Returns KV_OK or the call's error. */
+kv_err kvt_node_count(const char *url, const char *auth, uint64_t *live, uint64_t *tombs);
+/* Waits until url reports Serving `serving` (Kv__Serving) in admin.Ping. */
+bool kvt_wait_serving(const char *url, const char *auth, int serving, int timeout_ms);
+/* Index of node id in c, or -1. */
+int kvt_node_index(const kvt_cluster *c, const char *id);
 
 #endif

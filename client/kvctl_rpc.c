@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvctl's admin RPC helpers, shared by the admin commands: channels, calls
+ * that print the failure, map fetches and pings.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/kvctl.h"
+#include "common/clock.h"
+
+rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr)
+{
+    rpc_chan *ch = NULL;
+    rpc_chan_opts o = {.auth = env->auth, .connect_wait_ms = 1000};
+    if (rpc_chan_open(&ch, addr, &o) != KV_OK) {
+        fprintf(stderr, "kvctl: INVALID_ARGUMENT: bad address '%s'\n", addr);
+        return NULL;
+    }
+    return ch;
+}
+
+int kvctl_call(kvctl_env *env, rpc_chan *ch, const char *method, const ProtobufCMessage *req,
+               uint32_t deadline_ms, rpc_reply *rep, bool quiet)
+{
+    kv_err rv =
+        rpc_call(ch, method, 0, req, deadline_ms ? deadline_ms : (uint32_t)env->timeout_ms, rep);
+    if (rv == KV_OK)
+        return KVCTL_OK;
+    if (!quiet) {
+        char msg[400];
+        snprintf(msg, sizeof(msg), "%s: %s", rpc_chan_url(ch),
+                 rep->message ? rep->message : kv_strerror(rv));
+        kvctl_fail(rv, msg);
+    }
+    rpc_reply_free(rep);
+    return KVCTL_SERVER;
+}
+
+int kvctl_fetch_map(kvctl_env *env, rpc_chan *ch, cmap **out, bool quiet)
+{
+    Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
+    rpc_reply rep;
+    int code = kvctl_call(env, ch, "admin.GetMap", &req.base, 0, &rep, quiet);
+    if (code != KVCTL_OK)
+        return code;
+    Kv__GetMapReply *g = kv__get_map_reply__unpack(NULL, rep.len, rep.body);
+    char err[256] = "malformed GetMapReply";
+    *out = NULL;
+    if (!g || (g->has_map && (!g->map || cmap_from_pb(g->map, out, err, sizeof(err)) != KV_OK)))
+        code = quiet ? KVCTL_SERVER : kvctl_fail(KV_INTERNAL, err);
+    if (g)
+        kv__get_map_reply__free_unpacked(g, NULL);
+    rpc_reply_free(&rep);
+    return code;
+}
+
+Kv__PingReply *kvctl_ping_rpc(kvctl_env *env, rpc_chan *ch, double *ms, bool quiet)
+{
+    Kv__PingRequest req = KV__PING_REQUEST__INIT;
+    rpc_reply rep;
+    uint64_t t0 = kv_now_ns();
+    if (kvctl_call(env, ch, "admin.Ping", &req.base, 0, &rep, quiet) != KVCTL_OK)
+        return NULL;
+    if (ms)
+        *ms = (double)(kv_now_ns() - t0) / 1e6;
+    Kv__PingReply *p = kv__ping_reply__unpack(NULL, rep.len, rep.body);
+    rpc_reply_free(&rep);
+    return p;
+}
+
+const char *kvctl_serving_name(int s)
+{
+    static const char *const names[] = {"serving", "catching_up", "needs_repair", "no_map",
+                                        "removed"};
+    return s >= 0 && s < 5 ? names[s] : "?";
+}

@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: MIT */
+/* The checking load of the integration tests (see load.h). */
+#include "load.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VLEN 100
+#define BATCH 500
+
+static void note_error(kvt_load *l, const char *what, kv_err rv)
+{
+    pthread_mutex_lock(&l->mu);
+    if (!l->first_error[0])
+        snprintf(l->first_error, sizeof(l->first_error), "%s: %s %s", what, kv_err_name(rv),
+                 kv_last_error());
+    pthread_mutex_unlock(&l->mu);
+}
+
+static size_t key_of(int k, char *buf)
+{
+    return (size_t)snprintf(buf, 16, "k%08d", k);
+}
+
+static void value_of(uint32_t counter, char *buf)
+{
+    memset(buf, 'x', VLEN);
+    char head[16];
+    int n = snprintf(head, sizeof(head), "c%010u", counter);
+    memcpy(buf, head, (size_t)n);
+}
+
+static uint32_t counter_of(const uint8_t *v, size_t len)
+{
+    if (len < 11 || v[0] != 'c')
+        return 0;
+    char head[12];
+    memcpy(head, v + 1, 10);
+    head[10] = '\0';
+    return (uint32_t)strtoul(head, NULL, 10);
+}
+
+static kv_client *open_client(kvt_load *l)
+{
+    kv_client *c = NULL;
+    kv_client_opts o = {.timeout_ms = l->o.timeout_ms ? l->o.timeout_ms : 5000, .auth = l->o.auth};
+    if (kv_client_open(&c, l->o.url, &o) != KV_OK)
+        return NULL;
+    return c;
+}
+
+kv_err kvt_load_init(kvt_load *l, const kvt_load_opts *o)
+{
+    memset(l, 0, sizeof(*l));
+    l->o = *o;
+    pthread_mutex_init(&l->mu, NULL);
+    l->acked = calloc((size_t)o->nkeys, sizeof(*l->acked));
+    kv_client *c = l->acked ? open_client(l) : NULL;
+    if (!c)
+        return KV_RESOURCE_EXHAUSTED;
+    static char keys[BATCH][16], val[VLEN];
+    value_of(1, val);
+    kv_err rv = KV_OK;
+    for (int base = 0; rv == KV_OK && base < o->nkeys; base += BATCH) {
+        kv_op ops[BATCH];
+        int n = o->nkeys - base < BATCH ? o->nkeys - base : BATCH;
+        for (int i = 0; i < n; i++)
+            ops[i] = (kv_op){.type = KV_OP_PUT,
+                             .key = keys[i],
+                             .klen = key_of(base + i, keys[i]),
+                             .val = val,
+                             .vlen = VLEN};
+        rv = kv_batch(c, ops, (size_t)n, o->wcons);
+        for (int i = 0; rv == KV_OK && i < n; i++)
+            if ((rv = ops[i].status) == KV_OK)
+                atomic_store(&l->acked[base + i], 1);
+        kv_batch_free(ops, (size_t)n);
+        if (rv != KV_OK)
+            note_error(l, "initial load", rv);
+    }
+    kv_client_close(c);
+    return rv;
+}
+
+typedef struct worker {
+    kvt_load *l;
+    int index;
+} worker;
+
+static uint64_t next_rand(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static void *writer_main(void *arg)
+{
+    worker *w = arg;
+    kvt_load *l = w->l;
+    kv_client *c = open_client(l);
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(w->index + 1);
+    char key[16], val[VLEN];
+    while (c && !atomic_load(&l->stop)) {
+        int k = (int)(next_rand(&x) % (uint64_t)l->o.nkeys);
+        k -= k % l->o.writers;
+        k += w->index;
+        if (k >= l->o.nkeys)
+            continue;
+        uint32_t next = atomic_load(&l->acked[k]) + 1;
+        value_of(next, val);
+        kv_put_opts po = {.consistency = l->o.wcons};
+        kv_err rv = kv_put(c, key, key_of(k, key), val, VLEN, &po, NULL);
+        atomic_fetch_add(&l->writes, 1);
+        if (rv == KV_OK) {
+            atomic_store(&l->acked[k], next);
+        } else {
+            atomic_fetch_add(&l->write_errors, 1);
+            note_error(l, "put", rv);
+        }
+    }
+    kv_client_close(c);
+    free(w);
+    return NULL;
+}
+
+static void *reader_main(void *arg)
+{
+    worker *w = arg;
+    kvt_load *l = w->l;
+    kv_client *c = open_client(l);
+    uint64_t x = 0x2545f4914f6cdd1dull * (uint64_t)(w->index + 7);
+    char key[16];
+    while (c && !atomic_load(&l->stop)) {
+        int k = (int)(next_rand(&x) % (uint64_t)l->o.nkeys);
+        uint32_t before = atomic_load(&l->acked[k]);
+        kv_value v;
+        kv_err rv = kv_get_ex(c, key, key_of(k, key), l->o.rcons, &v);
+        atomic_fetch_add(&l->reads, 1);
+        if (rv == KV_OK) {
+            if (counter_of(v.data, v.len) < before)
+                atomic_fetch_add(&l->stale, 1);
+            kv_value_free(&v);
+        } else if (rv == KV_NOT_FOUND) {
+            if (before)
+                atomic_fetch_add(&l->stale, 1);
+        } else {
+            atomic_fetch_add(&l->read_errors, 1);
+            note_error(l, "get", rv);
+        }
+    }
+    kv_client_close(c);
+    free(w);
+    return NULL;
+}
+
+kv_err kvt_load_start(kvt_load *l)
+{
+    atomic_store(&l->stop, false);
+    for (int i = 0; i < l->o.writers + l->o.readers && l->nth < KVT_LOAD_MAX_THREADS; i++) {
+        worker *w = malloc(sizeof(*w));
+        if (!w)
+            return KV_RESOURCE_EXHAUSTED;
+        *w = (worker){l, i < l->o.writers ? i : i - l->o.writers};
+        if (pthread_create(&l->th[l->nth], NULL, i < l->o.writers ? writer_main : reader_main, w) !=
+            0) {
+            free(w);
+            return KV_RESOURCE_EXHAUSTED;
+        }
+        l->nth++;
+    }
+    return KV_OK;
+}
+
+void kvt_load_stop(kvt_load *l)
+{
+    atomic_store(&l->stop, true);
+    for (int i = 0; i < l->nth; i++)
+        pthread_join(l->th[i], NULL);
+    l->nth = 0;
+}
+
+kv_err kvt_load_verify(kvt_load *l, const char *url, kv_consistency cons, uint64_t *stale,
+                       uint64_t *errors)
+{
+    kv_client *c = NULL;
+    kv_client_opts o = {.timeout_ms = 20000, .auth = l->o.auth};
+    if (kv_client_open(&c, url, &o) != KV_OK)
+        return KV_UNAVAILABLE;
+    static char keys[BATCH][16];
+    *stale = *errors = 0;
+    kv_err rv = KV_OK;
+    for (int base = 0; base < l->o.nkeys; base += BATCH) {
+        kv_op ops[BATCH];
+        int n = l->o.nkeys - base < BATCH ? l->o.nkeys - base : BATCH;
+        for (int i = 0; i < n; i++)
+            ops[i] = (kv_op){.type = KV_OP_GET, .key = keys[i], .klen = key_of(base + i, keys[i])};
+        kv_err b = kv_batch(c, ops, (size_t)n, cons);
+        for (int i = 0; i < n; i++) {
+            uint32_t want = atomic_load(&l->acked[base + i]);
+            if (b != KV_OK || ops[i].status != KV_OK)
+                (*errors)++;
+            else if (want && (!ops[i].found || counter_of(ops[i].value, ops[i].value_len) < want))
+                (*stale)++;
+        }
+        if (b != KV_OK && rv == KV_OK)
+            rv = b;
+        kv_batch_free(ops, (size_t)n);
+    }
+    kv_client_close(c);
+    return rv;
+}
+
+void kvt_load_free(kvt_load *l)
+{
+    free((void *)l->acked);
+    l->acked = NULL;
+    pthread_mutex_destroy(&l->mu);
+}
