@@ -57,6 +57,10 @@ int kvctl_call(kvctl_env *env, rpc_chan *ch, const char *method, const ProtobufC
                uint32_t deadline_ms, rpc_reply *rep, bool quiet);
 /* Fetches the map from ch: *out = NULL when the peer has none. */
 int kvctl_fetch_map(kvctl_env *env, rpc_chan *ch, cmap **out, bool quiet);
+/* The newest map: the router's (or node's) at --router, then any newer one
+ * its nodes hold (a router learns a change within its refresh period).
+ * Fails (message printed) when there is no map. */
+int kvctl_fetch_latest_map(kvctl_env *env, cmap **out);
 /* Pings ch; NULL on failure. *ms (may be NULL) gets the round trip. */
 Kv__PingReply *kvctl_ping_rpc(kvctl_env *env, rpc_chan *ch, double *ms, bool quiet);
 /* "serving", "catching_up", ... for a Kv__Serving. */

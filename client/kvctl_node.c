@@ -394,12 +394,8 @@ static int in_progress(const cmap *m)
 static int do_change(kvctl_env *env, const change *c,
                      int (*check)(kvctl_env *env, const cmap *m, const change *c))
 {
-    rpc_chan *ch = kvctl_open_chan(env, env->router);
     cmap *m = NULL;
-    int code = ch ? kvctl_fetch_map(env, ch, &m, false) : KVCTL_USAGE;
-    rpc_chan_close(ch);
-    if (code == KVCTL_OK && !m)
-        code = kvctl_fail(KV_FAILED_PRECONDITION, "no cluster map yet (run kvctl cluster init)");
+    int code = kvctl_fetch_latest_map(env, &m);
     if (code == KVCTL_OK && cmap_transition(m))
         code = same_change(m, c) ? resume_change(env, m) : in_progress(m);
     else if (code == KVCTL_OK && (code = check(env, m, c)) == KVCTL_OK)
@@ -493,10 +489,8 @@ static int check_weight(kvctl_env *env, const cmap *m, const change *c)
 
 static int node_abort(kvctl_env *env)
 {
-    rpc_chan *ch = kvctl_open_chan(env, env->router);
     cmap *m = NULL;
-    int code = ch ? kvctl_fetch_map(env, ch, &m, false) : KVCTL_USAGE;
-    rpc_chan_close(ch);
+    int code = kvctl_fetch_latest_map(env, &m);
     if (code == KVCTL_OK && (!m || !cmap_transition(m)))
         code = kvctl_fail(KV_FAILED_PRECONDITION, "no membership change is in progress");
     size_t n = 0;
@@ -538,10 +532,8 @@ static int node_abort(kvctl_env *env)
 
 static int node_cleanup(kvctl_env *env, const char *id)
 {
-    rpc_chan *ch = kvctl_open_chan(env, env->router);
     cmap *m = NULL;
-    int code = ch ? kvctl_fetch_map(env, ch, &m, false) : KVCTL_USAGE;
-    rpc_chan_close(ch);
+    int code = kvctl_fetch_latest_map(env, &m);
     int i = code == KVCTL_OK && m ? cmap_find(m, id) : -1;
     if (code == KVCTL_OK && i < 0)
         code = refuse("no node %s in the cluster map", id, NULL);

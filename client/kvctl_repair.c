@@ -482,13 +482,9 @@ int kvctl_repair(kvctl_env *env, int argc, char **argv)
     size_t nf = 0;
     if (env->ranges && parse_ranges(env->ranges, &f, &nf) != KVCTL_OK)
         return KVCTL_USAGE;
-    rpc_chan *ch = kvctl_open_chan(env, env->router);
-    int code = ch ? kvctl_fetch_map(env, ch, &rp.m, false) : KVCTL_USAGE;
-    rpc_chan_close(ch);
+    int code = kvctl_fetch_latest_map(env, &rp.m);
     int node = -1;
-    if (code == KVCTL_OK && !rp.m)
-        code = kvctl_fail(KV_FAILED_PRECONDITION, "no cluster map yet (run kvctl cluster init)");
-    else if (code == KVCTL_OK && cmap_transition(rp.m))
+    if (code == KVCTL_OK && cmap_transition(rp.m))
         code = kvctl_fail(KV_FAILED_PRECONDITION, "a membership change is in progress: finish "
                                                   "or abort it (kvctl node ...) before a repair");
     if (code == KVCTL_OK && argc == 1 && (node = cmap_find(rp.m, argv[0])) < 0) {

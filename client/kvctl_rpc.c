@@ -76,3 +76,31 @@ const char *kvctl_serving_name(int s)
                                         "removed"};
     return s >= 0 && s < 5 ? names[s] : "?";
 }
+
+int kvctl_fetch_latest_map(kvctl_env *env, cmap **out)
+{
+    rpc_chan *ch = kvctl_open_chan(env, env->router);
+    cmap *m = NULL;
+    int code = ch ? kvctl_fetch_map(env, ch, &m, false) : KVCTL_USAGE;
+    rpc_chan_close(ch);
+    if (code == KVCTL_OK && !m)
+        code = kvctl_fail(KV_FAILED_PRECONDITION, "no cluster map yet (run kvctl cluster init)");
+    for (size_t i = 0; code == KVCTL_OK && i < cmap_node_count(m); i++) {
+        rpc_chan *nc = kvctl_open_chan(env, cmap_node_at(m, i)->addr);
+        cmap *theirs = NULL;
+        if (nc && kvctl_fetch_map(env, nc, &theirs, true) == KVCTL_OK && theirs &&
+            cmap_epoch(theirs) > cmap_epoch(m)) {
+            cmap_unref(m);
+            m = cmap_ref(theirs);
+            i = (size_t)-1; /* ask the newer map's nodes too */
+        }
+        cmap_unref(theirs);
+        rpc_chan_close(nc);
+    }
+    if (code != KVCTL_OK) {
+        cmap_unref(m);
+        return code;
+    }
+    *out = m;
+    return KVCTL_OK;
+}

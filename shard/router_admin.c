@@ -220,6 +220,12 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     rpc_stats_add(&l, "map_refreshes", "%llu", (unsigned long long)atomic_load(&r->map_refreshes));
     rpc_stats_add(&l, "hot.detection", "%s", r->hot ? "on" : "off");
     rpc_stats_add(&l, "hot.cache_hits", "%llu", (unsigned long long)router_mit_hits(r->mit));
+    rpc_stats_add(&l, "hints_sent", "%llu", (unsigned long long)atomic_load(&r->hints_sent));
+    rpc_stats_add(&l, "hint_errors", "%llu", (unsigned long long)atomic_load(&r->hint_errors));
+    rpc_stats_add(&l, "read_repairs", "%llu", (unsigned long long)atomic_load(&r->read_repairs));
+    rpc_stats_add(&l, "writes_skipped_down", "%llu",
+                  (unsigned long long)atomic_load(&r->skipped_down));
+    router_probe_stats(r, &l);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = "router";
     rep.role = "router";

@@ -82,6 +82,18 @@ void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
     rpc_call_async(ch, method, epoch, msg, deadline_ms, fan_done, &f->slots[i]);
 }
 
+void fan_skip(fanout *f, kv_err status, const char *message)
+{
+    pthread_mutex_lock(&f->mu);
+    int i = f->sent++;
+    f->refs++;
+    f->slots[i].f = f;
+    f->slots[i].i = i;
+    pthread_mutex_unlock(&f->mu);
+    rpc_reply r = {.status = status, .message = strdup(message), .local = true};
+    fan_done(&f->slots[i], &r);
+}
+
 static struct timespec abs_after(uint64_t wait_ns)
 {
     struct timespec ts;

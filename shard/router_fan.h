@@ -45,6 +45,9 @@ fanout *fan_create(int max);
 /* Sends msg to ch (NULL ch = UNAVAILABLE reply) as send number f->sent. */
 void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
               const ProtobufCMessage *msg, uint32_t deadline_ms);
+/* Records a send that was not made, as send number f->sent, with status
+ * and message (copied). */
+void fan_skip(fanout *f, kv_err status, const char *message);
 /* Waits until need_ok replies are OK, every send has answered, or the
  * deadline passed (plus a small grace for the transport's own timeout). */
 void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms);

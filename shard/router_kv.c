@@ -217,11 +217,15 @@ static void send_write(router *r, cmap *m, fanout *f, const targets *t, const ch
                        const ProtobufCMessage *msg, uint32_t dl)
 {
     for (int i = 0; i < t->n; i++) {
-        bool down = cmap_get_health(m, t->idx[i]) == CMAP_HEALTH_DOWN;
-        if (down)
+        const cmap_node *nd = cmap_node_at(m, t->idx[i]);
+        if (cmap_get_health(m, t->idx[i]) == CMAP_HEALTH_DOWN) {
+            char why[CMAP_MAX_ID + 64];
+            snprintf(why, sizeof(why), "node %s is down (failure detector)", nd->id);
             atomic_fetch_add_explicit(&r->skipped_down, 1, memory_order_relaxed);
-        fan_send(f, down ? NULL : router_chan(r, cmap_node_at(m, t->idx[i])->addr), method,
-                 cmap_epoch(m), msg, dl);
+            fan_skip(f, KV_UNAVAILABLE, why);
+            continue;
+        }
+        fan_send(f, router_chan(r, nd->addr), method, cmap_epoch(m), msg, dl);
     }
 }
 
