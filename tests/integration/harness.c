@@ -394,3 +394,16 @@ int kvt_node_index(const kvt_cluster *c, const char *id)
     int i;
     return sscanf(id, "n%d", &i) == 1 && i >= 1 && i <= c->nnodes ? i - 1 : -1;
 }
+
+pid_t kvt_kvctl_spawn(const kvt_cluster *c, const char *const *args, const char *log)
+{
+    char *argv[40] = {strdup(kvt_bin("client/kvctl")), "--router", (char *)c->router_url, "--auth",
+                      (char *)(c->auth ? c->auth : "")};
+    int n = 5;
+    for (int i = 0; args[i] && n < 39; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    pid_t pid = spawn(log, argv);
+    free(argv[0]);
+    return pid;
+}

@@ -80,6 +80,9 @@ int kvt_kvctl(const kvt_cluster *c, const char *args, char *out, size_t outlen);
 kv_err kvt_node_count(const char *url, const char *auth, uint64_t *live, uint64_t *tombs);
 /* Waits until url reports Serving `serving` (Kv__Serving) in admin.Ping. */
 bool kvt_wait_serving(const char *url, const char *auth, int serving, int timeout_ms);
+/* Starts kvctl ARGS (argv, NULL-terminated, after --router/--auth) in the
+ * background, output to log; returns its pid (reap it with waitpid). */
+pid_t kvt_kvctl_spawn(const kvt_cluster *c, const char *const *args, const char *log);
 /* Index of node id in c, or -1. */
 int kvt_node_index(const kvt_cluster *c, const char *id);
 
