@@ -9,9 +9,13 @@
  * bytes (per RALT) in its key range, near-ties going to the least overlap below. A single Ln
  * file with no overlap below on the same volume is moved by a manifest edit only.
  *
- * The merge keeps the highest-seqno record per key (no snapshots). An
- * expired PUT becomes a tombstone; a tombstone is dropped when no level
- * below the output can hold the key. Each kept record may be routed by
+ * The inputs are merged by iter.c's heap merger (one source per L0 file, one
+ * level-concatenating source per sorted level). The merge keeps the
+ * highest-seqno record per key (no snapshots). An expired PUT becomes a
+ * tombstone (keeping its expire_at); a tombstone is dropped when no level
+ * below the output can hold the key and it is older than
+ * opts.tombstone_grace_ms. lsm_compact_all_filter's jobs also drop every
+ * record of a key its filter rejects. Each kept record may be routed by
  * opts.route or, under HotRAP, by the built-in rule: in a compaction from
  * the last FD level into SD, a record RALT calls hot is kept on the FD level
  * (retention for FD inputs, promotion for SD inputs) when it lies inside the

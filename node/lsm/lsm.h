@@ -339,7 +339,8 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out);
 kv_err lsm_compact_wait_idle(lsm_db *db);
 
 /* Synchronously compacts every level into the next until all files sit in
- * the deepest non-empty level (tombstones and expired records dropped there;
+ * the deepest non-empty level (tombstones and expired records dropped there
+ * once older than tombstone_grace_ms;
  * with HotRAP, hot records retained on the last FD level stay there).
  * Waits for background compactions first and blocks them meanwhile. Returns
  * KV_OK or the first compaction error. For tests and admin. */
