@@ -11,10 +11,12 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -511,6 +513,51 @@ Test(hints, max_bytes_overflow)
     cr_assert_eq(i.records, 3);
     cr_assert(info_ok(h, "n11").lost);
     cr_assert_eq(hint_store_clear_lost(h, "unknown"), KV_NOT_FOUND);
+    sink_free(&s);
+    hint_store_close(h);
+}
+
+/* A write that fails half-way (the file size limit stands in for a full
+ * disk) is cut off again: the hints before it stay readable, later adds go
+ * after them, and the target is marked lost. */
+Test(hints, failed_write_is_cut_off)
+{
+    size_t size = 100;
+    hint_store *h = open_store(0, 0, 0);
+    add_ok(h, "n15", 1, 0, 1, size);
+    uint64_t frame = hint_store_total_bytes(h);
+    char files[4][300];
+    cr_assert_eq(seg_files("n15", files, 4), 1);
+
+    struct rlimit old, lim;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)(frame * 5 + frame / 2);
+    signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int stored = 1;
+    kv_err rv;
+    while ((rv = add_hints(h, "n15", 1, stored, 1, size)) == KV_OK && stored < 100)
+        stored++;
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    cr_assert_neq(rv, KV_OK, "the write past the limit fails");
+    cr_assert_eq(file_size(files[0]), frame * (uint64_t)stored, "the partial write is cut off");
+    hint_target_info i = info_ok(h, "n15");
+    cr_assert_eq(i.records, (uint64_t)stored);
+    cr_assert(i.lost);
+    cr_assert_eq(i.dropped, 1);
+    cr_assert_eq(hint_store_total_bytes(h), frame * (uint64_t)stored);
+
+    add_ok(h, "n15", 1, stored + 1, 2, size); /* seq stored was dropped */
+    hint_store_close(h);
+    h = open_store(0, 0, 0);
+    sink s;
+    sink_init(&s, 1 << 20);
+    cr_assert_eq(replay_ok(h, "n15", &s), (uint64_t)stored + 2);
+    for (int k = 0; k < stored; k++)
+        cr_assert_eq(s.seqs[k], k);
+    cr_assert_eq(s.seqs[stored], stored + 1);
+    cr_assert_eq(s.seqs[stored + 1], stored + 2);
     sink_free(&s);
     hint_store_close(h);
 }
