@@ -517,6 +517,32 @@ Test(hints, max_bytes_overflow)
     hint_store_close(h);
 }
 
+/* A segment file deleted behind the store's back: its hints are lost, the
+ * other segments are still replayed. */
+Test(hints, missing_segment_file)
+{
+    size_t size = 50;
+    hint_store *h = open_store(0, 0, 2 * size); /* one hint a segment */
+    int n = 5, gone = 2;
+    for (int k = 0; k < n; k++)
+        add_ok(h, "n16", 1, k, 1, size);
+    char files[8][300];
+    cr_assert_eq(seg_files("n16", files, 8), (size_t)n);
+    cr_assert_eq(unlink(files[gone]), 0);
+    sink s;
+    sink_init(&s, 1 << 20);
+    cr_assert_eq(replay_ok(h, "n16", &s), (uint64_t)n - 1);
+    for (int k = 0; k < n - 1; k++)
+        cr_assert_eq(s.seqs[k], k < gone ? k : k + 1);
+    hint_target_info i = info_ok(h, "n16");
+    cr_assert_eq(i.corrupt, 1);
+    cr_assert(i.lost);
+    cr_assert_eq(i.records, 0);
+    cr_assert_eq(hint_store_total_bytes(h), 0);
+    sink_free(&s);
+    hint_store_close(h);
+}
+
 /* A write that fails half-way (the file size limit stands in for a full
  * disk) is cut off again: the hints before it stay readable, later adds go
  * after them, and the target is marked lost. */
