@@ -57,12 +57,15 @@ typedef struct hint_target_info {
 } hint_target_info;
 
 /* Opens (creating o->dir if missing) and recovers what is on disk: a torn
- * or corrupt tail of a segment is truncated (logged); a corrupt frame with
- * valid data after it ends what can be read of that segment (logged,
- * counted in `corrupt`, target marked lost). One handle per directory
- * (flock). Returns KV_OK and *out; INVALID_ARGUMENT (bad options),
- * FAILED_PRECONDITION (directory in use), INTERNAL or RESOURCE_EXHAUSTED,
- * with a message in err. */
+ * or corrupt tail of a segment (a bad frame with no valid one after it) is
+ * truncated (logged; it was never acknowledged, nothing is marked); a
+ * corrupt frame with valid frames after it ends what can be read of that
+ * segment (logged, counted in `corrupt`, target marked lost): the rest
+ * stays on disk, unread, until the hints before it are replayed, then goes
+ * with the segment. One handle per directory (flock on o->dir/~lock).
+ * Returns KV_OK and *out (close it with hint_store_close); or
+ * INVALID_ARGUMENT (no dir), FAILED_PRECONDITION (directory in use),
+ * INTERNAL or RESOURCE_EXHAUSTED, with a message in err (errlen bytes). */
 kv_err hint_store_open(hint_store **out, const hint_opts *o, char *err, size_t errlen);
 /* Closes the files and frees the handle; what was added stays on disk.
  * NULL is a no-op. No other call may be running. */
@@ -93,16 +96,18 @@ typedef kv_err (*hint_send_fn)(void *arg, const uint8_t *const *hints, const siz
  * removed once all its hints are acknowledged or dropped. Hints older than
  * window_ms are dropped instead of sent (target marked lost, dropped
  * counted). Only the hints durable when the replay starts are replayed;
- * hints added meanwhile wait for the next replay. Returns KV_OK and *sent
- * (the number delivered; 0 when target has nothing) when all of those were
- * delivered or dropped; the send error when send failed (the batch and
- * everything after it are kept; hint_store_info's `replayed` shows what was
- * delivered); FAILED_PRECONDITION when another replay of target is running
- * (it does not wait); ABORTED when hint_store_forget interrupted it;
- * INVALID_ARGUMENT for a bad name or NULL send; DATA_LOSS or INTERNAL when
- * a segment cannot be read (the rest is kept). A corrupt frame ends its
- * segment's replay (logged, counted, lost mark) and the replay goes on with
- * the next segment. */
+ * hints added meanwhile wait for the next replay. A replay waits for a
+ * running hint_store_expire or _forget of target (short, local I/O).
+ * Returns KV_OK and *sent (the number delivered, 0 when target has
+ * nothing; sent may be NULL) when all of those were delivered or dropped;
+ * the send error when send failed (that batch and everything after it are
+ * kept; hint_store_info's `replayed` shows what was delivered);
+ * FAILED_PRECONDITION when another replay of target is running (it does
+ * not wait); ABORTED when hint_store_forget interrupted it;
+ * INVALID_ARGUMENT for a bad name or NULL send; INTERNAL when a segment
+ * cannot be read (the rest is kept). A corrupt frame or a missing segment
+ * file ends that segment's replay (logged, counted in `corrupt`, lost mark)
+ * and the replay goes on with the next segment. */
 kv_err hint_store_replay(hint_store *h, const char *target, hint_send_fn send, void *arg,
                          size_t max_batch_bytes, uint64_t *sent);
 
@@ -119,9 +124,12 @@ kv_err hint_store_info(hint_store *h, const char *target, hint_target_info *out)
 kv_err hint_store_clear_lost(hint_store *h, const char *target);
 /* Drops every stored hint older than window_ms, target by target, oldest
  * first up to the first younger one (a target being replayed is skipped:
- * its replay drops them). Called periodically by the node. Returns KV_OK
- * and *dropped (how many), or the first error met (the other targets are
- * still expired). */
+ * its replay drops them), and deletes the segments left empty. Called
+ * periodically by the node. Dropped hints count in `dropped` and mark the
+ * target lost; a crash before their segment is deleted may count them
+ * again after the restart. Returns KV_OK and *dropped (how many; 0 when
+ * window_ms is 0), or the first error met (the other targets are still
+ * expired). */
 kv_err hint_store_expire(hint_store *h, uint64_t *dropped);
 /* Deletes everything stored for target, its lost mark and counters (it was
  * removed from the cluster or replaced); a running replay of it stops with

@@ -496,9 +496,11 @@ kv_err hint_store_replay(hint_store *h, const char *name, hint_send_fn send, voi
     drain_free(&d);
     hint_meta_save(h, t);
     hint_target_put(h, t);
+    /* *sent is not written on an error: what was delivered is said here */
     if (d.sent || d.dropped)
-        KV_INFO(HINT_LOG, "target %s: replayed %" PRIu64 " hints, dropped %" PRIu64 " expired (%s)",
-                name, d.sent, d.dropped, kv_strerror(rv));
+        kv_log(rv == KV_OK && !d.dropped ? KV_LOG_DEBUG : KV_LOG_INFO, HINT_LOG,
+               "target %s: replayed %" PRIu64 " hints, dropped %" PRIu64 " expired (%s)", name,
+               d.sent, d.dropped, kv_strerror(rv));
     if (rv == KV_OK && sent)
         *sent = d.sent;
     return rv;

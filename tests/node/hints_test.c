@@ -10,11 +10,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -355,17 +356,18 @@ Test(hints, send_failure_then_resume)
 Test(hints, recovery_after_close)
 {
     size_t size = 80;
+    int first = 7, second = 6, other = 3, later = 2, all = first + second;
     hint_store *h = open_store(0, 0, 5 * size);
-    add_ok(h, "n6", 1, 0, 7, size);
-    add_ok(h, "n6", 1, 7, 6, size);
-    add_ok(h, "n7", 2, 0, 3, size);
+    add_ok(h, "n6", 1, 0, first, size);
+    add_ok(h, "n6", 1, first, second, size);
+    add_ok(h, "n7", 2, 0, other, size);
     uint64_t bytes = hint_store_total_bytes(h);
     hint_store_close(h);
 
     h = open_store(0, 0, 5 * size);
     cr_assert_eq(hint_store_total_bytes(h), bytes);
-    cr_assert_eq(info_ok(h, "n6").records, 13);
-    cr_assert_eq(info_ok(h, "n7").records, 3);
+    cr_assert_eq(info_ok(h, "n6").records, (uint64_t)all);
+    cr_assert_eq(info_ok(h, "n7").records, (uint64_t)other);
     hint_target_info *list;
     size_t n;
     cr_assert_eq(hint_store_list(h, &list, &n), KV_OK);
@@ -373,11 +375,11 @@ Test(hints, recovery_after_close)
     cr_assert_str_eq(list[0].target, "n6");
     cr_assert_str_eq(list[1].target, "n7");
     free(list);
-    add_ok(h, "n6", 1, 13, 2, size); /* appends after a restart go after the old ones */
+    add_ok(h, "n6", 1, all, later, size); /* appends after a restart go after the old ones */
     sink s;
     sink_init(&s, 1 << 20);
-    cr_assert_eq(replay_ok(h, "n6", &s), 15);
-    for (int k = 0; k < 15; k++)
+    cr_assert_eq(replay_ok(h, "n6", &s), (uint64_t)(all + later));
+    for (int k = 0; k < all + later; k++)
         cr_assert_eq(s.seqs[k], k);
     sink_free(&s);
     hint_store_close(h);
@@ -475,31 +477,33 @@ Test(hints, max_bytes_overflow)
     teardown();
     setup();
 
+    int per_call = 3;
     uint64_t max = frame * 10 + frame / 2;
     h = open_store(max, 0, 0);
     int stored = 0;
     kv_err rv;
-    while ((rv = add_hints(h, "n10", 1, stored, 3, size)) == KV_OK)
-        stored += 3;
+    while ((rv = add_hints(h, "n10", 1, stored, per_call, size)) == KV_OK)
+        stored += per_call;
     cr_assert_eq(rv, KV_RESOURCE_EXHAUSTED, "%s", kv_strerror(rv));
     cr_assert_leq(hint_store_total_bytes(h), max);
     hint_target_info i = info_ok(h, "n10");
     cr_assert_eq(i.records, (uint64_t)stored, "nothing of the failed call is stored");
     cr_assert(i.lost);
-    cr_assert_eq(i.dropped, 3);
-    cr_assert_eq(add_hints(h, "n11", 1, 0, 3, size), KV_RESOURCE_EXHAUSTED, "bound is global");
+    cr_assert_eq(i.dropped, (uint64_t)per_call);
+    cr_assert_eq(add_hints(h, "n11", 1, 0, per_call, size), KV_RESOURCE_EXHAUSTED,
+                 "bound is global");
     hint_store_close(h);
 
     h = open_store(max, 0, 0);
     i = info_ok(h, "n10");
     cr_assert(i.lost);
-    cr_assert_eq(i.dropped, 3, "dropped survives a restart");
-    cr_assert_eq(info_ok(h, "n11").dropped, 3);
+    cr_assert_eq(i.dropped, (uint64_t)per_call, "dropped survives a restart");
+    cr_assert_eq(info_ok(h, "n11").dropped, (uint64_t)per_call);
     sink s;
     sink_init(&s, 1 << 20);
     cr_assert_eq(replay_ok(h, "n10", &s), (uint64_t)stored);
     cr_assert_eq(hint_store_total_bytes(h), 0, "acknowledged segments free their bytes");
-    add_ok(h, "n10", 1, stored, 3, size);
+    add_ok(h, "n10", 1, stored, per_call, size);
     cr_assert_eq(hint_store_clear_lost(h, "n10"), KV_OK);
     cr_assert_not(info_ok(h, "n10").lost);
     hint_store_close(h);
@@ -507,10 +511,81 @@ Test(hints, max_bytes_overflow)
     h = open_store(max, 0, 0);
     i = info_ok(h, "n10");
     cr_assert_not(i.lost, "clear_lost is durable");
-    cr_assert_eq(i.dropped, 3);
-    cr_assert_eq(i.records, 3);
+    cr_assert_eq(i.dropped, (uint64_t)per_call);
+    cr_assert_eq(i.records, (uint64_t)per_call);
     cr_assert(info_ok(h, "n11").lost);
     cr_assert_eq(hint_store_clear_lost(h, "unknown"), KV_NOT_FOUND);
+    sink_free(&s);
+    hint_store_close(h);
+}
+
+/* A segment file deleted behind the store's back: its hints are lost, the
+ * other segments are still replayed. */
+Test(hints, missing_segment_file)
+{
+    size_t size = 50;
+    hint_store *h = open_store(0, 0, 2 * size); /* one hint a segment */
+    int n = 5, gone = 2;
+    for (int k = 0; k < n; k++)
+        add_ok(h, "n16", 1, k, 1, size);
+    char files[8][300];
+    cr_assert_eq(seg_files("n16", files, 8), (size_t)n);
+    cr_assert_eq(unlink(files[gone]), 0);
+    sink s;
+    sink_init(&s, 1 << 20);
+    cr_assert_eq(replay_ok(h, "n16", &s), (uint64_t)n - 1);
+    for (int k = 0; k < n - 1; k++)
+        cr_assert_eq(s.seqs[k], k < gone ? k : k + 1);
+    hint_target_info i = info_ok(h, "n16");
+    cr_assert_eq(i.corrupt, 1);
+    cr_assert(i.lost);
+    cr_assert_eq(i.records, 0);
+    cr_assert_eq(hint_store_total_bytes(h), 0);
+    sink_free(&s);
+    hint_store_close(h);
+}
+
+/* A write that fails half-way (the file size limit stands in for a full
+ * disk) is cut off again: the hints before it stay readable, later adds go
+ * after them, and the target is marked lost. */
+Test(hints, failed_write_is_cut_off)
+{
+    size_t size = 100;
+    hint_store *h = open_store(0, 0, 0);
+    add_ok(h, "n15", 1, 0, 1, size);
+    uint64_t frame = hint_store_total_bytes(h);
+    char files[4][300];
+    cr_assert_eq(seg_files("n15", files, 4), 1);
+
+    struct rlimit old, lim;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)(frame * 5 + frame / 2);
+    signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int stored = 1;
+    kv_err rv;
+    while ((rv = add_hints(h, "n15", 1, stored, 1, size)) == KV_OK && stored < 100)
+        stored++;
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    cr_assert_neq(rv, KV_OK, "the write past the limit fails");
+    cr_assert_eq(file_size(files[0]), frame * (uint64_t)stored, "the partial write is cut off");
+    hint_target_info i = info_ok(h, "n15");
+    cr_assert_eq(i.records, (uint64_t)stored);
+    cr_assert(i.lost);
+    cr_assert_eq(i.dropped, 1);
+    cr_assert_eq(hint_store_total_bytes(h), frame * (uint64_t)stored);
+
+    add_ok(h, "n15", 1, stored + 1, 2, size); /* seq stored was dropped */
+    hint_store_close(h);
+    h = open_store(0, 0, 0);
+    sink s;
+    sink_init(&s, 1 << 20);
+    cr_assert_eq(replay_ok(h, "n15", &s), (uint64_t)stored + 2);
+    for (int k = 0; k < stored; k++)
+        cr_assert_eq(s.seqs[k], k);
+    cr_assert_eq(s.seqs[stored], stored + 1);
+    cr_assert_eq(s.seqs[stored + 1], stored + 2);
     sink_free(&s);
     hint_store_close(h);
 }
@@ -519,20 +594,21 @@ Test(hints, window_expiry)
 {
     size_t size = 60;
     uint64_t window = 1000;
+    int old = 7, young = 4, aged = 2, fresh = 2;
     hint_store *h = open_store(0, window, 3 * size); /* 2 hints a segment */
-    for (int k = 0; k < 7; k++)
-        add_ok(h, "n12", 1, k, 1, size); /* old: whole segments and part of one */
+    for (int k = 0; k < old; k++)
+        add_ok(h, "n12", 1, k, 1, size); /* whole segments and part of one */
     atomic_fetch_add(&fake_now, window / 2 + 100);
     uint64_t young_at = atomic_load(&fake_now);
-    for (int k = 7; k < 11; k++)
+    for (int k = old; k < old + young; k++)
         add_ok(h, "n12", 1, k, 1, size);
-    atomic_fetch_add(&fake_now, window / 2 + 100); /* the first 7 are now past the window */
+    atomic_fetch_add(&fake_now, window / 2 + 100); /* the old ones are now past the window */
     uint64_t dropped = 99;
     cr_assert_eq(hint_store_expire(h, &dropped), KV_OK);
-    cr_assert_eq(dropped, 7);
+    cr_assert_eq(dropped, (uint64_t)old);
     hint_target_info i = info_ok(h, "n12");
-    cr_assert_eq(i.records, 4);
-    cr_assert_eq(i.dropped, 7);
+    cr_assert_eq(i.records, (uint64_t)young);
+    cr_assert_eq(i.dropped, (uint64_t)old);
     cr_assert(i.lost);
     cr_assert_eq(i.oldest_ms, young_at);
     cr_assert_eq(hint_store_expire(h, &dropped), KV_OK);
@@ -540,35 +616,37 @@ Test(hints, window_expiry)
 
     sink s;
     sink_init(&s, 1 << 20);
-    cr_assert_eq(replay_ok(h, "n12", &s), 4);
-    for (int k = 0; k < 4; k++)
-        cr_assert_eq(s.seqs[k], 7 + k);
+    cr_assert_eq(replay_ok(h, "n12", &s), (uint64_t)young);
+    for (int k = 0; k < young; k++)
+        cr_assert_eq(s.seqs[k], old + k);
 
     /* a replay drops what has grown old instead of sending it */
-    add_ok(h, "n12", 1, 11, 2, size);
+    int next = old + young;
+    add_ok(h, "n12", 1, next, aged, size);
     atomic_fetch_add(&fake_now, window + 1);
-    add_ok(h, "n12", 1, 13, 2, size);
-    cr_assert_eq(replay_ok(h, "n12", &s), 2);
-    cr_assert_eq(s.seqs[4], 13);
-    cr_assert_eq(s.seqs[5], 14);
+    add_ok(h, "n12", 1, next + aged, fresh, size);
+    cr_assert_eq(replay_ok(h, "n12", &s), (uint64_t)fresh);
+    for (int k = 0; k < fresh; k++)
+        cr_assert_eq(s.seqs[young + k], next + aged + k);
     i = info_ok(h, "n12");
-    cr_assert_eq(i.dropped, 9);
+    cr_assert_eq(i.dropped, (uint64_t)(old + aged));
     cr_assert_eq(i.records, 0);
     cr_assert_eq(hint_store_total_bytes(h), 0);
     sink_free(&s);
     hint_store_close(h);
 
     h = open_store(0, window, 3 * size);
-    cr_assert_eq(info_ok(h, "n12").dropped, 9);
+    cr_assert_eq(info_ok(h, "n12").dropped, (uint64_t)(old + aged));
     hint_store_close(h);
 }
 
 Test(hints, forget)
 {
     size_t size = 40;
+    int gone = 9, kept_n = 4;
     hint_store *h = open_store(0, 0, 2 * size);
-    add_ok(h, "gone", 1, 0, 9, size);
-    add_ok(h, "kept", 2, 0, 4, size);
+    add_ok(h, "gone", 1, 0, gone, size);
+    add_ok(h, "kept", 2, 0, kept_n, size);
     uint8_t small[8] = {0};
     const uint8_t *sp = small;
     size_t huge = (size_t)HINT_MAX_LEN + 1; /* rejected before it is read */
@@ -591,7 +669,7 @@ Test(hints, forget)
 
     h = open_store(0, 0, 2 * size);
     cr_assert_eq(hint_store_info(h, "gone", &i), KV_NOT_FOUND);
-    cr_assert_eq(info_ok(h, "kept").records, 4);
+    cr_assert_eq(info_ok(h, "kept").records, (uint64_t)kept_n);
     hint_store_close(h);
 }
 
@@ -650,19 +728,20 @@ static void reenter(sink *s)
 
 Test(hints, replay_is_exclusive_and_bounded)
 {
+    int n = 4;
     hint_store *h = open_store(0, 0, 0);
-    add_ok(h, "n13", 1, 0, 4, 30);
+    add_ok(h, "n13", 1, 0, n, 30);
     sink s;
     sink_init(&s, 30);
     s.hook = reenter;
     s.h = h;
-    cr_assert_eq(replay_ok(h, "n13", &s), 4, "the hint added meanwhile waits");
+    cr_assert_eq(replay_ok(h, "n13", &s), (uint64_t)n, "the hint added meanwhile waits");
     hint_target_info i = info_ok(h, "n13");
     cr_assert_eq(i.records, 1);
     cr_assert_not(i.replaying);
     s.hook = NULL;
     cr_assert_eq(replay_ok(h, "n13", &s), 1);
-    cr_assert_eq(s.seqs[4], 1000);
+    cr_assert_eq(s.seqs[n], 1000, "added from inside the first replay");
     sink_free(&s);
     hint_store_close(h);
 }
@@ -751,47 +830,63 @@ Test(hints, adders_race_a_replay)
     hint_store_close(h);
 }
 
-typedef struct forgetter {
+/* forget racing adds and replays of the same target (a replay it interrupts
+ * returns ABORTED): no hint is delivered twice or out of order, and the
+ * byte count returns to 0. */
+typedef struct churn {
     hint_store *h;
     sink *s;
-    _Atomic int started;
-} forgetter;
+    _Atomic int stop;
+} churn;
 
-static void *forget_main(void *arg)
+static void *churn_add(void *arg)
 {
-    forgetter *f = arg;
-    while (!atomic_load(&f->started))
-        sched_yield();
-    cr_assert_eq(hint_store_forget(f->h, "n14"), KV_OK);
+    churn *c = arg;
+    for (int seq = 0; !atomic_load(&c->stop); seq += 2) {
+        kv_err rv = add_hints(c->h, "churn", 1, seq, 2, 40);
+        cr_assert_eq(rv, KV_OK, "%s", kv_strerror(rv));
+    }
     return NULL;
 }
 
-static forgetter *the_forgetter;
-
-static void mark_started(sink *s)
+static void *churn_replay(void *arg)
 {
-    (void)s;
-    atomic_store(&the_forgetter->started, 1);
+    churn *c = arg;
+    while (!atomic_load(&c->stop)) {
+        kv_err rv = hint_store_replay(c->h, "churn", sink_send, c->s, 200, NULL);
+        cr_assert(rv == KV_OK || rv == KV_ABORTED, "%s", kv_strerror(rv));
+    }
+    return NULL;
 }
 
-Test(hints, forget_during_replay)
+Test(hints, forget_races_adds_and_replays)
 {
-    hint_store *h = open_store(0, 0, 0);
-    add_ok(h, "n14", 1, 0, 50, 30);
+    hint_store *h = open_store(0, 0, 512);
     sink s;
-    sink_init(&s, 30);
-    s.hook = mark_started;
-    forgetter f = {.h = h, .s = &s};
-    the_forgetter = &f;
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, forget_main, &f), 0);
-    uint64_t sent;
-    kv_err rv = hint_store_replay(h, "n14", sink_send, &s, 30, &sent);
-    cr_assert(rv == KV_OK || rv == KV_ABORTED, "%s", kv_strerror(rv));
-    pthread_join(th, NULL);
-    hint_target_info i;
-    cr_assert_eq(hint_store_info(h, "n14", &i), KV_NOT_FOUND);
-    cr_assert_eq(hint_store_total_bytes(h), 0);
+    sink_init(&s, 200);
+    churn c = {.h = h, .s = &s};
+    pthread_t a, r;
+    cr_assert_eq(pthread_create(&a, NULL, churn_add, &c), 0);
+    cr_assert_eq(pthread_create(&r, NULL, churn_replay, &c), 0);
+    for (int k = 0; k < 40; k++) {
+        kv_err rv = hint_store_forget(h, "churn");
+        cr_assert(rv == KV_OK || rv == KV_NOT_FOUND, "%s", kv_strerror(rv));
+        usleep(500);
+    }
+    atomic_store(&c.stop, 1);
+    pthread_join(a, NULL);
+    pthread_join(r, NULL);
+    for (size_t k = 1; k < s.n; k++)
+        cr_assert_gt(s.seqs[k], s.seqs[k - 1], "delivered once, in order");
     sink_free(&s);
+    hint_target_info i;
+    if (hint_store_info(h, "churn", &i) == KV_OK)
+        cr_assert_eq(i.bytes, hint_store_total_bytes(h));
+    kv_err rv = hint_store_forget(h, "churn");
+    cr_assert(rv == KV_OK || rv == KV_NOT_FOUND);
+    cr_assert_eq(hint_store_total_bytes(h), 0);
+    hint_store_close(h);
+    h = open_store(0, 0, 512);
+    cr_assert_eq(hint_store_total_bytes(h), 0, "nothing left on disk");
     hint_store_close(h);
 }
