@@ -22,18 +22,30 @@
 
 /* ---- installing a map everywhere --------------------------------------- */
 
-/* Node indices of m sorted by id (insertion sort: maps are small). */
-static size_t *sorted_nodes(const cmap *m)
+/* The order a map is installed in: the first member of from by id (the
+ * node where racing admins meet: whoever loses there has written nothing),
+ * then the nodes new in m (a joining node must hold the map before routers
+ * send it writes), then the other members by id. */
+static size_t *install_order(const cmap *from, const cmap *m)
 {
-    size_t n = cmap_node_count(m);
+    size_t n = cmap_node_count(m), k = 0;
     size_t *ix = malloc((n ? n : 1) * sizeof(*ix));
-    for (size_t i = 0; ix && i < n; i++) {
-        size_t k = i;
-        for (; k > 0 && strcmp(cmap_node_at(m, ix[k - 1])->id, cmap_node_at(m, i)->id) > 0; k--)
-            ix[k] = ix[k - 1];
-        ix[k] = i;
+    for (size_t i = 0; ix && i < n; i++) { /* by id */
+        size_t j = i;
+        for (; j > 0 && strcmp(cmap_node_at(m, ix[j - 1])->id, cmap_node_at(m, i)->id) > 0; j--)
+            ix[j] = ix[j - 1];
+        ix[j] = i;
     }
-    return ix;
+    size_t *out = ix ? malloc((n ? n : 1) * sizeof(*out)) : NULL;
+    for (int pass = 0; out && pass < 3; pass++)
+        for (size_t i = 0, members = 0; i < n; i++) {
+            bool member = cmap_find(from, cmap_node_at(m, ix[i])->id) >= 0;
+            bool lock = member && members++ == 0;
+            if ((pass == 0 && lock) || (pass == 1 && !member) || (pass == 2 && member && !lock))
+                out[k++] = ix[i];
+        }
+    free(ix);
+    return out;
 }
 
 /* One admin.SetMap; *body_map gets the node's map from a refusal. */
@@ -101,7 +113,7 @@ static kv_err install_one(kvctl_env *env, const cmap *from, const cmap *next, si
 static int install_all(kvctl_env *env, const cmap *from, const cmap *next, const char *skip,
                        const char *const *must)
 {
-    size_t *ix = sorted_nodes(next);
+    size_t *ix = install_order(from, next);
     if (!ix)
         return kvctl_fail(KV_RESOURCE_EXHAUSTED, "out of memory");
     int code = KVCTL_OK;
@@ -290,6 +302,47 @@ static void print_done(kvctl_env *env, const cmap *m, const kvctl_stream *s, siz
            t->nodes[0], (unsigned long long)epoch, n, (unsigned long long)tt.keys, b, secs);
 }
 
+/* Hints held anywhere for the nodes that gain ranges: writes they missed
+ * while the change ran (they count as acknowledged once hinted). */
+static uint64_t hints_for_targets(kvctl_env *env, const cmap *m, const kvctl_stream *s, size_t n)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < cmap_node_count(m); i++) {
+        Kv__HintStatusRequest req = KV__HINT_STATUS_REQUEST__INIT;
+        rpc_chan *ch = kvctl_open_chan(env, cmap_node_at(m, i)->addr);
+        rpc_reply rep;
+        if (!ch || kvctl_call(env, ch, "admin.HintStatus", &req.base, 0, &rep, true) != KVCTL_OK) {
+            rpc_chan_close(ch);
+            continue;
+        }
+        Kv__HintStatusReply *h = kv__hint_status_reply__unpack(NULL, rep.len, rep.body);
+        for (size_t t = 0; h && t < h->n_targets; t++)
+            for (size_t k = 0; k < n; k++)
+                if (strcmp(h->targets[t]->target, s[k].target) == 0) {
+                    total += h->targets[t]->records;
+                    break;
+                }
+        if (h)
+            kv__hint_status_reply__free_unpacked(h, NULL);
+        rpc_reply_free(&rep);
+        rpc_chan_close(ch);
+    }
+    return total;
+}
+
+/* Waits until no hint for the gaining nodes is left (Ctrl-C stops). */
+static int drain_hints(kvctl_env *env, const cmap *m, const kvctl_stream *s, size_t n)
+{
+    uint64_t left, last = 0;
+    while ((left = hints_for_targets(env, m, s, n)) > 0 && !kvctl_interrupted()) {
+        if (left != last && !env->json)
+            printf("waiting for %llu hints to reach the new replicas\n", (unsigned long long)left);
+        last = left;
+        kv_sleep_ns(200000000ull);
+    }
+    return kvctl_interrupted() ? KVCTL_INTERRUPTED : KVCTL_OK;
+}
+
 /* Streams m's transition (epoch e+1) to the end and installs e+2. */
 static int run_transition(kvctl_env *env, cmap *m)
 {
@@ -309,6 +362,8 @@ static int run_transition(kvctl_env *env, cmap *m)
     }
     if (code == KVCTL_OK)
         code = kvctl_streams_wait(env, s, n, cmap_transition(m)->kind);
+    if (code == KVCTL_OK)
+        code = drain_hints(env, m, s, n);
     if (code == KVCTL_INTERRUPTED)
         fprintf(stderr, "kvctl: interrupted; the streams go on on the nodes: rerun the same "
                         "command to finish the change, or run kvctl node abort\n");

@@ -81,6 +81,12 @@ int router_read_order(cmap *m, const uint32_t *idx, int n, uint32_t *order);
  * asynchronous, fire-and-forget; counted in hints_sent / hint_errors). */
 void router_send_hint(router *r, cmap *m, uint32_t holder, uint32_t target, Kv__Record *const *recs,
                       size_t n);
+/* The same, synchronously: returns once the holder stored the hints
+ * durably (KV_OK) or failed. A pending replica (membership change) that
+ * cannot take a write counts as acknowledged once its hint is stored: the
+ * change completes only after its hints are replayed. */
+kv_err router_store_hint(router *r, cmap *m, uint32_t holder, uint32_t target,
+                        Kv__Record *const *recs, size_t n, uint32_t deadline_ms);
 /* Read repair: given the replies of a read (GetReply bodies), writes the
  * newest version to the replicas that answered with an older one
  * (admin.Apply, asynchronous; counted in read_repairs). */

@@ -196,8 +196,10 @@ static kv_err reply_merged(rpc_ctx *c, size_t nops, op_merge *mg)
 }
 
 /* Hints for node j, whose sub-batch failed without a verdict: each write op
- * it missed goes to a node that acknowledged that op, grouped by holder. */
-static void hint_node(router *r, cmap *m, const batch_plan *p, size_t j, const op_merge *mg)
+ * it missed goes to a node that acknowledged that op, grouped by holder,
+ * stored synchronously; an op for which j is a pending replica counts as
+ * acknowledged by j once its hint is stored (as for single writes). */
+static void hint_node(router *r, cmap *m, const batch_plan *p, size_t j, op_merge *mg, uint32_t dl)
 {
     size_t n = p->node_n[j];
     Kv__Record *recs = calloc(n ? n : 1, sizeof(*recs));
@@ -218,8 +220,14 @@ static void hint_node(router *r, cmap *m, const batch_plan *p, size_t j, const o
             ptrs[k] = &recs[k];
             k++;
         }
-        if (k)
-            router_send_hint(r, m, (uint32_t)h, (uint32_t)j, ptrs, k);
+        if (!k || router_store_hint(r, m, (uint32_t)h, (uint32_t)j, ptrs, k, dl) != KV_OK)
+            continue;
+        for (size_t x = 0; x < n; x++) {
+            op_merge *o = &mg[p->node_pos[j][x]];
+            if (p->node_pend[j][x] && o->holder == (int)h &&
+                p->node_ops[j][x]->type != KV__OP_TYPE__GET)
+                o->pend_ok++;
+        }
     }
     free(recs);
     free(ptrs);
@@ -274,7 +282,7 @@ static kv_err batch_attempt(router *r, rpc_ctx *c, Kv__BatchRequest *req, op_mer
     }
     for (int s = 0; reps && have && !*stale && s < nsent; s++)
         if (!have[s] || router_transport_err(reps[s].status))
-            hint_node(r, m, &p, sent_node[s], mg);
+            hint_node(r, m, &p, sent_node[s], mg, dl);
     if (!*stale)
         rv = (reps && have) ? reply_merged(c, nops, mg)
                             : rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");

@@ -242,15 +242,40 @@ static void wait_write(fanout *f, const targets *t, uint64_t t0, uint32_t dl)
 }
 
 /* Hints for the sends of a write that failed without a verdict. */
-static void hint_failed(router *r, cmap *m, const targets *t, const rpc_reply *reps,
-                        const bool *have, const Kv__Record *rec)
+static int first_ok(const targets *t, const rpc_reply *reps, const bool *have)
 {
-    int holder = -1;
-    for (int i = 0; i < t->n && holder < 0; i++)
+    for (int i = 0; i < t->n; i++)
         if (have[i] && reps[i].status == KV_OK)
-            holder = i;
+            return i;
+    return -1;
+}
+
+/* A pending replica that failed without a verdict (down, behind on the
+ * map, slow) counts as acknowledged once a live replica durably stores a
+ * hint for it (router_store_hint). Returns how many did; sets hinted[i]. */
+static int hint_pending(router *r, cmap *m, const targets *t, const rpc_reply *reps,
+                        const bool *have, const Kv__Record *rec, bool *hinted, uint32_t dl)
+{
+    int holder = first_ok(t, reps, have), n = 0;
+    for (int i = t->ncur; holder >= 0 && i < t->n; i++) {
+        if ((have[i] && !router_transport_err(reps[i].status)) || holder >= t->ncur)
+            continue;
+        if (router_store_hint(r, m, t->idx[holder], t->idx[i], (Kv__Record **)&rec, 1, dl) ==
+            KV_OK) {
+            hinted[i] = true;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Hints (asynchronous) for the other sends that failed without a verdict. */
+static void hint_failed(router *r, cmap *m, const targets *t, const rpc_reply *reps,
+                        const bool *have, const bool *hinted, const Kv__Record *rec)
+{
+    int holder = first_ok(t, reps, have);
     for (int i = 0; holder >= 0 && i < t->n; i++)
-        if (have[i] && router_transport_err(reps[i].status))
+        if (have[i] && router_transport_err(reps[i].status) && !hinted[i])
             router_send_hint(r, m, t->idx[holder], t->idx[i], (Kv__Record **)&rec, 1);
 }
 
@@ -312,9 +337,12 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
             *stale = true;
         }
     }
+    bool hinted[2 * ROUTER_MAX_RF] = {false};
+    if (!is_read && ok >= t.need && pend_ok < t.n - t.ncur && !repair)
+        pend_ok += hint_pending(r, m, &t, reps, have, rec, hinted, ms_left(t0, dl));
     bool won = ok >= t.need && pend_ok == t.n - t.ncur;
     if (!is_read && (won || !repair))
-        hint_failed(r, m, &t, reps, have, rec);
+        hint_failed(r, m, &t, reps, have, hinted, rec);
     if (won) {
         if (is_read) {
             chosen = newest_read(reps, have, t.n);

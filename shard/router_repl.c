@@ -76,6 +76,23 @@ void router_send_hint(router *r, cmap *m, uint32_t holder, uint32_t target, Kv__
               &r->hint_errors);
 }
 
+kv_err router_store_hint(router *r, cmap *m, uint32_t holder, uint32_t target,
+                         Kv__Record *const *recs, size_t n, uint32_t deadline_ms)
+{
+    Kv__HintRequest req = KV__HINT_REQUEST__INIT;
+    req.target = (char *)cmap_node_at(m, target)->id;
+    req.n_records = n;
+    req.records = (Kv__Record **)recs;
+    rpc_chan *ch = atomic_load(&r->stopping) ? NULL : router_chan(r, cmap_node_at(m, holder)->addr);
+    rpc_reply rep = {0};
+    kv_err rv = ch ? rpc_call(ch, "admin.Hint", cmap_epoch(m), &req.base, deadline_ms, &rep)
+                   : KV_UNAVAILABLE;
+    rpc_reply_free(&rep);
+    atomic_fetch_add_explicit(rv == KV_OK ? &r->hints_sent : &r->hint_errors, n,
+                              memory_order_relaxed);
+    return rv;
+}
+
 /* The reply's GetReply, NULL for a failed call. */
 static Kv__GetReply *get_reply(const rpc_reply *rep)
 {

@@ -123,8 +123,8 @@ static void check_placement(const char *id, int keys)
     if (id) {
         double want = replica_share(m, id) * keys;
         uint64_t got = live_on(kvt_node_index(&cl, id));
-        cr_expect(got > want * 0.8 && got < want * 1.2, "%s holds %llu keys, its share is %.0f",
-                  id, (unsigned long long)got, want);
+        cr_expect(got > want * 0.8 && got < want * 1.2, "%s holds %llu keys, its share is %.0f", id,
+                  (unsigned long long)got, want);
     }
     char out[4096], args[64];
     uint64_t sum = 0;

@@ -185,6 +185,13 @@ void kvt_load_stop(kvt_load *l)
 kv_err kvt_load_verify(kvt_load *l, const char *url, kv_consistency cons, uint64_t *stale,
                        uint64_t *errors)
 {
+    return kvt_load_verify_some(l, url, cons, NULL, NULL, stale, errors);
+}
+
+kv_err kvt_load_verify_some(kvt_load *l, const char *url, kv_consistency cons,
+                            bool (*want)(void *arg, const char *key, size_t len), void *arg,
+                            uint64_t *stale, uint64_t *errors)
+{
     kv_client *c = NULL;
     kv_client_opts o = {.timeout_ms = 20000, .auth = l->o.auth};
     if (kv_client_open(&c, url, &o) != KV_OK)
@@ -194,15 +201,23 @@ kv_err kvt_load_verify(kvt_load *l, const char *url, kv_consistency cons, uint64
     kv_err rv = KV_OK;
     for (int base = 0; base < l->o.nkeys; base += BATCH) {
         kv_op ops[BATCH];
-        int n = l->o.nkeys - base < BATCH ? l->o.nkeys - base : BATCH;
-        for (int i = 0; i < n; i++)
-            ops[i] = (kv_op){.type = KV_OP_GET, .key = keys[i], .klen = key_of(base + i, keys[i])};
+        int idx[BATCH], n = 0;
+        for (int k = base; k < l->o.nkeys && k < base + BATCH; k++) {
+            size_t len = key_of(k, keys[n]);
+            if (want && !want(arg, keys[n], len))
+                continue;
+            ops[n] = (kv_op){.type = KV_OP_GET, .key = keys[n], .klen = len};
+            idx[n++] = k;
+        }
+        if (!n)
+            continue;
         kv_err b = kv_batch(c, ops, (size_t)n, cons);
         for (int i = 0; i < n; i++) {
-            uint32_t want = atomic_load(&l->acked[base + i]);
+            uint32_t want_ctr = atomic_load(&l->acked[idx[i]]);
             if (b != KV_OK || ops[i].status != KV_OK)
                 (*errors)++;
-            else if (want && (!ops[i].found || counter_of(ops[i].value, ops[i].value_len) < want))
+            else if (want_ctr &&
+                     (!ops[i].found || counter_of(ops[i].value, ops[i].value_len) < want_ctr))
                 (*stale)++;
         }
         if (b != KV_OK && rv == KV_OK)

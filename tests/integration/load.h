@@ -50,6 +50,11 @@ void kvt_load_stop(kvt_load *l);
  * older than acknowledged (*stale) and failed reads (*errors). */
 kv_err kvt_load_verify(kvt_load *l, const char *url, kv_consistency cons, uint64_t *stale,
                        uint64_t *errors);
+/* The same for the keys want() accepts (a node read directly holds only
+ * the keys it replicates). */
+kv_err kvt_load_verify_some(kvt_load *l, const char *url, kv_consistency cons,
+                            bool (*want)(void *arg, const char *key, size_t len), void *arg,
+                            uint64_t *stale, uint64_t *errors);
 void kvt_load_free(kvt_load *l);
 
 #endif

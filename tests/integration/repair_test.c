@@ -63,11 +63,46 @@ static void writes_with_outage(int i, int down_ms, int up_ms, int total_ms)
     cr_expect_gt(ld.writes, 100, "the load ran");
 }
 
-/* Every acknowledged key read straight from node i: none stale. */
+typedef struct holder {
+    cmap *m;
+    int node;
+} holder;
+
+static bool held(void *arg, const char *key, size_t len)
+{
+    holder *h = arg;
+    return cmap_holds(h->m, (size_t)h->node, key, len);
+}
+
+static cmap *map_of(const char *url)
+{
+    rpc_chan *ch;
+    rpc_chan_opts o = {0};
+    cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
+    Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
+    rpc_reply r;
+    cr_assert_eq(rpc_call(ch, "admin.GetMap", 0, &req.base, 5000, &r), KV_OK);
+    Kv__GetMapReply *g = kv__get_map_reply__unpack(NULL, r.len, r.body);
+    cmap *m = NULL;
+    cr_assert(g && g->has_map && cmap_from_pb(g->map, &m, NULL, 0) == KV_OK);
+    kv__get_map_reply__free_unpacked(g, NULL);
+    rpc_reply_free(&r);
+    rpc_chan_close(ch);
+    return m;
+}
+
+/* Every acknowledged key node i replicates, read straight from it: none
+ * stale. */
 static void expect_node_current(int i)
 {
     uint64_t stale = 0, errors = 0;
-    kvt_load_verify(&ld, cl.node_url[i], KV_CONSISTENCY_ONE, &stale, &errors);
+    char id[16];
+    snprintf(id, sizeof(id), "n%d", i + 1);
+    holder h = {map_of(cl.node_url[i]), 0};
+    h.node = cmap_find(h.m, id);
+    cr_assert_geq(h.node, 0);
+    kvt_load_verify_some(&ld, cl.node_url[i], KV_CONSISTENCY_ONE, held, &h, &stale, &errors);
+    cmap_unref(h.m);
     cr_expect_eq(errors, 0, "%llu reads from n%d failed", (unsigned long long)errors, i + 1);
     cr_expect_eq(stale, 0, "%llu keys on n%d are stale or missing", (unsigned long long)stale,
                  i + 1);
@@ -154,15 +189,7 @@ Test(repair, a_wiped_node_is_rebuilt, .timeout = 600)
     repair("repair n2");
     cr_expect(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__SERVING, 10000));
     /* n2 holds exactly the keys it replicates */
-    rpc_chan *ch;
-    rpc_chan_opts o = {0};
-    cr_assert_eq(rpc_chan_open(&ch, cl.node_url[0], &o), KV_OK);
-    Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
-    rpc_reply r;
-    cr_assert_eq(rpc_call(ch, "admin.GetMap", 0, &req.base, 5000, &r), KV_OK);
-    Kv__GetMapReply *g = kv__get_map_reply__unpack(NULL, r.len, r.body);
-    cmap *m = NULL;
-    cr_assert_eq(cmap_from_pb(g->map, &m, NULL, 0), KV_OK);
+    cmap *m = map_of(cl.node_url[0]);
     uint64_t want = 0, live = 0;
     char key[16];
     for (int k = 0; k < 30000; k++) {
@@ -178,9 +205,6 @@ Test(repair, a_wiped_node_is_rebuilt, .timeout = 600)
         sum += live;
     }
     cr_expect_eq(sum, 2u * 30000u, "every key has rf copies");
-    kv__get_map_reply__free_unpacked(g, NULL);
-    rpc_reply_free(&r);
-    rpc_chan_close(ch);
     cmap_unref(m);
     expect_node_current(1);
     kvt_load_free(&ld);
@@ -231,7 +255,7 @@ Test(repair, deleted_keys_stay_deleted, .timeout = 600)
     load_init(5000, 1);
     delete_range(4000, 4100); /* every replica up */
     kvt_kill_node(&cl, 2, SIGKILL);
-    sleep_ms(1500); /* the routers see n3 down */
+    sleep_ms(1500);        /* the routers see n3 down */
     delete_range(0, 2500); /* n3 misses these; their hints expire */
     sleep_ms(2500);
     cr_assert_eq(kvt_node_restart(&cl, 2), KV_OK);
@@ -283,15 +307,7 @@ static uint64_t version_on(const char *url, const char *key)
 Test(repair, a_read_repairs_a_stale_replica, .timeout = 300)
 {
     start(3, 3, NULL);
-    rpc_chan *ch;
-    rpc_chan_opts o = {0};
-    cr_assert_eq(rpc_chan_open(&ch, cl.node_url[0], &o), KV_OK);
-    Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
-    rpc_reply r;
-    cr_assert_eq(rpc_call(ch, "admin.GetMap", 0, &req.base, 5000, &r), KV_OK);
-    Kv__GetMapReply *g = kv__get_map_reply__unpack(NULL, r.len, r.body);
-    cmap *m = NULL;
-    cr_assert_eq(cmap_from_pb(g->map, &m, NULL, 0), KV_OK);
+    cmap *m = map_of(cl.node_url[0]);
     uint32_t idx[3];
     cr_assert_eq(cmap_replicas(m, "rr-key", 6, idx), 3);
     const char *p = cl.node_url[kvt_node_index(&cl, cmap_node_at(m, idx[0])->id)];
@@ -316,12 +332,22 @@ Test(repair, a_read_repairs_a_stale_replica, .timeout = 300)
     for (int i = 0; i < 50 && (now = version_on(s, "rr-key")) != v2; i++)
         sleep_ms(100);
     cr_expect_eq(now, v2, "the stale replica converged");
-    char out[8192];
-    cr_assert_eq(kvt_kvctl(&cl, "status --json", out, sizeof(out)), 0, "%s", out);
+    rpc_chan *rc;
+    rpc_chan_opts ro = {0};
+    cr_assert_eq(rpc_chan_open(&rc, cl.router_url, &ro), KV_OK);
+    Kv__StatsRequest sreq = KV__STATS_REQUEST__INIT;
+    rpc_reply sr;
+    cr_assert_eq(rpc_call(rc, "admin.Stats", 0, &sreq.base, 5000, &sr), KV_OK);
+    Kv__StatsReply *st = kv__stats_reply__unpack(NULL, sr.len, sr.body);
+    long repairs = -1;
+    for (size_t i = 0; st && i < st->n_stats; i++)
+        if (strcmp(st->stats[i]->name, "read_repairs") == 0)
+            repairs = atol(st->stats[i]->value);
+    cr_expect_geq(repairs, 1, "the router counts its read repairs (%ld)", repairs);
+    kv__stats_reply__free_unpacked(st, NULL);
+    rpc_reply_free(&sr);
+    rpc_chan_close(rc);
     kv_client_close(c);
-    kv__get_map_reply__free_unpacked(g, NULL);
-    rpc_reply_free(&r);
-    rpc_chan_close(ch);
     cmap_unref(m);
     kvt_cluster_stop(&cl);
 }
