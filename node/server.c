@@ -450,7 +450,9 @@ kv_err node_start(node *n, char *err, size_t errlen)
     }
     pthread_mutex_init(&n->map_mu, NULL);
     pthread_mutex_init(&n->peers_mu, NULL);
-    if ((rv = cmap_slot_create(&n->maps)) != KV_OK || (rv = node_map_load(n, err, errlen)) != KV_OK)
+    if ((rv = cmap_slot_create(&n->maps)) != KV_OK ||
+        (rv = node_map_load(n, err, errlen)) != KV_OK ||
+        (rv = node_check_downtime(n, err, errlen)) != KV_OK)
         return rv;
     char fast[4200];
     if (!n->cfg.fast_dir) {
