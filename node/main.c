@@ -224,6 +224,7 @@ int main(int argc, char **argv)
         snprintf(dflt_dir, sizeof(dflt_dir), "./data/%s", n.cfg.id);
         n.cfg.data_dir = dflt_dir;
     }
+    rpc_runtime_init();
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
