@@ -288,6 +288,8 @@ static void installed(node *n, cmap *old, cmap *m, const char *how)
         atomic_store(&n->cleanup_at_ms, kv_wall_ms() + (uint64_t)n->cfg.cleanup_delay_s * 1000u);
     }
     if (!old && cmap_find(m, n->cfg.id) >= 0) {
+        /* writes sent while it had no map became hints on its peers */
+        atomic_store(&n->catching_up, cmap_node_count(m) > 1);
         const cmap_node *me = cmap_node_at(m, (size_t)cmap_find(m, n->cfg.id));
         if (me->state == CMAP_UP && cmap_epoch(m) > 1)
             node_set_needs_repair(n, true, "joined a cluster as an existing member without a map");
