@@ -75,8 +75,13 @@ int main(int argc, char **argv)
     char err[512];
     int npos = 0;
     kv_err rv = kv_opts_parse(&set, argc, argv, &npos, err, sizeof(err));
-    if (rv == KV_CANCELLED) {
-        usage(stdout);
+    if (rv == KV_CANCELLED) { /* --help (usage) or --version (printed) */
+        bool version = false;
+        for (int i = 1; i < argc; i++)
+            version |= strcmp(argv[i], "--version") == 0;
+        if (!version)
+            usage(stdout);
+        kv_opts_free(&set);
         return 0;
     }
     if (rv != KV_OK || npos < 1) {
