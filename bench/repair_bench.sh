@@ -36,7 +36,7 @@
 # (ctest processes seen at the start plus the end of the measured part: a
 # test suite beside the benchmark makes its figures noise). Ports BASE (router), BASE+1..3; default
 # 17800. Every process is stopped and the temp dir removed on exit.
-# Default run (1M keys, 3 rounds): about 15-20 minutes on 2 cores.
+# Default run (1M keys, 3 rounds): 20-50 minutes on 2 cores, 5-12 of them loading.
 # --quick: 100k keys, 1k differing, 50k hints, 1 round, 3 s warm-up, 8 s
 # baseline. --keep: keep the temp dir for a look afterwards.
 set -euo pipefail
