@@ -158,6 +158,7 @@ static bool record(kvb_worker *w, const kvb_slot *s)
         bump(&w->load_done);
         return ok;
     }
+    kvb_tl_add(w, s->end_ns, s->end_ns - s->start_ns, ok);
     if (!ok) {
         w->codes[(unsigned)s->err < KVB_NCODES ? s->err : KV_UNKNOWN]++;
         bump(&w->err_ops);

@@ -33,6 +33,11 @@ static uint64_t hist_value(unsigned i)
     return low + ((UINT64_C(1) << (e - 6u)) >> 1);
 }
 
+double kvb_hist_bucket_us(unsigned i)
+{
+    return (double)hist_value(i) / 1000.0;
+}
+
 void kvb_hist_add(kvb_hist *h, uint64_t ns)
 {
     h->b[hist_index(ns)]++;

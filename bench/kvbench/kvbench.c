@@ -49,6 +49,7 @@ static void default_opts(kvb_opts *o)
     o->trace_ops = 1L << 18;
     o->seed = 1;
     o->load_seconds = 120.0;
+    o->timeline_ms = 1000;
 }
 
 static kv_err fail(char *err, size_t errlen, const char *msg)
@@ -123,6 +124,9 @@ static kv_err keep_strings(kvb_opts *o, char *err, size_t errlen)
         return fail(err, errlen, "--dist: unknown distribution");
     snprintf(o->auth_buf, sizeof(o->auth_buf), "%s", o->auth ? o->auth : "");
     snprintf(o->dist_buf, sizeof(o->dist_buf), "%s", o->dist);
+    if (o->timeline && (!o->timeline[0] || strlen(o->timeline) >= sizeof(o->timeline_buf)))
+        return fail(err, errlen, "--timeline: a file name (under 1024 bytes)");
+    snprintf(o->timeline_buf, sizeof(o->timeline_buf), "%s", o->timeline ? o->timeline : "");
     return KV_OK;
 }
 
@@ -152,6 +156,9 @@ static kv_err parse_opts(kvb_opts *o, int argc, char **argv)
         {"trace-ops", KV_OPT_INT, &o->trace_ops, "pre-drawn ops per thread and phase", NULL, 1024,
          1L << 26},
         {"seed", KV_OPT_INT, &o->seed, "PRNG seed", NULL, 0, 1L << 62},
+        {"timeline", KV_OPT_STR, &o->timeline,
+         "write one JSON line per --timeline-ms of the run to this file"},
+        {"timeline-ms", KV_OPT_INT, &o->timeline_ms, "--timeline interval", NULL, 10, 600000},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, PROG, NULL};
     char err[512] = "";
@@ -163,7 +170,8 @@ static kv_err parse_opts(kvb_opts *o, int argc, char **argv)
     if (rv != KV_OK && rv != KV_CANCELLED)
         fprintf(stderr, PROG ": %s\n", err);
     kv_opts_free(&set);
-    o->routers = o->dist = o->auth = NULL; /* copied into router[], dist_buf, auth_buf */
+    /* copied into router[], dist_buf, auth_buf, timeline_buf */
+    o->routers = o->dist = o->auth = o->timeline = NULL;
     return rv;
 }
 
@@ -231,6 +239,8 @@ static kv_err setup(const kvb_opts *o, kvb_shared *sh, uint8_t *value, kvb_worke
     }
     if (rv == KV_OK)
         rv = make_traces(o, w, o->threads);
+    if (rv == KV_OK && o->timeline_buf[0])
+        rv = kvb_tl_init(sh, w, o->threads);
     uint64_t *order;
     if (rv == KV_OK && o->load && (rv = wl_load_order(o->wl.keys, o->wl.seed, &order)) == KV_OK)
         sh->load_order = order;
@@ -258,6 +268,7 @@ static void free_workers(const kvb_opts *o, kvb_worker *w)
         free((void *)w[i].trace[1]);
         kvb_counts_free(&w[i].counts[0]);
         kvb_counts_free(&w[i].counts[1]);
+        kvb_tl_free(&w[i]);
     }
     free(w);
 }
@@ -421,6 +432,7 @@ static long run(const kvb_opts *o, kvb_shared *sh, kvb_worker *w)
     while (atomic_load(&sh->loaded) < o->threads)
         nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
     sh->t0_ns = kv_now_ns();
+    sh->t0_wall_ms = kv_wall_ms();
     sh->shift_ns = sh->t0_ns + (uint64_t)(o->shift_at * 1e9);
     sh->end_ns = sh->t0_ns + (uint64_t)(o->seconds * 1e9);
     pthread_barrier_wait(&sh->start);
@@ -430,8 +442,10 @@ static long run(const kvb_opts *o, kvb_shared *sh, kvb_worker *w)
     return started;
 }
 
-static int report(const kvb_opts *o, const kvb_shared *sh, kvb_worker *w)
+static int report(const kvb_opts *o, const kvb_shared *sh, kvb_worker *w, FILE *tl)
 {
+    if (tl && kvb_tl_write(sh, w, o->threads, tl) != KV_OK)
+        fprintf(stderr, PROG ": --timeline %s: write failed\n", o->timeline_buf);
     kvb_total *t = calloc(1, sizeof(*t));
     if (!t)
         return 1;
@@ -457,6 +471,11 @@ int main(int argc, char **argv)
     if (rv != KV_OK)
         return 2;
     kvb_shared sh = {.o = &o};
+    FILE *tl = o.timeline_buf[0] ? fopen(o.timeline_buf, "w") : NULL;
+    if (o.timeline_buf[0] && !tl) {
+        perror(PROG ": --timeline");
+        return 1;
+    }
     uint8_t *value = malloc((size_t)o.value_size + 1);
     kvb_worker *w = NULL;
     if (!value)
@@ -465,6 +484,8 @@ int main(int argc, char **argv)
         rv = setup(&o, &sh, value, &w);
     if (rv != KV_OK) {
         fprintf(stderr, PROG ": setup: %s\n", kv_strerror(rv));
+        if (tl)
+            fclose(tl);
         close_clients(&o, w);
         free_workers(&o, w);
         free((void *)sh.load_order);
@@ -478,7 +499,9 @@ int main(int argc, char **argv)
     if (run(&o, &sh, w) != o.threads)
         return 1; /* started threads wait on the barrier; exit ends them */
     close_clients(&o, w);
-    int rc = report(&o, &sh, w);
+    int rc = report(&o, &sh, w, tl);
+    if (tl && fclose(tl) != 0)
+        perror(PROG ": --timeline");
     pthread_barrier_destroy(&sh.start);
     free_workers(&o, w);
     free((void *)sh.load_order);

@@ -35,12 +35,15 @@ typedef struct kvb_opts {
     double theta, seconds, shift_at, load_seconds;
     bool load;
     char *auth;
+    char *timeline; /* --timeline FILE (NULL = off) */
+    long timeline_ms;
     /* derived by check_opts() */
     wl_config wl;
     char router[KVB_MAX_ROUTERS][256];
     int nrouters;
     char auth_buf[256]; /* "" = no auth */
     char dist_buf[32];
+    char timeline_buf[1024];
 } kvb_opts;
 
 /* ---- statistics (kvb_stats.c) --------------------------------------------- */
@@ -59,6 +62,8 @@ void kvb_hist_add(kvb_hist *h, uint64_t ns);
 void kvb_hist_merge(kvb_hist *into, const kvb_hist *h);
 /* The q-quantile (0 < q <= 1) in microseconds; 0 for an empty histogram. */
 double kvb_hist_quantile_us(const kvb_hist *h, double q);
+/* The value bucket i stands for (the middle of its range), in microseconds. */
+double kvb_hist_bucket_us(unsigned i);
 
 /* Exact access counts per key id: open addressing, grown at half load. */
 typedef struct kvb_counts {
@@ -78,6 +83,7 @@ void kvb_print_top(FILE *f, const char *name, const kvb_counts *m, long k);
 /* ---- workers (kvb_run.c) ----------------------------------------------------- */
 
 typedef struct kvb_worker kvb_worker;
+typedef struct kvb_tl_bin kvb_tl_bin;
 
 /* One request slot of a worker: at most one request in flight per slot. */
 typedef struct kvb_slot {
@@ -98,6 +104,9 @@ typedef struct kvb_shared {
     pthread_barrier_t start;
     _Atomic int loaded, finished;
     _Atomic bool stop; /* SIGINT */
+    /* --timeline (kvb_timeline.c): interval length and count, run start wall clock */
+    uint64_t tl_ns, t0_wall_ms;
+    size_t tl_n;
 } kvb_shared;
 
 struct kvb_worker {
@@ -120,11 +129,26 @@ struct kvb_worker {
     uint64_t codes[KVB_NCODES], not_found, load_errors, abandoned;
     uint64_t load_finish_ns, finish_ns;
     char first_error[200];
+    kvb_tl_bin **tl; /* --timeline: per interval, allocated on first use */
+    bool tl_oom;
     /* progress, read by main */
     _Atomic uint64_t ok_ops, err_ops, load_done;
 };
 
 /* Thread body: --load stripe (if set), start barrier, timed run. */
 void *kvb_worker_main(void *arg);
+
+/* ---- --timeline (kvb_timeline.c) ----------------------------------------------- */
+
+/* Sets the interval length and count from the options and gives each worker
+ * its interval table; called by main before the workers start. */
+kv_err kvb_tl_init(kvb_shared *sh, kvb_worker *w, long nthreads);
+/* Worker w's op that completed at end_ns (ok: its latency, else an error);
+ * a no-op without --timeline. Called by w's thread only. */
+void kvb_tl_add(kvb_worker *w, uint64_t end_ns, uint64_t latency_ns, bool ok);
+/* Writes one JSON line per interval to f; after the workers were joined. */
+kv_err kvb_tl_write(const kvb_shared *sh, kvb_worker *w, long nthreads, FILE *f);
+/* Frees w's interval table (NULL table: no-op). */
+void kvb_tl_free(kvb_worker *w);
 
 #endif
