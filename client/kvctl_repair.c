@@ -21,8 +21,8 @@
 #include "common/clock.h"
 #include "shard/cmap_plan.h"
 
-#define DIGEST_MS 600000u
-#define LEAF_KEYS 32 /* records a leaf aims at */
+#define DIGEST_MS 3600000u /* digests are paced: a big node takes long */
+#define LEAF_KEYS 32       /* records a leaf aims at */
 
 typedef struct item {
     cmap_range r;
@@ -202,6 +202,7 @@ static void digest_node(repair *rp, uint32_t x)
     req.n_ranges = k;
     req.ranges = ptrs;
     req.leaves = rp->leaves;
+    req.mbps = (uint32_t)rp->env->stream_mbps;
     rpc_chan *ch = k ? kvctl_open_chan(rp->env, cmap_node_at(rp->m, x)->addr) : NULL;
     rpc_reply rep;
     if (ch &&

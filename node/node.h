@@ -125,6 +125,11 @@ void node_streams_close(node_streams *s);
 /* The map changed: cancel transition jobs whose transition is gone. */
 void node_streams_map_changed(node *n);
 kv_err node_h_stream_read(rpc_ctx *c, const uint8_t *body, size_t len);
+/* Closes the iterators streams left open between chunks (node_stop, before
+ * the engine closes). */
+void node_stream_src_close(node *n);
+/* stream.chunks_continued / stream.iterators_opened (admin.Stats). */
+void node_stream_src_stats(rpc_statlist *l);
 kv_err node_h_stream_start(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_stream_status(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_digest(rpc_ctx *c, const uint8_t *body, size_t len);

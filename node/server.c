@@ -507,6 +507,7 @@ void node_stop(node *n)
     n->handoff = NULL;
     node_streams_close(n->streams);
     n->streams = NULL;
+    node_stream_src_close(n);
     for (size_t i = 0; i < n->npeers; i++) {
         rpc_chan_close(n->peers[i].chan);
         free(n->peers[i].addr);

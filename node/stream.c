@@ -200,12 +200,15 @@ static kv_err load(node_streams *s, char *err, size_t errlen)
 /* What one chunk brought. */
 typedef struct chunk_res {
     uint64_t keys, bytes, applied, compared;
+    uint64_t paced; /* bytes read from the source (digests too): what the throttle counts */
     bool done;
     Kv__StreamReadReply *rep; /* holds next_key until the job records it */
 } chunk_res;
 
+/* One admin.StreamRead to the job's source; *paced (may be NULL) grows by
+ * the reply's size. */
 static kv_err read_call(node *n, const Kv__StreamJob *jb, const Kv__StreamReadRequest *req,
-                        Kv__StreamReadReply **out, char *err, size_t errlen)
+                        Kv__StreamReadReply **out, uint64_t *paced, char *err, size_t errlen)
 {
     rpc_chan *ch = node_chan(n, jb->source_addr);
     if (!ch) {
@@ -216,6 +219,8 @@ static kv_err read_call(node *n, const Kv__StreamJob *jb, const Kv__StreamReadRe
     kv_err rv = rpc_call(ch, "admin.StreamRead", 0, &req->base, READ_DEADLINE_MS, &rep);
     if (rv == KV_OK && !(*out = kv__stream_read_reply__unpack(NULL, rep.len, rep.body)))
         rv = KV_INTERNAL;
+    if (rv == KV_OK && paced)
+        *paced += rep.len;
     if (rv != KV_OK)
         snprintf(err, errlen, "%s from %s: %s", rv == KV_INTERNAL ? "bad StreamRead reply" : "read",
                  jb->source_id, rep.message ? rep.message : kv_strerror(rv));
@@ -269,7 +274,7 @@ static kv_err diff_fetch(node *n, const Kv__StreamJob *jb, const Kv__StreamReadR
         req.n_keys = nw;
         req.keys = want;
         Kv__StreamReadReply *rep = NULL;
-        rv = read_call(n, jb, &req, &rep, err, errlen);
+        rv = read_call(n, jb, &req, &rep, &cr->paced, err, errlen);
         if (rv == KV_OK)
             rv = apply_all(n, rep, cr, err, errlen);
         if (rep)
@@ -288,7 +293,7 @@ static kv_err run_chunk(node *n, const Kv__StreamJob *jb, const ProtobufCBinaryD
     req.after_key = *resume;
     req.max_bytes = (uint32_t)max_bytes;
     req.digest = jb->diff;
-    kv_err rv = read_call(n, jb, &req, &cr->rep, err, errlen);
+    kv_err rv = read_call(n, jb, &req, &cr->rep, &cr->paced, err, errlen);
     if (rv == KV_OK)
         rv = jb->diff ? diff_fetch(n, jb, cr->rep, cr, err, errlen)
                       : apply_all(n, cr->rep, cr, err, errlen);
@@ -443,7 +448,7 @@ static uint64_t step(node_streams *s, job *j)
     if (jb)
         kv__stream_job__free_unpacked(jb, NULL);
     free(rbuf);
-    uint64_t spent = kv_now_ns() - t0, want = cr.bytes * 1000000000ull / (mbps << 20);
+    uint64_t spent = kv_now_ns() - t0, want = cr.paced * 1000000000ull / (mbps << 20);
     return want > spent ? want - spent : 0;
 }
 

@@ -11,10 +11,13 @@
  *                     replay, read repair).
  * A key's position is ring_key_hash(key); a range (lo, hi] may wrap.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "node/node.h"
@@ -199,31 +202,180 @@ static kv_err chunk_add(chunk *ck, const engine_rec *rec, bool digest)
     return KV_OK;
 }
 
+/* ---- cursors: an iterator kept between the chunks of one stream ---------
+ *
+ * Opening an engine iterator walks the whole memory tier (its unflushed
+ * records are snapshotted and sorted), so a stream that opened one per 4 MiB
+ * chunk paid that walk again for every chunk. A chunk that ends before the
+ * ranges do leaves its iterator here, keyed by the node, the ranges and the
+ * key it ended at; the next StreamRead with the same ranges after that key
+ * continues it. The iterator's snapshot is the one of the stream's first
+ * chunk (writes made since reach a membership change's new replicas
+ * directly; a repair is a point-in-time comparison anyway), and it pins an
+ * LSM version, so idle cursors close after CURSOR_IDLE_NS. */
+#define CURSORS 8
+#define CURSOR_IDLE_NS (30ull * 1000000000ull)
+
+typedef struct cursor {
+    node *n; /* NULL = free slot */
+    rangeset *rs;
+    Kv__Range *ranges; /* copies, to match the next request */
+    size_t nranges;
+    uint8_t *next; /* the last key returned */
+    size_t next_len;
+    bool digest;
+    engine_iter *it;
+    uint64_t used_ns;
+} cursor;
+
+static pthread_mutex_t cursors_mu = PTHREAD_MUTEX_INITIALIZER; /* protects cursors */
+static cursor cursors[CURSORS];
+static _Atomic uint64_t cursor_hits, cursor_opens;
+
+void node_stream_src_stats(rpc_statlist *l)
+{
+    rpc_stats_add(l, "stream.chunks_continued", "%llu",
+                  (unsigned long long)atomic_load(&cursor_hits));
+    rpc_stats_add(l, "stream.iterators_opened", "%llu",
+                  (unsigned long long)atomic_load(&cursor_opens));
+}
+
+static void cursor_free(cursor *c)
+{
+    engine_iter_close(c->it);
+    if (c->rs)
+        free(c->rs->p);
+    free(c->rs);
+    free(c->ranges);
+    free(c->next);
+    memset(c, 0, sizeof(*c));
+}
+
+static bool same_ranges(const cursor *c, const Kv__StreamReadRequest *req)
+{
+    if (c->nranges != req->n_ranges || c->digest != req->digest)
+        return false;
+    for (size_t i = 0; i < c->nranges; i++)
+        if (!req->ranges[i] || c->ranges[i].lo != req->ranges[i]->lo ||
+            c->ranges[i].hi != req->ranges[i]->hi)
+            return false;
+    return true;
+}
+
+/* Takes the cursor that continues req, or NULL (the caller owns it). */
+static bool cursor_take(node *n, const Kv__StreamReadRequest *req, cursor *out)
+{
+    bool found = false;
+    pthread_mutex_lock(&cursors_mu);
+    for (size_t i = 0; i < CURSORS && !found; i++) {
+        cursor *c = &cursors[i];
+        if (c->n == n && same_ranges(c, req) && c->next_len == req->after_key.len && c->next_len &&
+            memcmp(c->next, req->after_key.data, c->next_len) == 0) {
+            *out = *c;
+            memset(c, 0, sizeof(*c));
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&cursors_mu);
+    return found;
+}
+
+/* Leaves c for the next chunk (evicting idle or the least recently used
+ * cursors); c is consumed either way. */
+static void cursor_put(cursor *c)
+{
+    uint64_t now = kv_now_ns();
+    cursor evicted[CURSORS];
+    size_t ne = 0, lru = 0;
+    c->used_ns = now;
+    pthread_mutex_lock(&cursors_mu);
+    for (size_t i = 0; i < CURSORS; i++) {
+        if (cursors[i].n && now - cursors[i].used_ns > CURSOR_IDLE_NS) {
+            evicted[ne++] = cursors[i];
+            memset(&cursors[i], 0, sizeof(cursors[i]));
+        }
+        if (!cursors[i].n || (cursors[lru].n && cursors[i].used_ns < cursors[lru].used_ns))
+            lru = i;
+    }
+    if (cursors[lru].n)
+        evicted[ne++] = cursors[lru];
+    cursors[lru] = *c;
+    pthread_mutex_unlock(&cursors_mu);
+    for (size_t i = 0; i < ne; i++) /* closes outside the lock */
+        cursor_free(&evicted[i]);
+}
+
+void node_stream_src_close(node *n)
+{
+    cursor mine[CURSORS];
+    size_t k = 0;
+    pthread_mutex_lock(&cursors_mu);
+    for (size_t i = 0; i < CURSORS; i++)
+        if (cursors[i].n == n) {
+            mine[k++] = cursors[i];
+            memset(&cursors[i], 0, sizeof(cursors[i]));
+        }
+    pthread_mutex_unlock(&cursors_mu);
+    for (size_t i = 0; i < k; i++)
+        cursor_free(&mine[i]);
+}
+
+/* A new cursor for req: its ranges and an iterator after req->after_key. */
+static kv_err cursor_open(node *n, const Kv__StreamReadRequest *req, cursor *c, char *err,
+                          size_t errlen)
+{
+    memset(c, 0, sizeof(*c));
+    c->n = n;
+    c->digest = req->digest;
+    c->rs = calloc(1, sizeof(*c->rs));
+    c->ranges = calloc(req->n_ranges ? req->n_ranges : 1, sizeof(*c->ranges));
+    kv_err rv = c->rs && c->ranges ? rangeset_build(c->rs, req->ranges, req->n_ranges, err, errlen)
+                                   : KV_RESOURCE_EXHAUSTED;
+    for (size_t i = 0; rv == KV_OK && i < req->n_ranges; i++)
+        c->ranges[c->nranges++] = (Kv__Range){.lo = req->ranges[i]->lo, .hi = req->ranges[i]->hi};
+    engine_iter_opts o = {.after = req->after_key.len ? req->after_key.data : NULL,
+                          .after_len = req->after_key.len,
+                          .filter = in_ranges,
+                          .filter_arg = c->rs};
+    if (rv == KV_OK)
+        rv = engine_iter_open(n->eng, &o, &c->it);
+    if (rv != KV_OK)
+        cursor_free(c);
+    return rv;
+}
+
 /* Reads the records after req->after_key in the ranges until max bytes. */
 static kv_err read_ranges(node *n, const Kv__StreamReadRequest *req, chunk *ck, size_t max,
                           Kv__StreamReadReply *rep, char *err, size_t errlen)
 {
-    rangeset rs;
-    kv_err rv = rangeset_build(&rs, req->ranges, req->n_ranges, err, errlen);
+    cursor c;
+    bool cont = cursor_take(n, req, &c);
+    kv_err rv = cont ? KV_OK : cursor_open(n, req, &c, err, errlen);
     if (rv != KV_OK)
         return rv;
-    engine_iter_opts o = {.after = req->after_key.len ? req->after_key.data : NULL,
-                          .after_len = req->after_key.len,
-                          .filter = in_ranges,
-                          .filter_arg = &rs};
-    engine_iter *it = NULL;
-    rv = engine_iter_open(n->eng, &o, &it);
+    atomic_fetch_add(cont ? &cursor_hits : &cursor_opens, 1);
+    uint64_t scanned0 = engine_iter_scanned(c.it);
     engine_rec rec;
-    while (rv == KV_OK && ck->bytes < max && (rv = engine_iter_next(it, &rec)) == KV_OK)
+    while (rv == KV_OK && ck->bytes < max && (rv = engine_iter_next(c.it, &rec)) == KV_OK)
         rv = chunk_add(ck, &rec, req->digest);
     rep->done = rv == KV_NOT_FOUND;
+    rep->scanned = engine_iter_scanned(c.it) - scanned0;
+    if (rv == KV_OK && ck->n) { /* more to come: keep the iterator for the next chunk */
+        const Kv__Record *last = &ck->recs[ck->n - 1];
+        uint8_t *next = malloc(last->key.len);
+        if (next) {
+            memcpy(next, last->key.data, last->key.len);
+            c.next = next;
+            c.next_len = last->key.len;
+            cursor_put(&c);
+            return KV_OK;
+        }
+    }
     if (rv == KV_NOT_FOUND)
         rv = KV_OK;
     else if (rv != KV_OK)
         snprintf(err, errlen, "reading the records failed: %s", kv_strerror(rv));
-    rep->scanned = it ? engine_iter_scanned(it) : 0;
-    engine_iter_close(it);
-    free(rs.p);
+    cursor_free(&c);
     return rv;
 }
 
@@ -354,15 +506,26 @@ static kv_err digest_alloc(digest *d, size_t n)
     return KV_OK;
 }
 
-static kv_err digest_scan(node *n, digest *d, uint64_t *scanned)
+/* Hashes the records of the ranges, paced to mbps MiB/s of keys and values
+ * read (a sleep after each MiB that came too fast). */
+static kv_err digest_scan(node *n, digest *d, uint32_t mbps, uint64_t *scanned)
 {
     engine_iter_opts o = {.filter = in_ranges, .filter_arg = &d->rs};
     engine_iter *it = NULL;
     kv_err rv = engine_iter_open(n->eng, &o, &it);
     engine_rec rec;
-    uint64_t now = kv_wall_ms();
-    while (rv == KV_OK && (rv = engine_iter_next(it, &rec)) == KV_OK)
+    uint64_t now = kv_wall_ms(), t0 = kv_now_ns(), bytes = 0, paced = 0;
+    uint64_t rate = (uint64_t)(mbps ? mbps : (uint32_t)n->cfg.stream_mbps) << 20;
+    while (rv == KV_OK && (rv = engine_iter_next(it, &rec)) == KV_OK) {
         digest_add(d, &rec, now);
+        bytes += rec.klen + rec.vlen + REC_OVERHEAD;
+        if (bytes - paced >= (1u << 20)) {
+            paced = bytes;
+            uint64_t want = bytes * 1000000000ull / rate, spent = kv_now_ns() - t0;
+            if (want > spent)
+                kv_sleep_ns(want - spent);
+        }
+    }
     *scanned = it ? engine_iter_scanned(it) : 0;
     engine_iter_close(it);
     return rv == KV_NOT_FOUND ? KV_OK : rv;
@@ -386,7 +549,7 @@ kv_err node_h_digest(rpc_ctx *c, const uint8_t *body, size_t len)
     if (rv == KV_OK && (rv = digest_alloc(&d, req->n_ranges)) != KV_OK)
         rpc_fail(c, rv, "out of memory for the digest");
     Kv__DigestReply rep = KV__DIGEST_REPLY__INIT;
-    if (rv == KV_OK && (rv = digest_scan(n, &d, &rep.scanned)) != KV_OK)
+    if (rv == KV_OK && (rv = digest_scan(n, &d, req->mbps, &rep.scanned)) != KV_OK)
         rpc_fail(c, rv, "reading the records failed: %s", kv_strerror(rv));
     Kv__RangeDigest **ptrs = rv == KV_OK ? malloc(req->n_ranges * sizeof(*ptrs)) : NULL;
     if (rv == KV_OK && !ptrs)
