@@ -16,6 +16,18 @@ uint64_t kv_wall_ms(void); /* CLOCK_REALTIME, milliseconds since the epoch */
 /* Sleeps ns nanoseconds (resumed after signals). */
 void kv_sleep_ns(uint64_t ns);
 
+/* An injectable wall clock: returns milliseconds since the epoch. Engines
+ * and LSMs take one (fn + arg, fn NULL = kv_wall_ms) for expiry and the
+ * tombstone grace, so that tests move time instead of sleeping. It may be
+ * called from any thread, concurrently. */
+typedef uint64_t (*kv_clock_fn)(void *arg);
+
+/* fn(arg), or kv_wall_ms() when fn is NULL. */
+static inline uint64_t kv_clock_ms(kv_clock_fn fn, void *arg)
+{
+    return fn ? fn(arg) : kv_wall_ms();
+}
+
 typedef struct kv_hlc {
     _Atomic uint64_t last;
 } kv_hlc;
@@ -26,6 +38,8 @@ typedef struct kv_hlc {
 /* Returns a version strictly greater than every version this clock returned
  * or observed before. */
 uint64_t kv_hlc_now(kv_hlc *c);
+/* kv_hlc_now with wall_ms as the physical time (an injected clock). */
+uint64_t kv_hlc_now_at(kv_hlc *c, uint64_t wall_ms);
 /* Folds a version seen from a peer into the clock so later kv_hlc_now() calls
  * order after it. */
 void kv_hlc_observe(kv_hlc *c, uint64_t remote);

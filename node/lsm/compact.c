@@ -402,7 +402,7 @@ static kv_err merge_run(output *o, lsm_merge *mg)
 {
     lsm_db *db = o->db;
     cfilter *f = o->j->filter;
-    uint64_t now = kv_wall_ms();
+    uint64_t now = lsm_now_ms(db);
     lsm_buf key = {0};
     kv_err rv = KV_OK;
     lsm_merge_first(mg);

@@ -157,7 +157,7 @@ static void seal(lsm_promo *p, bool force)
 void lsm_promo_add(lsm_db *db, const lsm_rec *r, uint64_t fread)
 {
     lsm_promo *p = db->promo;
-    if (!p || r->type != LSM_PUT || (r->expire_at && r->expire_at <= kv_wall_ms()))
+    if (!p || r->type != LSM_PUT || (r->expire_at && r->expire_at <= lsm_now_ms(db)))
         return;
     pent e = {.fread = fread};
     if (lsm_rec_copy(&e.r, r) != KV_OK)
@@ -249,7 +249,7 @@ static void filter(lsm_db *db, pbuf *b)
         qsort(b->e, b->n, sizeof(*b->e), pent_cmp);
     lsm_version *v = lsm_db_current(db);
     size_t m = 0;
-    uint64_t bytes = 0, now = kv_wall_ms();
+    uint64_t bytes = 0, now = lsm_now_ms(db);
     pent prev = {0}; /* the previous entry; its record is freed once e was compared */
     bool prev_dropped = false;
     for (size_t i = 0; i < b->n; i++) {
