@@ -519,6 +519,12 @@ static kv_err check_conditions(const engine_write *w, const current *c, char *er
     return KV_OK;
 }
 
+/* The stripe lock that serialises the writers of key. */
+static pthread_mutex_t *engine_stripe(engine *e, const void *key, size_t klen)
+{
+    return &e->stripes[kv_hash64(key, klen, 7) % ENGINE_STRIPES];
+}
+
 /* The record's expiry: an absolute expire_at wins, else now + ttl_ms (a
  * put's; checked against KV_MAX_TTL_MS, saturated anyway). */
 static uint64_t expiry(engine *e, const engine_write *w)
@@ -537,6 +543,7 @@ static uint64_t expiry(engine *e, const engine_write *w)
 static kv_err apply(engine *e, const engine_write *w, uint64_t version, bool *applied, char *err,
                     size_t errlen)
 {
+    KV_ASSERT_LOCKED(engine_stripe(e, w->key, w->klen));
     lsm_rec rec = {.key = w->key, .klen = w->klen, .version = version};
     rec.type = w->is_delete ? LSM_DELETE : LSM_PUT;
     rec.value = w->is_delete ? NULL : w->val;
@@ -608,7 +615,7 @@ kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, ch
         snprintf(err, errlen, "write buffer full: flushing to the fast volume is behind");
         return rv;
     }
-    pthread_mutex_t *stripe = &e->stripes[kv_hash64(w->key, w->klen, 7) % ENGINE_STRIPES];
+    pthread_mutex_t *stripe = engine_stripe(e, w->key, w->klen);
     pthread_mutex_lock(stripe);
     current c;
     rv = find_current(e, w, &c, err, errlen);
@@ -654,6 +661,7 @@ static uint64_t pin_hash(const void *key, size_t klen)
 /* Slot of h, or of the first free slot on its probe path; caller locks. */
 static uint64_t *pin_slot(engine *e, uint64_t h, bool for_insert)
 {
+    KV_ASSERT_RDLOCKED(&e->pin_lock);
     size_t n = ENGINE_MAX_PINS * 2, i = h % n;
     uint64_t *free_slot = NULL;
     for (size_t k = 0; k < n; k++, i = (i + 1) % n) {

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
@@ -206,6 +207,7 @@ static void drop_unreported(hot_ent *e, uint64_t router, uint64_t now)
  * never need tombstones. Caller holds mu and has freed the key. */
 static void remove_at(node_hot *h, size_t i)
 {
+    KV_ASSERT_LOCKED(&h->mu);
     size_t hole = i;
     for (size_t j = (i + 1) & (SLOTS - 1);; j = (j + 1) & (SLOTS - 1)) {
         hot_ent *e = &h->tab[j];
@@ -228,6 +230,7 @@ static void remove_at(node_hot *h, size_t i)
  * contribution to keys it left out is withdrawn. Caller holds mu. */
 static void sweep(node_hot *h, uint64_t router, uint64_t now)
 {
+    KV_ASSERT_LOCKED(&h->mu);
     for (size_t i = 0; i < SLOTS; i++) {
         hot_ent *e = &h->tab[i];
         if (!e->hash)

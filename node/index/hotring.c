@@ -39,7 +39,6 @@
 #include <sched.h>
 #include <stdlib.h>
 
-#include "common/assert.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "node/index/hr_internal.h"
@@ -345,6 +344,9 @@ static kv_err hr_wr_insert(hr_wr *wr, hr_table *t, uint64_t b, hr_win *w, int fo
          * publishes n as a one-item ring. */
         ok = atomic_compare_exchange_strong(&t->heads[b], &zero, (uint64_t)(uintptr_t)n);
     } else {
+        KV_ASSERT(!(w->pw & HR_N_OCC) && hr_addr(w->pw) == w->cur,
+                  "insert window: pred deleted or not pointing at cur (word %#llx)",
+                  (unsigned long long)w->pw);
         atomic_store_explicit(&n->next, (uint64_t)(uintptr_t)w->cur, memory_order_relaxed);
         /* CAS site: the predecessor's next word. Protects: pred is live and
          * still points at cur, so n lands in order; publishes n (release).
@@ -377,7 +379,10 @@ static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const 
                     const hr_win *fw)
 {
     uint64_t xw = atomic_load_explicit(&x->next, memory_order_acquire), nv;
+    KV_ASSERT(atomic_load_explicit(&x->seq, memory_order_relaxed) & HR_SEQ_OWNED,
+              "killing an item this writer does not own");
     for (;;) {
+        KV_ASSERT(!(xw & HR_N_OCC), "an owned item was deleted by someone else");
         nv = xw | HR_N_OCC;
         if (repl) {
             atomic_store_explicit(&repl->next, (uint64_t)(uintptr_t)hr_addr(xw),
@@ -397,6 +402,7 @@ static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const 
     hr_head_fix(idx, t, b, x);
     if (fw->pred && fw->pred != x && hr_addr(fw->pw) == x) {
         uint64_t pw = fw->pw;
+        KV_ASSERT(!(pw & HR_N_OCC), "unlink through a deleted predecessor");
         /* CAS site: the predecessor's next word. Protects: pred is still live
          * and points at x exactly as when the search found it; swings it past
          * x (to repl or x's successor), keeping pred's counter/Rehash bits. */

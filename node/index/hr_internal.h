@@ -15,6 +15,7 @@
 #include <string.h>
 #include <urcu/urcu-memb.h>
 
+#include "common/assert.h"
 #include "node/index/hotring.h"
 
 /* Packed words (paper Fig. 4). Bits 0..47 hold an item address. Head words:

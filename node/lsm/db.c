@@ -94,6 +94,7 @@ lsm_version *lsm_db_current(lsm_db *db)
 
 uint64_t lsm_db_new_number(lsm_db *db)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     return db->next_file++;
 }
 
@@ -114,6 +115,7 @@ static lsm_edit snapshot_of(lsm_db *db, const lsm_version *v)
 /* Writes a fresh manifest holding the current state (mu held). */
 static kv_err rewrite_manifest(lsm_db *db)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     lsm_edit e = snapshot_of(db, db->cur);
     uint64_t number = db->next_file++;
     e.next_file = db->next_file;
@@ -547,6 +549,7 @@ static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, 
 /* Waits (mu held) while L0 is at l0_stop and compaction can drain it. */
 static void stall_l0(lsm_db *db)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     while (!db->stop && db->nthreads && !db->o.no_auto_compaction && db->bg_err == KV_OK &&
            db->cur->nfiles[0] >= db->o.l0_stop)
         pthread_cond_wait(&db->cv, &db->mu);

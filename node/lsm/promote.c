@@ -36,6 +36,7 @@
 
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/assert.h"
 #include "common/log.h"
 #include "node/lsm/lsm_int.h"
 
@@ -140,6 +141,7 @@ static kv_err pbuf_push(pbuf *b, pent *e)
 /* Moves the mutable buffer to the sealed queue (mu held). */
 static void seal(lsm_promo *p, bool force)
 {
+    KV_ASSERT_LOCKED(&p->mu);
     if (!p->mut.n && !force)
         return;
     if (p->nsealed == MAX_SEALED) {
@@ -282,7 +284,7 @@ static kv_err build(lsm_db *db, const pbuf *b, lsm_file **out)
     pthread_mutex_lock(&db->mu);
     uint64_t number = lsm_db_new_number(db);
     pthread_mutex_unlock(&db->mu);
-    lsm_sst_builder *sb;
+    lsm_sst_builder *sb = NULL; /* not written when the open fails */
     kv_err rv = lsm_sst_builder_open(&sb, &db->vols[0], number, db->o.block_size);
     for (size_t i = 0; rv == KV_OK && i < b->n; i++)
         rv = lsm_sst_builder_add(sb, &b->e[i].r);
@@ -298,6 +300,7 @@ static kv_err build(lsm_db *db, const pbuf *b, lsm_file **out)
  * held); returns how many were dropped. */
 static size_t drop_marked(lsm_db *db, pbuf *b)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     size_t m = 0, n = b->n;
     for (size_t i = 0; i < n; i++) {
         if (flushed_since(db->promo, &b->e[i]))

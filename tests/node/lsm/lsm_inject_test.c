@@ -14,7 +14,9 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <signal.h>
 
+#include "common/assert.h"
 #include "node/lsm/lsm_int.h"
 
 static void disarm(void)
@@ -425,3 +427,18 @@ Test(inject, tombstone_grace_follows_the_injected_clock)
     lt_rmrf(dir);
     free(dir);
 }
+
+#if KV_ASSERTS_ON
+/* Debug and sanitizer builds check the "mu held" contracts at run time. */
+Test(inject, lock_contract_is_checked, .signal = SIGABRT)
+{
+    char *dir = lt_mkdtemp("iassert");
+    lsm_opts o;
+    lt_opts(&o, dir, LSM_SYNC_NONE);
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    lt_rmrf(dir); /* before the abort */
+    free(dir);
+    (void)lsm_db_new_number(db); /* db->mu not held */
+}
+#endif
