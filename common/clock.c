@@ -21,12 +21,7 @@ uint64_t kv_wall_ms(void)
 
 uint64_t kv_hlc_now(kv_hlc *c)
 {
-    return kv_hlc_now_at(c, kv_wall_ms());
-}
-
-uint64_t kv_hlc_now_at(kv_hlc *c, uint64_t wall_ms)
-{
-    uint64_t phys = (wall_ms & 0xffffffffffffull) << 16;
+    uint64_t phys = (kv_wall_ms() & 0xffffffffffffull) << 16;
     uint64_t old = atomic_load_explicit(&c->last, memory_order_relaxed);
     for (;;) {
         /* Physical time moved past the last version: restart the counter.

@@ -38,8 +38,6 @@ typedef struct kv_hlc {
 /* Returns a version strictly greater than every version this clock returned
  * or observed before. */
 uint64_t kv_hlc_now(kv_hlc *c);
-/* kv_hlc_now with wall_ms as the physical time (an injected clock). */
-uint64_t kv_hlc_now_at(kv_hlc *c, uint64_t wall_ms);
 /* Folds a version seen from a peer into the clock so later kv_hlc_now() calls
  * order after it. */
 void kv_hlc_observe(kv_hlc *c, uint64_t remote);

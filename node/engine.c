@@ -606,7 +606,7 @@ kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, ch
     kv_err rv = check_write(w, err, errlen);
     if (rv != KV_OK)
         return rv;
-    uint64_t version = w->version ? w->version : kv_hlc_now_at(&e->hlc, engine_now_ms(e));
+    uint64_t version = w->version ? w->version : kv_hlc_now(&e->hlc);
     if (w->version)
         kv_hlc_observe(&e->hlc, w->version);
     atomic_fetch_add_explicit(w->is_delete ? &e->deletes : &e->puts, 1, memory_order_relaxed);

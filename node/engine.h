@@ -66,9 +66,11 @@ typedef struct engine_opts {
      * as no lower level may hold the key. */
     uint64_t tombstone_grace_ms;
     engine_wal_recovery wal_recovery;
-    /* The wall clock for TTLs (expiry, ttl_ms), the HLC versions of direct
-     * writes and, through the LSM, compaction's expiry and tombstone grace;
-     * NULL = kv_wall_ms. Tests move it instead of sleeping. Any thread. */
+    /* The wall clock for TTLs (expiry, ttl_ms) and, through the LSM,
+     * compaction's expiry and tombstone grace; NULL = kv_wall_ms. Tests move
+     * it instead of sleeping. Versions still come from the HLC on the real
+     * wall clock (they must keep growing across restarts, whatever a test
+     * clock does). Any thread. */
     kv_clock_fn clock;
     void *clock_arg;
 } engine_opts;
