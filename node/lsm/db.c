@@ -334,7 +334,9 @@ static kv_err recover(lsm_db *db, lsm_replay_fn fn, void *arg)
     uint64_t wal_number = db->next_file++;
     db->log_number = wal_number;
     db->man = NULL;
+    pthread_mutex_lock(&db->mu); /* no other thread yet; the contract holds anyway */
     rv = rewrite_manifest(db);
+    pthread_mutex_unlock(&db->mu);
     if (rv == KV_OK && st.manifest && st.manifest != lsm_manifest_number(db->man)) {
         char name[64];
         snprintf(name, sizeof(name), "MANIFEST-%06" PRIu64, st.manifest);
