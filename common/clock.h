@@ -16,6 +16,18 @@ uint64_t kv_wall_ms(void); /* CLOCK_REALTIME, milliseconds since the epoch */
 /* Sleeps ns nanoseconds (resumed after signals). */
 void kv_sleep_ns(uint64_t ns);
 
+/* An injectable wall clock: returns milliseconds since the epoch. Engines
+ * and LSMs take one (fn + arg, fn NULL = kv_wall_ms) for expiry and the
+ * tombstone grace, so that tests move time instead of sleeping. It may be
+ * called from any thread, concurrently. */
+typedef uint64_t (*kv_clock_fn)(void *arg);
+
+/* fn(arg), or kv_wall_ms() when fn is NULL. */
+static inline uint64_t kv_clock_ms(kv_clock_fn fn, void *arg)
+{
+    return fn ? fn(arg) : kv_wall_ms();
+}
+
 typedef struct kv_hlc {
     _Atomic uint64_t last;
 } kv_hlc;

@@ -50,6 +50,16 @@ kv_err kv_check_batch(const kv_limits *l, size_t nops, size_t bytes, char *err, 
     return KV_OK;
 }
 
+kv_err kv_check_ttl(uint64_t ttl_ms, char *err, size_t errlen)
+{
+    if (ttl_ms > KV_MAX_TTL_MS) {
+        snprintf(err, errlen, "ttl_ms %llu is over the limit of %llu ms (100 years)",
+                 (unsigned long long)ttl_ms, (unsigned long long)KV_MAX_TTL_MS);
+        return KV_INVALID_ARGUMENT;
+    }
+    return KV_OK;
+}
+
 size_t kv_limits_recv_max(const kv_limits *l)
 {
     size_t m = l->max_batch_bytes > l->max_value ? l->max_batch_bytes : l->max_value;

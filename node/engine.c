@@ -18,7 +18,9 @@
 #include <string.h>
 #include <urcu/urcu-memb.h>
 
+#include "common/assert.h"
 #include "common/hash.h"
+#include "common/limits.h"
 #include "common/log.h"
 
 static const char *const sync_names[] = {"always", "batch", "none"};
@@ -185,6 +187,10 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
     lo.newer_thread = engine_promo_thread;
     lo.newer_arg = e;
     lo.tombstone_grace_ms = e->o.tombstone_grace_ms;
+    lo.wal_recovery =
+        e->o.wal_recovery == ENGINE_WAL_POINT_IN_TIME ? LSM_WAL_POINT_IN_TIME : LSM_WAL_ABSOLUTE;
+    lo.clock = e->o.clock;
+    lo.clock_arg = e->o.clock_arg;
     if ((rv = engine_nhc_create(e, &lo, err, errlen)) != KV_OK) /* NHC */
         return rv;
     engine_thread_register(); /* the replay callback inserts into the index */
@@ -359,7 +365,7 @@ static kv_err get_from_lsm(engine *e, const void *key, size_t klen, engine_resul
 kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
 {
     engine_result r = {0};
-    get_state g = {kv_wall_ms(), &r, false};
+    get_state g = {engine_now_ms(e), &r, false};
     atomic_fetch_add_explicit(&e->gets, 1, memory_order_relaxed);
     kv_err rv = hr_get(e->idx, key, klen, get_visit, &g);
     if (rv == KV_OK) {
@@ -433,7 +439,7 @@ static kv_err get_many_lsm(engine *e, size_t m, const void **mk, size_t *ml, siz
 kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_t *klens,
                        engine_result *out, kv_err *errs)
 {
-    uint64_t now_ms = kv_wall_ms(), gen = lsm_flush_generation(e->db);
+    uint64_t now_ms = engine_now_ms(e), gen = lsm_flush_generation(e->db);
     const void **mk = calloc(n ? n : 1, sizeof(*mk));
     size_t *ml = calloc(n ? n : 1, sizeof(*ml)), *pos = calloc(n ? n : 1, sizeof(*pos)), m = 0;
     kv_err rv = mk && ml && pos ? KV_OK : KV_RESOURCE_EXHAUSTED;
@@ -467,7 +473,7 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
 
 typedef struct current {
     bool exists, live;
-    uint64_t version;
+    uint64_t version, now_ms;
 } current;
 
 static void cur_visit(void *arg, const hr_view *v)
@@ -475,13 +481,13 @@ static void cur_visit(void *arg, const hr_view *v)
     current *c = arg;
     c->exists = true;
     c->version = v->meta.version;
-    c->live = rec_live(v->meta.flags, v->meta.expire_at, kv_wall_ms());
+    c->live = rec_live(v->meta.flags, v->meta.expire_at, c->now_ms);
 }
 
 /* The record governing key right now: memory, else the LSM. */
 static kv_err find_current(engine *e, const engine_write *w, current *c, char *err, size_t errlen)
 {
-    memset(c, 0, sizeof(*c));
+    *c = (current){.now_ms = engine_now_ms(e)};
     if (hr_get(e->idx, w->key, w->klen, cur_visit, c) == KV_OK)
         return KV_OK;
     lsm_rec rec;
@@ -494,7 +500,7 @@ static kv_err find_current(engine *e, const engine_write *w, current *c, char *e
     }
     c->exists = true;
     c->version = rec.version;
-    c->live = rec.type == LSM_PUT && (rec.expire_at == 0 || rec.expire_at > kv_wall_ms());
+    c->live = rec.type == LSM_PUT && (rec.expire_at == 0 || rec.expire_at > c->now_ms);
     lsm_rec_free(&rec);
     return KV_OK;
 }
@@ -513,57 +519,103 @@ static kv_err check_conditions(const engine_write *w, const current *c, char *er
     return KV_OK;
 }
 
+/* The stripe lock that serialises the writers of key. */
+static pthread_mutex_t *engine_stripe(engine *e, const void *key, size_t klen)
+{
+    return &e->stripes[kv_hash64(key, klen, 7) % ENGINE_STRIPES];
+}
+
+/* The record's expiry: an absolute expire_at wins, else now + ttl_ms (a
+ * put's; checked against KV_MAX_TTL_MS, saturated anyway). */
+static uint64_t expiry(engine *e, const engine_write *w)
+{
+    if (w->expire_at || !w->ttl_ms || w->is_delete)
+        return w->expire_at;
+    uint64_t now = engine_now_ms(e);
+    return now > UINT64_MAX - w->ttl_ms ? UINT64_MAX : now + w->ttl_ms;
+}
+
 /* Appends to the WAL and inserts into memory; the caller holds the stripe.
+ * The memory-tier item is built before the append, so that a record in the
+ * WAL always reaches memory (a write that fails leaves no record a restart
+ * would replay, and one acknowledged is visible at once).
  * *applied: false when the memory tier already held a newer version. */
 static kv_err apply(engine *e, const engine_write *w, uint64_t version, bool *applied, char *err,
                     size_t errlen)
 {
-    uint64_t now = kv_wall_ms();
+    KV_ASSERT_LOCKED(engine_stripe(e, w->key, w->klen));
     lsm_rec rec = {.key = w->key, .klen = w->klen, .version = version};
     rec.type = w->is_delete ? LSM_DELETE : LSM_PUT;
     rec.value = w->is_delete ? NULL : w->val;
     rec.vlen = w->is_delete ? 0 : w->vlen;
-    rec.expire_at = w->expire_at ? w->expire_at : w->ttl_ms && !w->is_delete ? now + w->ttl_ms : 0;
-    pthread_rwlock_rdlock(&e->apply_lock);
-    rec.seqno = atomic_fetch_add(&e->next_seqno, 1);
-    kv_err rv = lsm_wal_append(e->db, &rec, 1);
-    if (rv != KV_OK) {
-        pthread_rwlock_unlock(&e->apply_lock);
-        snprintf(err, errlen, "%s",
-                 rv == KV_RESOURCE_EXHAUSTED ? "the fast volume is full (WAL append failed)"
-                                             : "WAL append failed");
-        return rv;
-    }
-    hr_meta m = {.version = version, .seqno = rec.seqno, .expire_at = rec.expire_at};
+    rec.expire_at = expiry(e, w);
+    hr_meta m = {.version = version, .expire_at = rec.expire_at};
     m.flags = HR_F_DIRTY | (w->is_delete ? HR_F_TOMBSTONE : 0);
     if (atomic_load_explicit(&e->npins, memory_order_relaxed) &&
         engine_is_pinned(e, w->key, w->klen))
         m.flags |= HR_F_PINNED;
+    const void *val = rec.value ? rec.value : "";
+    hr_prep prep = {0};
+    pthread_rwlock_rdlock(&e->apply_lock);
+    rec.seqno = m.seqno = atomic_fetch_add(&e->next_seqno, 1);
+    kv_err rv = hr_prepare(e->idx, w->key, w->klen, val, rec.vlen, &m, &prep);
+    if (rv != KV_OK) {
+        pthread_rwlock_unlock(&e->apply_lock);
+        snprintf(err, errlen, "memory tier: %s", kv_strerror(rv));
+        return rv;
+    }
+    rv = lsm_wal_append(e->db, &rec, 1);
+    if (rv != KV_OK) {
+        pthread_rwlock_unlock(&e->apply_lock);
+        hr_prep_release(&prep);
+        engine_bg_request_flush(e); /* frees WAL space, or heals a WAL after a failed fsync */
+        snprintf(err, errlen, "%s",
+                 rv == KV_RESOURCE_EXHAUSTED ? "the fast volume is full (WAL append failed)"
+                                             : "WAL append failed (I/O error, see the log)");
+        return rv;
+    }
     put_acct a = {.version = version};
-    rv = hr_upsert(e->idx, w->key, w->klen, rec.value ? rec.value : "", rec.vlen, &m, newer_cond,
-                   &a);
+    rv = hr_upsert_prepared(e->idx, w->key, w->klen, val, rec.vlen, &m, newer_cond, &a, &prep);
     pthread_rwlock_unlock(&e->apply_lock);
+    /* prepared: newer_cond's SKIP is the only way it does not store */
+    KV_ASSERT(rv == KV_OK || rv == SKIP, "memory-tier insert of a logged record: %s",
+              kv_strerror(rv));
     if (rv == KV_OK)
         account(e, &a, engine_rec_bytes(w->klen, rec.vlen), true);
-    else if (rv != SKIP)
-        snprintf(err, errlen, "memory tier insert failed: %s", kv_strerror(rv));
     *applied = rv == KV_OK;
-    return rv == SKIP ? KV_OK : rv;
+    return KV_OK;
+}
+
+/* Refuses what the memory tier or the TTL limit cannot take, before any
+ * WAL append (a logged record that cannot be replayed stops the restart). */
+static kv_err check_write(const engine_write *w, char *err, size_t errlen)
+{
+    if (!w->key || w->klen == 0 || w->klen > HR_MAX_KEY_BYTES) {
+        snprintf(err, errlen, "key is %zu bytes; the storage engine takes 1..%u", w->klen,
+                 HR_MAX_KEY_BYTES);
+        return KV_INVALID_ARGUMENT;
+    }
+    if (!w->is_delete && !w->expire_at)
+        return kv_check_ttl(w->ttl_ms, err, errlen);
+    return KV_OK;
 }
 
 kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
                         size_t errlen)
 {
+    kv_err rv = check_write(w, err, errlen);
+    if (rv != KV_OK)
+        return rv;
     uint64_t version = w->version ? w->version : kv_hlc_now(&e->hlc);
     if (w->version)
         kv_hlc_observe(&e->hlc, w->version);
     atomic_fetch_add_explicit(w->is_delete ? &e->deletes : &e->puts, 1, memory_order_relaxed);
-    kv_err rv = engine_wait_room(e);
+    rv = engine_wait_room(e);
     if (rv != KV_OK) {
         snprintf(err, errlen, "write buffer full: flushing to the fast volume is behind");
         return rv;
     }
-    pthread_mutex_t *stripe = &e->stripes[kv_hash64(w->key, w->klen, 7) % ENGINE_STRIPES];
+    pthread_mutex_t *stripe = engine_stripe(e, w->key, w->klen);
     pthread_mutex_lock(stripe);
     current c;
     rv = find_current(e, w, &c, err, errlen);
@@ -609,6 +661,7 @@ static uint64_t pin_hash(const void *key, size_t klen)
 /* Slot of h, or of the first free slot on its probe path; caller locks. */
 static uint64_t *pin_slot(engine *e, uint64_t h, bool for_insert)
 {
+    KV_ASSERT_RDLOCKED(&e->pin_lock);
     size_t n = ENGINE_MAX_PINS * 2, i = h % n;
     uint64_t *free_slot = NULL;
     for (size_t k = 0; k < n; k++, i = (i + 1) % n) {

@@ -34,6 +34,13 @@ typedef struct engine engine;
 
 typedef enum engine_sync { ENGINE_SYNC_ALWAYS, ENGINE_SYNC_BATCH, ENGINE_SYNC_NONE } engine_sync;
 
+/* WAL corruption that is not a torn tail (lsm_wal_recovery): refuse to open
+ * with DATA_LOSS (default) or recover up to it (kvnode --wal-recovery). */
+typedef enum engine_wal_recovery {
+    ENGINE_WAL_ABSOLUTE = 0,
+    ENGINE_WAL_POINT_IN_TIME = 1,
+} engine_wal_recovery;
+
 typedef struct engine_opts {
     const char *fast_dir;   /* FD: WAL, MANIFEST and the upper levels (required) */
     const char *slow_dir;   /* SD: the lower levels; NULL = every level on FD */
@@ -58,6 +65,14 @@ typedef struct engine_opts {
      * resurrects the key (lsm_opts.tombstone_grace_ms); 0 = dropped as soon
      * as no lower level may hold the key. */
     uint64_t tombstone_grace_ms;
+    engine_wal_recovery wal_recovery;
+    /* The wall clock for TTLs (expiry, ttl_ms) and, through the LSM,
+     * compaction's expiry and tombstone grace; NULL = kv_wall_ms. Tests move
+     * it instead of sleeping. Versions still come from the HLC on the real
+     * wall clock (they must keep growing across restarts, whatever a test
+     * clock does). Any thread. */
+    kv_clock_fn clock;
+    void *clock_arg;
 } engine_opts;
 
 /* A write. version 0 = the engine assigns one from its HLC (direct writes);
@@ -68,7 +83,7 @@ typedef struct engine_write {
     const void *val;
     size_t vlen;
     uint64_t version;
-    uint64_t ttl_ms;     /* 0 = no expiry */
+    uint64_t ttl_ms;     /* 0 = no expiry; at most KV_MAX_TTL_MS (100 years) */
     uint64_t if_version; /* 0 = unconditional */
     bool if_absent;
     bool is_delete;
@@ -127,9 +142,13 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
  * so that an older copy applied later (a stream, a hint) cannot resurrect
  * the key. Returns
  * ALREADY_EXISTS (if_absent), FAILED_PRECONDITION (if_version mismatch),
- * RESOURCE_EXHAUSTED (volume full or flush far behind), DATA_LOSS; err gets
- * a message for every failure. Nothing is acknowledged before the WAL holds
- * it per the sync mode. */
+ * INVALID_ARGUMENT (a key of 0 or over 4096 bytes, the memory tier's limit;
+ * a ttl_ms over KV_MAX_TTL_MS), RESOURCE_EXHAUSTED (volume or memory full,
+ * or flush far behind), INTERNAL (an I/O error: the WAL file is logged),
+ * DATA_LOSS; err gets a message for every failure. Nothing is acknowledged
+ * before the WAL holds it per the sync mode, and a write that fails left
+ * nothing in the WAL (a restart does not bring it back), except when the
+ * WAL write itself failed half-way and its truncation failed too (logged). */
 kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
                         size_t errlen);
 

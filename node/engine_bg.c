@@ -15,12 +15,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "node/engine_int.h"
 
 #define SKETCH_AGE_EVERY (8u << 20) /* halve every counter after this many adds */
 #define WAIT_ROOM_MS 10000u
+#define FLUSH_BACKOFF_NS 100000000u /* after a failed flush */
 
 /* ---- admission sketch -------------------------------------------------- */
 
@@ -264,6 +266,17 @@ static bool needs_flush(engine *e)
     return atomic_load(&e->dirty_bytes) >= e->write_buffer || e->flush_req > e->flush_done;
 }
 
+/* Waits on bg_cv (bg_mu held) for at most ns. */
+static void bg_wait(engine *e, uint64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t t = (uint64_t)ts.tv_nsec + ns;
+    ts.tv_sec += (time_t)(t / 1000000000u);
+    ts.tv_nsec = (long)(t % 1000000000u);
+    pthread_cond_timedwait(&e->bg_cv, &e->bg_mu, &ts);
+}
+
 static void *bg_main(void *arg)
 {
     engine *e = arg;
@@ -271,10 +284,7 @@ static void *bg_main(void *arg)
     pthread_mutex_lock(&e->bg_mu);
     while (!e->stop) {
         if (!needs_flush(e) && atomic_load(&e->mem_bytes) <= e->mem_limit / 10 * 9) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&e->bg_cv, &e->bg_mu, &ts);
+            bg_wait(e, 1000000000u);
             continue;
         }
         uint64_t req = e->flush_req;
@@ -288,16 +298,11 @@ static void *bg_main(void *arg)
             e->flush_err = rv;
         }
         pthread_cond_broadcast(&e->done_cv);
-        if (rv != KV_OK) { /* back off; writers see RESOURCE_EXHAUSTED meanwhile */
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100000000;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
-            pthread_cond_timedwait(&e->bg_cv, &e->bg_mu, &ts);
-        }
+        /* back off; writers see RESOURCE_EXHAUSTED or the WAL's error
+         * meanwhile, and their flush requests do not cut the pause short */
+        uint64_t until = kv_now_ns() + FLUSH_BACKOFF_NS;
+        for (uint64_t now = kv_now_ns(); rv != KV_OK && !e->stop && now < until; now = kv_now_ns())
+            bg_wait(e, until - now);
     }
     pthread_cond_broadcast(&e->done_cv);
     pthread_mutex_unlock(&e->bg_mu);
@@ -323,6 +328,15 @@ void engine_bg_stop(engine *e)
     pthread_mutex_unlock(&e->bg_mu);
     pthread_join(e->bg, NULL);
     e->bg_started = false;
+}
+
+void engine_bg_request_flush(engine *e)
+{
+    pthread_mutex_lock(&e->bg_mu);
+    if (e->flush_req == e->flush_done) /* one pending request is enough */
+        e->flush_req++;
+    pthread_cond_signal(&e->bg_cv);
+    pthread_mutex_unlock(&e->bg_mu);
 }
 
 void engine_bg_kick(engine *e)

@@ -53,6 +53,11 @@ struct engine {
 };
 
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);
+/* The engine's wall clock (engine_opts.clock), milliseconds. */
+static inline uint64_t engine_now_ms(const engine *e)
+{
+    return kv_clock_ms(e->o.clock, e->o.clock_arg);
+}
 /* Counts a read of key from an SST; true when it should enter memory. */
 bool engine_admit(engine *e, const void *key, size_t klen);
 /* Counts a memory-tier hit of key in the sketch (called at a sampled rate),
@@ -68,6 +73,10 @@ kv_err engine_bg_start(engine *e);
 void engine_bg_stop(engine *e);
 /* Wakes the background thread (dirty bytes or memory over their marks). */
 void engine_bg_kick(engine *e);
+/* Asks the background thread for a flush without waiting for it (a WAL
+ * append failed: a flush persists the memory tier's records in an SST,
+ * which is what a WAL refusing writes after a failed fsync waits for). */
+void engine_bg_request_flush(engine *e);
 /* NHC (engine_nhc.c). create: before lsm_open, sets lo->nhc (no-op without
  * a slow_dir or with HotRAP off); err gets a message on failure. start/stop:
  * the 10 ms tick thread (stop is a no-op when not started). destroy: after

@@ -10,6 +10,14 @@
  * view is still kept for kvctl hotkeys). Reports arrive about once per
  * second per router, so one mutex guards the table.
  *
+ * Reports are input from the network, so the view is bounded: a key of
+ * 1..NODE_HOT_MAX_KEY bytes and a finite rate >= 0 (clamped to
+ * NODE_HOT_MAX_RATE) or the key is skipped; window_ms at most
+ * NODE_HOT_MAX_WINDOW_MS, so an entry ages out within AGE_WINDOWS of that;
+ * the first NODE_HOT_MAX_REPORT_KEYS keys of a report; SLOTS / 2 entries
+ * and NODE_HOT_MAX_BYTES of key copies in all (new keys are left out past
+ * either). What is skipped is logged once per report.
+ *
  * Pins must not outlive the routers that asked for them: a router that dies
  * (or is partitioned away) sends no more reports, so a ticker thread owned
  * by the view re-evaluates every entry each HOT_TICK_MS and unpins keys whose
@@ -17,10 +25,13 @@
  */
 #include "node/hot.h"
 
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/log.h"
@@ -52,6 +63,7 @@ struct node_hot {
     kv_ticker *ticker;
     hot_ent *tab;
     size_t used;
+    size_t key_bytes; /* the keys' copies, at most NODE_HOT_MAX_BYTES */
 };
 
 static void sweep(node_hot *h, uint64_t router, uint64_t now);
@@ -103,6 +115,13 @@ void node_hot_destroy(node_hot *h)
     free(h);
 }
 
+/* How old a report from at is at now; 0 when a racing caller's clock
+ * reading was taken before the report's (not a wrap to 2^64). */
+static uint64_t age_ns(uint64_t at, uint64_t now)
+{
+    return now > at ? now - at : 0;
+}
+
 static uint64_t key_hash(const void *k, size_t n)
 {
     uint64_t x = kv_hash64(k, n, 0x486f744b6579ull);
@@ -120,13 +139,25 @@ static hot_ent *find(node_hot *h, uint64_t hash, const void *key, size_t klen)
     return NULL;
 }
 
-static void note(node_hot *h, uint64_t router, uint64_t window_ns, const Kv__HotKey *k,
+/* The rate a report gives key k, clamped to NODE_HOT_MAX_RATE; -1 when
+ * the key or the rate is unusable (empty or over-long key, a rate that is
+ * not a finite number >= 0). */
+static double usable_rate(const Kv__HotKey *k)
+{
+    if (!k || k->key.len == 0 || k->key.len > NODE_HOT_MAX_KEY || !k->key.data ||
+        !isfinite(k->ops_per_s) || k->ops_per_s < 0)
+        return -1;
+    return k->ops_per_s > NODE_HOT_MAX_RATE ? NODE_HOT_MAX_RATE : k->ops_per_s;
+}
+
+static void note(node_hot *h, uint64_t router, uint64_t window_ns, const Kv__HotKey *k, double rate,
                  uint64_t now)
 {
     uint64_t hash = key_hash(k->key.data, k->key.len);
     hot_ent *e = find(h, hash, k->key.data, k->key.len);
-    if (!e || (!e->hash && h->used >= SLOTS / 2))
-        return; /* table full: the coldest keys are the ones left out */
+    if (!e ||
+        (!e->hash && (h->used >= SLOTS / 2 || h->key_bytes + k->key.len > NODE_HOT_MAX_BYTES)))
+        return; /* table or key budget full: the coldest keys are the ones left out */
     if (!e->hash) {
         if (!(e->key = malloc(k->key.len)))
             return;
@@ -134,6 +165,7 @@ static void note(node_hot *h, uint64_t router, uint64_t window_ns, const Kv__Hot
         e->klen = k->key.len;
         e->hash = hash;
         h->used++;
+        h->key_bytes += k->key.len;
     }
     hot_src *slot = NULL, *oldest = &e->src[0];
     for (int i = 0; i < MAX_ROUTERS && !slot; i++) {
@@ -143,11 +175,10 @@ static void note(node_hot *h, uint64_t router, uint64_t window_ns, const Kv__Hot
             oldest = &e->src[i];
     }
     slot = slot ? slot : oldest;
-    double rate = k->ops_per_s;
     /* Smooth over consecutive windows of the same router (EWMA, half
      * weight on the newest): one window's sample is small at low sampling
      * rates, and a hot set that moved still takes over within 2 windows. */
-    if (slot->router == router && now - slot->at_ns <= window_ns * 3 / 2)
+    if (slot->router == router && age_ns(slot->at_ns, now) <= window_ns * 3 / 2)
         rate = 0.5 * slot->rate + 0.5 * rate;
     *slot = (hot_src){router, rate, now, window_ns};
 }
@@ -156,7 +187,7 @@ static double fresh_rate(const hot_ent *e, uint64_t now)
 {
     double sum = 0;
     for (int i = 0; i < MAX_ROUTERS; i++)
-        if (e->src[i].router && now - e->src[i].at_ns <= AGE_WINDOWS * e->src[i].window_ns)
+        if (e->src[i].router && age_ns(e->src[i].at_ns, now) <= AGE_WINDOWS * e->src[i].window_ns)
             sum += e->src[i].rate;
     return sum;
 }
@@ -176,6 +207,7 @@ static void drop_unreported(hot_ent *e, uint64_t router, uint64_t now)
  * never need tombstones. Caller holds mu and has freed the key. */
 static void remove_at(node_hot *h, size_t i)
 {
+    KV_ASSERT_LOCKED(&h->mu);
     size_t hole = i;
     for (size_t j = (i + 1) & (SLOTS - 1);; j = (j + 1) & (SLOTS - 1)) {
         hot_ent *e = &h->tab[j];
@@ -198,6 +230,7 @@ static void remove_at(node_hot *h, size_t i)
  * contribution to keys it left out is withdrawn. Caller holds mu. */
 static void sweep(node_hot *h, uint64_t router, uint64_t now)
 {
+    KV_ASSERT_LOCKED(&h->mu);
     for (size_t i = 0; i < SLOTS; i++) {
         hot_ent *e = &h->tab[i];
         if (!e->hash)
@@ -214,23 +247,63 @@ static void sweep(node_hot *h, uint64_t router, uint64_t now)
         }
         if (rate <= 0 && !e->pinned) {
             free(e->key);
+            h->key_bytes -= e->klen;
             remove_at(h, i);
             i--; /* an entry may have shifted into slot i (size_t wraps back to 0) */
         }
     }
 }
 
+kv_err node_hot_check(const Kv__HotKeysRequest *req, char *err, size_t errlen)
+{
+    if (req->n_keys > NODE_HOT_MAX_REPORT_KEYS) {
+        snprintf(err, errlen, "hot-key report of %zu keys, over the limit of %u", req->n_keys,
+                 NODE_HOT_MAX_REPORT_KEYS);
+        return KV_INVALID_ARGUMENT;
+    }
+    if (req->window_ms > NODE_HOT_MAX_WINDOW_MS) {
+        snprintf(err, errlen, "hot-key window_ms %u is over the limit of %u", req->window_ms,
+                 NODE_HOT_MAX_WINDOW_MS);
+        return KV_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < req->n_keys; i++) {
+        const Kv__HotKey *k = req->keys[i];
+        if (usable_rate(k) < 0) {
+            snprintf(err, errlen,
+                     "hot key %zu: a key of 1..%u bytes and a finite rate >= 0 are required", i,
+                     NODE_HOT_MAX_KEY);
+            return KV_INVALID_ARGUMENT;
+        }
+    }
+    return KV_OK;
+}
+
 void node_hot_report(node_hot *h, const Kv__HotKeysRequest *req, uint64_t now_ns)
 {
-    uint64_t router = key_hash(req->router_id ? req->router_id : "",
-                               strlen(req->router_id ? req->router_id : ""));
-    uint64_t window_ns = (uint64_t)(req->window_ms ? req->window_ms : 1000) * 1000000ull;
+    const char *id = req->router_id ? req->router_id : "";
+    uint64_t router = key_hash(id, strlen(id));
+    uint32_t wms = req->window_ms ? req->window_ms : 1000;
+    uint64_t window_ns =
+        (uint64_t)(wms < NODE_HOT_MAX_WINDOW_MS ? wms : NODE_HOT_MAX_WINDOW_MS) * 1000000ull;
+    size_t n = req->n_keys < NODE_HOT_MAX_REPORT_KEYS ? req->n_keys : NODE_HOT_MAX_REPORT_KEYS;
+    size_t bad = 0;
     pthread_mutex_lock(&h->mu);
-    for (size_t i = 0; i < req->n_keys; i++)
-        if (req->keys[i]->key.len > 0)
-            note(h, router, window_ns, req->keys[i], now_ns);
+    for (size_t i = 0; i < n; i++) {
+        double rate = usable_rate(req->keys[i]);
+        if (rate < 0)
+            bad++;
+        else
+            note(h, router, window_ns, req->keys[i], rate, now_ns);
+    }
     sweep(h, router, now_ns);
     pthread_mutex_unlock(&h->mu);
+    if (bad || n < req->n_keys || wms > NODE_HOT_MAX_WINDOW_MS)
+        KV_WARN("hot",
+                "hot-key report: %zu of %zu keys unusable (empty, over %u bytes, or a rate "
+                "that is not finite and >= 0), %zu over the %u-key limit, window %u ms (at most "
+                "%u taken)",
+                bad, req->n_keys, NODE_HOT_MAX_KEY, req->n_keys - n, NODE_HOT_MAX_REPORT_KEYS, wms,
+                NODE_HOT_MAX_WINDOW_MS);
 }
 
 static int by_rate_desc(const void *a, const void *b)

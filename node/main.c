@@ -97,6 +97,7 @@ int main(int argc, char **argv)
     static const char *const sync_modes[] = {"always", "batch", "none", NULL};
     static const char *const nhc_targets[] = {"throughput", "p99", NULL};
     static const char *const off_on[] = {"off", "on", NULL}; /* a value is required */
+    static const char *const wal_modes[] = {"absolute", "point-in-time", NULL};
     nhc_flags nf;
     nhc_flags_init(&nf);
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
@@ -192,6 +193,11 @@ int main(int argc, char **argv)
          "start although the node was down longer than --tombstone-grace (it may resurrect "
          "deleted keys; it starts marked NEEDS_REPAIR)",
          NULL, 0, 0},
+        {"wal-recovery", KV_OPT_ENUM, &n.cfg.wal_recovery,
+         "a WAL corrupted before its tail (acknowledged writes after the damage): absolute = "
+         "refuse to start, naming the file and offset; point-in-time = start with the writes "
+         "before the damage (the later ones are lost; repair the node)",
+         wal_modes, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};

@@ -48,6 +48,7 @@ typedef struct node_config {
     long tombstone_grace_s;  /* tombstones are kept at least this long */
     long catchup_timeout_ms; /* a peer silent this long is skipped by the catch-up */
     bool force_stale_start;  /* start even after a downtime longer than the grace */
+    int wal_recovery;        /* engine_wal_recovery: WAL corruption before its tail */
 } node_config;
 
 typedef struct node_streams node_streams; /* stream.c */

@@ -472,7 +472,8 @@ kv_err node_start(node *n, char *err, size_t errlen)
                       .no_hotrap = !n->cfg.hotrap,
                       .nhc = &n->cfg.nhc,
                       .twin_entries = (uint64_t)n->cfg.twin_entries,
-                      .tombstone_grace_ms = (uint64_t)n->cfg.tombstone_grace_s * 1000u};
+                      .tombstone_grace_ms = (uint64_t)n->cfg.tombstone_grace_s * 1000u,
+                      .wal_recovery = (engine_wal_recovery)n->cfg.wal_recovery};
     rv = engine_open(&n->eng, &eo, err, errlen);
     if (n->cfg.fast_dir == fast)
         n->cfg.fast_dir = NULL;

@@ -171,9 +171,20 @@ static void hr_disown(hr_item *x, uint32_t s, bool rewritten)
         atomic_fetch_and_explicit(&x->seq, ~HR_SEQ_OWNED, memory_order_release);
 }
 
+static HR_TLS unsigned hr_tls_fail_allocs; /* hr_test_fail_allocs */
+
+void hr_test_fail_allocs(unsigned n)
+{
+    hr_tls_fail_allocs = n;
+}
+
 static kv_err hr_item_alloc(const hr_okey *k, const void *val, size_t vlen, const hr_meta *m,
                             hr_item **out)
 {
+    if (hr_tls_fail_allocs) {
+        hr_tls_fail_allocs--;
+        return KV_RESOURCE_EXHAUSTED;
+    }
     uint32_t kind = vlen > HR_INLINE_MAX ? HR_SEQ_BIG | HR_SEQ_EXT : 0;
     if (!hr_rec_fits(kind, m))
         kind |= HR_SEQ_EXT;
@@ -333,6 +344,9 @@ static kv_err hr_wr_insert(hr_wr *wr, hr_table *t, uint64_t b, hr_win *w, int fo
          * publishes n as a one-item ring. */
         ok = atomic_compare_exchange_strong(&t->heads[b], &zero, (uint64_t)(uintptr_t)n);
     } else {
+        KV_ASSERT(!(w->pw & HR_N_OCC) && hr_addr(w->pw) == w->cur,
+                  "insert window: pred deleted or not pointing at cur (word %#llx)",
+                  (unsigned long long)w->pw);
         atomic_store_explicit(&n->next, (uint64_t)(uintptr_t)w->cur, memory_order_relaxed);
         /* CAS site: the predecessor's next word. Protects: pred is live and
          * still points at cur, so n lands in order; publishes n (release).
@@ -365,7 +379,10 @@ static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const 
                     const hr_win *fw)
 {
     uint64_t xw = atomic_load_explicit(&x->next, memory_order_acquire), nv;
+    KV_ASSERT(atomic_load_explicit(&x->seq, memory_order_relaxed) & HR_SEQ_OWNED,
+              "killing an item this writer does not own");
     for (;;) {
+        KV_ASSERT(!(xw & HR_N_OCC), "an owned item was deleted by someone else");
         nv = xw | HR_N_OCC;
         if (repl) {
             atomic_store_explicit(&repl->next, (uint64_t)(uintptr_t)hr_addr(xw),
@@ -385,6 +402,7 @@ static void hr_kill(hr_index *idx, hr_item *x, uint32_t s, hr_item *repl, const 
     hr_head_fix(idx, t, b, x);
     if (fw->pred && fw->pred != x && hr_addr(fw->pw) == x) {
         uint64_t pw = fw->pw;
+        KV_ASSERT(!(pw & HR_N_OCC), "unlink through a deleted predecessor");
         /* CAS site: the predecessor's next word. Protects: pred is still live
          * and points at x exactly as when the search found it; swings it past
          * x (to repl or x's successor), keeping pred's counter/Rehash bits. */
@@ -440,17 +458,65 @@ static kv_err hr_wr_update(hr_wr *wr, hr_table *t, uint64_t b, uint64_t hw, hr_w
     return KV_OK;
 }
 
-kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
-                 const hr_meta *meta, hr_cond_fn cond, void *arg)
+static kv_err hr_check_rec(hr_index *idx, const void *key, size_t klen, const void *val,
+                           size_t vlen, const hr_meta *meta)
 {
     kv_err rv = hr_check_key(idx, key, klen);
     if (rv != KV_OK)
         return rv;
     if ((!val && vlen) || vlen > UINT32_MAX || (meta && (meta->flags & ~HR_F_ALL)))
         return KV_INVALID_ARGUMENT;
-    hr_meta zero = {0};
+    return KV_OK;
+}
+
+static const hr_meta hr_zero_meta;
+
+kv_err hr_prepare(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                  const hr_meta *meta, hr_prep *p)
+{
+    kv_err rv = hr_check_rec(idx, key, klen, val, vlen, meta);
+    if (rv != KV_OK)
+        return rv;
     hr_okey k = hr_key(key, klen);
-    hr_wr wr = {idx, &k, val, vlen, meta ? meta : &zero, cond, arg, NULL, false};
+    hr_item *x;
+    rv = hr_item_alloc(&k, val, vlen, meta ? meta : &hr_zero_meta, &x);
+    if (rv == KV_OK)
+        p->item = x;
+    return rv;
+}
+
+void hr_prep_release(hr_prep *p)
+{
+    if (p && p->item) {
+        hr_item_free(p->item); /* never published: no grace period */
+        p->item = NULL;
+    }
+}
+
+kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                 const hr_meta *meta, hr_cond_fn cond, void *arg)
+{
+    return hr_upsert_prepared(idx, key, klen, val, vlen, meta, cond, arg, NULL);
+}
+
+kv_err hr_upsert_prepared(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                          const hr_meta *meta, hr_cond_fn cond, void *arg, hr_prep *p)
+{
+    hr_item *built = p ? p->item : NULL;
+    if (p)
+        p->item = NULL;
+    kv_err rv = hr_check_rec(idx, key, klen, val, vlen, meta);
+    if (rv != KV_OK) {
+        if (built)
+            hr_item_free(built);
+        return rv;
+    }
+    hr_okey k = hr_key(key, klen);
+    /* the prepared item must be this record's (same key; the caller passes
+     * the value and meta it was built with) */
+    KV_ASSERT(!built || (built->tag == k.tag && hr_cmp_key(&k, built) == 0),
+              "prepared item of another key (%zu bytes)", klen);
+    hr_wr wr = {idx, &k, val, vlen, meta ? meta : &hr_zero_meta, cond, arg, built, false};
     unsigned spins = 0, visited = 0;
     hr_rcu_lock();
     do {

@@ -34,6 +34,8 @@
 
 typedef struct hr_index hr_index;
 
+#define HR_MAX_KEY_BYTES 4096u /* longer keys are INVALID_ARGUMENT */
+
 /* Hotspot-shift strategies of the paper (§3.2). */
 typedef enum hr_mode {
     HR_MODE_NONE = 0,   /* head never moves on its own (baseline; hr_pin still works) */
@@ -119,6 +121,30 @@ kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void 
 kv_err hr_upsert(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
                  const hr_meta *meta, hr_cond_fn cond, void *arg);
 
+/* An item built ahead of a write by hr_prepare, for hr_upsert_prepared.
+ * Zero-initialise it; the item is private to the caller until then. */
+typedef struct hr_prep {
+    void *item;
+} hr_prep;
+
+/* Builds the item that an hr_upsert of this record may need, so that the
+ * write itself cannot fail for lack of memory (the engine prepares before
+ * its WAL append: a record in the WAL must reach the memory tier). Returns
+ * KV_OK (p->item set), INVALID_ARGUMENT as hr_upsert, RESOURCE_EXHAUSTED.
+ * Any registered thread; no read-side section needed. */
+kv_err hr_prepare(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                  const hr_meta *meta, hr_prep *p);
+/* hr_upsert with the item prepared in p (p may be NULL or empty: then as
+ * hr_upsert). key, value and meta must be the ones p was built with. With
+ * a prepared item it allocates nothing: it returns KV_OK or cond's error
+ * (or INVALID_ARGUMENT when the arguments differ from hr_prepare's checks).
+ * Consumes p in every case (an item left unused, by an in-place update or a
+ * refusing cond, is freed). */
+kv_err hr_upsert_prepared(hr_index *idx, const void *key, size_t klen, const void *val, size_t vlen,
+                          const hr_meta *meta, hr_cond_fn cond, void *arg, hr_prep *p);
+/* Frees an item prepared and not used; NULL or empty p is a no-op. */
+void hr_prep_release(hr_prep *p);
+
 /* Removes key's item when cond allows. Returns KV_OK, NOT_FOUND or cond's
  * error. The item is freed after RCU grace periods (hr_barrier waits). Any
  * registered thread; takes its own read-side section. */
@@ -169,6 +195,10 @@ typedef struct hr_stats {
 } hr_stats;
 /* Fills *out. Any thread, no read-side section needed. */
 void hr_get_stats(hr_index *idx, hr_stats *out);
+
+/* Fault injection for tests: the calling thread's next n item allocations
+ * (hr_upsert, hr_prepare) fail with RESOURCE_EXHAUSTED. 0 ends it. */
+void hr_test_fail_allocs(unsigned n);
 
 /* Waits until every item retired so far has been freed (tests, shutdown).
  * Must not be called inside an RCU read-side section. */

@@ -79,6 +79,7 @@ static void hr_count_item(hr_item *x)
     uint64_t w = hr_ld(&x->next);
     if ((w & HR_N_OCC) || ((w & HR_N_CNT_MASK) >> HR_N_CNT_SHIFT) == HR_N_CNT_MAX)
         return;
+    KV_ASSERT(((w & HR_N_CNT_MASK) >> HR_N_CNT_SHIFT) < HR_N_CNT_MAX, "counter would carry");
     /* CAS site: x's next word. Protects: x live and its counter below the
      * 14-bit maximum (no carry into Occupied); one attempt, samples are lossy. */
     (void)atomic_compare_exchange_strong(&x->next, &w, w + (UINT64_C(1) << HR_N_CNT_SHIFT));
@@ -189,6 +190,7 @@ static void hr_sample(hr_index *idx, hr_table *t, uint64_t b, hr_item *cnt)
         if (tot == HR_H_TOTAL_MAX)
             return; /* a decision is in progress */
         uint64_t nh = hw + (UINT64_C(1) << HR_H_TOTAL_SHIFT);
+        KV_ASSERT(tot < HR_H_TOTAL_MAX, "sampling total would carry into the address");
         /* CAS site: the bucket head. Protects: the round is still active and
          * the total below its 15-bit maximum; whoever saturates it decides. */
         if (atomic_compare_exchange_strong(head, &hw, nh)) {

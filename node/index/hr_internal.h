@@ -15,6 +15,7 @@
 #include <string.h>
 #include <urcu/urcu-memb.h>
 
+#include "common/assert.h"
 #include "node/index/hotring.h"
 
 /* Packed words (paper Fig. 4). Bits 0..47 hold an item address. Head words:
@@ -44,7 +45,7 @@
  * two thread-locals per operation). */
 #define HR_TLS _Thread_local __attribute__((tls_model("initial-exec")))
 
-#define HR_MAX_KLEN 4096u
+#define HR_MAX_KLEN HR_MAX_KEY_BYTES
 #define HR_INLINE_MAX 8u  /* values up to this size are updated in place */
 #define HR_RING_SCAN 256u /* longest ring a sampling decision looks at */
 #define HR_SAMPLE_MIN 8u  /* fewest samples per sampling round */

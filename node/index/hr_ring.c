@@ -209,6 +209,7 @@ void hr_head_fix(hr_index *idx, hr_table *t, uint64_t b, hr_item *x)
 bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x, uint64_t bits)
 {
     _Atomic uint64_t *head = &t->heads[b];
+    KV_ASSERT(x != NULL, "moving a head to no item");
     /* CAS site: the bucket head. Protects: nobody moved the head or changed
      * its sampling bits since hw was read; installs x as the new head. */
     if (!atomic_compare_exchange_strong(head, &hw, hr_with_addr(hw | bits, x)))
@@ -236,6 +237,8 @@ void hr_unlinked(hr_index *idx, hr_item *x)
 bool hr_help_unlink(hr_index *idx, hr_item *prev, uint64_t *pw, hr_item *n, uint64_t nw)
 {
     uint64_t nv = hr_with_addr(*pw, hr_addr(nw));
+    KV_ASSERT(!(*pw & HR_N_OCC) && hr_addr(*pw) == n && (nw & HR_N_OCC),
+              "helping unlink: prev deleted, not pointing at n, or n live");
     /* CAS site: prev's next word. Protects: prev is live (Occupied clear, the
      * expected value has it clear) and still points at the deleted n; swings
      * it past n, keeping prev's own counter and Rehash bits. */
@@ -357,6 +360,8 @@ int hr_insert_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *n)
         }
         if (w.found)
             return -1;
+        KV_ASSERT(!(w.pw & HR_N_OCC) && hr_addr(w.pw) == w.cur,
+                  "insert window: pred deleted or not pointing at cur");
         atomic_store_explicit(&n->next, own | (uint64_t)(uintptr_t)w.cur, memory_order_relaxed);
         /* CAS site: the predecessor's next word. Protects: pred is live and
          * still points at cur (so n lands in order between them); publishes n
@@ -370,6 +375,7 @@ int hr_insert_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *n)
 void hr_delete_item(hr_index *idx, hr_table *t, uint64_t b, hr_item *x)
 {
     uint64_t xw = hr_load(&x->next);
+    KV_ASSERT(!(xw & HR_N_OCC), "deleting a rehash item twice (it has a single deleter)");
     /* CAS site: x's own next word. Protects: x is live; sets Occupied, which
      * freezes the word (logical deletion). Retries only on counter or
      * insert-after-x changes; rehash items have a single deleter. */

@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/assert.h"
 #include "common/log.h"
 #include "node/lsm/iter.h"
 
@@ -197,6 +198,7 @@ static bool hotrap_level(const lsm_db *db, int l)
 /* With mu held: chooses the most urgent job, marks its levels busy. */
 static bool pick(lsm_db *db, cjob *j)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     uint64_t fread = atomic_load(&db->flushed_pub);
     lsm_version *v = lsm_db_current(db);
     int best = -1;
@@ -402,7 +404,7 @@ static kv_err merge_run(output *o, lsm_merge *mg)
 {
     lsm_db *db = o->db;
     cfilter *f = o->j->filter;
-    uint64_t now = kv_wall_ms();
+    uint64_t now = lsm_now_ms(db);
     lsm_buf key = {0};
     kv_err rv = KV_OK;
     lsm_merge_first(mg);
@@ -634,6 +636,7 @@ kv_err lsm_compact_wait_idle(lsm_db *db)
  * NULL). mu held on entry and on return. */
 static kv_err manual_level(lsm_db *db, int from, int to, cfilter *f)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     uint64_t fread = atomic_load(&db->flushed_pub);
     cjob j = {.from = from, .to = to, .fread = fread, .base = lsm_db_current(db), .filter = f};
     kv_err rv = job_inputs(db, &j, 0, j.base->nfiles[from]);
@@ -652,6 +655,7 @@ static kv_err manual_level(lsm_db *db, int from, int to, cfilter *f)
 /* Waits for background jobs and blocks them (mu held on entry and exit). */
 static void manual_begin(lsm_db *db)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     while (db->manual)
         pthread_cond_wait(&db->cv, &db->mu);
     db->manual = true;

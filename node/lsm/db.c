@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "node/lsm/iter.h"
@@ -93,6 +94,7 @@ lsm_version *lsm_db_current(lsm_db *db)
 
 uint64_t lsm_db_new_number(lsm_db *db)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     return db->next_file++;
 }
 
@@ -113,6 +115,7 @@ static lsm_edit snapshot_of(lsm_db *db, const lsm_version *v)
 /* Writes a fresh manifest holding the current state (mu held). */
 static kv_err rewrite_manifest(lsm_db *db)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     lsm_edit e = snapshot_of(db, db->cur);
     uint64_t number = db->next_file++;
     e.next_file = db->next_file;
@@ -144,9 +147,13 @@ static void mark_obsolete(const lsm_version *old, const lsm_edit *e)
 
 kv_err lsm_db_install(lsm_db *db, lsm_edit *e)
 {
+    KV_ASSERT_LOCKED(&db->mu);
+    /* a manifest left with a torn edit is replaced by a fresh snapshot */
+    kv_err rv = lsm_manifest_broken(db->man) ? rewrite_manifest(db) : KV_OK;
     e->has_next = true;
     e->next_file = db->next_file;
-    kv_err rv = lsm_manifest_append(db->man, e);
+    if (rv == KV_OK)
+        rv = lsm_manifest_append(db->man, e);
     if (rv != KV_OK) {
         KV_ERROR(LSM_LOG, "MANIFEST append: %s", kv_strerror(rv));
         return rv;
@@ -308,8 +315,8 @@ static kv_err recover(lsm_db *db, lsm_replay_fn fn, void *arg)
     lsm_wal_seg *segs = NULL;
     size_t nsegs = 0;
     if (rv == KV_OK)
-        rv = lsm_wal_recover(&db->vols[0], db->flushed_seq, replay_mark, &wrap, &segs, &nsegs,
-                             &wmax, &wnum);
+        rv = lsm_wal_recover(&db->vols[0], &db->o, db->flushed_seq, replay_mark, &wrap, &segs,
+                             &nsegs, &wmax, &wnum);
     if (rv != KV_OK) {
         lsm_edit_free(&st.state);
         return rv;
@@ -327,7 +334,9 @@ static kv_err recover(lsm_db *db, lsm_replay_fn fn, void *arg)
     uint64_t wal_number = db->next_file++;
     db->log_number = wal_number;
     db->man = NULL;
+    pthread_mutex_lock(&db->mu); /* no other thread yet; the contract holds anyway */
     rv = rewrite_manifest(db);
+    pthread_mutex_unlock(&db->mu);
     if (rv == KV_OK && st.manifest && st.manifest != lsm_manifest_number(db->man)) {
         char name[64];
         snprintf(name, sizeof(name), "MANIFEST-%06" PRIu64, st.manifest);
@@ -526,7 +535,7 @@ static kv_err check_run(const lsm_rec *r, size_t n, uint64_t max_seqno)
 
 static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, lsm_file **out)
 {
-    lsm_sst_builder *b;
+    lsm_sst_builder *b = NULL; /* not written when the open fails */
     kv_err rv = lsm_sst_builder_open(&b, &db->vols[0], number, db->o.block_size);
     for (size_t i = 0; rv == KV_OK && i < n; i++)
         if (!i || lsm_key_cmp(r[i - 1].key, r[i - 1].klen, r[i].key, r[i].klen) != 0)
@@ -542,6 +551,7 @@ static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, 
 /* Waits (mu held) while L0 is at l0_stop and compaction can drain it. */
 static void stall_l0(lsm_db *db)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     while (!db->stop && db->nthreads && !db->o.no_auto_compaction && db->bg_err == KV_OK &&
            db->cur->nfiles[0] >= db->o.l0_stop)
         pthread_cond_wait(&db->cv, &db->mu);
@@ -726,22 +736,6 @@ static kv_err probe_level(lookup *lk, const lsm_version *v, int l)
     return KV_OK;
 }
 
-static kv_err lookup_init(lookup *lk, size_t n)
-{
-    lk->n = n;
-    lk->tmp = calloc(n, sizeof(*lk->tmp));
-    lk->tier = calloc(n, sizeof(*lk->tier));
-    lk->err = calloc(n, sizeof(*lk->err));
-    lk->done = calloc(n, sizeof(*lk->done));
-    lk->routed = calloc(n, sizeof(*lk->routed));
-    lk->want = calloc(n, sizeof(*lk->want));
-    if (!lk->tmp || !lk->tier || !lk->err || !lk->done || !lk->routed || !lk->want)
-        return KV_RESOURCE_EXHAUSTED;
-    for (size_t i = 0; i < n; i++)
-        lk->err[i] = KV_NOT_FOUND;
-    return KV_OK;
-}
-
 static void lookup_fini(lookup *lk)
 {
     free(lk->tmp);
@@ -752,6 +746,33 @@ static void lookup_fini(lookup *lk)
     free(lk->want);
     free(lk->pr);
     free(lk->io);
+}
+
+/* calloc, unless fault injection fails this allocation (tests). */
+static void *lk_calloc(size_t n, size_t size)
+{
+    return lsm_fault_hit(LSM_FOP_ALLOC, -1, "lookup", 0, NULL) < 0 ? NULL : calloc(n, size);
+}
+
+/* Allocates the per-key state; on failure frees what it took and returns
+ * RESOURCE_EXHAUSTED (lk is then empty). */
+static kv_err lookup_init(lookup *lk, size_t n)
+{
+    lk->n = n;
+    lk->tmp = lk_calloc(n, sizeof(*lk->tmp));
+    lk->tier = lk_calloc(n, sizeof(*lk->tier));
+    lk->err = lk_calloc(n, sizeof(*lk->err));
+    lk->done = lk_calloc(n, sizeof(*lk->done));
+    lk->routed = lk_calloc(n, sizeof(*lk->routed));
+    lk->want = lk_calloc(n, sizeof(*lk->want));
+    if (!lk->tmp || !lk->tier || !lk->err || !lk->done || !lk->routed || !lk->want) {
+        lookup_fini(lk);
+        *lk = (lookup){0};
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    for (size_t i = 0; i < n; i++)
+        lk->err[i] = KV_NOT_FOUND;
+    return KV_OK;
 }
 
 /*
@@ -834,9 +855,14 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
 {
     if (n && (!keys || !klens || !outs || !errs))
         return KV_INVALID_ARGUMENT;
-    lookup lk = {.keys = keys, .klens = klens};
-    kv_err rv = lookup_init(&lk, n);
-    for (size_t k = 0; rv == KV_OK && k < n; k++) {
+    lookup lk = {0};
+    kv_err rv = lookup_init(&lk, n ? n : 1);
+    if (rv != KV_OK)
+        return rv; /* errs and outs untouched */
+    lk.n = n;
+    lk.keys = keys;
+    lk.klens = klens;
+    for (size_t k = 0; k < n; k++) {
         if (!keys[k] || klens[k] == 0 || klens[k] > LSM_MAX_KEY) {
             lk.err[k] = KV_INVALID_ARGUMENT;
             lk.done[k] = true;
@@ -854,7 +880,7 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
     if (rv == KV_OK) {
         publish(db, &lk, outs, served, errs, fread, t0);
     } else {
-        for (size_t k = 0; k < n && lk.err; k++)
+        for (size_t k = 0; k < n; k++)
             if (lk.err[k] == KV_OK)
                 lsm_rec_free(&lk.tmp[k]);
     }

@@ -47,6 +47,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/clock.h"
 #include "kv/kv_err.h"
 
 typedef struct lsm_db lsm_db;
@@ -72,6 +73,19 @@ typedef struct lsm_rec {
 } lsm_rec;
 
 typedef enum lsm_tier { LSM_TIER_NONE = 0, LSM_TIER_FD = 1, LSM_TIER_SD = 2 } lsm_tier;
+
+/* What lsm_open does with a WAL frame that fails its checksum or does not
+ * decode. A torn tail (the bad bytes run to the end of the last segment,
+ * with no valid frame after them: a crash during a write) is truncated in
+ * both modes, logged. Corruption anywhere else (a valid frame after it in
+ * the same segment, or a later segment) means acknowledged writes may be
+ * lost: */
+typedef enum lsm_wal_recovery {
+    LSM_WAL_ABSOLUTE = 0,      /* refuse to open: DATA_LOSS naming the file and offset (default) */
+    LSM_WAL_POINT_IN_TIME = 1, /* recover up to the corruption: truncate there, delete later
+                                  segments, log what was dropped (etcd, RocksDB's
+                                  kPointInTimeRecovery) */
+} lsm_wal_recovery;
 
 typedef enum lsm_sync {
     LSM_SYNC_ALWAYS = 0, /* lsm_wal_append returns after write + fsync (linked) */
@@ -152,6 +166,13 @@ typedef struct lsm_opts {
      * into a tombstone keeps its expire_at). 0 = dropped as soon as nothing
      * below may hold the key. */
     uint64_t tombstone_grace_ms;
+    /* WAL corruption before its tail: refuse (default) or point-in-time. */
+    lsm_wal_recovery wal_recovery;
+    /* Wall clock for expiry (compaction drops expired records, promotion
+     * skips them) and the tombstone grace; NULL = kv_wall_ms. Called from
+     * compaction and promotion threads. */
+    kv_clock_fn clock;
+    void *clock_arg;
 } lsm_opts;
 
 /* Called by lsm_open for each WAL record not covered by an installed SST, in
@@ -167,7 +188,9 @@ void lsm_opts_default(lsm_opts *o);
  * unflushed WAL records through fn (may be NULL), starts the WAL and
  * compaction threads. Returns KV_OK and *out; INVALID_ARGUMENT on bad
  * options; DATA_LOSS (logged, naming the file) on a corrupt MANIFEST or SST
- * footer, or when CURRENT is missing next to existing data;
+ * footer, when CURRENT is missing next to existing data, or on a corrupt WAL
+ * frame that is not a torn tail (logged with the segment and the offset;
+ * unless o->wal_recovery is LSM_WAL_POINT_IN_TIME);
  * RESOURCE_EXHAUSTED when FD is full (open writes a new MANIFEST and WAL
  * segment); FAILED_PRECONDITION when another handle or process holds the
  * directory (flock on FD/LOCK); INTERNAL on other I/O errors; or the error
@@ -190,7 +213,12 @@ uint64_t lsm_last_seqno(lsm_db *db);
  * callers are group-committed (one write [+ fsync] for many callers).
  * Returns RESOURCE_EXHAUSTED when the FD is full (nothing of this call is
  * acknowledged; later calls may succeed once space is freed), INVALID_ARGUMENT
- * for n == 0 or a bad record, INTERNAL on other I/O errors. recs are borrowed.
+ * for n == 0 or a bad record, INTERNAL on other I/O errors (logged with the
+ * segment). After an fsync of acknowledged records failed (sync batch, or
+ * lsm_wal_sync), or a failed write could not be truncated away, every call
+ * fails with that error (logged once) until an lsm_flush covers the records
+ * written before it: the caller's memory tier still holds them, and the
+ * flush persists them in an SST. recs are borrowed.
  * Every record with seqno <= s must have returned from lsm_wal_append before
  * lsm_flush(.., max_seqno = s) is called. */
 kv_err lsm_wal_append(lsm_db *db, const lsm_rec *recs, size_t n);
@@ -230,7 +258,9 @@ kv_err lsm_get(lsm_db *db, const void *key, size_t klen, lsm_rec *out, lsm_tier 
 /* Batch lookup: the block reads of all n keys are submitted together, level
  * by level. For each i, errs[i] is what lsm_get would have returned and, on
  * KV_OK, outs[i]/served[i] are filled as by lsm_get (served may be NULL).
- * Returns KV_OK when the batch ran (see errs) or INVALID_ARGUMENT. */
+ * Returns KV_OK when the batch ran (see errs), INVALID_ARGUMENT, or
+ * RESOURCE_EXHAUSTED when its state cannot be allocated (outs and errs are
+ * then untouched). */
 kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t *klens,
                     lsm_rec *outs, lsm_tier *served, kv_err *errs);
 

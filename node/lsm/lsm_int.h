@@ -113,6 +113,44 @@ void lsm_vol_counters(const lsm_vol *v, lsm_vol_stats *out);
 /* True when io_uring works in this process (probed once, logged). */
 bool lsm_uring_available(void);
 
+/* Sets the length of a file (ftruncate); KV_OK or the errno's kv_err. */
+kv_err lsm_vol_truncate(lsm_vol *v, int fd, uint64_t len);
+
+/* ---- fault injection (fault.c, for tests) ----
+ *
+ * One process-wide rule makes chosen volume calls fail: calls of the kinds
+ * in ops on files whose path contains path_has (NULL = every file) pass
+ * `after` times, then fail `times` times (0 = until the rule is cleared)
+ * with errno err (0 = EIO; ENOSPC gives RESOURCE_EXHAUSTED). A failing
+ * write writes nothing, or half its bytes with short_write; a failing
+ * fsync of a durable write (lsm_vol_write with sync) comes after the write.
+ * A failing read returns -err in its lsm_io. Any thread. */
+enum {
+    LSM_FOP_READ = 1u,
+    LSM_FOP_WRITE = 2u,
+    LSM_FOP_FSYNC = 4u,  /* lsm_vol_fsync, lsm_vol_syncdir and durable writes */
+    LSM_FOP_CREATE = 8u, /* lsm_vol_open with O_CREAT */
+    LSM_FOP_TRUNCATE = 16u,
+    LSM_FOP_ALLOC = 32u, /* not I/O: allocations at sites that ask (name = the site) */
+};
+
+typedef struct lsm_fault {
+    unsigned ops;         /* LSM_FOP_* */
+    const char *path_has; /* copied */
+    uint64_t after, times;
+    int err;
+    bool short_write;
+} lsm_fault;
+
+/* Installs f (replacing the rule and its counts); NULL disarms. */
+void lsm_fault_set(const lsm_fault *f);
+/* Calls failed since the rule was set. */
+uint64_t lsm_fault_hits(void);
+/* volume.c: 0, or -errno when this call must fail; *keep (may be NULL) =
+ * the bytes a failing write writes first. name: the file name when the
+ * call has no descriptor yet (fd is then ignored). */
+int lsm_fault_hit(unsigned op, int fd, const char *name, size_t len, size_t *keep);
+
 /* ---- SST files (sst.c) ---- */
 
 typedef struct lsm_sst lsm_sst;
@@ -207,18 +245,23 @@ typedef struct lsm_wal_seg {
 } lsm_wal_seg;
 
 /* Replays every *.wal segment of v in number order, calling fn for records
- * with seqno > flushed_seq; truncates a torn/corrupt frame (logged) and
- * deletes later segments. Returns the segments left (*segs malloc'ed), the
- * max seqno and max segment number seen. */
-kv_err lsm_wal_recover(lsm_vol *v, uint64_t flushed_seq, lsm_replay_fn fn, void *arg,
-                       lsm_wal_seg **segs, size_t *nsegs, uint64_t *max_seq, uint64_t *max_number);
+ * with seqno > flushed_seq. A bad frame with no valid frame after it in the
+ * log is a torn tail: truncated (logged). Any other bad frame fails with
+ * DATA_LOSS (logged with the file and offset) unless o->wal_recovery is
+ * point-in-time: then it is truncated too and later segments are deleted
+ * (logged). Returns the segments left (*segs malloc'ed), the max seqno and
+ * max segment number seen. */
+kv_err lsm_wal_recover(lsm_vol *v, const lsm_opts *o, uint64_t flushed_seq, lsm_replay_fn fn,
+                       void *arg, lsm_wal_seg **segs, size_t *nsegs, uint64_t *max_seq,
+                       uint64_t *max_number);
 /* Opens a new segment `number`; takes ownership of segs (old segments). */
 kv_err lsm_wal_open(lsm_wal **out, lsm_vol *v, const lsm_opts *o, uint64_t number,
                     lsm_wal_seg *segs, size_t nsegs);
 kv_err lsm_wal_write(lsm_wal *w, const lsm_rec *recs, size_t n);
 /* Seals the current segment (fsync unless sync none) and starts `number`. */
 kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number);
-/* lsm_wal_sync: fsyncs what the sync mode left unsynced (see lsm.h). */
+/* lsm_wal_sync: fsyncs what the sync mode left unsynced (see lsm.h); fails
+ * with the WAL's error while appends are refused after a failed fsync. */
 kv_err lsm_wal_sync_all(lsm_wal *w);
 /* Deletes sealed segments whose records all have seqno <= flushed_seq. */
 void lsm_wal_release(lsm_wal *w, uint64_t flushed_seq);
@@ -271,7 +314,10 @@ kv_err lsm_manifest_recover(lsm_vol *v, lsm_recovered *out);
  * none). */
 kv_err lsm_manifest_create(lsm_manifest **out, lsm_vol *v, uint64_t number,
                            const lsm_edit *snapshot, uint64_t old);
+/* Appends e (fsynced). A failed append is cut off; when that fails too the
+ * manifest is broken: every later append fails (write a new one). */
 kv_err lsm_manifest_append(lsm_manifest *m, const lsm_edit *e);
+bool lsm_manifest_broken(const lsm_manifest *m);
 uint64_t lsm_manifest_size(const lsm_manifest *m);
 uint64_t lsm_manifest_number(const lsm_manifest *m);
 void lsm_manifest_close(lsm_manifest *m);
@@ -410,6 +456,12 @@ struct lsm_db {
     lsm_twin *twin;
     _Atomic uint64_t nhc_routed, nhc_fallbacks;
 };
+
+/* The db's wall clock (lsm_opts.clock), milliseconds. */
+static inline uint64_t lsm_now_ms(const lsm_db *db)
+{
+    return kv_clock_ms(db->o.clock, db->o.clock_arg);
+}
 
 lsm_version *lsm_db_current(lsm_db *db);
 /* With db->mu held: appends e to the manifest, installs cur + e. */

@@ -53,6 +53,7 @@ struct lsm_manifest {
     lsm_vol *v;
     int fd;
     uint64_t number, off;
+    bool broken; /* a failed append could not be cut off: append no more */
 };
 
 /* ---- files ---- */
@@ -507,19 +508,32 @@ kv_err lsm_manifest_create(lsm_manifest **out, lsm_vol *v, uint64_t number,
 
 kv_err lsm_manifest_append(lsm_manifest *m, const lsm_edit *e)
 {
+    if (m->broken)
+        return KV_INTERNAL;
     lsm_buf payload = {0}, frame = {0};
     kv_err rv = edit_encode(e, &payload);
     if (rv == KV_OK)
         rv = man_frame(&frame, payload.p, payload.len);
     if (rv == KV_OK)
         rv = lsm_vol_write(m->v, m->fd, frame.p, frame.len, m->off, true);
-    if (rv == KV_OK)
+    if (rv == KV_OK) {
         m->off += frame.len;
-    else if (ftruncate(m->fd, (off_t)m->off) < 0)
-        KV_ERROR(LSM_LOG, "truncate MANIFEST after failed append: %s", strerror(errno));
+    } else if (lsm_vol_truncate(m->v, m->fd, m->off) != KV_OK) {
+        /* a torn edit would stay before the next one: never append again */
+        KV_ERROR(LSM_LOG,
+                 "%s/MANIFEST-%06" PRIu64 ": cannot cut a failed append off at %" PRIu64
+                 "; a new MANIFEST is needed",
+                 m->v->dir, m->number, m->off);
+        m->broken = true;
+    }
     lsm_buf_free(&payload);
     lsm_buf_free(&frame);
     return rv;
+}
+
+bool lsm_manifest_broken(const lsm_manifest *m)
+{
+    return m->broken;
 }
 
 uint64_t lsm_manifest_size(const lsm_manifest *m)

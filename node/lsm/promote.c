@@ -36,6 +36,7 @@
 
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/assert.h"
 #include "common/log.h"
 #include "node/lsm/lsm_int.h"
 
@@ -140,6 +141,7 @@ static kv_err pbuf_push(pbuf *b, pent *e)
 /* Moves the mutable buffer to the sealed queue (mu held). */
 static void seal(lsm_promo *p, bool force)
 {
+    KV_ASSERT_LOCKED(&p->mu);
     if (!p->mut.n && !force)
         return;
     if (p->nsealed == MAX_SEALED) {
@@ -157,7 +159,7 @@ static void seal(lsm_promo *p, bool force)
 void lsm_promo_add(lsm_db *db, const lsm_rec *r, uint64_t fread)
 {
     lsm_promo *p = db->promo;
-    if (!p || r->type != LSM_PUT || (r->expire_at && r->expire_at <= kv_wall_ms()))
+    if (!p || r->type != LSM_PUT || (r->expire_at && r->expire_at <= lsm_now_ms(db)))
         return;
     pent e = {.fread = fread};
     if (lsm_rec_copy(&e.r, r) != KV_OK)
@@ -249,7 +251,7 @@ static void filter(lsm_db *db, pbuf *b)
         qsort(b->e, b->n, sizeof(*b->e), pent_cmp);
     lsm_version *v = lsm_db_current(db);
     size_t m = 0;
-    uint64_t bytes = 0, now = kv_wall_ms();
+    uint64_t bytes = 0, now = lsm_now_ms(db);
     pent prev = {0}; /* the previous entry; its record is freed once e was compared */
     bool prev_dropped = false;
     for (size_t i = 0; i < b->n; i++) {
@@ -282,7 +284,7 @@ static kv_err build(lsm_db *db, const pbuf *b, lsm_file **out)
     pthread_mutex_lock(&db->mu);
     uint64_t number = lsm_db_new_number(db);
     pthread_mutex_unlock(&db->mu);
-    lsm_sst_builder *sb;
+    lsm_sst_builder *sb = NULL; /* not written when the open fails */
     kv_err rv = lsm_sst_builder_open(&sb, &db->vols[0], number, db->o.block_size);
     for (size_t i = 0; rv == KV_OK && i < b->n; i++)
         rv = lsm_sst_builder_add(sb, &b->e[i].r);
@@ -298,6 +300,7 @@ static kv_err build(lsm_db *db, const pbuf *b, lsm_file **out)
  * held); returns how many were dropped. */
 static size_t drop_marked(lsm_db *db, pbuf *b)
 {
+    KV_ASSERT_LOCKED(&db->mu);
     size_t m = 0, n = b->n;
     for (size_t i = 0; i < n; i++) {
         if (flushed_since(db->promo, &b->e[i]))

@@ -54,6 +54,7 @@
 #include <dirent.h>
 
 #include "common/hash.h"
+#include "common/assert.h"
 #include "common/log.h"
 #include "node/lsm/iter.h"
 
@@ -672,6 +673,7 @@ static kv_err write_run(merger *m, const uint8_t *drop, ralt_run **out)
  * read error the whole table is dropped (logged). */
 static kv_err merge_runs(ralt *r, size_t from, const ralt_ent *buf, size_t nbuf)
 {
+    KV_ASSERT_LOCKED(&r->fmu);
     merger m;
     uint8_t *drop = NULL;
     ralt_run *run = NULL;
@@ -746,6 +748,7 @@ static kv_err add_buffer(ralt *r, ralt_ent *e, size_t n)
 /* Takes the buffer and turns it into a run (fmu held). */
 static kv_err flush_locked(ralt *r)
 {
+    KV_ASSERT_LOCKED(&r->fmu);
     pthread_mutex_lock(&r->bmu);
     ralt_ent *e = r->buf;
     size_t n = r->nbuf;

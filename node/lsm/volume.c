@@ -7,7 +7,8 @@
  * durable write is a write SQE linked (IOSQE_IO_LINK) to an fdatasync SQE.
  * When io_uring is unavailable (probed once, logged once) or disabled for a
  * volume, plain pread/pwrite/fdatasync do the same work. Each volume keeps
- * atomic counters and latency EWMAs (alpha 1/8) for the stats.
+ * atomic counters and latency EWMAs (alpha 1/8) for the stats. Tests make
+ * chosen calls fail through fault.c (lsm_fault_set).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -127,8 +128,20 @@ void lsm_vol_fini(lsm_vol *v)
 
 int lsm_vol_open(lsm_vol *v, const char *name, int flags)
 {
+    int f = flags & O_CREAT ? lsm_fault_hit(LSM_FOP_CREATE, -1, name, 0, NULL) : 0;
+    if (f < 0)
+        return f;
     int fd = openat(v->dirfd, name, flags | O_CLOEXEC, 0644);
     return fd < 0 ? -errno : fd;
+}
+
+kv_err lsm_vol_truncate(lsm_vol *v, int fd, uint64_t len)
+{
+    (void)v;
+    int f = lsm_fault_hit(LSM_FOP_TRUNCATE, fd, NULL, 0, NULL);
+    if (f < 0)
+        return lsm_errno(f);
+    return ftruncate(fd, (off_t)len) < 0 ? lsm_errno(errno) : KV_OK;
 }
 
 int lsm_vol_unlink(lsm_vol *v, const char *name)
@@ -225,6 +238,8 @@ kv_err lsm_vol_read(lsm_io *ios, size_t n)
     }
     uint64_t per = (kv_now_ns() - t0) / n;
     for (size_t i = 0; i < n; i++) {
+        int f = lsm_fault_hit(LSM_FOP_READ, ios[i].fd, NULL, ios[i].len, NULL);
+        ios[i].res = f < 0 ? f : ios[i].res;
         lsm_vol *v = ios[i].vol;
         atomic_fetch_add_explicit(&v->reads, 1, memory_order_relaxed);
         if (ios[i].res > 0)
@@ -297,8 +312,20 @@ static void count_write(lsm_vol *v, size_t len, uint64_t t0, bool sync)
     ewma(&v->wlat_ns, kv_now_ns() - t0);
 }
 
+/* An injected write failure: writes keep bytes first (a short write). */
+static kv_err fault_write(int fd, const void *buf, size_t keep, uint64_t off, int f)
+{
+    if (keep)
+        (void)pwrite_full(fd, buf, keep, off);
+    return lsm_errno(f);
+}
+
 kv_err lsm_vol_write(lsm_vol *v, int fd, const void *buf, size_t len, uint64_t off, bool sync)
 {
+    size_t keep;
+    int f = lsm_fault_hit(LSM_FOP_WRITE, fd, NULL, len, &keep);
+    if (f < 0)
+        return fault_write(fd, buf, keep, off, f);
     uint64_t t0 = kv_now_ns();
     struct io_uring *r = ring_get(v);
     long res = -EAGAIN;
@@ -317,12 +344,17 @@ kv_err lsm_vol_write(lsm_vol *v, int fd, const void *buf, size_t len, uint64_t o
         return lsm_errno((int)res);
     if (sync && sres == -ECANCELED)
         sres = fdatasync(fd) < 0 ? -errno : 0;
+    if (sync && sres == 0)
+        sres = lsm_fault_hit(LSM_FOP_FSYNC, fd, NULL, 0, NULL);
     count_write(v, len, t0, sync);
     return sync && sres < 0 ? lsm_errno(sres) : KV_OK;
 }
 
 kv_err lsm_vol_fsync(lsm_vol *v, int fd)
 {
+    int f = lsm_fault_hit(LSM_FOP_FSYNC, fd, NULL, 0, NULL);
+    if (f < 0)
+        return lsm_errno(f);
     struct io_uring *r = ring_get(v);
     int res = -ECANCELED;
     if (r) {

@@ -16,10 +16,17 @@
  * fails the whole group, so nothing unacknowledged can be replayed.
  *
  * The `writing` flag serialises every use of the segment fd (group write,
- * batch fsync, rotation); the mutex is never held across I/O. Recovery
- * replays segments in number order and stops at the first bad frame (torn
- * tail): that segment is truncated there and later segments are deleted,
- * both logged (point-in-time recovery).
+ * batch fsync, rotation); the mutex is never held across I/O.
+ *
+ * Recovery replays segments in number order up to the first bad frame (a
+ * checksum that fails, or records that do not decode). When no valid frame
+ * follows it anywhere in the log it is a torn tail, a write cut by a crash
+ * and never acknowledged: the segment is truncated there (logged). Anything
+ * else is corruption of acknowledged writes (a flipped byte, a lost block),
+ * and recovery stops with DATA_LOSS naming the file and the offset, unless
+ * the options ask for point-in-time recovery: then the segment is truncated
+ * there and later segments are deleted, both logged (etcd's and RocksDB's
+ * modes). A read error is never taken for a bad frame.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "node/lsm/lsm_int.h"
 
@@ -61,6 +69,12 @@ struct lsm_wal {
     pthread_t syncer;
     bool has_syncer;
     _Atomic uint64_t bytes, fsyncs;
+    uint64_t written_max; /* highest seqno written to any segment */
+    /* Set when acknowledged records may not be durable (an fsync failed
+     * after the write was acknowledged) or a failed write could not be cut
+     * off: appends fail with it until a flush covers broken_seq. */
+    kv_err broken;
+    uint64_t broken_seq;
 };
 
 static void seg_name(char *buf, size_t cap, uint64_t number)
@@ -96,9 +110,27 @@ static kv_err encode_frame(lsm_buf *b, const lsm_rec *recs, size_t n, uint64_t *
     return KV_OK;
 }
 
+/* mu held: refuses appends until lsm_wal_release(>= upto), logged once. A
+ * WAL whose page cache lost writes (fsync failed) or that holds a torn
+ * frame before its end cannot take more records; a flush, which persists
+ * the memory tier's records in an SST, makes it whole again. */
+static void wal_break(lsm_wal *w, kv_err rv, uint64_t upto, const char *what)
+{
+    KV_ASSERT_LOCKED(&w->mu);
+    if (w->broken == KV_OK)
+        KV_ERROR(LSM_LOG,
+                 "WAL %s/%06" PRIu64 ".wal: %s (%s): refusing writes until a flush covers "
+                 "seqno %" PRIu64,
+                 w->v->dir, w->number, what, kv_strerror(rv), upto);
+    w->broken = w->broken != KV_OK ? w->broken : rv;
+    w->broken_seq = upto > w->broken_seq ? upto : w->broken_seq;
+}
+
 /* Called with mu held and !writing: writes the pending group. */
 static void lead(lsm_wal *w)
 {
+    KV_ASSERT_LOCKED(&w->mu);
+    KV_ASSERT(!w->writing, "a second writer on WAL %06" PRIu64, w->number);
     w->writing = true;
     lsm_buf buf = w->pending;
     w->pending = w->spare;
@@ -111,17 +143,21 @@ static void lead(lsm_wal *w)
     pthread_mutex_unlock(&w->mu);
 
     kv_err rv = lsm_vol_write(w->v, fd, buf.p, buf.len, off, w->mode == LSM_SYNC_ALWAYS);
+    kv_err cut = KV_OK;
     if (rv != KV_OK) {
         KV_ERROR(LSM_LOG, "WAL %s/%06" PRIu64 ".wal write of %zu bytes failed: %s", w->v->dir,
                  w->number, buf.len, kv_strerror(rv));
-        if (ftruncate(fd, (off_t)off) < 0)
-            KV_ERROR(LSM_LOG, "WAL truncate after failed write: %s", strerror(errno));
+        cut = lsm_vol_truncate(w->v, fd, off);
     }
 
     pthread_mutex_lock(&w->mu);
+    if (cut != KV_OK)
+        wal_break(w, cut, max > w->written_max ? max : w->written_max,
+                  "cannot truncate a failed write");
     if (rv == KV_OK) {
         w->off += buf.len;
         w->seg_max = max > w->seg_max ? max : w->seg_max;
+        w->written_max = max > w->written_max ? max : w->written_max;
         w->dirty = w->mode == LSM_SYNC_BATCH;
         atomic_fetch_add(&w->bytes, buf.len);
         if (w->mode == LSM_SYNC_ALWAYS)
@@ -149,7 +185,7 @@ kv_err lsm_wal_write(lsm_wal *w, const lsm_rec *recs, size_t n)
     }
     waiter me = {.rv = KV_OK};
     pthread_mutex_lock(&w->mu);
-    rv = lsm_buf_put(&w->pending, frame.p, frame.len);
+    rv = w->broken != KV_OK ? w->broken : lsm_buf_put(&w->pending, frame.p, frame.len);
     if (rv == KV_OK) {
         me.next = w->waiters;
         w->waiters = &me;
@@ -187,10 +223,10 @@ static void *syncer_main(void *arg)
         int fd = w->fd;
         pthread_mutex_unlock(&w->mu);
         kv_err rv = lsm_vol_fsync(w->v, fd);
-        if (rv != KV_OK)
-            KV_ERROR(LSM_LOG, "WAL fsync: %s", kv_strerror(rv));
         atomic_fetch_add(&w->fsyncs, 1);
         pthread_mutex_lock(&w->mu);
+        if (rv != KV_OK) /* acknowledged records may be lost */
+            wal_break(w, rv, w->written_max, "fsync failed");
         w->writing = false;
         pthread_cond_broadcast(&w->cv);
     }
@@ -276,12 +312,14 @@ kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number)
     int old = w->fd;
     pthread_mutex_unlock(&w->mu);
 
-    kv_err rv = w->mode == LSM_SYNC_NONE ? KV_OK : lsm_vol_fsync(w->v, old);
+    kv_err synced = w->mode == LSM_SYNC_NONE ? KV_OK : lsm_vol_fsync(w->v, old), rv = synced;
     int fd = -1;
     if (rv == KV_OK)
         rv = seg_create(w, number, &fd);
 
     pthread_mutex_lock(&w->mu);
+    if (synced != KV_OK && w->mode == LSM_SYNC_BATCH) /* always: every group was synced */
+        wal_break(w, synced, w->written_max, "fsync of the segment being sealed failed");
     if (rv == KV_OK)
         rv = seal_push(w, w->number, w->seg_max);
     if (rv == KV_OK) {
@@ -325,6 +363,11 @@ kv_err lsm_wal_sync_all(lsm_wal *w)
     pthread_mutex_lock(&w->mu);
     while (w->writing) /* every acknowledged group is written once this ends */
         pthread_cond_wait(&w->cv, &w->mu);
+    if (w->broken != KV_OK) { /* an fsync after a failed one proves nothing */
+        kv_err rv = w->broken;
+        pthread_mutex_unlock(&w->mu);
+        return rv;
+    }
     bool cur = w->mode != LSM_SYNC_ALWAYS, sealed = w->sealed_unsynced;
     size_t n = sealed ? w->nsealed : 0;
     uint64_t *nums = n ? malloc(n * sizeof(*nums)) : NULL;
@@ -348,6 +391,8 @@ kv_err lsm_wal_sync_all(lsm_wal *w)
         w->dirty = false;
         w->sealed_unsynced = false;
         atomic_fetch_add(&w->fsyncs, 1);
+    } else {
+        wal_break(w, rv, w->written_max, "sync failed");
     }
     w->writing = false;
     pthread_cond_broadcast(&w->cv);
@@ -358,6 +403,11 @@ kv_err lsm_wal_sync_all(lsm_wal *w)
 void lsm_wal_release(lsm_wal *w, uint64_t flushed_seq)
 {
     pthread_mutex_lock(&w->mu);
+    if (w->broken != KV_OK && flushed_seq >= w->broken_seq) {
+        KV_INFO(LSM_LOG, "WAL %s: writes resume (the records up to seqno %" PRIu64 " are in SSTs)",
+                w->v->dir, w->broken_seq);
+        w->broken = KV_OK;
+    }
     size_t keep = 0;
     for (size_t i = 0; i < w->nsealed; i++) {
         if (w->sealed[i].max_seq <= flushed_seq) {
@@ -412,12 +462,13 @@ typedef struct reader {
     int fd;
     uint64_t size, boff;
     lsm_buf b;
+    kv_err err; /* a read or allocation failed: not a verdict on the data */
 } reader;
 
-/* Makes [off, off + n) available; NULL at EOF/short or on error. */
+/* Makes [off, off + n) available; NULL past EOF, or on an error (r->err). */
 static const uint8_t *rd_get(reader *r, uint64_t off, size_t n)
 {
-    if (off + n > r->size)
+    if (r->err != KV_OK || off + n > r->size)
         return NULL;
     if (off >= r->boff && off + n <= r->boff + r->b.len)
         return r->b.p + (off - r->boff);
@@ -425,10 +476,13 @@ static const uint8_t *rd_get(reader *r, uint64_t off, size_t n)
     if (want > r->size - off)
         want = (size_t)(r->size - off);
     r->b.len = 0;
-    if (lsm_buf_reserve(&r->b, want) != KV_OK)
+    kv_err rv = lsm_buf_reserve(&r->b, want);
+    if (rv == KV_OK)
+        rv = lsm_vol_pread(r->v, r->fd, r->b.p, want, off);
+    if (rv != KV_OK) {
+        r->err = rv == KV_DATA_LOSS ? KV_INTERNAL : rv; /* short: the file shrank under us */
         return NULL;
-    if (lsm_vol_pread(r->v, r->fd, r->b.p, want, off) != KV_OK)
-        return NULL;
+    }
     r->b.len = want;
     r->boff = off;
     return r->b.p;
@@ -438,6 +492,7 @@ typedef struct replay_ctx {
     uint64_t flushed, max_seq;
     lsm_replay_fn fn;
     void *arg;
+    lsm_wal_recovery mode;
 } replay_ctx;
 
 /* Replays one verified frame payload; DATA_LOSS if its records are bad. */
@@ -466,11 +521,102 @@ static kv_err replay_payload(replay_ctx *c, const uint8_t *p, size_t len, uint64
     return KV_OK;
 }
 
-/* Replays one segment; *torn is set when it ended in a bad frame. */
-static kv_err replay_seg(replay_ctx *c, lsm_vol *v, uint64_t number, uint64_t *seg_max, bool *torn)
+/* The frame at off, when its checksum holds; NULL otherwise (*len set). */
+static const uint8_t *frame_at(reader *r, uint64_t off, uint32_t *len)
+{
+    const uint8_t *h = rd_get(r, off, LSM_FRAME_HDR);
+    if (!h)
+        return NULL;
+    *len = lsm_get32(h + 4);
+    uint32_t crc = lsm_get32(h);
+    if (*len <= LSM_REC_HDR || *len > MAX_FRAME) /* a frame holds one record or more */
+        return NULL;
+    const uint8_t *f = rd_get(r, off, LSM_FRAME_HDR + *len);
+    return f && lsm_crc32c(0, f + 4, (size_t)*len + 4) == crc ? f : NULL;
+}
+
+/* Whether h (a frame header and a record header) may start a frame of a
+ * log of size bytes at p: a length that fits and a first record that does. */
+static bool plausible(const uint8_t *h, uint64_t p, uint64_t size)
+{
+    uint32_t len = lsm_get32(h + 4);
+    const uint8_t *rec = h + LSM_FRAME_HDR;
+    uint64_t klen = lsm_get32(rec), vlen = lsm_get32(rec + 4);
+    return len > LSM_REC_HDR && len <= size - p - LSM_FRAME_HDR && klen > 0 &&
+           klen <= LSM_MAX_KEY && vlen <= LSM_MAX_VALUE && LSM_REC_HDR + klen + vlen <= len &&
+           (rec[32] == LSM_PUT || rec[32] == LSM_DELETE);
+}
+
+/* Offset of the first frame after a bad one at bad that passes its
+ * checksum, or 0 when there is none (or a read failed: r->err). Every
+ * offset is tried (the bad frame's length may be what is damaged); a
+ * candidate must first look plausible, so random bytes and zeroes cost no
+ * checksum. */
+static uint64_t valid_after(reader *r, uint64_t bad)
+{
+    for (uint64_t p = bad + 1; p + LSM_FRAME_HDR + LSM_REC_HDR < r->size; p++) {
+        const uint8_t *h = rd_get(r, p, LSM_FRAME_HDR + LSM_REC_HDR);
+        uint32_t len;
+        if (!h)
+            return 0;
+        if (plausible(h, p, r->size) && frame_at(r, p, &len))
+            return p;
+    }
+    return 0;
+}
+
+/* One segment of the log being recovered. */
+typedef struct seg_scan {
+    uint64_t number;
+    bool later_data; /* a later segment holds bytes */
+    uint64_t seg_max;
+    bool cut; /* truncated at a bad frame: later segments are dropped */
+} seg_scan;
+
+/* A bad frame at off of a segment of size bytes: a torn tail is cut in
+ * every mode; corruption before the tail refuses to open (DATA_LOSS) or,
+ * in point-in-time mode, is cut with what follows. */
+static kv_err bad_frame(replay_ctx *c, reader *r, seg_scan *sc, const char *name, uint64_t off)
+{
+    uint64_t next = valid_after(r, off);
+    if (r->err != KV_OK)
+        return r->err;
+    bool tail = !next && !sc->later_data;
+    if (!tail && c->mode != LSM_WAL_POINT_IN_TIME) {
+        KV_ERROR(LSM_LOG,
+                 "WAL %s/%s: corrupt frame at offset %" PRIu64 " of %" PRIu64 " bytes, %s: "
+                 "refusing to open (the writes logged after it would be lost); restore the "
+                 "file, or recover up to the corruption with point-in-time WAL recovery",
+                 r->v->dir, name, off, r->size,
+                 next ? "a valid frame follows it" : "later WAL segments follow it");
+        return KV_DATA_LOSS;
+    }
+    if (tail)
+        KV_WARN(LSM_LOG,
+                "WAL %s/%s: torn tail at offset %" PRIu64 ", truncating %" PRIu64
+                " bytes (a write cut short by a crash)",
+                r->v->dir, name, off, r->size - off);
+    else
+        KV_WARN(LSM_LOG,
+                "WAL %s/%s: corrupt frame at offset %" PRIu64
+                ", point-in-time recovery: truncating %" PRIu64
+                " bytes and deleting later segments (acknowledged writes from there on are lost)",
+                r->v->dir, name, off, r->size - off);
+    sc->cut = true;
+    kv_err rv = lsm_vol_truncate(r->v, r->fd, off);
+    if (rv == KV_OK)
+        rv = lsm_vol_fsync(r->v, r->fd);
+    if (rv != KV_OK)
+        KV_ERROR(LSM_LOG, "WAL %s/%s: truncate at %" PRIu64 ": %s", r->v->dir, name, off,
+                 kv_strerror(rv));
+    return rv;
+}
+
+/* Replays one segment; sc->cut is set when it ended in a bad frame. */
+static kv_err replay_seg(replay_ctx *c, lsm_vol *v, seg_scan *sc)
 {
     char name[64];
-    seg_name(name, sizeof(name), number);
+    seg_name(name, sizeof(name), sc->number);
     reader r = {.v = v, .fd = lsm_vol_open(v, name, O_RDWR)};
     if (r.fd < 0) {
         KV_ERROR(LSM_LOG, "open WAL %s/%s: %s", v->dir, name, strerror(-r.fd));
@@ -481,31 +627,22 @@ static kv_err replay_seg(replay_ctx *c, lsm_vol *v, uint64_t number, uint64_t *s
     r.size = (uint64_t)st.st_size;
     uint64_t off = 0;
     kv_err rv = KV_OK;
-    *seg_max = 0;
-    *torn = false;
+    sc->seg_max = 0;
+    sc->cut = false;
     while (off < r.size && rv == KV_OK) {
-        const uint8_t *h = rd_get(&r, off, LSM_FRAME_HDR);
-        uint32_t len = h ? lsm_get32(h + 4) : 0, crc = h ? lsm_get32(h) : 0;
-        const uint8_t *f = h && len <= MAX_FRAME ? rd_get(&r, off, LSM_FRAME_HDR + len) : NULL;
-        if (!f || lsm_crc32c(0, f + 4, (size_t)len + 4) != crc) {
-            *torn = true;
+        uint32_t len;
+        const uint8_t *f = frame_at(&r, off, &len);
+        rv = f ? replay_payload(c, f + LSM_FRAME_HDR, len, &sc->seg_max) : KV_DATA_LOSS;
+        if (rv == KV_DATA_LOSS && r.err == KV_OK)
+            rv = bad_frame(c, &r, sc, name, off);
+        if (rv != KV_OK || sc->cut)
             break;
-        }
-        rv = replay_payload(c, f + LSM_FRAME_HDR, len, seg_max);
-        if (rv == KV_DATA_LOSS) {
-            *torn = true;
-            rv = KV_OK;
-            break;
-        }
         off += LSM_FRAME_HDR + len;
     }
-    if (rv == KV_OK && *torn) {
-        KV_WARN(LSM_LOG,
-                "WAL %s/%s: torn or corrupt frame at offset %" PRIu64 ", truncating %" PRIu64
-                " bytes (records from there on are dropped)",
-                v->dir, name, off, r.size - off);
-        if (ftruncate(r.fd, (off_t)off) < 0 || fsync(r.fd) < 0)
-            rv = lsm_errno(errno);
+    if (r.err != KV_OK) { /* an I/O error is no reason to cut the log */
+        KV_ERROR(LSM_LOG, "WAL %s/%s: read at offset %" PRIu64 " failed: %s", v->dir, name, off,
+                 kv_strerror(r.err));
+        rv = r.err;
     }
     close(r.fd);
     lsm_buf_free(&r.b);
@@ -552,8 +689,27 @@ static kv_err list_segments(lsm_vol *v, uint64_t **out, size_t *n)
     return KV_OK;
 }
 
-kv_err lsm_wal_recover(lsm_vol *v, uint64_t flushed_seq, lsm_replay_fn fn, void *arg,
-                       lsm_wal_seg **segs, size_t *nsegs, uint64_t *max_seq, uint64_t *max_number)
+/* later[i]: a segment after nums[i] holds bytes. */
+static kv_err later_data(lsm_vol *v, const uint64_t *nums, size_t n, bool *later)
+{
+    bool any = false;
+    for (size_t i = n; i-- > 0;) {
+        later[i] = any;
+        char name[64];
+        struct stat st;
+        seg_name(name, sizeof(name), nums[i]);
+        if (fstatat(v->dirfd, name, &st, 0) < 0) {
+            KV_ERROR(LSM_LOG, "stat WAL %s/%s: %s", v->dir, name, strerror(errno));
+            return lsm_errno(errno);
+        }
+        any |= st.st_size > 0;
+    }
+    return KV_OK;
+}
+
+kv_err lsm_wal_recover(lsm_vol *v, const lsm_opts *o, uint64_t flushed_seq, lsm_replay_fn fn,
+                       void *arg, lsm_wal_seg **segs, size_t *nsegs, uint64_t *max_seq,
+                       uint64_t *max_number)
 {
     uint64_t *nums;
     size_t n;
@@ -561,26 +717,26 @@ kv_err lsm_wal_recover(lsm_vol *v, uint64_t flushed_seq, lsm_replay_fn fn, void 
     if (rv != KV_OK)
         return rv;
     lsm_wal_seg *out = calloc(n ? n : 1, sizeof(*out));
-    if (!out) {
-        free(nums);
-        return KV_RESOURCE_EXHAUSTED;
-    }
-    replay_ctx c = {.flushed = flushed_seq, .fn = fn, .arg = arg};
+    bool *later = calloc(n ? n : 1, sizeof(*later));
+    rv = out && later ? later_data(v, nums, n, later) : KV_RESOURCE_EXHAUSTED;
+    replay_ctx c = {.flushed = flushed_seq, .fn = fn, .arg = arg, .mode = o->wal_recovery};
     size_t kept = 0;
-    bool torn = false;
+    bool cut = false;
     for (size_t i = 0; i < n && rv == KV_OK; i++) {
         char name[64];
         seg_name(name, sizeof(name), nums[i]);
-        if (torn) {
+        if (cut) {
             KV_WARN(LSM_LOG, "deleting WAL %s/%s: it follows a corrupt frame", v->dir, name);
             lsm_vol_unlink(v, name);
             continue;
         }
-        uint64_t smax = 0;
-        rv = replay_seg(&c, v, nums[i], &smax, &torn);
+        seg_scan sc = {.number = nums[i], .later_data = later[i]};
+        rv = replay_seg(&c, v, &sc);
+        cut = sc.cut;
         if (rv == KV_OK)
-            out[kept++] = (lsm_wal_seg){nums[i], smax};
+            out[kept++] = (lsm_wal_seg){nums[i], sc.seg_max};
     }
+    free(later);
     if (rv != KV_OK) {
         free(out);
         free(nums);

@@ -10,6 +10,7 @@
  * seen; engine_wal_sync and engine_estimate.
  */
 #include "tests/kv_testfw.h"
+#include "tests/kv_testclock.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,8 @@ static void scratch_rm(scratch *s)
 
 /* Small buffers (flushes, evictions and compactions happen), tombstones kept
  * for a day unless grace says otherwise. */
-static engine *open_engine(scratch *s, size_t mem_mb, size_t wb_kb, engine_sync sync)
+static engine *open_engine_clock(scratch *s, size_t mem_mb, size_t wb_kb, engine_sync sync,
+                                 tclock *clock)
 {
     engine_opts o = {.fast_dir = s->dir,
                      .slow_dir = s->slow,
@@ -49,12 +51,19 @@ static engine *open_engine(scratch *s, size_t mem_mb, size_t wb_kb, engine_sync 
                      .mem_mb = mem_mb,
                      .write_buffer_kb = wb_kb,
                      .sync = sync,
-                     .tombstone_grace_ms = DAY_MS};
+                     .tombstone_grace_ms = DAY_MS,
+                     .clock = clock ? tclock_now : NULL,
+                     .clock_arg = clock};
     engine *e = NULL;
     char err[256];
     kv_err rv = engine_open(&e, &o, err, sizeof(err));
     cr_assert_eq(rv, KV_OK, "engine_open: %s", err);
     return e;
+}
+
+static engine *open_engine(scratch *s, size_t mem_mb, size_t wb_kb, engine_sync sync)
+{
+    return open_engine_clock(s, mem_mb, wb_kb, sync, NULL);
 }
 
 static void key_of(char *k, int id)
@@ -439,15 +448,17 @@ Test(engine_write, expire_at_applied_and_tombstones_of_unseen_keys)
     scratch s;
     scratch_init(&s);
     engine_thread_register();
-    engine *e = open_engine(&s, 8, 64, ENGINE_SYNC_NONE);
-    uint64_t now = kv_wall_ms(), v0 = (now - 1000) << 16;
+    tclock clock;
+    tclock_init(&clock);
+    engine *e = open_engine_clock(&s, 8, 64, ENGINE_SYNC_NONE, &clock);
+    uint64_t now = tclock_now(&clock), v0 = (now - 1000) << 16;
     char k[8], err[256];
     key_of(k, 1);
     engine_write w = {
         .key = k, .klen = 6, .val = "x", .vlen = 1, .ttl_ms = 1, .expire_at = now + 3600000};
     engine_result r;
     cr_assert_eq(engine_write_one(e, &w, &r, err, sizeof(err)), KV_OK);
-    usleep(5000);
+    tclock_advance(&clock, 5); /* past the ttl_ms, not the expire_at */
     cr_assert_eq(engine_get(e, k, 6, &r), KV_OK);
     cr_assert(r.found, "expire_at wins over ttl_ms");
     free(r.val);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/kv_testclock.h"
 #include "node/engine.h"
 #include "node/engine_int.h" /* e->db, to have HotRAP promote now */
 #include "node/lsm/lsm_int.h"
@@ -26,15 +27,22 @@ typedef struct mrec {
     size_t vlen;
 } mrec;
 
+/* The engines' clock: real time, except in the tests that move it. */
+static tclock test_clock;
+
 static engine *open_engine_mb(const char *dir, const char *slow, uint64_t fast_mb)
 {
+    if (!tclock_now(&test_clock))
+        tclock_init(&test_clock);
     engine_opts o = {.fast_dir = dir,
                      .slow_dir = slow,
                      .fast_mb = fast_mb,
                      .mem_mb = 1,
                      .write_buffer_kb = 96,
                      .index_rehash_cost = 2.0, /* rehashes run under the model test */
-                     .sync = ENGINE_SYNC_NONE};
+                     .sync = ENGINE_SYNC_NONE,
+                     .clock = tclock_now,
+                     .clock_arg = &test_clock};
     engine *e = NULL;
     char err[256];
     kv_err rv = engine_open(&e, &o, err, sizeof(err));
@@ -188,9 +196,17 @@ Test(engine, last_writer_wins_and_ttl)
     free(r.val);
     engine_write ttl = {.key = "t", .klen = 1, .val = "x", .vlen = 1, .ttl_ms = 50};
     cr_assert_eq(engine_write_one(e, &ttl, &r, err, sizeof(err)), KV_OK);
-    usleep(120000);
+    tclock_advance(&test_clock, 49);
+    cr_assert_eq(engine_get(e, "t", 1, &r), KV_OK);
+    cr_assert(r.found, "expired early");
+    free(r.val);
+    tclock_advance(&test_clock, 1);
     cr_assert_eq(engine_get(e, "t", 1, &r), KV_OK);
     cr_assert_not(r.found, "expired");
+    cr_assert_eq(engine_flush(e), KV_OK); /* the LSM and its reads use the clock too */
+    cr_assert_eq(lsm_compact_all(e->db), KV_OK);
+    cr_assert_eq(engine_get(e, "t", 1, &r), KV_OK);
+    cr_assert_not(r.found, "expired after a flush");
     engine_close(e);
     engine_thread_unregister();
     char cmd[400];

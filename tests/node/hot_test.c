@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * node_hot: merging router reports, pin decisions, withdrawal of keys a
- * router leaves out, ageing without reports (a dead router's pins go), and
- * the table's in-place deletion keeping every surviving key findable.
+ * router leaves out, ageing without reports (a dead router's pins go), the
+ * table's in-place deletion keeping every surviving key findable, and the
+ * bounds on what a report can make the view hold.
  */
 #include "tests/kv_testfw.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,4 +164,110 @@ Test(hot, churn_keeps_every_live_key)
         }
         cr_assert_lt(view_rate(first - 1, NULL), 0, "round %d: withdrawn key kept", round);
     }
+}
+
+/* ---- bounds: a report is network input ---- */
+
+/* Sends n keys of klen bytes (key i: 'a' + i % 26 repeated, then i in
+ * decimal) at rate from router id. */
+static void report_raw(const char *id, size_t n, size_t klen, double rate, uint32_t window_ms,
+                       uint64_t now)
+{
+    Kv__HotKey *hk = calloc(n, sizeof(*hk));
+    Kv__HotKey **ptrs = calloc(n, sizeof(*ptrs));
+    uint8_t *keys = calloc(n, klen);
+    cr_assert(hk && ptrs && keys);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *k = keys + i * klen;
+        memset(k, 'a' + (int)(i % 26), klen);
+        char num[24];
+        int nl = snprintf(num, sizeof(num), "%zu", i);
+        memcpy(k + klen - (size_t)nl, num, (size_t)nl);
+        kv__hot_key__init(&hk[i]);
+        hk[i].key = (ProtobufCBinaryData){klen, k};
+        hk[i].ops_per_s = rate;
+        ptrs[i] = &hk[i];
+    }
+    Kv__HotKeysRequest req = KV__HOT_KEYS_REQUEST__INIT;
+    req.router_id = (char *)id;
+    req.window_ms = window_ms;
+    req.n_keys = n;
+    req.keys = ptrs;
+    char err[256];
+    kv_err want = n <= NODE_HOT_MAX_REPORT_KEYS && window_ms <= NODE_HOT_MAX_WINDOW_MS &&
+                          klen <= NODE_HOT_MAX_KEY && isfinite(rate) && rate >= 0
+                      ? KV_OK
+                      : KV_INVALID_ARGUMENT;
+    cr_assert_eq(node_hot_check(&req, err, sizeof(err)), want, "node_hot_check");
+    node_hot_report(hot, &req, now);
+    free(keys);
+    free(ptrs);
+    free(hk);
+}
+
+/* Key bytes the view holds, and its size. */
+static size_t view_bytes(size_t *n)
+{
+    node_hot_item *items;
+    *n = node_hot_view(hot, kv_now_ns(), &items);
+    size_t bytes = 0;
+    for (size_t i = 0; i < *n; i++)
+        bytes += items[i].klen;
+    node_hot_view_free(items, *n);
+    return bytes;
+}
+
+/* A rate of +inf with a window of 2^32 - 1 ms pinned a key for ~150 days;
+ * NaN and negative rates were taken as they came. */
+Test(hot, unusable_rates_are_skipped_and_windows_bounded)
+{
+    cr_assert_eq(node_hot_create(&hot, eng, 10), KV_OK);
+    uint64_t now = kv_now_ns();
+    report_raw("r1", 3, 8, INFINITY, UINT32_MAX, now);
+    report_raw("r2", 3, 8, NAN, 1000, now);
+    report_raw("r3", 3, 8, -5, 1000, now);
+    size_t n;
+    view_bytes(&n);
+    cr_assert_eq(n, 0, "unusable rates entered the view");
+    cr_assert_eq(node_hot_pinned(hot), 0);
+    report_raw("r1", 1, 8, 1e300, UINT32_MAX, now); /* clamped rate, clamped window */
+    node_hot_item *items;
+    n = node_hot_view(hot, now, &items);
+    cr_assert(n == 1 && items[0].ops_per_s == NODE_HOT_MAX_RATE && items[0].pinned);
+    node_hot_view_free(items, n);
+    uint64_t later = now + (uint64_t)3 * NODE_HOT_MAX_WINDOW_MS * 1000000ull + 1000000ull;
+    report_raw("other", 0, 8, 1, 1000, later); /* a sweep after 3 bounded windows */
+    cr_assert_eq(node_hot_pinned(hot), 0, "the pin outlived 3 windows of the bounded length");
+    cr_assert_eq(node_hot_view(hot, later, &items), 0);
+    node_hot_view_free(items, 0);
+}
+
+/* Keys over the key limit are refused; a report's keys and the view's
+ * memory are bounded (60 reports of 4 MiB keys used to grow a node by
+ * 430 MB for good). */
+Test(hot, keys_per_report_and_key_bytes_are_bounded)
+{
+    cr_assert_eq(node_hot_create(&hot, eng, 1e9), KV_OK);
+    uint64_t now = kv_now_ns();
+    report_raw("big", 2, NODE_HOT_MAX_KEY + 1, 100, 60000, now);
+    size_t n;
+    cr_assert_eq(view_bytes(&n), 0, "an over-long key entered the view");
+    report_raw("many", NODE_HOT_MAX_REPORT_KEYS + 1000, 8, 100, 60000, now);
+    view_bytes(&n);
+    cr_assert_eq(n, NODE_HOT_MAX_REPORT_KEYS, "keys taken from one report");
+    for (int r = 0; r < 4; r++) { /* 4 x 4096 keys of 4 KiB: 64 MiB offered */
+        char id[8];
+        snprintf(id, sizeof(id), "w%d", r);
+        report_raw(id, 4096, NODE_HOT_MAX_KEY, 100, 60000, now);
+    }
+    size_t bytes = view_bytes(&n);
+    cr_assert_leq(bytes, NODE_HOT_MAX_BYTES, "the view holds %zu key bytes", bytes);
+    cr_assert_gt(n, 0);
+    uint64_t later = now + (uint64_t)3 * 60000 * 1000000ull + 1000000ull;
+    report_raw("other", 0, 8, 1, 1000, later); /* everything ages out and is freed */
+    bytes = view_bytes(&n);
+    cr_assert(n == 0 && bytes == 0, "%zu keys left", n);
+    report_raw("again", 100, NODE_HOT_MAX_KEY, 100, 60000, later); /* the budget came back */
+    view_bytes(&n);
+    cr_assert_eq(n, 100);
 }

@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Fault tests of the LSM: a flipped byte in the WAL (records from the flip on
- * are dropped, earlier ones intact), in an SST data block (DATA_LOSS for the
+ * Fault tests of the LSM: a flipped byte in the WAL (lsm_open refuses with
+ * DATA_LOSS naming the file and offset when valid frames or segments follow
+ * it; point-in-time recovery keeps the records before it; a torn tail is
+ * truncated), in an SST data block (DATA_LOSS for the
  * keys of that block only, a log line naming the file, no crash) and in the
  * MANIFEST (lsm_open fails with DATA_LOSS naming the file); and a full fast
  * volume (a 2 MiB tmpfs): writes fail with RESOURCE_EXHAUSTED, reads keep
  * working and nothing acknowledged is lost.
  */
 #include "lsm_test_util.h"
+#include "tests/kv_testlog.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -15,45 +18,9 @@
 
 #include "node/lsm/lsm_int.h"
 
-/* ---- stderr capture (log lines) ---- */
-
-static int cap_begin(const char *path)
-{
-    fflush(stderr);
-    int saved = dup(2);
-    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
-    dup2(fd, 2);
-    close(fd);
-    return saved;
-}
-
-static char *cap_end(int saved, const char *path)
-{
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    FILE *f = fopen(path, "r");
-    char *buf = calloc(1, 65536);
-    size_t n = f ? fread(buf, 1, 65535, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-    fputs(buf, stderr); /* keep the lines visible in the test output */
-    return buf;
-}
-
 static void base_opts(lsm_opts *o, const char *dir)
 {
-    lsm_opts_default(o);
-    o->fast_dir = dir;
-    o->sync = LSM_SYNC_NONE;
-    o->no_auto_compaction = true;
-}
-
-static void value_of(char *v, size_t len, uint64_t seq)
-{
-    for (size_t i = 0; i < len; i++)
-        v[i] = (char)('a' + (seq * 7 + i) % 26);
+    lt_opts(o, dir, LSM_SYNC_NONE);
 }
 
 /* ---- WAL ---- */
@@ -67,7 +34,7 @@ static kv_err collect(void *arg, const lsm_rec *r)
 {
     seqs *c = arg;
     char v[64];
-    value_of(v, sizeof(v), r->seqno);
+    lt_value(v, sizeof(v), r->seqno);
     cr_assert_eq(r->vlen, sizeof(v));
     cr_assert(memcmp(r->value, v, sizeof(v)) == 0, "replayed value of seqno %llu differs",
               (unsigned long long)r->seqno);
@@ -81,7 +48,7 @@ static void append_range(lsm_db *db, uint64_t from, uint64_t to)
     for (uint64_t s = from; s <= to; s++) {
         char k[16], v[64];
         int kn = snprintf(k, sizeof(k), "w%05llu", (unsigned long long)s);
-        value_of(v, sizeof(v), s);
+        lt_value(v, sizeof(v), s);
         lsm_rec r = {.key = k,
                      .klen = (size_t)kn,
                      .value = v,
@@ -92,46 +59,144 @@ static void append_range(lsm_db *db, uint64_t from, uint64_t to)
     }
 }
 
-Test(corrupt, wal_flip_drops_records_from_the_flip_on)
+/* Opens dir with o, capturing the log lines; returns the error and *log. */
+static kv_err open_logged(const lsm_opts *o, const char *dir, lsm_db **db, seqs *c, char **log)
+{
+    char logp[300];
+    snprintf(logp, sizeof(logp), "%s.log", dir);
+    int saved = cap_begin(logp);
+    kv_err rv = lsm_open(db, o, collect, c);
+    *log = cap_end(saved, logp);
+    return rv;
+}
+
+/* Writes records 1..n to one segment (n / 2 + 1.. to a second when two). */
+static char *wal_with(const lsm_opts *o, const char *dir, int n, bool two)
+{
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, o, NULL, NULL), KV_OK);
+    append_range(db, 1, two ? (uint64_t)n / 2 : (uint64_t)n);
+    lsm_close(db);
+    char *first = lt_find(dir, ".wal", 0);
+    if (two) { /* every open starts a new segment; unflushed ones stay */
+        cr_assert_eq(lsm_open(&db, o, NULL, NULL), KV_OK);
+        append_range(db, (uint64_t)n / 2 + 1, (uint64_t)n);
+        lsm_close(db);
+        cr_assert_eq(lt_count(dir, ".wal"), 2);
+    }
+    return first;
+}
+
+/* A flipped byte with valid frames after it: acknowledged writes would be
+ * lost, so the default refuses to open (naming the file and the offset)
+ * and leaves the log as it was; point-in-time recovery keeps the records
+ * before the flip, truncates there and the log goes on. */
+Test(corrupt, wal_flip_mid_log_refuses_then_point_in_time_recovers)
 {
     char *dir = lt_mkdtemp("cwal");
     lsm_opts o;
     base_opts(&o, dir);
-    lsm_db *db;
-    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
-    append_range(db, 1, 200);
-    lsm_close(db);
-    char *wal = lt_find(dir, ".wal", 1);
-    cr_assert_not_null(wal);
-    long size = lt_size(wal);
-    cr_assert_eq(lt_flip(wal, size * 6 / 10), 0);
+    char *wal = wal_with(&o, dir, 200, false);
+    long size = lt_size(wal), frame = size / 200, off = size * 6 / 10;
+    cr_assert_eq(lt_flip(wal, off), 0);
 
     seqs c = {0};
-    char logp[300];
-    snprintf(logp, sizeof(logp), "%s.log", dir);
-    int saved = cap_begin(logp);
-    kv_err rv = lsm_open(&db, &o, collect, &c);
-    char *log = cap_end(saved, logp);
+    char *log;
+    lsm_db *db = (lsm_db *)0x1;
+    kv_err rv = open_logged(&o, dir, &db, &c, &log);
+    cr_assert_eq(rv, KV_DATA_LOSS, "open over a corrupt WAL: %s", kv_strerror(rv));
+    cr_assert_eq(db, (lsm_db *)0x1, "out written on failure");
+    const char *base = strrchr(wal, '/') + 1;
+    char at[64];
+    snprintf(at, sizeof(at), "offset %ld", off / frame * frame);
+    cr_assert(strstr(log, base) && strstr(log, at), "log names neither %s nor %s", base, at);
+    cr_assert_eq(lt_size(wal), size, "the refused log was changed");
+    free(log);
+
+    o.wal_recovery = LSM_WAL_POINT_IN_TIME;
+    memset(&c, 0, sizeof(c));
+    rv = open_logged(&o, dir, &db, &c, &log);
     cr_assert_eq(rv, KV_OK, "%s", kv_strerror(rv));
-    cr_assert(strstr(log, "torn or corrupt frame") != NULL, "no log line about the tail");
-    cr_assert(c.n > 100 && c.n < 200, "replayed %d records", c.n);
+    cr_assert(strstr(log, "point-in-time") != NULL, "no log line about the cut");
+    cr_assert_eq(c.n, off / frame, "replayed %d records", c.n);
     for (int i = 0; i < c.n; i++)
         cr_assert_eq(c.s[i], (uint64_t)i + 1);
     cr_assert_eq(lsm_last_seqno(db), (uint64_t)c.n);
-    long frame = size / 200;
     cr_assert_eq(lt_size(wal), frame * c.n, "segment not truncated at the bad frame");
     int kept = c.n;
     append_range(db, (uint64_t)kept + 1, (uint64_t)kept + 10); /* the log goes on */
     lsm_close(db);
+    o.wal_recovery = LSM_WAL_ABSOLUTE; /* the log is clean again */
     seqs c2 = {0};
     cr_assert_eq(lsm_open(&db, &o, collect, &c2), KV_OK);
     cr_assert_eq(c2.n, kept + 10);
     lsm_close(db);
     free(log);
     free(wal);
-    unlink(logp);
     lt_rmrf(dir);
     free(dir);
+}
+
+/* The last frame of a segment that later segments follow is not a tail:
+ * cutting it used to delete the later segments and their records. */
+Test(corrupt, wal_flip_before_a_later_segment_refuses)
+{
+    char *dir = lt_mkdtemp("cwal2");
+    lsm_opts o;
+    base_opts(&o, dir);
+    char *wal = wal_with(&o, dir, 200, true);
+    long size = lt_size(wal);
+    cr_assert_eq(lt_flip(wal, size - 3), 0);
+    seqs c = {0};
+    char *log;
+    lsm_db *db;
+    kv_err rv = open_logged(&o, dir, &db, &c, &log);
+    cr_assert_eq(rv, KV_DATA_LOSS, "%s", kv_strerror(rv));
+    cr_assert(strstr(log, strrchr(wal, '/') + 1) && strstr(log, "later WAL segments"),
+              "log does not say why");
+    cr_assert_eq(lt_count(dir, ".wal"), 2, "a segment was deleted");
+    free(log);
+    o.wal_recovery = LSM_WAL_POINT_IN_TIME;
+    memset(&c, 0, sizeof(c));
+    cr_assert_eq(open_logged(&o, dir, &db, &c, &log), KV_OK);
+    cr_assert_eq(c.n, 99);
+    lsm_close(db);
+    free(log);
+    free(wal);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+/* A torn tail (last frame of the last segment cut, damaged or followed by
+ * zeroes: a crash during a write) is truncated in the default mode too. */
+Test(corrupt, wal_torn_tail_is_truncated_by_default)
+{
+    for (int how = 0; how < 3; how++) {
+        char *dir = lt_mkdtemp("ctorn");
+        lsm_opts o;
+        base_opts(&o, dir);
+        char *wal = wal_with(&o, dir, 100, false);
+        long size = lt_size(wal), frame = size / 100;
+        if (how == 0)
+            cr_assert_eq(truncate(wal, size - 7), 0);
+        else if (how == 1)
+            cr_assert_eq(lt_flip(wal, size - frame + 5), 0); /* the last frame's length */
+        else
+            cr_assert_eq(truncate(wal, size + 4096), 0); /* a zero-filled extension */
+        seqs c = {0};
+        char *log;
+        lsm_db *db;
+        kv_err rv = open_logged(&o, dir, &db, &c, &log);
+        cr_assert_eq(rv, KV_OK, "case %d: %s", how, kv_strerror(rv));
+        cr_assert(strstr(log, "torn tail") != NULL, "case %d: no log line", how);
+        cr_assert_eq(c.n, how == 2 ? 100 : 99, "case %d: replayed %d", how, c.n);
+        cr_assert_eq(lt_size(wal), frame * c.n, "case %d: not truncated", how);
+        lsm_close(db);
+        free(log);
+        free(wal);
+        lt_rmrf(dir);
+        free(dir);
+    }
 }
 
 /* ---- SST ---- */
@@ -145,7 +210,7 @@ static void flush_keys(lsm_db *db, int n, uint64_t seq0, size_t vlen)
     char *vals = malloc((size_t)n * vlen);
     for (int i = 0; i < n; i++) {
         int kn = snprintf(keys[i], 16, "c%05d", i);
-        value_of(vals + (size_t)i * vlen, vlen, seq0 + (uint64_t)i);
+        lt_value(vals + (size_t)i * vlen, vlen, seq0 + (uint64_t)i);
         run[i] = (lsm_rec){.key = keys[i],
                            .klen = (size_t)kn,
                            .value = vals + (size_t)i * vlen,
@@ -217,7 +282,7 @@ static int scan_keys(lsm_db *db, uint64_t seq0, size_t vlen, bool multiget)
                 continue;
             }
             cr_assert_eq(rv[j], KV_OK, "key %d: %s", i, kv_strerror(rv[j]));
-            value_of(want, vlen, seq0 + (uint64_t)i);
+            lt_value(want, vlen, seq0 + (uint64_t)i);
             cr_assert_eq(r[j].seqno, seq0 + (uint64_t)i);
             cr_assert(r[j].vlen == vlen && memcmp(r[j].value, want, vlen) == 0,
                       "key %d wrong value", i);
@@ -350,7 +415,7 @@ static kv_err count_big(void *arg, const lsm_rec *r)
 {
     (void)arg;
     static char want[8192];
-    value_of(want, sizeof(want), r->seqno);
+    lt_value(want, sizeof(want), r->seqno);
     cr_assert_eq(r->vlen, sizeof(want));
     cr_assert(memcmp(r->value, want, sizeof(want)) == 0);
     acked--;
@@ -405,7 +470,7 @@ static void enospc(bool uring)
         seq++;
         char k[16];
         int kn = snprintf(k, sizeof(k), "big%05d", i);
-        value_of(v, sizeof(v), seq);
+        lt_value(v, sizeof(v), seq);
         lsm_rec r = {.key = k,
                      .klen = (size_t)kn,
                      .value = v,
@@ -487,7 +552,7 @@ Test(enospc, full_slow_volume_stops_compaction_not_reads, .fini = unmount_tmpfs)
     for (int round = 0; round < 15; round++) {
         for (int i = 0; i < 1000; i++) {
             int kn = snprintf(keys[i], 16, "s%02d%05d", round, i);
-            value_of(vals[i], 200, ++seq);
+            lt_value(vals[i], 200, ++seq);
             run[i] = (lsm_rec){.key = keys[i],
                                .klen = (size_t)kn,
                                .value = vals[i],
@@ -506,7 +571,7 @@ Test(enospc, full_slow_volume_stops_compaction_not_reads, .fini = unmount_tmpfs)
             lsm_rec r;
             rv = lsm_get(db, k, (size_t)kn, &r, NULL);
             cr_assert_eq(rv, KV_OK, "%s: %s", k, kv_strerror(rv));
-            value_of(want, 200, (uint64_t)round * 1000 + (uint64_t)i + 1);
+            lt_value(want, 200, (uint64_t)round * 1000 + (uint64_t)i + 1);
             cr_assert(r.vlen == 200 && memcmp(r.value, want, 200) == 0, "%s wrong value", k);
             lsm_rec_free(&r);
         }

@@ -155,6 +155,8 @@ Test(sst, bloom_false_positive_rate)
 
 /* ---- WAL ---- */
 
+static const lsm_opts wo; /* recovery options: the defaults (absolute) */
+
 typedef struct collected {
     int n;
     uint64_t seqs[4096];
@@ -207,7 +209,8 @@ Test(wal, roundtrip_and_flushed_skip)
     lsm_wal_seg *segs;
     size_t nsegs;
     uint64_t max_seq, max_num;
-    cr_assert_eq(lsm_wal_recover(&v, 0, collect, &c, &segs, &nsegs, &max_seq, &max_num), KV_OK);
+    cr_assert_eq(lsm_wal_recover(&v, &wo, 0, collect, &c, &segs, &nsegs, &max_seq, &max_num),
+                 KV_OK);
     cr_assert_eq(c.n, 300);
     cr_assert_eq(max_seq, 300);
     cr_assert_eq(nsegs, 1);
@@ -216,7 +219,8 @@ Test(wal, roundtrip_and_flushed_skip)
         cr_assert_eq(c.seqs[i], (uint64_t)i + 1);
     free(segs);
     collected c2 = {0};
-    cr_assert_eq(lsm_wal_recover(&v, 150, collect, &c2, &segs, &nsegs, &max_seq, &max_num), KV_OK);
+    cr_assert_eq(lsm_wal_recover(&v, &wo, 150, collect, &c2, &segs, &nsegs, &max_seq, &max_num),
+                 KV_OK);
     cr_assert_eq(c2.n, 150);
     cr_assert_eq(c2.seqs[0], 151);
     free(segs);
@@ -239,7 +243,8 @@ Test(wal, torn_tail_is_truncated)
     lsm_wal_seg *segs;
     size_t nsegs;
     uint64_t max_seq, max_num;
-    cr_assert_eq(lsm_wal_recover(&v, 0, collect, &c, &segs, &nsegs, &max_seq, &max_num), KV_OK);
+    cr_assert_eq(lsm_wal_recover(&v, &wo, 0, collect, &c, &segs, &nsegs, &max_seq, &max_num),
+                 KV_OK);
     cr_assert_eq(c.n, 147, "replayed %d", c.n);
     cr_assert_eq(max_seq, 147);
     long frame = size / 50;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* Helpers shared by the LSM tests: scratch directories under /tmp, recursive
- * removal, finding files by suffix and flipping bytes in them. */
+ * removal, finding files by suffix and flipping bytes in them, test options
+ * and values. */
 #ifndef KV_TESTS_LSM_TEST_UTIL_H
 #define KV_TESTS_LSM_TEST_UTIL_H
 
@@ -14,6 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "node/lsm/lsm.h"
 
 static inline char *lt_mkdtemp(const char *tag)
 {
@@ -100,6 +103,23 @@ static inline int lt_flip(const char *path, long off)
     }
     close(fd);
     return rc;
+}
+
+/* Options for a test db in dir: the defaults with the given sync mode and
+ * compaction only on request. */
+static inline void lt_opts(lsm_opts *o, const char *dir, lsm_sync sync)
+{
+    lsm_opts_default(o);
+    o->fast_dir = dir;
+    o->sync = sync;
+    o->no_auto_compaction = true;
+}
+
+/* The value the fault tests write for seqno seq: len letters. */
+static inline void lt_value(char *v, size_t len, uint64_t seq)
+{
+    for (size_t i = 0; i < len; i++)
+        v[i] = (char)('a' + (seq * 7 + i) % 26);
 }
 
 /* Deterministic PRNG (splitmix64). */
