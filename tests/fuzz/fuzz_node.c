@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libFuzzer harness for every kvnode handler, in-process: this file
+ * compiles node/server.c itself (its method table and kv.* handlers are
+ * file-local; the rest of the node comes from kv_node_fuzz, the node
+ * library without server.c), starts a node on a fresh data directory with
+ * small limits and an inproc listener, and runs a program of calls from the
+ * input (fuzz_rpc.h: method, epoch choice, body) straight into the
+ * handlers, checking each reply. The first input byte configures the node:
+ * bit 0 installs a one-node map (id n1, rf 1) before the calls, bit 1 a
+ * three-node map with a joining fourth node (a transition), bit 2 turns
+ * io_uring off. The node is stopped and its directory removed after each
+ * input, so no state carries over (about 100 inputs a second).
+ */
+#include "node/server.c"
+
+#include "fuzz_rpc.h"
+
+#define MAX_CALLS 12
+
+static uint64_t node_epoch(void *user)
+{
+    return cmap_slot_epoch(((node *)user)->maps);
+}
+
+static void config(node *n, const char *dir, uint8_t flags)
+{
+    n->cfg = (node_config){.id = "n1",
+                           .listen = "inproc://hotkv-fuzz-node",
+                           .data_dir = (char *)dir,
+                           .fast_mb = 64,
+                           .sync = ENGINE_SYNC_NONE,
+                           .sync_ms = 5,
+                           .write_buffer_kb = 32,
+                           .no_io_uring = flags & 4,
+                           .mem_mb = 8,
+                           .workers = 1,
+                           .hot_threshold = 100,
+                           .limits = kv_default_limits,
+                           .stream_mbps = 64,
+                           .cleanup_delay_s = -1,
+                           .map_refresh_ms = 3600 * 1000,
+                           .hints_max_mb = 4,
+                           .hint_window_s = 3600,
+                           .tombstone_grace_s = 0,
+                           .catchup_timeout_ms = 50};
+    nhc_opts_default(&n->cfg.nhc);
+    n->cfg.limits.max_value = 64 << 10;
+}
+
+/* Installs a map through admin.SetMap, as kvctl cluster init does. */
+static void install_map(node *n, bool transition)
+{
+    static char *const one[] = {"n1=tcp://127.0.0.1:1"};
+    static char *const three[] = {"n1=tcp://127.0.0.1:1", "n2=tcp://127.0.0.1:2",
+                                  "n3=tcp://127.0.0.1:3"};
+    cmap *m = NULL;
+    char err[256];
+    kv_err rv = transition ? cmap_parse_spec(1, 2, three, 3, &m, err, sizeof(err))
+                           : cmap_parse_spec(1, 1, one, 1, &m, err, sizeof(err));
+    FZ_CHECK(rv == KV_OK, "map: %s", err);
+    Kv__ClusterMap *pb = NULL;
+    FZ_CHECK(cmap_to_pb(m, &pb) == KV_OK, "cmap_to_pb");
+    Kv__NodeInfo joining = KV__NODE_INFO__INIT, **nodes = NULL;
+    Kv__Transition tr = KV__TRANSITION__INIT;
+    if (transition) {
+        joining.id = "n4";
+        joining.addr = "tcp://127.0.0.1:4";
+        joining.state = KV__NODE_STATE__JOINING;
+        nodes = malloc(4 * sizeof(*nodes));
+        memcpy(nodes, pb->nodes, 3 * sizeof(*nodes));
+        nodes[3] = &joining;
+        tr.kind = "add";
+        pb->epoch = 2;
+    }
+    Kv__ClusterMap view = *pb;
+    if (transition) {
+        view.nodes = nodes;
+        view.n_nodes = 4;
+        view.transition = &tr;
+    }
+    Kv__SetMapRequest req = KV__SET_MAP_REQUEST__INIT;
+    req.map = &view;
+    uint8_t buf[4096];
+    size_t len = kv__set_map_request__pack(&req, buf);
+    rpc_ctx c = {.method = "admin.SetMap", .deadline_ns = kv_now_ns() + 1000000000ull, .user = n};
+    rv = node_h_set_map(&c, buf, len);
+    FZ_CHECK(rv == KV_OK, "installing the map: %s", c.message);
+    free(c.reply);
+    free(nodes);
+    kv__cluster_map__free_unpacked(pb, NULL);
+    cmap_unref(m);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    fz_quiet();
+    rpc_runtime_init();
+    engine_thread_register();
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fz_in in = {data, size};
+    uint8_t flags = fz_u8(&in);
+    char dir[512], err[512];
+    fz_fresh_dir(dir, sizeof(dir), "node");
+    node n = {0};
+    config(&n, dir, flags);
+    kv_err rv = node_start(&n, err, sizeof(err));
+    FZ_CHECK(rv == KV_OK, "node_start: %s", err);
+    if (flags & 3)
+        install_map(&n, flags & 2);
+    fz_calls t = {.methods = node_methods,
+                  .n = sizeof(node_methods) / sizeof(node_methods[0]),
+                  .user = &n,
+                  .epoch = node_epoch,
+                  .node = true};
+    fz_run_calls(&t, &in, MAX_CALLS);
+    node_stop(&n);
+    pthread_mutex_destroy(&n.map_mu);
+    pthread_mutex_destroy(&n.peers_mu);
+    return 0;
+}
