@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Installs the Debian packages hotkv builds and tests with. Used by run.sh and
-# test.sh. As root it runs apt-get; otherwise it prints the exact command.
+# test.sh (`deps.sh fuzz` adds the fuzzing toolchain). As root it runs
+# apt-get; otherwise it prints the exact command.
 set -euo pipefail
 KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler
   liburing-dev liburcu-dev libcriterion-dev libxxhash-dev libinih-dev libfuse3-dev fuse3
   librocksdb-dev docker-compose)
+# `deps.sh fuzz`: also clang and its runtimes (libFuzzer, ASan, UBSan) for ./test.sh --fuzz.
+if [ "${1:-}" = fuzz ]; then
+  KV_PACKAGES+=(clang libclang-rt-14-dev)
+fi
 missing=()
 for p in "${KV_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

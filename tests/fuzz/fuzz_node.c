@@ -48,46 +48,21 @@ static void config(node *n, const char *dir, uint8_t flags)
     n->cfg.limits.max_value = 64 << 10;
 }
 
-/* Installs a map through admin.SetMap, as kvctl cluster init does. */
-static void install_map(node *n, bool transition)
+/* Installs a test map through admin.SetMap, as kvctl cluster init does. */
+static void install_map(node *n, int which)
 {
-    static char *const one[] = {"n1=tcp://127.0.0.1:1"};
-    static char *const three[] = {"n1=tcp://127.0.0.1:1", "n2=tcp://127.0.0.1:2",
-                                  "n3=tcp://127.0.0.1:3"};
-    cmap *m = NULL;
-    char err[256];
-    kv_err rv = transition ? cmap_parse_spec(1, 2, three, 3, &m, err, sizeof(err))
-                           : cmap_parse_spec(1, 1, one, 1, &m, err, sizeof(err));
-    FZ_CHECK(rv == KV_OK, "map: %s", err);
+    cmap *m = fz_test_map(which);
     Kv__ClusterMap *pb = NULL;
     FZ_CHECK(cmap_to_pb(m, &pb) == KV_OK, "cmap_to_pb");
-    Kv__NodeInfo joining = KV__NODE_INFO__INIT, **nodes = NULL;
-    Kv__Transition tr = KV__TRANSITION__INIT;
-    if (transition) {
-        joining.id = "n4";
-        joining.addr = "tcp://127.0.0.1:4";
-        joining.state = KV__NODE_STATE__JOINING;
-        nodes = malloc(4 * sizeof(*nodes));
-        memcpy(nodes, pb->nodes, 3 * sizeof(*nodes));
-        nodes[3] = &joining;
-        tr.kind = "add";
-        pb->epoch = 2;
-    }
-    Kv__ClusterMap view = *pb;
-    if (transition) {
-        view.nodes = nodes;
-        view.n_nodes = 4;
-        view.transition = &tr;
-    }
     Kv__SetMapRequest req = KV__SET_MAP_REQUEST__INIT;
-    req.map = &view;
+    req.map = pb;
     uint8_t buf[4096];
+    FZ_CHECK(kv__set_map_request__get_packed_size(&req) <= sizeof(buf), "map too big");
     size_t len = kv__set_map_request__pack(&req, buf);
     rpc_ctx c = {.method = "admin.SetMap", .deadline_ns = kv_now_ns() + 1000000000ull, .user = n};
-    rv = node_h_set_map(&c, buf, len);
+    kv_err rv = node_h_set_map(&c, buf, len);
     FZ_CHECK(rv == KV_OK, "installing the map: %s", c.message);
     free(c.reply);
-    free(nodes);
     kv__cluster_map__free_unpacked(pb, NULL);
     cmap_unref(m);
 }
@@ -111,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kv_err rv = node_start(&n, err, sizeof(err));
     FZ_CHECK(rv == KV_OK, "node_start: %s", err);
     if (flags & 3)
-        install_map(&n, flags & 2);
+        install_map(&n, flags & 2 ? FZ_MAP_JOINING : FZ_MAP_ONE);
     fz_calls t = {.methods = node_methods,
                   .n = sizeof(node_methods) / sizeof(node_methods[0]),
                   .user = &n,

@@ -37,41 +37,6 @@ static void rotate(void *user, int call)
     hk_report_free(&rep);
 }
 
-static void install_map(router *r, int which)
-{
-    static char *const specs[] = {"n1=tcp://127.0.0.1:1", "n2=tcp://127.0.0.1:2",
-                                  "n3=tcp://127.0.0.1:3"};
-    cmap *m = NULL;
-    char err[256];
-    kv_err rv =
-        cmap_parse_spec(1, which == 1 ? 1 : 2, specs, which == 1 ? 1 : 3, &m, err, sizeof(err));
-    FZ_CHECK(rv == KV_OK, "map: %s", err);
-    if (which == 3) { /* the same three plus n4 joining, in a transition */
-        Kv__ClusterMap *pb = NULL;
-        FZ_CHECK(cmap_to_pb(m, &pb) == KV_OK, "cmap_to_pb");
-        Kv__NodeInfo joining = KV__NODE_INFO__INIT, *nodes[4];
-        Kv__Transition tr = KV__TRANSITION__INIT;
-        joining.id = "n4";
-        joining.addr = "tcp://127.0.0.1:4";
-        joining.state = KV__NODE_STATE__JOINING;
-        memcpy(nodes, pb->nodes, 3 * sizeof(*nodes));
-        nodes[3] = &joining;
-        tr.kind = "add";
-        Kv__ClusterMap view = *pb;
-        view.epoch = 2;
-        view.nodes = nodes;
-        view.n_nodes = 4;
-        view.transition = &tr;
-        cmap_unref(m);
-        m = NULL;
-        rv = cmap_from_pb(&view, &m, err, sizeof(err));
-        FZ_CHECK(rv == KV_OK, "transition map: %s", err);
-        kv__cluster_map__free_unpacked(pb, NULL);
-    }
-    FZ_CHECK(cmap_slot_install(r->maps, m) == KV_OK, "install");
-    cmap_unref(m);
-}
-
 static void setup(router *r, uint8_t flags)
 {
     *r = (router){.cfg = {.listen = "inproc://hotkv-fuzz-router",
@@ -99,8 +64,11 @@ static void setup(router *r, uint8_t flags)
         FZ_CHECK(hk_window_create(&r->hot, 1, (size_t)r->cfg.hot_k, 1, kv_now_ns()) == KV_OK,
                  "hk_window_create");
     }
-    if (flags & 3)
-        install_map(r, flags & 3);
+    if (flags & 3) {
+        cmap *m = fz_test_map(flags & 3);
+        FZ_CHECK(cmap_slot_install(r->maps, m) == KV_OK, "install");
+        cmap_unref(m);
+    }
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -115,7 +83,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz_in in = {data, size};
     uint8_t flags = fz_u8(&in);
+    size_t before = in.n;
     fz_peers_script(&in);
+    bool scripted = in.n + 1 < before; /* more than a zero count was read */
     router r;
     setup(&r, flags);
     fz_calls t = {.methods = router_methods,
@@ -123,7 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                   .user = &r,
                   .epoch = router_epoch,
                   .after = rotate,
-                  .deadline_ms = 100};
+                  .deadline_ms = 100,
+                  .relayed = scripted}; /* a node's reply body is passed on as it is */
     fz_run_calls(&t, &in, MAX_CALLS);
     router_stop(&r);
     return 0;
