@@ -6,11 +6,13 @@
  * library without server.c), starts a node on a fresh data directory with
  * small limits and an inproc listener, and runs a program of calls from the
  * input (fuzz_rpc.h: method, epoch choice, body) straight into the
- * handlers, checking each reply. The first input byte configures the node:
- * bit 0 installs a one-node map (id n1, rf 1) before the calls, bit 1 a
- * three-node map with a joining fourth node (a transition), bit 2 turns
- * io_uring off. The node is stopped and its directory removed after each
- * input, so no state carries over (about 100 inputs a second).
+ * handlers, checking each reply. The input is [u8 flags][peer script][calls]:
+ * flags bit 0 installs a one-node map (id n1, rf 1) before the calls, bit 1
+ * a three-node map with a joining fourth node (a transition), bit 2 turns
+ * io_uring off; the script (fz_peers_script) makes the peers n2, n3 answer
+ * what the node asks them (stream chunks, maps, hint status) with fuzzed
+ * replies. The node is stopped and its directory removed after each input,
+ * so no state carries over (tens to a hundred inputs a second).
  */
 #include "node/server.c"
 
@@ -71,6 +73,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     fz_quiet();
     rpc_runtime_init();
+    fz_peers_start();
     engine_thread_register();
     return 0;
 }
@@ -79,6 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz_in in = {data, size};
     uint8_t flags = fz_u8(&in);
+    fz_peers_script(&in);
     char dir[512], err[512];
     fz_fresh_dir(dir, sizeof(dir), "node");
     node n = {0};

@@ -451,11 +451,14 @@ static void internal_calls(lsm_buf *b)
     call(b, N_REPAIRED, 1, &rr.base);
 }
 
+static void script(lsm_buf *b, int n, const uint8_t *status, const lsm_buf *bodies);
+
 static void seeds_node(void)
 {
     for (uint8_t flags = 0; flags < 3; flags++) {
         lsm_buf b = {0};
         put8(&b, flags);
+        put8(&b, 0); /* no peer answers */
         kv_calls(&b, flags ? 1 : 0, N_GET, N_PUT, N_DELETE, N_BATCH);
         admin_calls(&b, N_PING, N_STATS, N_GETMAP, N_HOTKEYS);
         char name[16];
@@ -465,6 +468,16 @@ static void seeds_node(void)
     }
     lsm_buf b = {0}, m = map_bytes(fz_test_map(FZ_MAP_JOINING));
     put8(&b, 1);
+    /* the stream source answers a chunk of records, done */
+    Kv__Record recs[2] = {record("s1", 1ull << 22, false), record("s2", 1ull << 22, true)};
+    Kv__Record *rps[2] = {&recs[0], &recs[1]};
+    Kv__StreamReadReply chunk = KV__STREAM_READ_REPLY__INIT;
+    chunk.n_records = 2;
+    chunk.records = rps;
+    chunk.done = true;
+    lsm_buf body = pack(&chunk.base);
+    script(&b, 1, (const uint8_t[]){0}, &body);
+    lsm_buf_free(&body);
     internal_calls(&b);
     Kv__ClusterMap *pb = kv__cluster_map__unpack(NULL, m.len, m.p);
     Kv__SetMapRequest sm = KV__SET_MAP_REQUEST__INIT;
