@@ -4,3 +4,5 @@ add_library(kv_router STATIC router_admin.c router_kv.c router_batch.c router_fa
 target_link_libraries(kv_router PUBLIC kv_shard kv_proto kv_common)
 add_executable(kvrouter router_main.c)
 target_link_libraries(kvrouter PRIVATE kv_router)
+include(GNUInstallDirs)
+install(TARGETS kvrouter RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

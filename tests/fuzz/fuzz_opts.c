@@ -5,7 +5,7 @@
  * 0 lets non-flag words through as positionals (kvctl), bit 1 writes the INI
  * text to a file and adds `--config FILE` (bit 2: as `--config=FILE`, at the
  * end). The option table has every option type, bounded and unbounded
- * integers and an enum, like kvnode's. An accepted parse must leave integers
+ * integers, an enum and one-letter aliases, like kvnode's. An accepted parse must leave integers
  * inside their bounds, enum indices inside their choices and positionals in
  * order; every message must name something; kv_opts_free must release every
  * string (LeakSanitizer). The targets are reset to their defaults before
@@ -31,14 +31,14 @@ static struct {
 } v;
 
 static const kv_opt table[] = {
-    {"id", KV_OPT_STR, &v.id, "node id", NULL, 0, 0},
-    {"listen", KV_OPT_STR, &v.listen, "address", NULL, 0, 0},
+    {"id", KV_OPT_STR, &v.id, "node id", NULL, 0, 0, 'i'},
+    {"listen", KV_OPT_STR, &v.listen, "address", NULL, 0, 0, 'l'},
     {"auth", KV_OPT_STR, &v.auth, "token", NULL, 0, 0},
-    {"workers", KV_OPT_INT, &v.workers, "threads", NULL, 1, 1024},
+    {"workers", KV_OPT_INT, &v.workers, "threads", NULL, 1, 1024, 'w'},
     {"port", KV_OPT_INT, &v.port, "port", NULL, 1, 65535},
     {"any-int", KV_OPT_INT, &v.any, "unbounded", NULL, 0, 0},
     {"rate", KV_OPT_DOUBLE, &v.rate, "rate", NULL, 0, 0},
-    {"flag", KV_OPT_BOOL, &v.flag, "a switch", NULL, 0, 0},
+    {"flag", KV_OPT_BOOL, &v.flag, "a switch", NULL, 0, 0, 'f'},
     {"other-flag", KV_OPT_BOOL, &v.other, "another", NULL, 0, 0},
     {"sync", KV_OPT_ENUM, &v.mode, "mode", modes, 0, 0},
 };
@@ -75,7 +75,7 @@ static int split_args(fz_in *in, char *buf, char **argv, const char *ini, bool e
     return argc;
 }
 
-static void check_parsed(int npos, char **argv, int argc, bool positionals)
+static void check_parsed(int npos, char **argv, int argc, bool positionals, bool dashdash)
 {
     FZ_CHECK(v.workers >= 1 && v.workers <= 1024, "--workers %ld out of bounds", v.workers);
     FZ_CHECK(v.port >= 1 && v.port <= 65535, "--port %ld out of bounds", v.port);
@@ -83,7 +83,7 @@ static void check_parsed(int npos, char **argv, int argc, bool positionals)
     if (!positionals)
         return;
     FZ_CHECK(npos >= 0 && npos < argc, "%d positionals of %d words", npos, argc);
-    for (int i = 1; i <= npos; i++)
+    for (int i = 1; i <= npos && !dashdash; i++) /* after "--" words may look like flags */
         FZ_CHECK(strncmp(argv[i], "--", 2) != 0 || argv[i][2] == '\0', "flag %s as positional",
                  argv[i]);
 }
@@ -108,9 +108,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[512] = "";
     int npos = -1;
     bool positionals = mode & 1;
+    bool dashdash = false;
+    for (int i = 1; i < argc; i++)
+        dashdash |= strcmp(argv[i], "--") == 0;
     kv_err rv = kv_opts_parse(&set, argc, argv, positionals ? &npos : NULL, err, sizeof(err));
     if (rv == KV_OK)
-        check_parsed(npos, argv, argc, positionals);
+        check_parsed(npos, argv, argc, positionals, dashdash);
     else
         FZ_CHECK(rv == KV_CANCELLED || err[0], "error %d without a message", (int)rv);
     kv_opts_free(&set);

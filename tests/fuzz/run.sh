@@ -15,7 +15,7 @@ dir=build-fuzz
 werror=()
 [ -n "${CI:-}" ] && werror=(-DKV_WERROR=ON)
 CC=clang CXX=clang++ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DKV_FUZZ=ON \
-  -DKV_BUILD_TESTS=OFF -DKV_BUILD_BENCH=OFF "${werror[@]}" >/dev/null
+  -DKV_BUILD_TESTS=OFF -DKV_BUILD_BENCH=OFF ${werror[@]+"${werror[@]}"} >/dev/null
 cmake --build "$dir" --target fuzz -j"$(nproc)"
 # Scratch files of the storage harnesses: memory is much faster than disk here.
 if [ -w /dev/shm ]; then
