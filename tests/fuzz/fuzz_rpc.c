@@ -274,24 +274,25 @@ static nng_msg *answer(int i, const Kv__Envelope *req)
 {
     pthread_mutex_lock(&script_mu);
     nng_msg *m = NULL;
-    if (nscript) {
-        const script_reply *r = &script[served[i]++ % nscript];
-        Kv__Envelope env = KV__ENVELOPE__INIT;
-        Kv__Status st = KV__STATUS__INIT;
-        env.id = req->id + (r->flags & 1);
-        st.code = r->status % 20;
-        st.message = "scripted";
-        env.status = &st;
-        env.map_epoch = req->map_epoch;
-        env.body.data = r->body;
-        env.body.len = r->len;
-        if (r->flags & 2)
-            m = NULL;
-        else if (r->flags & 4 && nng_msg_alloc(&m, r->len) == 0)
-            memcpy(nng_msg_body(m), r->body, r->len);
-        else if (!(r->flags & 4) && nng_msg_alloc(&m, kv__envelope__get_packed_size(&env)) == 0)
-            kv__envelope__pack(&env, nng_msg_body(m));
-    }
+    /* no script: the peer is down (a fast UNAVAILABLE: a caller waiting out
+     * its deadline would make each input take seconds) */
+    const script_reply down = {.status = KV_UNAVAILABLE};
+    const script_reply *r = nscript ? &script[served[i]++ % nscript] : &down;
+    Kv__Envelope env = KV__ENVELOPE__INIT;
+    Kv__Status st = KV__STATUS__INIT;
+    env.id = req->id + (r->flags & 1);
+    st.code = r->status % 20;
+    st.message = "scripted";
+    env.status = &st;
+    env.map_epoch = req->map_epoch;
+    env.body.data = r->body;
+    env.body.len = r->len;
+    if (r->flags & 2)
+        nng_msg_alloc(&m, 0); /* an empty message */
+    else if (r->flags & 4 && nng_msg_alloc(&m, r->len) == 0)
+        memcpy(nng_msg_body(m), r->body, r->len);
+    else if (!(r->flags & 4) && nng_msg_alloc(&m, kv__envelope__get_packed_size(&env)) == 0)
+        kv__envelope__pack(&env, nng_msg_body(m));
     pthread_mutex_unlock(&script_mu);
     return m;
 }

@@ -42,13 +42,15 @@ bool fz_pb_strings_ok(const ProtobufCMessage *m);
 /* Scripted peers: FZ_PEERS REP sockets (tcp://127.0.0.1:i in a map reaches
  * peer i), each answering its k-th request of an input with reply
  * k % nreplies of the script, the reply's envelope id echoing the request's
- * unless the reply says otherwise. They run for the whole process. */
+ * unless the reply says otherwise. They always answer, and at once (a
+ * caller waiting out its deadline would make an input take seconds). They
+ * run for the whole process. */
 #define FZ_PEERS 3
 void fz_peers_start(void);
 /* Reads a script from in: [u8 count] then per reply [u8 status][u8 flags:
- * bit 0 wrong id, bit 1 no answer at all, bit 2 the body is the whole raw
+ * bit 0 wrong id, bit 1 an empty message, bit 2 the body is the whole raw
  * reply message, no envelope][u16 length][body]; resets the per-peer
- * counters. count 0 = peers that never answer. */
+ * counters. count 0 = peers that are down (every answer UNAVAILABLE). */
 void fz_peers_script(fz_in *in);
 
 typedef struct fz_calls {
