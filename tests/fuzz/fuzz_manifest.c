@@ -9,9 +9,9 @@
  * name. The recovered state is turned into a version. With bit 2 the db is
  * then opened for real: every SST the MANIFEST names is written from one of
  * three valid template files (their metadata is the MANIFEST's, true or
- * not), and the db is read, iterated, compacted and closed (bit 3: io_uring).
- * Failures must be error codes, never crashes or leaks. A fresh directory
- * per input.
+ * not), and the db is read, iterated, compacted and closed (bit 3: io_uring),
+ * then opened again, which must succeed. Failures must be error codes, never
+ * crashes or leaks. A fresh directory per input.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -135,10 +135,15 @@ static void open_db(const char *dir, const lsm_recovered *st, bool uring)
     o.no_auto_compaction = true;
     o.hotrap = false;
     lsm_db *db = NULL;
-    if (lsm_open(&db, &o, NULL, NULL) == KV_OK) {
-        use_db(db);
-        lsm_close(db);
-    }
+    if (lsm_open(&db, &o, NULL, NULL) != KV_OK)
+        return;
+    use_db(db);
+    lsm_close(db);
+    /* what opened, compacted and closed cleanly must open again */
+    kv_err rv = lsm_open(&db, &o, NULL, NULL);
+    FZ_CHECK(rv == KV_OK, "reopening a db that closed cleanly: %s", kv_err_name(rv));
+    use_db(db);
+    lsm_close(db);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
