@@ -262,8 +262,15 @@ static kv_err batch_attempt(router *r, rpc_ctx *c, Kv__BatchRequest *req, op_mer
         sub.n_ops = p.node_n[j];
         sub.ops = p.node_ops[j];
         sent_node[nsent++] = j;
-        fan_send(f, router_chan(r, cmap_node_at(m, (uint32_t)j)->addr), "kv.Batch", cmap_epoch(m),
-                 &sub.base, dl);
+        const cmap_node *nd = cmap_node_at(m, (uint32_t)j);
+        if (cmap_get_health(m, j) == CMAP_HEALTH_DOWN) { /* failure detector: fail fast, hint */
+            char why[CMAP_MAX_ID + 64];
+            snprintf(why, sizeof(why), "node %s is down (failure detector)", nd->id);
+            atomic_fetch_add_explicit(&r->skipped_down, 1, memory_order_relaxed);
+            fan_skip(f, KV_UNAVAILABLE, why);
+            continue;
+        }
+        fan_send(f, router_chan(r, nd->addr), "kv.Batch", cmap_epoch(m), &sub.base, dl);
     }
     atomic_fetch_add_explicit(&r->forwards, (uint64_t)nsent, memory_order_relaxed);
     fan_wait(f, nsent, dl);
