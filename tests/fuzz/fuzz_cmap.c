@@ -17,12 +17,6 @@
 #include "fuzz_util.h"
 #include "shard/clustermap.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    fz_quiet();
-    return 0;
-}
-
 static void check_key(const cmap *m, const void *key, size_t klen)
 {
     uint32_t idx[CMAP_MAX_RF], pend[CMAP_MAX_RF];

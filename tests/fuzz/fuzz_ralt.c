@@ -124,12 +124,6 @@ static bool step(ralt *r, const char *dir, fz_in *in, bool damaged)
     }
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    fz_quiet();
-    return 0;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz_in in = {data, size};

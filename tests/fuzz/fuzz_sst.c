@@ -82,12 +82,6 @@ static void use(lsm_sst *s, const uint8_t *data, size_t size)
         free(ks.k[i]);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    fz_quiet();
-    return 0;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz_in in = {data, size};

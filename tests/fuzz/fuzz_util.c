@@ -71,6 +71,15 @@ void fz_quiet(void)
         kv_log_set_level((kv_log_level)(KV_LOG_ERROR + 1));
 }
 
+/* Weak: a harness that needs more setup defines its own (calling fz_quiet). */
+__attribute__((weak)) int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    fz_quiet();
+    return 0;
+}
+
 bool fz_strict(void)
 {
     const char *v = getenv("FUZZ_STRICT");

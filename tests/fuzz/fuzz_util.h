@@ -31,8 +31,10 @@ const uint8_t *fz_take(fz_in *in, size_t want, size_t *got);
 const uint8_t *fz_chunk(fz_in *in, size_t *len);
 
 /* Silences the project's logging (corrupt inputs log on every run) unless
- * FUZZ_LOG is set; call from LLVMFuzzerInitialize. */
+ * FUZZ_LOG is set. fuzz_util.c's weak LLVMFuzzerInitialize calls it; a
+ * harness with its own LLVMFuzzerInitialize calls it there. */
 void fz_quiet(void);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 /* The process's scratch directory (created on first use under $TMPDIR or
  * /tmp, removed at exit). */

@@ -95,12 +95,6 @@ static void check_append(lsm_vol *v, uint64_t flushed, recovered *a)
     free(b.segs);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    fz_quiet();
-    return 0;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz_in in = {data, size};
