@@ -9,7 +9,8 @@
 # defect of another module, reproducer in tests/fuzz/crashes/) is reported
 # as known and fuzzing goes on. Called by ./test.sh --fuzz SECONDS (which
 # installs clang first). FUZZ_STRICT=1 also checks the invariants of defects
-# filed for other modules (README.md); FUZZ_ONLY=NAME runs one harness.
+# filed for other modules (README.md); FUZZ_ONLY=NAME runs one harness;
+# FUZZ_KNOWN_MAX (20) known crashes end a harness's run early.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:?usage: tests/fuzz/run.sh SECONDS}"
@@ -58,7 +59,7 @@ run_one() {
       known=$((known + 1))
       [ -n "$artifact" ] && mv "$artifact" "$dir/fuzz-crashes/known/"
       echo "fuzz: $name: known crash ($m), going on" >&2
-      [ "$known" -ge 20 ] && break # enough of those: the time is better spent elsewhere
+      [ "$known" -ge "${FUZZ_KNOWN_MAX:-20}" ] && break # enough of those
       continue
     fi
     echo "fuzz: $name FAILED (exit $rc) after $runs executions; log $log" >&2
