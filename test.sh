@@ -8,6 +8,9 @@
 #                         tests/kv_testfw.h runs those without it), then cluster tests
 #                         of build/ (from ./test.sh) against the TSan-built kvnode,
 #                         kvrouter and kvctl: a data race there kills the process
+#   ./test.sh --fuzz SECONDS  libFuzzer harnesses (tests/fuzz, clang) built in build-fuzz/,
+#                         each run for SECONDS from its seed corpus; fails when one finds
+#                         a crash, a leak, an OOM or a hang, printing the reproducer
 # Extra arguments after `--` go to ctest (e.g. ./test.sh -- -R hotring).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,11 +20,20 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) mode=asan ;;
     --tsan) mode=tsan ;;
+    --fuzz)
+      mode=fuzz
+      fuzz_secs="${2:-}"
+      [[ "$fuzz_secs" =~ ^[0-9]+$ ]] || { echo "usage: $0 --fuzz SECONDS" >&2; exit 2; }
+      shift ;;
     --) shift; ctest_args=("$@"); break ;;
-    *) echo "usage: $0 [--sanitize|--tsan] [-- ctest args]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--sanitize|--tsan|--fuzz SECONDS] [-- ctest args]" >&2; exit 2 ;;
   esac
   shift
 done
+if [ "$mode" = fuzz ]; then
+  ./deploy/deps.sh --fuzz
+  exec tests/fuzz/run.sh "$fuzz_secs"
+fi
 ./deploy/deps.sh
 case "$mode" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;

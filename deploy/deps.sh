@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Installs the Debian packages hotkv builds and tests with (--runtime: only
-# what building and running the cluster needs). Used by run.sh and test.sh.
+# what building and running the cluster needs; --fuzz: also clang for the
+# libFuzzer harnesses). Used by run.sh and test.sh.
 # As root it runs apt-get; otherwise it prints the exact command.
 set -euo pipefail
 # Building and running the cluster (./run.sh, ./deps.sh --runtime):
@@ -12,6 +13,10 @@ KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev proto
 # the compose file.
 if [ "${1:-}" != --runtime ]; then
   KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 librocksdb-dev docker-compose)
+fi
+# ./test.sh --fuzz: clang and its runtimes (libFuzzer, ASan, UBSan).
+if [ "${1:-}" = --fuzz ]; then
+  KV_PACKAGES+=(clang libclang-rt-14-dev)
 fi
 missing=()
 for p in "${KV_PACKAGES[@]}"; do

@@ -215,6 +215,7 @@ static kv_err check_transition(const Kv__ClusterMap *pb, char *err, size_t errle
     if (!moving)
         return fail(err, errlen, "transition without a joining, leaving or reweighted node");
     const Kv__Transition *t = pb->transition;
+    char b[72]; /* stream ids are not validated: shown() keeps the message printable */
     for (size_t i = 0; i < t->n_streams; i++) {
         const Kv__StreamPlan *sp = t->streams[i];
         if (!sp || !sp->id || !sp->id[0] || !sp->source || !sp->target)
@@ -225,10 +226,12 @@ static kv_err check_transition(const Kv__ClusterMap *pb, char *err, size_t errle
             dst = dst || strcmp(pb->nodes[k]->id, sp->target) == 0;
         }
         if (!src || !dst)
-            return fail(err, errlen, "transition stream %s: unknown source or target", sp->id);
+            return fail(err, errlen, "transition stream \"%s\": unknown source or target",
+                        shown(sp->id, b));
         for (size_t r = 0; r < sp->n_ranges; r++)
             if (!sp->ranges[r])
-                return fail(err, errlen, "transition stream %s: missing range", sp->id);
+                return fail(err, errlen, "transition stream \"%s\": missing range",
+                            shown(sp->id, b));
     }
     return KV_OK;
 }

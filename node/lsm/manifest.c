@@ -375,6 +375,29 @@ static kv_err slurp(lsm_vol *v, const char *name, lsm_buf *out)
     return rv;
 }
 
+static int cmp_number(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* True when two live files share a number: one name on disk cannot be two
+ * files, and compacting one copy away would delete the other's data. */
+static bool numbers_repeat(const lsm_edit *st)
+{
+    uint64_t *n = malloc((st->nadd ? st->nadd : 1) * sizeof(*n));
+    if (!n)
+        return false; /* out of memory: let the open fail later, not here */
+    for (size_t i = 0; i < st->nadd; i++)
+        n[i] = st->adds[i]->number;
+    qsort(n, st->nadd, sizeof(*n), cmp_number);
+    bool dup = false;
+    for (size_t i = 1; i < st->nadd && !dup; i++)
+        dup = n[i] == n[i - 1];
+    free(n);
+    return dup;
+}
+
 static kv_err replay_manifest(lsm_vol *v, const char *name, const lsm_buf *b, lsm_recovered *out)
 {
     uint64_t off = 0;
@@ -406,6 +429,8 @@ static kv_err replay_manifest(lsm_vol *v, const char *name, const lsm_buf *b, ls
     }
     if (!out->state.has_next)
         return man_corrupt(v->dir, name, "no next-file number", off);
+    if (numbers_repeat(&out->state))
+        return man_corrupt(v->dir, name, "a file number listed twice", off);
     return KV_OK;
 }
 

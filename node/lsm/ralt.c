@@ -736,7 +736,10 @@ static kv_err add_buffer(ralt *r, ralt_ent *e, size_t n)
             e[m++] = e[i];
         }
     }
-    kv_err rv = merge_runs(r, r->nruns, e, m); /* a new run of the buffer alone */
+    /* a new run of the buffer alone; but when a full merge failed (FD full)
+     * and left the run array full, the buffer is merged with every run:
+     * another run would be written past the array */
+    kv_err rv = merge_runs(r, r->nruns <= RALT_MAX_RUNS ? r->nruns : 0, e, m);
     for (size_t i = 0; i < m; i++)
         free(e[i].key);
     free(e);

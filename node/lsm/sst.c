@@ -323,7 +323,7 @@ static kv_err sst_corrupt(const lsm_sst *s, const char *what)
 /* Reads [off, off+len) + crc into a new buffer and verifies it. */
 static kv_err read_checked(lsm_sst *s, uint64_t off, uint32_t len, uint8_t **out)
 {
-    if (off + len + 4 > s->size)
+    if (off > s->size || (uint64_t)len + 4 > s->size - off) /* no overflow with huge off */
         return sst_corrupt(s, "block past end of file");
     uint8_t *p = malloc((size_t)len + 4);
     if (!p)
@@ -343,7 +343,8 @@ static kv_err parse_index(lsm_sst *s, uint32_t len)
 {
     uint32_t n = 0;
     for (uint32_t at = 0; at < len; n++) {
-        if (len - at < 4 || len - at - 4 < lsm_get32(s->index + at) + 12u)
+        /* 64-bit sums: a key length near 2^32 must not wrap past the check */
+        if (len - at < 4 || (uint64_t)len - at - 4 < (uint64_t)lsm_get32(s->index + at) + 12)
             return sst_corrupt(s, "malformed index");
         at += 4 + lsm_get32(s->index + at) + 12;
     }
@@ -360,6 +361,9 @@ static kv_err parse_index(lsm_sst *s, uint32_t len)
         s->boff[i] = lsm_get64(p + 4 + s->bklen[i]);
         s->blen[i] = lsm_get32(p + 12 + s->bklen[i]);
         p += 16 + s->bklen[i];
+        /* a block must lie inside the file: readers allocate blen + 4 bytes */
+        if (s->boff[i] > s->size || (uint64_t)s->blen[i] + 4 > s->size - s->boff[i])
+            return sst_corrupt(s, "index names a block past the end of the file");
     }
     s->nblocks = n;
     return KV_OK;

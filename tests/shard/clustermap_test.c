@@ -158,6 +158,36 @@ Test(cmap, validation_errors_name_the_problem)
     cr_expect_eq(cmap_from_pb(NULL, &m, err, sizeof err), KV_INVALID_ARGUMENT);
 }
 
+/* Found by tests/fuzz/fuzz_cmap: a stream id is not validated, and the
+ * message naming it went raw into RPC statuses (proto3 strings). */
+Test(cmap, stream_ids_in_errors_are_printable)
+{
+    test_map t;
+    good_map(&t);
+    t.pb.n_nodes = 4;
+    t.nodes[3].state = KV__NODE_STATE__JOINING;
+    Kv__StreamPlan sp = KV__STREAM_PLAN__INIT, *spp = &sp;
+    Kv__Range *no_range = NULL;
+    sp.id = "s\xd1\xfe\x01";
+    sp.source = "n1";
+    sp.target = "nobody";
+    Kv__Transition tr = KV__TRANSITION__INIT;
+    tr.n_streams = 1;
+    tr.streams = &spp;
+    t.pb.transition = &tr;
+    for (int pass = 0; pass < 2; pass++) {
+        char err[256] = "";
+        cmap *m = NULL;
+        cr_assert_eq(cmap_from_pb(&t.pb, &m, err, sizeof err), KV_INVALID_ARGUMENT);
+        cr_expect(strstr(err, pass ? "missing range" : "unknown source") != NULL, "%s", err);
+        for (const char *c = err; *c; c++)
+            cr_assert(*c >= 0x20 && *c < 0x7f, "byte 0x%02x in \"%s\"", (unsigned char)*c, err);
+        sp.target = "n4"; /* then a range that is missing */
+        sp.n_ranges = 1;
+        sp.ranges = &no_range;
+    }
+}
+
 Test(cmap, weight_zero_and_vnodes_zero_default)
 {
     test_map t;

@@ -2,8 +2,8 @@
 /*
  * Unit tests of the LSM's on-disk pieces: CRC32C vectors, the bloom filter's
  * false-positive rate, SST write/read round trips (many blocks, big values,
- * both I/O paths), WAL round trip and torn-tail truncation, and MANIFEST
- * round trip.
+ * both I/O paths), SSTs whose checksummed metadata lies, WAL round trip
+ * and torn-tail truncation, and MANIFEST round trip and duplicate files.
  */
 #include "lsm_test_util.h"
 
@@ -149,6 +149,105 @@ Test(sst, bloom_false_positive_rate)
     cr_assert_lt(rate, 0.03, "false-positive rate %.4f", rate);
     lsm_file_unref(f);
     lsm_vol_fini(&v);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+/* ---- SSTs whose checksums are right but whose metadata lies (found by
+ * tests/fuzz/fuzz_sst: a footer or index naming ranges that wrap 64 or 32
+ * bits, or blocks past the end of the file) ---- */
+
+#define FOOTER 48
+
+/* A small valid SST 000009.sst in dir; returns its size. */
+static long small_sst(const char *dir)
+{
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, false), KV_OK);
+    lsm_sst_builder *b;
+    cr_assert_eq(lsm_sst_builder_open(&b, &v, 9, 256), KV_OK);
+    char k[32];
+    for (int i = 0; i < 50; i++) {
+        int n = sprintf(k, "key%04d", i);
+        lsm_rec r = {.key = k, .klen = (size_t)n, .value = "v", .vlen = 1, .type = LSM_PUT};
+        cr_assert_eq(lsm_sst_builder_add(b, &r), KV_OK);
+    }
+    lsm_file *f;
+    cr_assert_eq(lsm_sst_builder_finish(b, 0, &f), KV_OK);
+    lsm_file_unref(f);
+    lsm_vol_fini(&v);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/000009.sst", dir);
+    return lt_size(path);
+}
+
+/* Writes index (its CRC after it) at offset 0 of 000009.sst and points the
+ * footer at it as [ioff, ilen], with a valid footer CRC. */
+static void lie_in_index(const char *dir, uint64_t ioff, uint32_t ilen, const void *index, size_t n)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "%s/000009.sst", dir);
+    long size = lt_size(path);
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    uint8_t crc[4], f[FOOTER];
+    if (index) {
+        lsm_set32(crc, lsm_crc32c(0, index, n));
+        cr_assert_eq(pwrite(fd, index, n, 0), (ssize_t)n);
+        cr_assert_eq(pwrite(fd, crc, 4, (off_t)n), 4);
+    }
+    cr_assert_eq(pread(fd, f, FOOTER, size - FOOTER), FOOTER);
+    lsm_set64(f, ioff);
+    lsm_set32(f + 8, ilen);
+    lsm_set32(f + 44, lsm_crc32c(0, f, 44));
+    cr_assert_eq(pwrite(fd, f, FOOTER, size - FOOTER), FOOTER);
+    close(fd);
+}
+
+static kv_err open_lying_sst(const char *dir)
+{
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, false), KV_OK);
+    lsm_sst *s = NULL;
+    kv_err rv = lsm_sst_open(&v, 9, &s);
+    lsm_sst_close(s);
+    lsm_vol_fini(&v);
+    return rv;
+}
+
+Test(sst, footer_range_that_wraps_is_corrupt)
+{
+    char *dir = lt_mkdtemp("sstwrap");
+    cr_assert_gt(small_sst(dir), FOOTER);
+    /* off + len + 4 wraps to 0: the old check let a 4 GiB read through */
+    lie_in_index(dir, 0ull - 0xFFFFFFFFull - 4, 0xFFFFFFFFu, NULL, 0);
+    cr_assert_eq(open_lying_sst(dir), KV_DATA_LOSS);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+Test(sst, index_key_length_that_wraps_is_corrupt)
+{
+    char *dir = lt_mkdtemp("sstidx");
+    cr_assert_gt(small_sst(dir), FOOTER);
+    /* one entry whose key length + 16 wraps 32 bits back to the index end */
+    uint8_t index[8] = {0xf8, 0xff, 0xff, 0xff, 0, 0, 0, 0};
+    lie_in_index(dir, 0, sizeof(index), index, sizeof(index));
+    cr_assert_eq(open_lying_sst(dir), KV_DATA_LOSS);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+Test(sst, index_block_past_the_end_is_corrupt)
+{
+    char *dir = lt_mkdtemp("sstblk");
+    cr_assert_gt(small_sst(dir), FOOTER);
+    /* key "a", block at 0 of 0xFFFFFFF0 bytes: readers would allocate 4 GiB */
+    uint8_t index[17] = {1, 0, 0, 0, 'a'};
+    lsm_set64(index + 5, 0);
+    lsm_set32(index + 13, 0xFFFFFFF0u);
+    lie_in_index(dir, 0, sizeof(index), index, sizeof(index));
+    cr_assert_eq(open_lying_sst(dir), KV_DATA_LOSS);
     lt_rmrf(dir);
     free(dir);
 }
@@ -335,6 +434,40 @@ Test(manifest, roundtrip)
     lsm_file_unref(a);
     lsm_file_unref(b);
     lsm_file_unref(c);
+    lsm_vol_fini(&v);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+/* Found by tests/fuzz/fuzz_manifest: a MANIFEST naming one file number at two
+ * levels was accepted; compacting one copy away deleted the file the other
+ * still named, and the db that had opened and closed cleanly could not open
+ * again. It is corrupt at the first open now. */
+Test(manifest, a_number_listed_twice_is_corrupt)
+{
+    char *dir = lt_mkdtemp("mandup");
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, false), KV_OK);
+    lsm_edit snap = {.has_next = true, .next_file = 10};
+    lsm_file *a = mkfile(5, 0, "a", "m"), *b = mkfile(5, 2, "n", "z");
+    lsm_edit_add(&snap, a);
+    lsm_edit_add(&snap, b);
+    lsm_manifest *m;
+    cr_assert_eq(lsm_manifest_create(&m, &v, 9, &snap, 0), KV_OK);
+    lsm_recovered st;
+    cr_assert_eq(lsm_manifest_recover(&v, &st), KV_DATA_LOSS);
+    /* once an edit deletes one of them, the state is valid again */
+    lsm_edit mv = {0};
+    lsm_edit_del(&mv, 0, 5);
+    cr_assert_eq(lsm_manifest_append(m, &mv), KV_OK);
+    lsm_manifest_close(m);
+    cr_assert_eq(lsm_manifest_recover(&v, &st), KV_OK);
+    cr_assert_eq(st.state.nadd, 1);
+    lsm_edit_free(&st.state);
+    lsm_edit_free(&snap);
+    lsm_edit_free(&mv);
+    lsm_file_unref(a);
+    lsm_file_unref(b);
     lsm_vol_fini(&v);
     lt_rmrf(dir);
     free(dir);

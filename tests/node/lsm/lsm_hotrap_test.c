@@ -10,6 +10,8 @@
 
 #include "tests/kv_testfw.h"
 #include <math.h>
+#include <signal.h>
+#include <sys/resource.h>
 
 #include "common/hash.h"
 #include "node/lsm/lsm_int.h"
@@ -316,6 +318,43 @@ Test(ralt, a_corrupt_run_is_reported_and_the_table_relearns)
     acc(r, "again", 10);
     cr_assert_eq(ralt_flush(r), KV_OK);
     cr_assert(ralt_is_hot(r, "again", 5), "it learns again");
+    ralt_close_tmp(r);
+}
+
+/* Found by tests/fuzz/fuzz_ralt: a full merge that fails for another reason
+ * than a corrupt run (here the file size limit, as when FD is full) keeps
+ * the runs, RALT_MAX_RUNS + 1 of them, and the next buffer's run was then
+ * written past the end of the run array. */
+Test(ralt, a_failed_full_merge_does_not_overflow_the_runs)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 1 << 20, .buf_entries = 4, .disable_io_uring = true};
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
+    char k[16];
+    int n = 0;
+    ralt_stats st;
+    for (int run = 0; run < 8; run++) /* a full buffer is written as a run of its own */
+        for (int i = 0; i < 4; i++, n++)
+            snprintf(k, sizeof(k), "k%03d", n), acc(r, k, 10);
+    ralt_stats_get(r, &st);
+    cr_assert_eq(st.runs, 8);
+    struct rlimit old, lim;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 1024; /* a run of 4 keys fits, the merge of 36 does not */
+    signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 4; i++, n++)
+            snprintf(k, sizeof(k), "k%03d", n), acc(r, k, 10);
+        ralt_stats_get(r, &st);
+        cr_assert_eq(st.runs, 9, "round %d: %llu runs", round, (unsigned long long)st.runs);
+    }
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    cr_assert_eq(ralt_flush(r), KV_OK, "the full merge succeeds once there is room");
+    ralt_stats_get(r, &st);
+    cr_assert_eq(st.runs, 1);
+    cr_assert(ralt_is_hot(r, "k000", 4) == false); /* read once: tracked, not stable */
     ralt_close_tmp(r);
 }
 
