@@ -1,0 +1,454 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kallax store: opening (META, formatting a new block file, the journal's
+ * recovery, the scan that verifies every block and rebuilds the extent map
+ * and the counters, WAL replay), block reads with their retry and repair
+ * path, point lookups (one home-block read in the common case, the spill
+ * blocks under move_lock otherwise) and batched ones, the WAL calls, and
+ * statistics. The flush and the journal are in flush.c, the iterator in
+ * iter.c; kallax.h has the design.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "node/kallax/kallax_int.h"
+
+#define META_MAGIC 0x314d584bu /* "KXM1" */
+#define META_SLOT 512u
+#define META_LEN 48u
+#define SCAN_BLOCKS 256u
+
+void kallax_opts_default(kallax_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->probe = 8;
+    o->inline_max = 2048;
+    o->sync = LSM_SYNC_ALWAYS;
+    o->sync_ms = 5;
+    o->journal_blocks = 4096;
+}
+
+/* ---- META ---- */
+
+static void meta_encode(const kallax *kx, uint64_t seq, uint64_t flushed, uint8_t *p)
+{
+    memset(p, 0, META_LEN);
+    lsm_set32(p, META_MAGIC);
+    lsm_set64(p + 8, seq);
+    lsm_set64(p + 16, kx->o.blocks);
+    lsm_set32(p + 24, kx->o.probe);
+    lsm_set32(p + 28, kx->o.inline_max);
+    lsm_set64(p + 32, flushed);
+    lsm_set32(p + 4, lsm_crc32c(0, p + 8, META_LEN - 8));
+}
+
+kv_err kx_meta_write(kallax *kx, uint64_t flushed)
+{
+    uint8_t p[META_LEN];
+    uint64_t seq = kx->meta_seq + 1;
+    meta_encode(kx, seq, flushed, p);
+    kv_err rv = lsm_vol_write(&kx->vol, kx->meta_fd, p, META_LEN, (seq % 2) * META_SLOT, true);
+    if (rv != KV_OK) {
+        KV_ERROR(KX_LOG, "%s/META: write: %s", kx->vol.dir, kv_strerror(rv));
+        return rv;
+    }
+    kx->meta_seq = seq;
+    kx->flushed_seq = flushed;
+    atomic_store(&kx->flushed_pub, flushed);
+    return KV_OK;
+}
+
+/* Reads the newer valid META slot into kx (geometry checked against o). */
+static kv_err meta_read(kallax *kx)
+{
+    uint8_t buf[2 * META_SLOT] = {0};
+    ssize_t n = pread(kx->meta_fd, buf, sizeof(buf), 0);
+    const uint8_t *best = NULL;
+    for (int i = 0; i < 2 && n > 0; i++) {
+        const uint8_t *p = buf + i * META_SLOT;
+        if (lsm_get32(p) == META_MAGIC && lsm_get32(p + 4) == lsm_crc32c(0, p + 8, META_LEN - 8) &&
+            (!best || lsm_get64(p + 8) > lsm_get64(best + 8)))
+            best = p;
+    }
+    if (!best) {
+        KV_ERROR(KX_LOG, "%s/META: no valid slot (corrupt)", kx->vol.dir);
+        return KV_DATA_LOSS;
+    }
+    uint64_t blocks = lsm_get64(best + 16);
+    unsigned probe = lsm_get32(best + 24), inl = lsm_get32(best + 28);
+    if ((kx->o.blocks && kx->o.blocks != blocks) || (kx->o.probe && kx->o.probe != probe) ||
+        (kx->o.inline_max && kx->o.inline_max != inl)) {
+        KV_ERROR(KX_LOG,
+                 "%s: the store has %llu blocks, probe %u, inline_max %u; the options ask for "
+                 "%llu blocks (--kallax-blocks), probe %u, inline_max %u",
+                 kx->vol.dir, (unsigned long long)blocks, probe, inl,
+                 (unsigned long long)kx->o.blocks, kx->o.probe, kx->o.inline_max);
+        return KV_INVALID_ARGUMENT;
+    }
+    kx->o.blocks = blocks;
+    kx->o.probe = probe;
+    kx->o.inline_max = inl;
+    kx->meta_seq = lsm_get64(best + 8);
+    kx->flushed_seq = lsm_get64(best + 32);
+    atomic_store(&kx->flushed_pub, kx->flushed_seq);
+    return KV_OK;
+}
+
+static int open_file(kallax *kx, const char *name, int flags)
+{
+    int fd = lsm_vol_open(&kx->vol, name, flags);
+    if (fd < 0)
+        KV_ERROR(KX_LOG, "open %s/%s: %s", kx->vol.dir, name, strerror(-fd));
+    return fd;
+}
+
+/* A new store: BLOCKS written as empty blocks, EXTENTS and JOURNAL empty,
+ * META last (its presence says the store exists). */
+static kv_err create_store(kallax *kx)
+{
+    uint8_t *chunk = malloc((size_t)SCAN_BLOCKS * KALLAX_BLOCK);
+    if (!chunk)
+        return KV_RESOURCE_EXHAUSTED;
+    kv_err rv = KV_OK;
+    for (uint64_t b = 0; b < kx->nblocks && rv == KV_OK; b += SCAN_BLOCKS) {
+        uint64_t n = kx->nblocks - b < SCAN_BLOCKS ? kx->nblocks - b : SCAN_BLOCKS;
+        for (uint64_t i = 0; i < n; i++) {
+            kx_block_init(chunk + i * KALLAX_BLOCK);
+            kx_block_seal(chunk + i * KALLAX_BLOCK, b + i);
+        }
+        rv = lsm_vol_write(&kx->vol, kx->blocks_fd, chunk, (size_t)n * KALLAX_BLOCK,
+                           b * KALLAX_BLOCK, false);
+    }
+    free(chunk);
+    if (rv == KV_OK)
+        rv = lsm_vol_fsync(&kx->vol, kx->blocks_fd);
+    if (rv == KV_OK)
+        rv = kx_meta_write(kx, 0);
+    if (rv == KV_OK)
+        rv = lsm_vol_syncdir(&kx->vol);
+    if (rv != KV_OK)
+        KV_ERROR(KX_LOG, "%s: cannot create the store: %s", kx->vol.dir, kv_strerror(rv));
+    else
+        KV_INFO(KX_LOG, "%s: created a store of %llu blocks (+%u probe blocks)", kx->vol.dir,
+                (unsigned long long)kx->o.blocks, kx->o.probe);
+    return rv;
+}
+
+static kv_err open_files(kallax *kx)
+{
+    kx->lock_fd = open_file(kx, "LOCK", O_RDWR | O_CREAT);
+    if (kx->lock_fd < 0)
+        return lsm_errno(-kx->lock_fd);
+    if (flock(kx->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        KV_ERROR(KX_LOG, "%s/LOCK is held by another handle or process", kx->vol.dir);
+        return errno == EWOULDBLOCK ? KV_FAILED_PRECONDITION : KV_INTERNAL;
+    }
+    kx->meta_fd = lsm_vol_open(&kx->vol, "META", O_RDWR);
+    bool fresh = kx->meta_fd == -ENOENT;
+    if (fresh && !kx->o.blocks) {
+        KV_ERROR(KX_LOG, "%s: a new store needs its size (blocks, --kallax-blocks)", kx->vol.dir);
+        return KV_INVALID_ARGUMENT;
+    }
+    if (fresh)
+        kx->meta_fd = open_file(kx, "META", O_RDWR | O_CREAT);
+    if (kx->meta_fd < 0)
+        return lsm_errno(-kx->meta_fd);
+    kv_err rv = fresh ? KV_OK : meta_read(kx);
+    if (rv != KV_OK)
+        return rv;
+    kx->nblocks = kx->o.blocks + kx->o.probe;
+    int flags = O_RDWR | (fresh ? O_CREAT | O_TRUNC : 0);
+    if ((kx->blocks_fd = open_file(kx, "BLOCKS", flags)) < 0 ||
+        (kx->ext_fd = open_file(kx, "EXTENTS", flags | O_CREAT)) < 0 ||
+        (kx->journal_fd = open_file(kx, "JOURNAL", flags | O_CREAT)) < 0)
+        return KV_INTERNAL;
+    return fresh ? create_store(kx) : KV_OK;
+}
+
+/* ---- the open scan ---- */
+
+/* Verifies a chunk of blocks and adds them to the counters and extents. */
+static kv_err scan_chunk(kallax *kx, uint64_t b, uint64_t n, uint8_t *buf)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint8_t *img = buf + i * KALLAX_BLOCK;
+        if (kx_block_check(img, b + i) != KV_OK) {
+            KV_ERROR(KX_LOG,
+                     "%s/BLOCKS: block %llu is corrupt (checksum); reads of its keys "
+                     "fail with DATA_LOSS",
+                     kx->vol.dir, (unsigned long long)(b + i));
+            atomic_fetch_add(&kx->corrupt, 1);
+            continue;
+        }
+        kx_sum s;
+        kx_block_sum(kx, img, b + i, &s);
+        kx_count(kx, &s, 1);
+        size_t off = KX_HDR;
+        for (unsigned r = 0; r < kx_block_count(img); r++) {
+            kx_slot sl;
+            kx_block_next(img, &off, &sl);
+            if (sl.seqno > atomic_load(&kx->last_seq))
+                atomic_store(&kx->last_seq, sl.seqno);
+            kv_err rv = sl.flags & KX_F_EXTENT
+                            ? kx_ext_mark(&kx->ext, sl.ext_page, kx_ext_pages(sl.vlen))
+                            : KV_OK;
+            if (rv != KV_OK)
+                return rv;
+        }
+    }
+    return KV_OK;
+}
+
+static kv_err scan(kallax *kx)
+{
+    uint8_t *buf = malloc((size_t)SCAN_BLOCKS * KALLAX_BLOCK);
+    if (!buf)
+        return KV_RESOURCE_EXHAUSTED;
+    kv_err rv = KV_OK;
+    for (uint64_t b = 0; b < kx->nblocks && rv == KV_OK; b += SCAN_BLOCKS) {
+        uint64_t n = kx->nblocks - b < SCAN_BLOCKS ? kx->nblocks - b : SCAN_BLOCKS;
+        rv =
+            lsm_vol_pread(&kx->vol, kx->blocks_fd, buf, (size_t)n * KALLAX_BLOCK, b * KALLAX_BLOCK);
+        if (rv == KV_DATA_LOSS)
+            KV_ERROR(KX_LOG, "%s/BLOCKS is shorter than its %llu blocks", kx->vol.dir,
+                     (unsigned long long)kx->nblocks);
+        if (rv == KV_OK)
+            rv = scan_chunk(kx, b, n, buf);
+    }
+    free(buf);
+    return rv;
+}
+
+void kx_count(kallax *kx, const kx_sum *s, int sign)
+{
+    uint64_t m = sign > 0 ? 1 : (uint64_t)-1;
+    atomic_fetch_add(&kx->records, s->records * m);
+    atomic_fetch_add(&kx->tombstones, s->tombstones * m);
+    atomic_fetch_add(&kx->used_bytes, s->used * m);
+    atomic_fetch_add(&kx->spilled, s->spilled * m);
+}
+
+/* ---- open / close ---- */
+
+typedef struct replay_arg {
+    kallax *kx;
+    lsm_replay_fn fn;
+    void *arg;
+} replay_arg;
+
+static kv_err check_opts(const kallax_opts *o)
+{
+    const char *bad = !o->dir                       ? "dir"
+                      : o->blocks > (1ull << 40)    ? "blocks (--kallax-blocks)"
+                      : o->probe > KALLAX_MAX_PROBE ? "probe (0..64)"
+                      : o->inline_max && (o->inline_max < 64 || o->inline_max > KX_PAYLOAD)
+                          ? "inline_max (64..4080)"
+                      : !o->journal_blocks ? "journal_blocks"
+                                           : NULL;
+    if (bad)
+        KV_ERROR(KX_LOG, "bad option: %s", bad);
+    return bad ? KV_INVALID_ARGUMENT : KV_OK;
+}
+
+static kv_err open_wal(kallax *kx, lsm_replay_fn fn, void *arg)
+{
+    lsm_wal_seg *segs = NULL;
+    size_t nsegs = 0;
+    uint64_t max_seq = 0, max_number = 0;
+    kv_err rv =
+        lsm_wal_recover(&kx->vol, kx->flushed_seq, fn, arg, &segs, &nsegs, &max_seq, &max_number);
+    if (rv != KV_OK)
+        return rv;
+    if (max_seq > atomic_load(&kx->last_seq))
+        atomic_store(&kx->last_seq, max_seq);
+    if (kx->flushed_seq > atomic_load(&kx->last_seq))
+        atomic_store(&kx->last_seq, kx->flushed_seq);
+    lsm_opts lo;
+    lsm_opts_default(&lo);
+    lo.sync = kx->o.sync;
+    lo.sync_ms = kx->o.sync_ms;
+    kx->wal_number = max_number + 2;
+    rv = lsm_wal_open(&kx->wal, &kx->vol, &lo, max_number + 1, segs, nsegs);
+    if (rv != KV_OK)
+        free(segs);
+    return rv;
+}
+
+static kallax *kx_new(const kallax_opts *o)
+{
+    kallax *kx = calloc(1, sizeof(*kx));
+    if (!kx)
+        return NULL;
+    kx->o = *o;
+    kx->o.sync_ms = o->sync_ms ? o->sync_ms : 5;
+    kx->blocks_fd = kx->ext_fd = kx->journal_fd = kx->meta_fd = kx->lock_fd = -1;
+    pthread_mutex_init(&kx->flush_mu, NULL);
+    pthread_mutex_init(&kx->jmu, NULL);
+    pthread_rwlock_init(&kx->move_lock, NULL);
+    for (unsigned i = 0; i < KX_STRIPES; i++)
+        pthread_rwlock_init(&kx->stripes[i], NULL);
+    return kx;
+}
+
+kv_err kallax_open(kallax **out, const kallax_opts *o, lsm_replay_fn fn, void *arg)
+{
+    kv_err rv = check_opts(o);
+    kallax *kx = rv == KV_OK ? kx_new(o) : NULL;
+    if (rv != KV_OK || !kx)
+        return rv != KV_OK ? rv : KV_RESOURCE_EXHAUSTED;
+    uint64_t applied = 0;
+    rv = lsm_vol_init(&kx->vol, o->dir, LSM_TIER_FD, !o->disable_io_uring);
+    if (rv == KV_OK)
+        rv = open_files(kx);
+    if (rv == KV_OK)
+        rv = kx_ext_init(&kx->ext, 0);
+    if (rv == KV_OK)
+        rv = kx_journal_recover(kx, &applied);
+    if (rv == KV_OK)
+        rv = scan(kx);
+    if (rv == KV_OK)
+        rv = open_wal(kx, fn, arg);
+    if (rv != KV_OK) {
+        kallax_close(kx);
+        return rv;
+    }
+    KV_INFO(KX_LOG,
+            "%s: %llu records in %llu blocks (%llu spilled, %llu corrupt), %llu journal "
+            "images applied, flushed seqno %llu",
+            o->dir, (unsigned long long)atomic_load(&kx->records), (unsigned long long)kx->o.blocks,
+            (unsigned long long)atomic_load(&kx->spilled),
+            (unsigned long long)atomic_load(&kx->corrupt), (unsigned long long)applied,
+            (unsigned long long)kx->flushed_seq);
+    *out = kx;
+    return KV_OK;
+}
+
+void kallax_close(kallax *kx)
+{
+    if (!kx)
+        return;
+    lsm_wal_close(kx->wal);
+    int fds[] = {kx->blocks_fd, kx->ext_fd, kx->journal_fd, kx->meta_fd, kx->lock_fd};
+    for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    if (kx->ext.bits)
+        kx_ext_fini(&kx->ext);
+    lsm_vol_fini(&kx->vol);
+    free(kx->jblocks);
+    pthread_mutex_destroy(&kx->flush_mu);
+    pthread_mutex_destroy(&kx->jmu);
+    pthread_rwlock_destroy(&kx->move_lock);
+    for (unsigned i = 0; i < KX_STRIPES; i++)
+        pthread_rwlock_destroy(&kx->stripes[i]);
+    free(kx);
+}
+
+/* ---- block I/O ---- */
+
+static _Thread_local bool tl_in_flush;
+
+void kx_flush_lock(kallax *kx)
+{
+    pthread_mutex_lock(&kx->flush_mu);
+    tl_in_flush = true;
+}
+
+void kx_flush_unlock(kallax *kx)
+{
+    tl_in_flush = false;
+    pthread_mutex_unlock(&kx->flush_mu);
+}
+
+kv_err kx_write_block(kallax *kx, uint64_t blk, const uint8_t *img)
+{
+    pthread_rwlock_t *s = &kx->stripes[blk % KX_STRIPES];
+    pthread_rwlock_wrlock(s);
+    kv_err rv =
+        lsm_vol_write(&kx->vol, kx->blocks_fd, img, KALLAX_BLOCK, blk * KALLAX_BLOCK, false);
+    pthread_rwlock_unlock(s);
+    atomic_fetch_add_explicit(&kx->block_writes, 1, memory_order_relaxed);
+    if (rv != KV_OK)
+        KV_ERROR(KX_LOG, "%s/BLOCKS: write of block %llu: %s", kx->vol.dir, (unsigned long long)blk,
+                 kv_strerror(rv));
+    return rv;
+}
+
+/* The block failed its check twice: the last journal round may hold it. */
+static kv_err repair(kallax *kx, uint64_t blk, uint8_t *img)
+{
+    kv_err rv = kx_journal_lookup(kx, blk, img);
+    if (rv == KV_OK && (rv = kx_write_block(kx, blk, img)) == KV_OK &&
+        (rv = lsm_vol_fsync(&kx->vol, kx->blocks_fd)) == KV_OK) {
+        KV_WARN(KX_LOG, "%s/BLOCKS: block %llu was corrupt; rewritten from the journal",
+                kx->vol.dir, (unsigned long long)blk);
+        atomic_fetch_add(&kx->repaired, 1);
+        return KV_OK;
+    }
+    KV_ERROR(KX_LOG,
+             "%s/BLOCKS: block %llu is corrupt (checksum) and no journal holds it: "
+             "DATA_LOSS for its records",
+             kx->vol.dir, (unsigned long long)blk);
+    atomic_fetch_add(&kx->corrupt, 1);
+    return KV_DATA_LOSS;
+}
+
+kv_err kx_check_read(kallax *kx, uint64_t blk, uint8_t *img)
+{
+    if (kx_block_check(img, blk) == KV_OK)
+        return KV_OK;
+    atomic_fetch_add_explicit(&kx->retries, 1, memory_order_relaxed);
+    pthread_rwlock_t *s = &kx->stripes[blk % KX_STRIPES];
+    pthread_rwlock_rdlock(s); /* no write of this block runs now */
+    kv_err rv = lsm_vol_pread(&kx->vol, kx->blocks_fd, img, KALLAX_BLOCK, blk * KALLAX_BLOCK);
+    pthread_rwlock_unlock(s);
+    if (rv == KV_OK && kx_block_check(img, blk) == KV_OK)
+        return KV_OK;
+    if (rv != KV_OK && rv != KV_DATA_LOSS)
+        return rv;
+    bool mine = !tl_in_flush;
+    if (mine)
+        kx_flush_lock(kx); /* no journal round or flush meanwhile */
+    rv = repair(kx, blk, img);
+    if (mine)
+        kx_flush_unlock(kx);
+    return rv;
+}
+
+kv_err kx_read_block(kallax *kx, uint64_t blk, uint8_t *img)
+{
+    atomic_fetch_add_explicit(&kx->block_reads, 1, memory_order_relaxed);
+    kv_err rv = lsm_vol_pread(&kx->vol, kx->blocks_fd, img, KALLAX_BLOCK, blk * KALLAX_BLOCK);
+    if (rv != KV_OK && rv != KV_DATA_LOSS) {
+        KV_ERROR(KX_LOG, "%s/BLOCKS: read of block %llu: %s", kx->vol.dir, (unsigned long long)blk,
+                 kv_strerror(rv));
+        return rv;
+    }
+    if (rv == KV_DATA_LOSS)
+        memset(img, 0, KALLAX_BLOCK); /* short read: fails the check */
+    return kx_check_read(kx, blk, img);
+}
+
+kv_err kx_ext_read(kallax *kx, const kx_slot *s, lsm_rec *out)
+{
+    uint8_t *v = malloc(s->vlen ? s->vlen : 1);
+    if (!v)
+        return KV_RESOURCE_EXHAUSTED;
+    kv_err rv =
+        lsm_vol_pread(&kx->vol, kx->ext_fd, v, s->vlen, s->ext_page * (uint64_t)KALLAX_BLOCK);
+    if (rv == KV_OK && lsm_crc32c(0, v, s->vlen) != s->ext_crc)
+        rv = KV_DATA_LOSS;
+    if (rv != KV_OK) {
+        free(v);
+        return rv;
+    }
+    out->value = v;
+    return KV_OK;
+}
