@@ -34,18 +34,24 @@
  *  KALLAX_MAX_KEY (1024) bytes: kallax's key limit (INVALID_ARGUMENT beyond).
  *
  *  Spill: linear probing. A record goes to the first block of its window
- *  home, home+1, ..., home+P (P = opts.probe, default 8) with room; an update
+ *  home, home+1, ..., home+P (P = opts.probe, default 16) with room; an update
  *  that still fits stays where it is, one that no longer fits moves to a
  *  later block of the window (never an earlier one). The home block's spill
- *  byte is the farthest distance at which a record of that home lives, so a
- *  lookup reads the home block, and the next `spill` blocks only when the key
- *  is not in it. The common case (one read) holds while the file is below
- *  about 70% full by bytes (records of ~1 KiB: ~3 per block; measured by the
- *  `kallax.spilled` statistic and the spill test): at that load most homes
- *  fit their records, past it spills grow fast. When a record finds no room
- *  in its whole window, the flush fails with RESOURCE_EXHAUSTED and a message
- *  naming the block and --kallax-blocks (nothing of it is written; the
- *  engine keeps the records dirty and the WAL keeps them).
+ *  byte is an upper bound of the distance at which a record of that home
+ *  lives (made exact when a flush has the whole window loaded), so a lookup
+ *  reads the home block, and the next `spill` blocks only when the key is
+ *  not in it. How often the common case (one read) holds depends on the
+ *  load by bytes and on how many records a block holds (measured, P = 16,
+ *  keys of 8 bytes, 4000 blocks): 100-byte values (~30 per block): no record
+ *  spilled at 60% load, 0.3% at 71%, a window full first at 89%; 1 KiB
+ *  values (3 per block): 2.8% spilled at 25% load, 6.9% at 38%, 10% at 45%,
+ *  a window full first at 57% (51% with P = 8). So size N for a load of
+ *  about 25% with KiB records and 60% with small ones: on a compressing
+ *  drive the empty space costs almost no physical space, which is the
+ *  design's premise. When a record finds no room in its whole window, the
+ *  flush fails with RESOURCE_EXHAUSTED and a message naming the block and
+ *  --kallax-blocks (nothing of it is written; the engine keeps the records
+ *  dirty and the WAL keeps them).
  *
  *  Extents: a record whose header + key + value exceeds opts.inline_max
  *  (default 2048, at most a block's payload) keeps its value in EXTENTS,

@@ -28,7 +28,7 @@
 void kallax_opts_default(kallax_opts *o)
 {
     memset(o, 0, sizeof(*o));
-    o->probe = 8;
+    o->probe = 16;
     o->inline_max = 2048;
     o->sync = LSM_SYNC_ALWAYS;
     o->sync_ms = 5;
