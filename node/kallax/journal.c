@@ -21,7 +21,8 @@
 #include "common/log.h"
 #include "node/kallax/kallax_int.h"
 
-#define J_MAGIC 0x314a584bu /* "KXJ1" */
+#define J_MAGIC 0x314a584bu   /* "KXJ1": a round not known to be in place yet */
+#define J_APPLIED 0x414a584bu /* "KXJA": its images are in place (kept for repairs) */
 #define J_FIXED 32u
 
 static uint64_t hdr_pages(uint64_t count)
@@ -78,6 +79,18 @@ static kv_err journal_write(kallax *kx, kx_tblock **bs, size_t n)
     return rv;
 }
 
+/* The round's images are synced in place: open need not copy them again
+ * (not synced: a crash before the mark reaches the disk only makes open
+ * copy them once more, which changes nothing). */
+static void mark_applied(kallax *kx)
+{
+    uint8_t m[4];
+    lsm_set32(m, J_APPLIED);
+    if (lsm_vol_write(&kx->vol, kx->journal_fd, m, sizeof(m), 0, false) != KV_OK)
+        KV_WARN(KX_LOG, "%s/JOURNAL: cannot mark the round applied (open copies it again)",
+                kx->vol.dir);
+}
+
 /* One round: journal, then in place in descending block order, fsync. */
 static kv_err round_commit(kx_tab *t, kx_tblock **bs, size_t n)
 {
@@ -95,6 +108,8 @@ static kv_err round_commit(kx_tab *t, kx_tblock **bs, size_t n)
         pthread_rwlock_unlock(&kx->move_lock);
     if (rv == KV_OK)
         rv = lsm_vol_fsync(&kx->vol, kx->blocks_fd);
+    if (rv == KV_OK)
+        mark_applied(kx);
     for (size_t i = 0; rv == KV_OK && i < n; i++) {
         kx_sum s;
         kx_block_sum(kx, bs[i]->orig, bs[i]->blk, &s);
@@ -201,12 +216,13 @@ kv_err kx_commit(kx_tab *t, uint64_t flushed)
 
 /* Reads and checks the journal: KV_OK with *buf (header + images) and *n,
  * NOT_FOUND when there is no complete round. */
-static kv_err journal_read(kallax *kx, uint8_t **buf, uint64_t *n, uint64_t *hdr)
+static kv_err journal_read(kallax *kx, uint8_t **buf, uint64_t *n, uint64_t *hdr, bool *applied)
 {
     uint8_t first[KALLAX_BLOCK];
     if (lsm_vol_pread(&kx->vol, kx->journal_fd, first, sizeof(first), 0) != KV_OK ||
-        lsm_get32(first) != J_MAGIC)
+        (lsm_get32(first) != J_MAGIC && lsm_get32(first) != J_APPLIED))
         return KV_NOT_FOUND;
+    *applied = lsm_get32(first) == J_APPLIED;
     uint64_t cnt = lsm_get64(first + 8), h = lsm_get64(first + 16);
     if (cnt > kx->nblocks || h != hdr_pages(cnt))
         return KV_NOT_FOUND;
@@ -238,7 +254,8 @@ kv_err kx_journal_recover(kallax *kx, uint64_t *applied)
 {
     uint8_t *b = NULL;
     uint64_t n = 0, h = 0;
-    kv_err rv = journal_read(kx, &b, &n, &h);
+    bool done = false;
+    kv_err rv = journal_read(kx, &b, &n, &h, &done);
     *applied = 0;
     if (rv == KV_NOT_FOUND)
         return KV_OK;
@@ -247,14 +264,17 @@ kv_err kx_journal_recover(kallax *kx, uint64_t *applied)
         rv = KV_RESOURCE_EXHAUSTED;
     for (uint64_t i = 0; rv == KV_OK && i < n; i++) {
         blks[i] = lsm_get64(b + J_FIXED + 8 * i);
-        rv = kx_write_block(kx, blks[i], b + (h + i) * KALLAX_BLOCK);
+        if (!done)
+            rv = kx_write_block(kx, blks[i], b + (h + i) * KALLAX_BLOCK);
     }
-    if (rv == KV_OK)
+    if (rv == KV_OK && !done)
         rv = lsm_vol_fsync(&kx->vol, kx->blocks_fd);
+    if (rv == KV_OK && !done)
+        mark_applied(kx);
     if (rv == KV_OK)
         rv = remember(kx, blks, (size_t)n, h);
     if (rv == KV_OK)
-        *applied = n;
+        *applied = done ? 0 : n;
     free(blks);
     free(b);
     return rv;

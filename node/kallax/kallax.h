@@ -131,7 +131,7 @@ typedef struct kallax_opts {
     unsigned sync_ms;    /* LSM_SYNC_BATCH period, default 5 */
     bool disable_io_uring;
     uint64_t tombstone_grace_ms; /* as lsm_opts */
-    unsigned journal_blocks;     /* block images per journal round, default 4096 */
+    unsigned journal_blocks;     /* block images per journal round (its size), default 1024 */
 } kallax_opts;
 
 /* Fills o with the defaults above (dir NULL, blocks 0). */

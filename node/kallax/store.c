@@ -32,7 +32,7 @@ void kallax_opts_default(kallax_opts *o)
     o->inline_max = 2048;
     o->sync = LSM_SYNC_ALWAYS;
     o->sync_ms = 5;
-    o->journal_blocks = 4096;
+    o->journal_blocks = 1024;
 }
 
 /* ---- META ---- */
@@ -179,14 +179,11 @@ static kv_err scan_chunk(kallax *kx, uint64_t b, uint64_t n, uint8_t *buf)
 {
     for (uint64_t i = 0; i < n; i++) {
         uint8_t *img = buf + i * KALLAX_BLOCK;
-        if (kx_block_check(img, b + i) != KV_OK) {
-            KV_ERROR(KX_LOG,
-                     "%s/BLOCKS: block %llu is corrupt (checksum); reads of its keys "
-                     "fail with DATA_LOSS",
-                     kx->vol.dir, (unsigned long long)(b + i));
-            atomic_fetch_add(&kx->corrupt, 1);
-            continue;
-        }
+        kv_err rv = kx_check_read(kx, b + i, img); /* repaired from the journal if there */
+        if (rv == KV_DATA_LOSS)
+            continue; /* logged and counted: its keys read as DATA_LOSS */
+        if (rv != KV_OK)
+            return rv;
         kx_sum s;
         kx_block_sum(kx, img, b + i, &s);
         kx_count(kx, &s, 1);
@@ -196,9 +193,8 @@ static kv_err scan_chunk(kallax *kx, uint64_t b, uint64_t n, uint8_t *buf)
             kx_block_next(img, &off, &sl);
             if (sl.seqno > atomic_load(&kx->last_seq))
                 atomic_store(&kx->last_seq, sl.seqno);
-            kv_err rv = sl.flags & KX_F_EXTENT
-                            ? kx_ext_mark(&kx->ext, sl.ext_page, kx_ext_pages(sl.vlen))
-                            : KV_OK;
+            rv = sl.flags & KX_F_EXTENT ? kx_ext_mark(&kx->ext, sl.ext_page, kx_ext_pages(sl.vlen))
+                                        : KV_OK;
             if (rv != KV_OK)
                 return rv;
         }
