@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Internals of kallax shared by its files and tests: the block image codec
- * (block.c), block I/O and lookups (store.c), extents (extent.c), the flush
- * with its journal and the cleanup (flush.c), the iterator (iter.c).
+ * Internals of kallax shared by its files and tests: opening, block I/O and
+ * the block image codec (store.c), lookups and the iterator (read.c), the
+ * flush, extents and the cleanup (flush.c), the journal and the commit
+ * through it (journal.c).
  */
 #ifndef KV_NODE_KALLAX_KALLAX_INT_H
 #define KV_NODE_KALLAX_KALLAX_INT_H
@@ -23,7 +24,7 @@
 #define KX_F_EXTENT 0x2u
 #define KX_STRIPES 4096u
 
-/* ---- block images (block.c) ---- */
+/* ---- block images (store.c) ---- */
 
 /* One record as stored in a block; key/value point into the image (value
  * is the extent reference when ext). */
@@ -70,7 +71,7 @@ void kx_block_sum(const kallax *kx, const uint8_t *img, uint64_t blk, kx_sum *ou
 /* Pages an extent of len bytes takes. */
 uint64_t kx_ext_pages(uint64_t len);
 
-/* ---- the store (store.c) ---- */
+/* ---- the store (store.c, read.c) ---- */
 
 typedef struct kx_extmap {
     pthread_mutex_t mu;
@@ -130,7 +131,7 @@ void kx_count(kallax *kx, const kx_sum *s, int sign);
 /* Writes META slot (seq % 2) with the flushed seqno and fdatasyncs it. */
 kv_err kx_meta_write(kallax *kx, uint64_t flushed);
 
-/* ---- extents (extent.c) ---- */
+/* ---- extents (flush.c) ---- */
 
 kv_err kx_ext_init(kx_extmap *m, uint64_t npages);
 void kx_ext_fini(kx_extmap *m);
