@@ -114,6 +114,13 @@ void kx_flush_unlock(kallax *kx);
  * lock, then repaired from the journal if it holds the block; DATA_LOSS
  * (logged with file and block) otherwise. */
 kv_err kx_read_block(kallax *kx, uint64_t blk, uint8_t *img);
+/* move_lock shared for reading several blocks consistently. While it is
+ * held, a block that needs a repair from the journal makes the read return
+ * KV_UNAVAILABLE: release the lock, call kx_repair_deferred (KV_OK: the
+ * block is repaired, read again; or the read's error) and start over. */
+void kx_move_read_lock(kallax *kx);
+void kx_move_read_unlock(kallax *kx);
+kv_err kx_repair_deferred(kallax *kx);
 /* Verifies an image read without the lock (kx_read_block's retry path). */
 kv_err kx_check_read(kallax *kx, uint64_t blk, uint8_t *img);
 /* Writes one block image in place under its stripe lock (no fsync). */

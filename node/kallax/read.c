@@ -50,7 +50,7 @@ static kv_err find_spilled(kallax *kx, uint64_t h, uint8_t *img, const void *key
                            lsm_rec *out)
 {
     bool found = false;
-    pthread_rwlock_rdlock(&kx->move_lock);
+    kx_move_read_lock(kx);
     kv_err rv = kx_read_block(kx, h, img);
     if (rv == KV_OK)
         rv = find_in(kx, img, key, klen, out, &found);
@@ -61,7 +61,9 @@ static kv_err find_spilled(kallax *kx, uint64_t h, uint8_t *img, const void *key
         if (rv == KV_OK)
             rv = find_in(kx, img, key, klen, out, &found);
     }
-    pthread_rwlock_unlock(&kx->move_lock);
+    kx_move_read_unlock(kx);
+    if (rv == KV_UNAVAILABLE && (rv = kx_repair_deferred(kx)) == KV_OK)
+        rv = KV_ABORTED; /* repaired: look again */
     return rv != KV_OK ? rv : found ? KV_OK : KV_NOT_FOUND;
 }
 
@@ -262,6 +264,7 @@ kv_err kallax_stats_get(kallax *kx, kallax_stats *out)
 typedef struct irec {
     lsm_rec r;
     uint64_t home;
+    bool refetch; /* its extent failed its crc: look it up again */
 } irec;
 
 struct kallax_iter {
@@ -321,7 +324,8 @@ static int irec_cmp(const void *a, const void *b)
     return x->r.seqno > y->r.seqno ? -1 : x->r.seqno < y->r.seqno;
 }
 
-/* Copies slot s (home h) into the chunk's records. */
+/* Copies slot s (home h) into the chunk's records; an extent that fails its
+ * crc (replaced meanwhile, or corrupt) is left for refetch(). */
 static kv_err take(kallax_iter *it, const kx_slot *s, uint64_t h)
 {
     if (it->n == it->cap) {
@@ -334,32 +338,52 @@ static kv_err take(kallax_iter *it, const kx_slot *s, uint64_t h)
     }
     irec *x = &it->recs[it->n];
     kv_err rv = kx_slot_copy(s, &x->r);
-    if (rv == KV_OK && (s->flags & KX_F_EXTENT)) {
-        kv_err e = kx_ext_read(it->kx, s, &x->r);
-        if (e != KV_OK) { /* replaced meanwhile, or corrupt: look the key up afresh */
-            lsm_rec fresh;
-            e = kx_lookup(it->kx, s->key, s->klen, NULL, &fresh);
-            lsm_rec_free(&x->r);
-            if (e == KV_OK)
-                x->r = fresh;
-            rv = e;
-        }
-    }
+    x->refetch = false;
+    if (rv == KV_OK && (s->flags & KX_F_EXTENT) && kx_ext_read(it->kx, s, &x->r) != KV_OK)
+        x->refetch = true;
     if (rv == KV_OK) {
         x->home = h;
         it->n++;
     }
-    return rv == KV_NOT_FOUND ? KV_OK : rv;
+    return rv;
 }
 
-/* Reads the chunk of homes [h0, h0 + CHUNK) and keeps their records. */
-static kv_err load_chunk(kallax_iter *it, uint64_t h0)
+/* Looks the records up again whose extent failed (outside move_lock). */
+static kv_err refetch(kallax_iter *it)
+{
+    kv_err rv = KV_OK;
+    size_t m = 0;
+    for (size_t i = 0; i < it->n; i++) {
+        irec *x = &it->recs[i];
+        if (rv == KV_OK && x->refetch) {
+            lsm_rec fresh;
+            rv = kx_lookup(it->kx, x->r.key, x->r.klen, NULL, &fresh);
+            lsm_rec_free(&x->r);
+            if (rv == KV_NOT_FOUND) { /* removed meanwhile */
+                rv = KV_OK;
+                continue;
+            }
+            if (rv != KV_OK)
+                continue;
+            x->r = fresh;
+        } else if (rv != KV_OK) {
+            lsm_rec_free(&x->r);
+            continue;
+        }
+        it->recs[m++] = *x;
+    }
+    it->n = m;
+    return rv;
+}
+
+/* Reads the blocks of homes [h0, hend) and their probe window under
+ * move_lock and copies out the records of those homes. */
+static kv_err read_chunk(kallax_iter *it, uint64_t h0, uint64_t hend)
 {
     kallax *kx = it->kx;
-    uint64_t hend = h0 + CHUNK < kx->o.blocks ? h0 + CHUNK : kx->o.blocks;
     uint64_t nb = hend - h0 + kx->o.probe;
     drop_recs(it);
-    pthread_rwlock_rdlock(&kx->move_lock);
+    kx_move_read_lock(kx);
     kv_err rv = lsm_vol_pread(&kx->vol, kx->blocks_fd, it->buf, (size_t)nb * KALLAX_BLOCK,
                               h0 * KALLAX_BLOCK);
     if (rv == KV_DATA_LOSS)
@@ -378,7 +402,24 @@ static kv_err load_chunk(kallax_iter *it, uint64_t h0)
                 rv = take(it, &s, h);
         }
     }
-    pthread_rwlock_unlock(&kx->move_lock);
+    kx_move_read_unlock(kx);
+    return rv;
+}
+
+/* Reads the chunk of homes [h0, h0 + CHUNK) and keeps their records, sorted,
+ * one per key. */
+static kv_err load_chunk(kallax_iter *it, uint64_t h0)
+{
+    kallax *kx = it->kx;
+    uint64_t hend = h0 + CHUNK < kx->o.blocks ? h0 + CHUNK : kx->o.blocks;
+    kv_err rv = KV_UNAVAILABLE;
+    for (int tries = 0; rv == KV_UNAVAILABLE && tries < 3; tries++)
+        if ((rv = read_chunk(it, h0, hend)) == KV_UNAVAILABLE &&
+            (rv = kx_repair_deferred(kx)) == KV_OK)
+            rv = KV_UNAVAILABLE; /* repaired: read the chunk again */
+    rv = rv == KV_UNAVAILABLE ? KV_DATA_LOSS : rv;
+    if (rv == KV_OK)
+        rv = refetch(it);
     it->next_home = hend;
     if (rv == KV_OK && it->n)
         qsort(it->recs, it->n, sizeof(*it->recs), irec_cmp);

@@ -358,6 +358,31 @@ void kallax_close(kallax *kx)
 /* ---- block I/O ---- */
 
 static _Thread_local bool tl_in_flush;
+/* Set while this thread holds move_lock shared: a repair (which takes
+ * flush_mu, held by a flush that may wait for move_lock) is left to the
+ * caller once it released the lock (kx_repair_deferred). */
+static _Thread_local bool tl_defer;
+static _Thread_local uint64_t tl_defer_blk;
+
+void kx_move_read_lock(kallax *kx)
+{
+    pthread_rwlock_rdlock(&kx->move_lock);
+    tl_defer = true;
+}
+
+void kx_move_read_unlock(kallax *kx)
+{
+    tl_defer = false;
+    pthread_rwlock_unlock(&kx->move_lock);
+}
+
+kv_err kx_repair_deferred(kallax *kx)
+{
+    uint8_t *img = malloc(KALLAX_BLOCK);
+    kv_err rv = img ? kx_read_block(kx, tl_defer_blk, img) : KV_RESOURCE_EXHAUSTED;
+    free(img);
+    return rv;
+}
 
 void kx_flush_lock(kallax *kx)
 {
@@ -417,6 +442,10 @@ kv_err kx_check_read(kallax *kx, uint64_t blk, uint8_t *img)
         return KV_OK;
     if (rv != KV_OK && rv != KV_DATA_LOSS)
         return rv;
+    if (tl_defer) {
+        tl_defer_blk = blk;
+        return KV_UNAVAILABLE;
+    }
     bool mine = !tl_in_flush;
     if (mine)
         kx_flush_lock(kx); /* no journal round or flush meanwhile */
