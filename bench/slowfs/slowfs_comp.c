@@ -56,15 +56,32 @@ bool sfs_comp_on(void)
     return g.kind != SFS_COMP_NONE;
 }
 
+/* Per-thread zstd contexts, freed when their FUSE thread exits. */
+static pthread_key_t zc_key;
+static pthread_once_t zc_once = PTHREAD_ONCE_INIT;
+
+static void zc_free(void *p)
+{
+    ZSTD_freeCCtx(p);
+}
+
+static void zc_init(void)
+{
+    pthread_key_create(&zc_key, zc_free);
+}
+
 static size_t compress_block(const uint8_t *src, size_t n)
 {
-    static __thread ZSTD_CCtx *zc;
     char dst[BLK + 512];
     if (g.kind == SFS_COMP_LZ4) {
         int r = LZ4_compress_default((const char *)src, dst, (int)n, (int)sizeof(dst));
         return r > 0 && (size_t)r < n ? (size_t)r : n;
     }
-    if (!zc && !(zc = ZSTD_createCCtx()))
+    pthread_once(&zc_once, zc_init);
+    ZSTD_CCtx *zc = pthread_getspecific(zc_key);
+    if (!zc && (zc = ZSTD_createCCtx()) != NULL)
+        pthread_setspecific(zc_key, zc);
+    if (!zc)
         return n;
     size_t r = ZSTD_compressCCtx(zc, dst, sizeof(dst), src, n, 1);
     return ZSTD_isError(r) || r >= n ? n : r;

@@ -36,7 +36,8 @@ static kv_err remember(kallax *kx, const uint64_t *blks, size_t n, uint64_t hdr)
     uint64_t *copy = malloc((n ? n : 1) * sizeof(*copy));
     if (!copy)
         return KV_RESOURCE_EXHAUSTED;
-    memcpy(copy, blks, n * sizeof(*copy));
+    if (n)
+        memcpy(copy, blks, n * sizeof(*copy));
     pthread_mutex_lock(&kx->jmu);
     free(kx->jblocks);
     kx->jblocks = copy;
