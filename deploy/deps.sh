@@ -9,10 +9,12 @@ set -euo pipefail
 KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler
   liburing-dev liburcu-dev libxxhash-dev libinih-dev)
 # and the tests and benchmarks (./test.sh): Criterion, the slow-volume
-# emulator (FUSE), RocksDB for the tier benchmark, docker-compose to check
+# emulator (FUSE; LZ4 and zstd for its transparent-compression model), RocksDB
+# for the tier benchmark, docker-compose to check
 # the compose file.
 if [ "${1:-}" != --runtime ]; then
-  KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 librocksdb-dev docker-compose)
+  KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 liblz4-dev libzstd-dev librocksdb-dev
+    docker-compose)
 fi
 # ./test.sh --fuzz: clang and its runtimes (libFuzzer, ASan, UBSan).
 if [ "${1:-}" = --fuzz ]; then

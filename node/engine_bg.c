@@ -449,6 +449,7 @@ void engine_lsm_stats(engine *e, rpc_statlist *l)
     rpc_stats_add(l, "lsm.compact_read_bytes", "%llu", (unsigned long long)s.compact_read_bytes);
     rpc_stats_add(l, "lsm.compact_write_bytes", "%llu", (unsigned long long)s.compact_write_bytes);
     rpc_stats_add(l, "lsm.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
+    rpc_stats_add(l, "lsm.index_mem_bytes", "%llu", (unsigned long long)s.index_mem_bytes);
     uint64_t lsm_reads = s.reads_fd + s.reads_sd;
     rpc_stats_add(l, "hotrap", "%s", s.hotrap ? "on" : "off");
     rpc_stats_add(l, "hotrap.fd_hit_rate", "%.4f",

@@ -23,8 +23,11 @@
 typedef struct sfs_cli {
     char *backing;
     long read_lat_us, write_lat_us, iops, mbps, burst_ms, threads;
+    int compress; /* index into compress_choices */
     char *mountpoint;
 } sfs_cli;
+
+static const char *const compress_choices[] = {"none", "lz4", "zstd", NULL};
 
 /* The parsed option set; it owns the strings it set until exit. */
 static kv_optset opt_set;
@@ -51,6 +54,10 @@ static kv_err parse(sfs_cli *c, int argc, char **argv)
         {"burst-ms", KV_OPT_INT, &c->burst_ms, "budget an idle device may bank", NULL, 0, 10000},
         {"threads", KV_OPT_INT, &c->threads, "max FUSE worker threads (queue depth)", NULL, 1,
          1024},
+        {"compress", KV_OPT_ENUM, &c->compress,
+         "none|lz4|zstd: report physical bytes as the compressed size of each 4 KiB block "
+         "stored (a drive with transparent compression)",
+         compress_choices},
     };
     kv_opt *copy = malloc(sizeof(table)); /* the set outlives this frame */
     if (!copy)
@@ -145,9 +152,11 @@ int main(int argc, char **argv)
     s.dev.mbps = c.mbps;
     s.dev.burst_ms = c.burst_ms;
     sfs_dev_init(&s.dev);
+    sfs_comp_init((sfs_compress)c.compress);
     prctl(PR_SET_TIMERSLACK, 1UL); /* sleeps of tens of us stay accurate */
     int rc = serve(&s, &c, argv[0]);
     sfs_dev_report(&s.dev, "slowfs");
+    sfs_comp_report("slowfs");
     close(s.backing_fd);
     return rc;
 }

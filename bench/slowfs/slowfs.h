@@ -15,6 +15,7 @@
 #include <fuse3/fuse.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,24 @@ void sfs_dev_delay(sfs_dev *d, sfs_kind kind, size_t bytes);
 void sfs_dev_init(sfs_dev *d);
 /* One line of counters (for the exit report). */
 void sfs_dev_report(sfs_dev *d, const char *prefix);
+
+/* Transparent compression (slowfs_comp.c, --compress): physical bytes are
+ * the compressed sizes of the 4 KiB blocks stored. Every call is a no-op
+ * with SFS_COMP_NONE; all are thread-safe. */
+typedef enum sfs_compress { SFS_COMP_NONE, SFS_COMP_LZ4, SFS_COMP_ZSTD } sfs_compress;
+void sfs_comp_init(sfs_compress kind);
+/* True when a compression model is on (backing files are then opened
+ * read-write, so written blocks can be read back). */
+bool sfs_comp_on(void);
+/* After a write of len bytes at off to the backing file fd. */
+void sfs_comp_write(int fd, off_t off, size_t len);
+/* After the backing file fd was truncated to size. */
+void sfs_comp_truncate(int fd, off_t size);
+/* Before rel (relative to dirfd) is unlinked or renamed over: forgets its
+ * blocks when this is its last link. */
+void sfs_comp_forget(int dirfd, const char *rel);
+/* One line: compress=, logical_bytes=, physical_bytes=, compressed_write_bytes=. */
+void sfs_comp_report(const char *prefix);
 
 /* The state the operations share (fuse_get_context()->private_data). */
 typedef struct sfs_state {

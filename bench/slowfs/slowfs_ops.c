@@ -113,12 +113,15 @@ static int sfs_rmdir(const char *path)
 
 static int sfs_unlink(const char *path)
 {
+    sfs_comp_forget(st()->backing_fd, rel(path));
     RET(unlinkat(st()->backing_fd, rel(path), 0));
 }
 
 static int sfs_rename(const char *from, const char *to, unsigned int flags)
 {
     int fd = st()->backing_fd;
+    if (!(flags & RENAME_EXCHANGE))
+        sfs_comp_forget(fd, rel(to)); /* replaced by the rename */
     if (flags)
         RET(renameat2(fd, rel(from), fd, rel(to), flags));
     RET(renameat(fd, rel(from), fd, rel(to)));
@@ -138,13 +141,14 @@ static int sfs_chmod(const char *path, mode_t mode, struct fuse_file_info *fi)
 
 static int sfs_truncate(const char *path, off_t size, struct fuse_file_info *fi)
 {
-    if (fi)
-        RET(ftruncate((int)fi->fh, size));
-    int fd = openat(st()->backing_fd, rel(path), O_WRONLY | O_CLOEXEC);
+    int fd = fi ? (int)fi->fh : openat(st()->backing_fd, rel(path), O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return -errno;
     int rv = ftruncate(fd, size) < 0 ? -errno : 0;
-    close(fd);
+    if (rv == 0)
+        sfs_comp_truncate(fd, size);
+    if (!fi)
+        close(fd);
     return rv;
 }
 
@@ -159,7 +163,10 @@ static int sfs_utimens(const char *path, const struct timespec tv[2], struct fus
  * slowfs already bypasses the page cache above itself (direct_io). */
 static int open_flags(int flags)
 {
-    return (flags & ~(O_DIRECT | O_NOFOLLOW)) | O_CLOEXEC;
+    flags = (flags & ~(O_DIRECT | O_NOFOLLOW)) | O_CLOEXEC;
+    if (sfs_comp_on() && (flags & O_ACCMODE) == O_WRONLY) /* the model reads written blocks */
+        flags = (flags & ~O_ACCMODE) | O_RDWR;
+    return flags;
 }
 
 static int sfs_open(const char *path, struct fuse_file_info *fi)
@@ -202,6 +209,7 @@ static int sfs_write(const char *path, const char *buf, size_t size, off_t off,
     ssize_t n = pwrite((int)fi->fh, buf, size, off);
     if (n < 0)
         return -errno;
+    sfs_comp_write((int)fi->fh, off, (size_t)n);
     atomic_fetch_add_explicit(&d->writes, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&d->write_bytes, (uint64_t)n, memory_order_relaxed);
     return (int)n;
@@ -244,10 +252,15 @@ static int sfs_fsyncdir(const char *path, int datasync, struct fuse_file_info *f
     RET(fsync(dirfd((DIR *)(uintptr_t)fi->fh)));
 }
 
+/* Punched or zeroed ranges change what the blocks hold: measured again. */
 static int sfs_fallocate(const char *path, int mode, off_t off, off_t len,
                          struct fuse_file_info *fi)
 {
-    RET(fallocate((int)fi->fh, mode, off, len));
+    if (fallocate((int)fi->fh, mode, off, len) < 0)
+        return -errno;
+    if (mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE))
+        sfs_comp_write((int)fi->fh, off, (size_t)len);
+    return 0;
 }
 
 const struct fuse_operations sfs_ops = {

@@ -202,6 +202,9 @@ static void hk_stats(void *h, tb_stats *out)
     const char *ret = stat_value(&l, "hotrap.retained_records");
     out->have_hotrap = prom && ret;
     out->promoted = prom ? strtoull(prom, NULL, 10) : 0;
+    const char *imem = stat_value(&l, "lsm.index_mem_bytes");
+    out->have_index_mem = imem != NULL;
+    out->index_mem = imem ? strtoull(imem, NULL, 10) : 0;
     out->retained = ret ? strtoull(ret, NULL, 10) : 0;
     hk_hotrap(k, &l);
     hk_levels(k, &l);

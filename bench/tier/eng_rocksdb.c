@@ -333,6 +333,10 @@ static void rk_stats(void *h, tb_stats *out)
     out->reads_sd = atomic_load(&r->reads_sd);
     out->reads_miss = atomic_load(&r->reads_miss);
     out->sd_read_bytes = atomic_load(&r->sd_read_bytes);
+    uint64_t imem = 0; /* index and filter blocks of the open files (no cache for them) */
+    out->have_index_mem =
+        rocksdb_property_int(r->db, "rocksdb.estimate-table-readers-mem", &imem) == 0;
+    out->index_mem = imem;
 }
 
 static bool rk_settled(void *h)

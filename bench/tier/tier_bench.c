@@ -24,14 +24,15 @@
 #include "common/opts.h"
 
 static const tb_engine *const engines[] = {
-    &tb_hotkv_engine,           &tb_hotkv_nohotrap_engine,
+    &tb_hotkv_engine,           &tb_hotkv_nohotrap_engine, &tb_kallax_engine,
 #ifdef KV_TIER_HAVE_ROCKSDB
     &tb_rocksdb_tiering_engine, &tb_rocksdb_fd_engine,     &tb_rocksdb_sd_engine,
 #endif
 };
 #define NENGINES (sizeof(engines) / sizeof(engines[0]))
 
-static const char *const workload_choices[] = {"RO", "RW", "WH", "UH", "C", "A", NULL};
+static const char *const workload_choices[] = {"RO", "RW", "WH", "UH", "C",
+                                               "A",  "B",  "D",  "F",  NULL};
 static const char *const sync_choices[] = {"always", "batch", "none", NULL};
 static const char *const onoff_choices[] = {"on", "off", NULL};
 /* read, update, insert shares per tb_workload */
@@ -39,14 +40,17 @@ static const double mixes[TB_NWORKLOADS][3] = {
     [TB_RO] = {1.0, 0.0, 0.0}, [TB_RW] = {0.5, 0.0, 0.5}, [TB_WH] = {0.1, 0.0, 0.9},
     [TB_UH] = {0.5, 0.5, 0.0}, [TB_C] = {1.0, 0.0, 0.0},  [TB_A] = {0.5, 0.5, 0.0},
 };
+/* the YCSB workloads whose mix and distribution come from bench/workload.c */
+static const wl_workload ycsb_own[TB_NWORKLOADS] = {[TB_B] = WL_B, [TB_D] = WL_D, [TB_F] = WL_F};
 
 kv_err tb_model(const tb_opts *o, uint64_t offset, wl_model *m, char *err, size_t errlen)
 {
     wl_config c = o->wl;
     c.workload = o->workload_idx == TB_A || o->workload_idx == TB_UH ? WL_A : WL_C;
+    c.workload = ycsb_own[o->workload_idx] ? ycsb_own[o->workload_idx] : c.workload;
     c.offset = offset;
     kv_err rv = wl_model_init(m, &c, err, errlen);
-    if (rv != KV_OK)
+    if (rv != KV_OK || ycsb_own[o->workload_idx])
         return rv;
     m->read = mixes[o->workload_idx][0];
     m->update = mixes[o->workload_idx][1];
@@ -88,13 +92,15 @@ static kv_err check_opts(tb_opts *o, const tb_engine **eng, char *err, size_t er
             *eng = engines[i];
     if (!*eng) {
         snprintf(err, errlen,
-                 "--engine: '%s' is not hotkv, hotkv-nohotrap, rocksdb-tiering, rocksdb-fd or "
-                 "rocksdb-sd (or this build has no RocksDB)",
+                 "--engine: '%s' is not hotkv, hotkv-nohotrap, kallax, rocksdb-tiering, "
+                 "rocksdb-fd or rocksdb-sd (or this build has no RocksDB)",
                  o->engine_name);
         return KV_INVALID_ARGUMENT;
     }
-    if (!o->fast_dir || (!o->slow_dir && strcmp(o->engine_name, "rocksdb-fd") != 0)) {
-        snprintf(err, errlen, "--fast-dir and --slow-dir are required");
+    bool one_volume = !strcmp(o->engine_name, "rocksdb-fd") || !strcmp(o->engine_name, "kallax") ||
+                      !strncmp(o->engine_name, "hotkv", 5); /* hotkv: every level on FD */
+    if (!o->fast_dir || (!o->slow_dir && !one_volume)) {
+        snprintf(err, errlen, "--fast-dir is required, and --slow-dir for %s", o->engine_name);
         return KV_INVALID_ARGUMENT;
     }
     if (!(o->seconds > 0) || o->warmup < 0 || o->shift_at < 0 || o->shift_at >= o->seconds) {
@@ -154,7 +160,9 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
 {
     const kv_opt table[] = {
         {"engine", KV_OPT_STR, &o->engine_name,
-         "hotkv|hotkv-nohotrap|rocksdb-tiering|rocksdb-fd|rocksdb-sd"},
+         "hotkv|hotkv-nohotrap|kallax|rocksdb-tiering|rocksdb-fd|rocksdb-sd"},
+        {"kallax-blocks", KV_OPT_INT, &o->kallax_blocks,
+         "kallax: home blocks of the store (0 = four times the loaded bytes)", NULL, 0, 1L << 40},
         {"fast-dir", KV_OPT_STR, &o->fast_dir, "fast volume directory (FD)"},
         {"slow-dir", KV_OPT_STR, &o->slow_dir, "slow volume directory (SD)"},
         {"fast-mb", KV_OPT_INT, &o->fast_mb, "FD capacity for LSM levels, MiB", NULL, 1, 1L << 24},
@@ -167,7 +175,7 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
          NULL, 1, 4096},
         {"records", KV_OPT_INT, &o->records, "records loaded", NULL, 1, 1L << 34},
         {"value-size", KV_OPT_INT, &o->value_size, "value bytes", NULL, 1, 1L << 20},
-        {"workload", KV_OPT_ENUM, &o->workload_idx, "RO|RW|WH|UH|C|A", workload_choices},
+        {"workload", KV_OPT_ENUM, &o->workload_idx, "RO|RW|WH|UH|C|A|B|D|F", workload_choices},
         {"dist", KV_OPT_STR, &o->dist_name, "hotspotX|zipfT|uniform (e.g. hotspot5, zipf0.99)"},
         {"threads", KV_OPT_INT, &o->threads, "worker threads (load and run)", NULL, 1, 256},
         {"seconds", KV_OPT_DOUBLE, &o->seconds, "timed phase"},
@@ -240,6 +248,16 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
                                "\"shift_recovery\":%s,\"recovery_s\":%s",
                                o->shift_at, steady, end, ratio, rec);
     }
+    char imem[32], imem_key[32], avg[32], cpu[32];
+    jnum(imem, sizeof(imem), a->have_index_mem ? (double)a->index_mem : -1);
+    jnum(imem_key, sizeof(imem_key),
+         a->have_index_mem ? (double)a->index_mem / (double)o->records : -1);
+    jnum(avg, sizeof(avg), ran ? r->avg_get_us : -1);
+    jnum(cpu, sizeof(cpu), ran ? r->cpu_us_per_op : -1);
+    off += (size_t)snprintf(extra + off, sizeof(extra) - off,
+                            ",\"avg_get_us\":%s,\"cpu_us_per_op\":%s,\"index_mem_bytes\":%s,"
+                            "\"index_mem_per_key\":%s",
+                            avg, cpu, imem, imem_key);
     eng->json_extra(h, extra + off, sizeof(extra) - off);
     printf(
         "{\"engine\":\"%s\",\"workload\":\"%s\",\"dist\":\"%s\",\"records\":%ld,"

@@ -20,7 +20,20 @@
 #include "kv/kv_err.h"
 
 /* The workloads of the HotRAP paper plus YCSB C and A (see tier_bench.c). */
-typedef enum tb_workload { TB_RO, TB_RW, TB_WH, TB_UH, TB_C, TB_A, TB_NWORKLOADS } tb_workload;
+/* B, D and F are YCSB's own mixes (D reads the latest inserts, F reads
+ * then writes the same key). */
+typedef enum tb_workload {
+    TB_RO,
+    TB_RW,
+    TB_WH,
+    TB_UH,
+    TB_C,
+    TB_A,
+    TB_B,
+    TB_D,
+    TB_F,
+    TB_NWORKLOADS
+} tb_workload;
 typedef enum tb_sync { TB_SYNC_ALWAYS, TB_SYNC_BATCH, TB_SYNC_NONE } tb_sync;
 
 typedef struct tb_opts {
@@ -29,6 +42,7 @@ typedef struct tb_opts {
     long fast_mb, mem_mb, write_buffer_mb;
     long tracker_mb; /* RocksDB: block cache += this (hotkv's RALT memory, equal budgets) */
     long records, value_size, threads, trace_ops, seed;
+    long kallax_blocks; /* kallax: the store's home blocks, 0 = from records and value size */
     double seconds, warmup, shift_at, progress_s, settle_s;
     int workload_idx, dist_idx, sync_idx;
     long sync_ms;
@@ -47,6 +61,8 @@ typedef struct tb_stats {
     double write_amp; /* bytes written / user bytes, < 0 unknown */
     bool have_hotrap; /* promoted/retained are meaningful */
     uint64_t promoted, retained;
+    bool have_index_mem; /* index_mem is meaningful */
+    uint64_t index_mem;  /* memory that grows with the keys: index blocks, filters */
 } tb_stats;
 
 typedef struct tb_engine {
@@ -74,6 +90,7 @@ typedef struct tb_engine {
 
 extern const tb_engine tb_hotkv_engine, tb_hotkv_nohotrap_engine;
 extern const tb_engine tb_rocksdb_tiering_engine, tb_rocksdb_fd_engine, tb_rocksdb_sd_engine;
+extern const tb_engine tb_kallax_engine;
 
 /* Reads at one moment of a phase (seconds since its start). */
 typedef struct tb_hit_sample {
@@ -90,6 +107,8 @@ typedef struct tb_result {
     double run_s, ops_per_s;
     uint64_t ops, gets, gets_found, puts;
     double p50_get_us, p99_get_us, p999_get_us, p50_put_us, p99_put_us;
+    double avg_get_us;      /* mean read latency of the timed phase */
+    double cpu_us_per_op;   /* process CPU (user + system, getrusage) per op, timed phase */
     tb_stats before, after; /* engine stats at the start and end of the timed phase; after
                              * the load (and settling) under --load-only */
     /* --shift-at: FD hit rate from the start of the timed phase to the

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "bench/tier/tier_bench.h"
@@ -42,7 +43,7 @@ typedef struct worker {
     size_t n;
     _Atomic uint64_t done; /* ops so far (progress), any phase */
     _Atomic bool finished; /* the thread returned */
-    uint64_t ops, gets, found, puts, version;
+    uint64_t ops, gets, found, puts, version, get_ns;
     hist hget, hput;
     kv_err rv;
     unsigned char *val;
@@ -134,6 +135,7 @@ static kv_err do_op(worker *w, wl_op op, bool measuring)
         uint64_t t1 = kv_now_ns();
         if (measuring) {
             w->hget.n[bucket_of(t1 - t0)]++;
+            w->get_ns += t1 - t0;
             w->gets++;
             w->found += found;
         }
@@ -428,9 +430,11 @@ static kv_err make_traces(const tb_opts *o, worker *ws)
 static void merge(const tb_opts *o, worker *ws, tb_result *res, double run_s)
 {
     hist hg, hp;
+    uint64_t get_ns = 0;
     memset(&hg, 0, sizeof(hg));
     memset(&hp, 0, sizeof(hp));
     for (long t = 0; t < o->threads; t++) {
+        get_ns += ws[t].get_ns;
         res->ops += ws[t].ops;
         res->gets += ws[t].gets;
         res->gets_found += ws[t].found;
@@ -442,6 +446,7 @@ static void merge(const tb_opts *o, worker *ws, tb_result *res, double run_s)
     }
     res->run_s = run_s;
     res->ops_per_s = (double)res->ops / run_s;
+    res->avg_get_us = res->gets ? (double)get_ns / (double)res->gets / 1000.0 : 0.0;
     res->p50_get_us = hist_quantile_us(&hg, 0.50);
     res->p99_get_us = hist_quantile_us(&hg, 0.99);
     res->p999_get_us = hist_quantile_us(&hg, 0.999);
@@ -468,6 +473,15 @@ static void settle(const tb_opts *o, const tb_engine *eng, void *h, tb_result *r
     res->settle_s = (double)(kv_now_ns() - t0) / 1e9;
 }
 
+/* User + system CPU seconds of the process so far (every thread). */
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
 /* Warm-up, then the timed phase with engine stats around it. */
 static kv_err measure(const tb_opts *o, const tb_engine *eng, void *h, worker *ws, tb_result *res)
 {
@@ -482,14 +496,17 @@ static kv_err measure(const tb_opts *o, const tb_engine *eng, void *h, worker *w
     if (rv != KV_OK)
         return rv;
     eng->stats(h, &res->before);
+    double cpu0 = cpu_s();
     uint64_t t0 = kv_now_ns();
     atomic_store(&g_run.phase, PH_MEASURE);
     watch(o, ws, "run", o->seconds, &rl);
     atomic_store(&g_run.phase, PH_STOP);
     double run_s = (double)(kv_now_ns() - t0) / 1e9;
     rv = join_threads(o, ws);
+    double cpu = cpu_s() - cpu0;
     eng->stats(h, &res->after);
     merge(o, ws, res, run_s);
+    res->cpu_us_per_op = res->ops ? cpu * 1e6 / (double)res->ops : 0.0;
     shift_result(o, &rl, res);
     free(rl.s);
     return rv;

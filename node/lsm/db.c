@@ -952,6 +952,8 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
         out->levels[l].bytes = lsm_level_bytes(v, l);
         out->levels[l].target_bytes = l ? db->target[l] : 0;
         out->levels[l].volume = db->level_tier[l];
+        for (size_t i = 0; i < v->nfiles[l]; i++)
+            out->index_mem_bytes += lsm_sst_mem(v->files[l][i]->sst);
     }
     lsm_version_unref(v);
     lsm_vol_counters(&db->vols[0], &out->fd);

@@ -334,7 +334,8 @@ typedef struct lsm_stats {
     uint64_t compact_read_bytes, compact_write_bytes, compactions;
     double write_amp; /* (WAL + flush + compaction bytes written) / user_bytes */
     uint64_t flushed_seqno, last_seqno, flush_generation;
-    bool io_uring; /* true when I/O goes through io_uring */
+    uint64_t index_mem_bytes; /* memory of the open SSTs' readers: index, bloom, block table */
+    bool io_uring;            /* true when I/O goes through io_uring */
     /* HotRAP (zero when off). FD hit rate = reads_fd / (reads_fd + reads_sd). */
     bool hotrap;
     uint64_t promoted_recs, promoted_bytes;  /* installed by the promotion buffer */

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,4 +222,72 @@ Test(slowfs, sigint_unmounts)
     child = -1;
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
     cr_assert(!mounted());
+}
+
+/* Writes nblk 4 KiB blocks to path: each starts with fill bytes of noise
+ * and is zero after them (fill 4096: incompressible). */
+static void write_blocks(const char *path, int nblk, size_t fill)
+{
+    char *buf = calloc((size_t)nblk, 4096);
+    uint64_t x = 88172645463325252ull;
+    for (int b = 0; b < nblk; b++)
+        for (size_t i = 0; i < fill; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf[(size_t)b * 4096 + i] = (char)x;
+        }
+    write_file(path, buf, (size_t)nblk * 4096);
+    free(buf);
+}
+
+/* The numbers of the compress line of the exit report. */
+static void comp_report(const char *kind, unsigned long long *logical, unsigned long long *physical)
+{
+    char line[512], want[64];
+    snprintf(want, sizeof(want), "slowfs: compress=%s ", kind);
+    FILE *f = fopen(in(base, "log"), "r");
+    bool found = false;
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, want, strlen(want)))
+            found = sscanf(line + strlen(want), "logical_bytes=%llu physical_bytes=%llu", logical,
+                           physical) == 2;
+    if (f)
+        fclose(f);
+    cr_assert(found, "no '%s' report line in %s/log", want, base);
+}
+
+Test(slowfs, compress_reports_physical_bytes)
+{
+    skip_without_fuse();
+    start("--compress lz4");
+    write_blocks(in(mnt, "sparse"), 64, 100); /* mostly empty blocks, like kallax's */
+    write_blocks(in(mnt, "noise"), 16, 4096);
+    write_blocks(in(mnt, "gone"), 8, 4096);
+    cr_assert_eq(unlink(in(mnt, "gone")), 0);
+    write_blocks(in(mnt, "cut"), 8, 4096);
+    cr_assert_eq(truncate(in(mnt, "cut"), 2 * 4096 + 100), 0);
+    write_blocks(in(mnt, "old"), 4, 4096);
+    write_blocks(in(mnt, "new"), 1, 4096);
+    cr_assert_eq(rename(in(mnt, "new"), in(mnt, "old")), 0); /* old's blocks go */
+    stop();
+    unsigned long long logical, physical;
+    comp_report("lz4", &logical, &physical);
+    cr_assert_eq(logical, (64ull + 16 + 3 + 1) * 4096, "logical %llu", logical);
+    /* the incompressible blocks count whole, the sparse ones a little */
+    unsigned long long hard = (16ull + 2 + 1) * 4096 + 100;
+    cr_assert_geq(physical, hard, "physical %llu", physical);
+    cr_assert_leq(physical, hard + 64ull * 200 + 200, "physical %llu", physical);
+}
+
+Test(slowfs, compress_zstd)
+{
+    skip_without_fuse();
+    start("--compress zstd");
+    write_blocks(in(mnt, "sparse"), 32, 50);
+    stop();
+    unsigned long long logical, physical;
+    comp_report("zstd", &logical, &physical);
+    cr_assert_eq(logical, 32ull * 4096);
+    cr_assert_leq(physical, 32ull * 150, "physical %llu", physical);
 }
