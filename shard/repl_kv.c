@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvrouter data path: kv.Get/Put/Delete forwarded to the key's replicas and
- * acknowledged by consistency level (writes QUORUM and reads ONE by
- * default), kv.Batch split by node and merged back in order. Writes carry
- * the router's HLC version so every replica applies the same
- * last-writer-wins decision and a retry is idempotent. A node answering
- * FAILED_PRECONDITION with its map makes the router learn it and retry once.
+ * One key's request at its coordinator (kvrouter, or a node for a smart
+ * client): kv.Get/Put/Delete sent to the key's replicas and acknowledged by
+ * consistency level (writes QUORUM and reads ONE by default). Writes carry
+ * the coordinator's HLC version so every replica applies the same
+ * last-writer-wins decision and a retry is idempotent. A replica answering
+ * FAILED_PRECONDITION with its map makes the coordinator learn it and retry
+ * once.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,32 +14,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "shard/router.h"
-#include "shard/fan.h"
-
-static int acks_needed(Kv__Consistency c, Kv__Consistency dflt, int n)
-{
-    if (c == KV__CONSISTENCY__DEFAULT)
-        c = dflt;
-    int need = c == KV__CONSISTENCY__ONE ? 1 : c == KV__CONSISTENCY__ALL ? n : n / 2 + 1;
-    return need < 1 ? 1 : need > n ? n : need;
-}
-
-static bool carries_map(const rpc_reply *r)
-{
-    return r->status == KV_FAILED_PRECONDITION && r->len > 0;
-}
-
-static cmap *current_map(router *r, rpc_ctx *c, kv_err *rv)
-{
-    cmap *m = cmap_slot_get(r->maps);
-    if (!m)
-        *rv =
-            rpc_fail(c, KV_UNAVAILABLE, "router has no cluster map yet (cluster not initialised?)");
-    else
-        c->reply_epoch = cmap_epoch(m);
-    return m;
-}
+#include "shard/repl_int.h"
 
 /* Index of the reply to return for a read: the OK reply with the newest
  * version, a tombstone (not found, version set) included, so a newer delete
@@ -98,13 +74,14 @@ static void repair_done(void *arg, rpc_reply *r)
  * its condition (same version, so last-writer-wins makes it idempotent) to
  * the replicas that refused it: they converge instead of keeping the value
  * the condition was checked against. Fire-and-forget. */
-static void repair_refusals(router *r, cmap *m, const uint32_t *idx, rpc_reply *reps, bool *have,
-                            int n, const char *method, const ProtobufCMessage *repair, uint32_t dl)
+static void repair_refusals(const repl_env *env, cmap *m, const uint32_t *idx, rpc_reply *reps,
+                            bool *have, int n, const char *method, const ProtobufCMessage *repair,
+                            uint32_t dl)
 {
     for (int i = 0; repair && i < n; i++) {
         bool refused = have[i] && ((reps[i].status == KV_FAILED_PRECONDITION && !reps[i].len) ||
                                    reps[i].status == KV_ALREADY_EXISTS);
-        rpc_chan *ch = refused ? router_chan(r, cmap_node_at(m, idx[i])->addr) : NULL;
+        rpc_chan *ch = refused ? env->chan(env->user, cmap_node_at(m, idx[i])->addr) : NULL;
         if (ch)
             rpc_call_async(ch, method, cmap_epoch(m), repair, dl, repair_done, NULL);
     }
@@ -121,10 +98,10 @@ static uint32_t ms_left(uint64_t t0, uint32_t dl)
  * handler returned: a replica that then fails gets a hint on the first
  * replica that acknowledged. */
 typedef struct late_hint {
-    router *r;
+    const repl_env *env;
     cmap *m;
-    uint32_t target[2 * ROUTER_MAX_RF]; /* per send: map index */
-    uint8_t *rec;                       /* packed Kv__Record */
+    uint32_t target[2 * REPL_MAX_RF]; /* per send: map index */
+    uint8_t *rec;                     /* packed Kv__Record */
     size_t rlen;
 } late_hint;
 
@@ -141,16 +118,16 @@ static void late_free(void *arg)
 static void late_reply(void *arg, int i, const rpc_reply *rep, int first_ok)
 {
     late_hint *h = arg;
-    if (first_ok < 0 || !router_transport_err(rep->status) || atomic_load(&h->r->stopping))
+    if (first_ok < 0 || !repl_transport_err(rep->status) || atomic_load(h->env->stopping))
         return;
     Kv__Record *rec = kv__record__unpack(NULL, h->rlen, h->rec);
     if (rec) {
-        router_send_hint(h->r, h->m, h->target[first_ok], h->target[i], &rec, 1);
+        repl_send_hint(h->env, h->m, h->target[first_ok], h->target[i], &rec, 1);
         kv__record__free_unpacked(rec, NULL);
     }
 }
 
-static late_hint *late_new(router *r, cmap *m, const Kv__Record *rec)
+static late_hint *late_new(const repl_env *env, cmap *m, const Kv__Record *rec)
 {
     late_hint *h = calloc(1, sizeof(*h));
     if (!h)
@@ -161,7 +138,7 @@ static late_hint *late_new(router *r, cmap *m, const Kv__Record *rec)
         return NULL;
     }
     kv__record__pack(rec, h->rec);
-    h->r = r;
+    h->env = env;
     h->m = cmap_ref(m);
     return h;
 }
@@ -169,18 +146,18 @@ static late_hint *late_new(router *r, cmap *m, const Kv__Record *rec)
 /* The targets of one forwarded call: for a read the current replicas in
  * read order, for a write the current replicas then the pending ones. */
 typedef struct targets {
-    uint32_t idx[2 * ROUTER_MAX_RF];
+    uint32_t idx[2 * REPL_MAX_RF];
     int n, ncur, readable, need;
 } targets;
 
 static void plan_targets(cmap *m, const ProtobufCBinaryData *key, Kv__Consistency cons,
                          Kv__Consistency dflt, bool is_read, targets *t)
 {
-    uint32_t cur[ROUTER_MAX_RF];
+    uint32_t cur[REPL_MAX_RF];
     t->ncur = (int)cmap_replicas(m, key->data, key->len, cur);
-    t->need = acks_needed(cons, dflt, t->ncur);
+    t->need = repl_acks_needed(cons, dflt, t->ncur);
     if (is_read) {
-        t->readable = router_read_order(m, cur, t->ncur, t->idx);
+        t->readable = repl_read_order(m, cur, t->ncur, t->idx);
         t->n = t->ncur;
         return;
     }
@@ -192,41 +169,45 @@ static void plan_targets(cmap *m, const ProtobufCBinaryData *key, Kv__Consistenc
  * among them, so each key's reads warm one node's memory tier) and to the
  * rest only when those give no verdict: a dead node fails at once (no
  * pipe), a stalled one after half the deadline. */
-static int send_read(router *r, cmap *m, fanout *f, const targets *t, const char *method,
+static int send_read(const repl_env *env, cmap *m, fanout *f, const targets *t, const char *method,
                      const ProtobufCMessage *msg, uint32_t dl, uint64_t t0, uint32_t *left)
 {
+    repl_local_call lc = {.slot = -1};
     int first = t->need;
     for (int i = 0; i < first; i++)
-        fan_send(f, router_chan(r, cmap_node_at(m, t->idx[i])->addr), method, cmap_epoch(m), msg,
-                 dl);
+        repl_send(env, f, m, t->idx[i], method, msg, dl, &lc);
+    repl_run_local(env, f, &lc);
     *left = dl;
     if (first < t->n &&
         fan_wait_answers(f, t->need, t->readable >= t->need ? dl / 2 : 0) < t->need) {
         *left = ms_left(t0, dl);
         for (int i = first; i < t->n; i++)
-            fan_send(f, router_chan(r, cmap_node_at(m, t->idx[i])->addr), method, cmap_epoch(m),
-                     msg, *left);
+            repl_send(env, f, m, t->idx[i], method, msg, *left, &lc);
+        repl_run_local(env, f, &lc);
         first = t->n;
     }
     return first;
 }
 
 /* Sends a write to every current and pending replica but those the failure
- * detector holds down (they fail at once and get a hint). */
-static void send_write(router *r, cmap *m, fanout *f, const targets *t, const char *method,
-                       const ProtobufCMessage *msg, uint32_t dl)
+ * detector holds down (they fail at once and get a hint); the
+ * coordinator's own replica, if it is one, last, in-process. */
+static void send_write(const repl_env *env, cmap *m, fanout *f, const targets *t,
+                       const char *method, const ProtobufCMessage *msg, uint32_t dl)
 {
+    repl_local_call lc = {.slot = -1};
     for (int i = 0; i < t->n; i++) {
         const cmap_node *nd = cmap_node_at(m, t->idx[i]);
         if (cmap_get_health(m, t->idx[i]) == CMAP_HEALTH_DOWN) {
             char why[CMAP_MAX_ID + 64];
             snprintf(why, sizeof(why), "node %s is down (failure detector)", nd->id);
-            atomic_fetch_add_explicit(&r->skipped_down, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&env->stats->skipped_down, 1, memory_order_relaxed);
             fan_skip(f, KV_UNAVAILABLE, why);
             continue;
         }
-        fan_send(f, router_chan(r, nd->addr), method, cmap_epoch(m), msg, dl);
+        repl_send(env, f, m, t->idx[i], method, msg, dl, &lc);
     }
+    repl_run_local(env, f, &lc);
 }
 
 /* Waits for a write's acks: the level's from the current replicas, every
@@ -252,15 +233,15 @@ static int first_ok(const targets *t, const rpc_reply *reps, const bool *have)
 
 /* A pending replica that failed without a verdict (down, behind on the
  * map, slow) counts as acknowledged once a live replica durably stores a
- * hint for it (router_store_hint). Returns how many did; sets hinted[i]. */
-static int hint_pending(router *r, cmap *m, const targets *t, const rpc_reply *reps,
+ * hint for it (repl_store_hint). Returns how many did; sets hinted[i]. */
+static int hint_pending(const repl_env *env, cmap *m, const targets *t, const rpc_reply *reps,
                         const bool *have, const Kv__Record *rec, bool *hinted, uint32_t dl)
 {
     int holder = first_ok(t, reps, have), n = 0;
     for (int i = t->ncur; holder >= 0 && i < t->n; i++) {
-        if ((have[i] && !router_transport_err(reps[i].status)) || holder >= t->ncur)
+        if ((have[i] && !repl_transport_err(reps[i].status)) || holder >= t->ncur)
             continue;
-        if (router_store_hint(r, m, t->idx[holder], t->idx[i], (Kv__Record **)&rec, 1, dl) ==
+        if (repl_store_hint(env, m, t->idx[holder], t->idx[i], (Kv__Record **)&rec, 1, dl) ==
             KV_OK) {
             hinted[i] = true;
             n++;
@@ -270,94 +251,123 @@ static int hint_pending(router *r, cmap *m, const targets *t, const rpc_reply *r
 }
 
 /* Hints (asynchronous) for the other sends that failed without a verdict. */
-static void hint_failed(router *r, cmap *m, const targets *t, const rpc_reply *reps,
+static void hint_failed(const repl_env *env, cmap *m, const targets *t, const rpc_reply *reps,
                         const bool *have, const bool *hinted, const Kv__Record *rec)
 {
     int holder = first_ok(t, reps, have);
     for (int i = 0; holder >= 0 && i < t->n; i++)
-        if (have[i] && router_transport_err(reps[i].status) && !hinted[i])
-            router_send_hint(r, m, t->idx[holder], t->idx[i], (Kv__Record **)&rec, 1);
+        if (have[i] && repl_transport_err(reps[i].status) && !hinted[i])
+            repl_send_hint(env, m, t->idx[holder], t->idx[i], (Kv__Record **)&rec, 1);
 }
 
-/* Sends msg to the replicas of key and waits for enough OK replies; rec
- * (writes) is what hints carry. */
-static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufCMessage *msg,
-                      const ProtobufCMessage *repair, const ProtobufCBinaryData *key,
-                      Kv__Consistency cons, Kv__Consistency dflt, const Kv__Record *rec,
-                      bool *stale)
-{
-    kv_err rv = KV_OK;
-    cmap *m = current_map(r, c, &rv);
-    if (!m)
-        return rv;
-    bool is_read = rec == NULL;
+/* One forwarded call: the request, what a refusal is re-sent as, and its
+ * targets. */
+typedef struct key_call {
+    const char *method;
+    const ProtobufCMessage *msg, *repair; /* repair: a conditional write, unconditional */
+    const ProtobufCBinaryData *key;
+    const Kv__Record *rec; /* writes: what hints carry; NULL for reads */
     targets t;
-    plan_targets(m, key, cons, dflt, is_read, &t);
-    uint32_t dl = router_forward_deadline(c), left = dl;
-    fanout *f = fan_create(t.n);
-    late_hint *lh = f && !is_read ? late_new(r, m, rec) : NULL;
-    if (!f || (!is_read && !lh)) {
+    uint32_t dl;
+    uint64_t t0;
+} key_call;
+
+/* Turns the replies of k into the call's verdict: hints for the replicas
+ * that gave none, read repair, the chosen reply body in c->reply. */
+static kv_err key_verdict(const repl_env *env, rpc_ctx *c, cmap *m, const key_call *k,
+                          rpc_reply *reps, bool *have, bool *stale)
+{
+    const targets *t = &k->t;
+    bool is_read = k->rec == NULL;
+    int ok = 0, pend_ok = 0, chosen = -1;
+    for (int i = 0; i < t->n; i++) {
+        bool good = have[i] && reps[i].status == KV_OK;
+        if (good && chosen < 0 && i < t->ncur)
+            chosen = i;
+        ok += good && i < t->ncur;
+        pend_ok += good && i >= t->ncur;
+        if (have[i] && repl_carries_map(&reps[i])) {
+            env->learn_map(env->user, reps[i].body, reps[i].len);
+            *stale = true;
+        }
+    }
+    bool hinted[2 * REPL_MAX_RF] = {false};
+    if (!is_read && ok >= t->need && pend_ok < t->n - t->ncur && !k->repair)
+        pend_ok += hint_pending(env, m, t, reps, have, k->rec, hinted, ms_left(k->t0, k->dl));
+    bool won = ok >= t->need && pend_ok == t->n - t->ncur;
+    if (!is_read && (won || !k->repair))
+        hint_failed(env, m, t, reps, have, hinted, k->rec);
+    if (!won) {
+        atomic_fetch_add_explicit(&env->stats->forward_errors, 1, memory_order_relaxed);
+        return fan_error(c, reps, have, t->n, ok + pend_ok, t->need + t->n - t->ncur);
+    }
+    if (is_read) {
+        chosen = newest_read(reps, have, t->n);
+        repl_read_repair(env, m, k->key, t->idx, reps, have, t->n);
+    }
+    c->reply = reps[chosen].body; /* the node's reply body is ours to return */
+    c->reply_len = reps[chosen].len;
+    reps[chosen].body = NULL;
+    repair_refusals(env, m, t->idx, reps, have, t->ncur, k->method, k->repair, k->dl);
+    return KV_OK;
+}
+
+/* A fanout for k, with late hints registered for a write (NULL when out of
+ * memory). */
+static fanout *key_fanout(const repl_env *env, cmap *m, const key_call *k)
+{
+    fanout *f = fan_create(k->t.n);
+    late_hint *lh = f && k->rec ? late_new(env, m, k->rec) : NULL;
+    if (!f || (k->rec && !lh)) {
         late_free(lh);
         if (f)
             fan_release(f);
-        cmap_unref(m);
-        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
     }
-    if (lh && repair) { /* a conditional write may fail: no hint before its verdict */
+    if (lh && k->repair) { /* a conditional write may fail: no hint before its verdict */
         late_free(lh);
         lh = NULL;
     }
     if (lh) {
-        memcpy(lh->target, t.idx, (size_t)t.n * sizeof(t.idx[0]));
+        memcpy(lh->target, k->t.idx, (size_t)k->t.n * sizeof(k->t.idx[0]));
         fan_on_late(f, late_reply, lh, late_free);
     }
-    uint64_t t0 = kv_now_ns();
-    int sent = t.n;
-    if (is_read) {
-        sent = send_read(r, m, f, &t, method, msg, dl, t0, &left);
-        fan_wait(f, t.need, left);
-    } else {
-        send_write(r, m, f, &t, method, msg, dl);
-        wait_write(f, &t, t0, dl);
+    return f;
+}
+
+/* Sends k to the replicas of its key and waits for enough OK replies. */
+static kv_err fan_key(const repl_env *env, rpc_ctx *c, key_call *k, Kv__Consistency cons,
+                      Kv__Consistency dflt, bool *stale)
+{
+    kv_err rv = KV_OK;
+    cmap *m = repl_map(env, c, &rv);
+    if (!m)
+        return rv;
+    bool is_read = k->rec == NULL;
+    plan_targets(m, k->key, cons, dflt, is_read, &k->t);
+    k->dl = repl_forward_deadline(c);
+    uint32_t left = k->dl;
+    fanout *f = key_fanout(env, m, k);
+    if (!f) {
+        cmap_unref(m);
+        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     }
-    atomic_fetch_add_explicit(&r->forwards, (uint64_t)sent, memory_order_relaxed);
-    rpc_reply reps[2 * ROUTER_MAX_RF];
-    bool have[2 * ROUTER_MAX_RF] = {false}; /* fan_take fills only the sends made */
+    k->t0 = kv_now_ns();
+    int sent = k->t.n;
+    if (is_read) {
+        sent = send_read(env, m, f, &k->t, k->method, k->msg, k->dl, k->t0, &left);
+        fan_wait(f, k->t.need, left);
+    } else {
+        send_write(env, m, f, &k->t, k->method, k->msg, k->dl);
+        wait_write(f, &k->t, k->t0, k->dl);
+    }
+    atomic_fetch_add_explicit(&env->stats->forwards, (uint64_t)sent, memory_order_relaxed);
+    rpc_reply reps[2 * REPL_MAX_RF];
+    bool have[2 * REPL_MAX_RF] = {false}; /* fan_take fills only the sends made */
     fan_take(f, reps, have);
     fan_release(f);
-    int ok = 0, pend_ok = 0, chosen = -1;
-    for (int i = 0; i < t.n; i++) {
-        bool good = have[i] && reps[i].status == KV_OK;
-        if (good && chosen < 0 && i < t.ncur)
-            chosen = i;
-        ok += good && i < t.ncur;
-        pend_ok += good && i >= t.ncur;
-        if (have[i] && carries_map(&reps[i])) {
-            router_learn_map(r, reps[i].body, reps[i].len);
-            *stale = true;
-        }
-    }
-    bool hinted[2 * ROUTER_MAX_RF] = {false};
-    if (!is_read && ok >= t.need && pend_ok < t.n - t.ncur && !repair)
-        pend_ok += hint_pending(r, m, &t, reps, have, rec, hinted, ms_left(t0, dl));
-    bool won = ok >= t.need && pend_ok == t.n - t.ncur;
-    if (!is_read && (won || !repair))
-        hint_failed(r, m, &t, reps, have, hinted, rec);
-    if (won) {
-        if (is_read) {
-            chosen = newest_read(reps, have, t.n);
-            router_read_repair(r, m, key, t.idx, reps, have, t.n);
-        }
-        c->reply = reps[chosen].body; /* the node's reply body is ours to return */
-        c->reply_len = reps[chosen].len;
-        reps[chosen].body = NULL;
-        rv = KV_OK;
-        repair_refusals(r, m, t.idx, reps, have, t.ncur, method, repair, dl);
-    } else {
-        atomic_fetch_add_explicit(&r->forward_errors, 1, memory_order_relaxed);
-        rv = fan_error(c, reps, have, t.n, ok + pend_ok, t.need + t.n - t.ncur);
-    }
-    for (int i = 0; i < t.n; i++)
+    rv = key_verdict(env, c, m, k, reps, have, stale);
+    for (int i = 0; i < k->t.n; i++)
         if (have[i])
             rpc_reply_free(&reps[i]);
     cmap_unref(m);
@@ -365,135 +375,61 @@ static kv_err fan_key(router *r, rpc_ctx *c, const char *method, const ProtobufC
 }
 
 /* Runs fan_key, and once more after learning a newer map. */
-static kv_err forward_key(router *r, rpc_ctx *c, const char *method, const ProtobufCMessage *msg,
-                          const ProtobufCMessage *repair, const ProtobufCBinaryData *key,
-                          Kv__Consistency cons, Kv__Consistency dflt, const Kv__Record *rec)
+static kv_err forward_key(const repl_env *env, rpc_ctx *c, key_call *k, Kv__Consistency cons,
+                          Kv__Consistency dflt)
 {
     bool stale = false;
-    kv_err rv = fan_key(r, c, method, msg, repair, key, cons, dflt, rec, &stale);
+    kv_err rv = fan_key(env, c, k, cons, dflt, &stale);
     if (rv == KV_OK || !stale)
         return rv;
     free(c->reply);
     c->reply = NULL;
     c->reply_len = 0;
     stale = false;
-    return fan_key(r, c, method, msg, repair, key, cons, dflt, rec, &stale);
+    return fan_key(env, c, k, cons, dflt, &stale);
 }
 
-/* A read at ONE of a flagged hot key: the router's cache, else replicas in
- * turn from router_mit_pick (the others on a transport error). */
-static kv_err get_hot(router *r, rpc_ctx *c, Kv__GetRequest *req)
+kv_err repl_get(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req)
 {
-    uint64_t gen = 0;
-    if (router_mit_cache_get(r->mit, req->key.data, req->key.len, &c->reply, &c->reply_len, &gen))
-        return KV_OK;
-    kv_err rv = KV_OK;
-    cmap *m = current_map(r, c, &rv);
-    if (!m)
-        return rv;
-    uint32_t idx[ROUTER_MAX_RF];
-    size_t n = cmap_replicas(m, req->key.data, req->key.len, idx);
-    size_t start = router_mit_pick(r->mit, n);
-    rpc_reply rep = {0};
-    for (size_t k = 0; k < n; k++) {
-        rpc_chan *ch = router_chan(r, cmap_node_at(m, idx[(start + k) % n])->addr);
-        rv =
-            ch ? rpc_call(ch, "kv.Get", cmap_epoch(m), &req->base, router_forward_deadline(c), &rep)
-               : KV_UNAVAILABLE;
-        if (rv == KV_OK || !(rv == KV_UNAVAILABLE || rv == KV_DEADLINE_EXCEEDED))
-            break;
-        rpc_reply_free(&rep);
-    }
-    if (rv == KV_OK) {
-        router_mit_cache_put(r->mit, req->key.data, req->key.len, rep.body, rep.len, gen);
-        c->reply = rep.body;
-        c->reply_len = rep.len;
-        rep.body = NULL;
-    } else {
-        rv = rpc_fail(c, rv == KV_DEADLINE_EXCEEDED ? KV_UNAVAILABLE : rv, "%s",
-                      rep.message ? rep.message : kv_strerror(rv));
-    }
-    rpc_reply_free(&rep);
-    cmap_unref(m);
-    return rv;
+    key_call k = {.method = "kv.Get", .msg = &req->base, .key = &req->key};
+    return forward_key(env, c, &k, req->consistency, KV__CONSISTENCY__ONE);
 }
 
-kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
+kv_err repl_put(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req)
 {
-    router *r = c->user;
-    atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
-    kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    if (rv == KV_OK)
-        router_hot_sample(r, c->worker, req->key.data, req->key.len);
-    bool one =
-        req->consistency == KV__CONSISTENCY__DEFAULT || req->consistency == KV__CONSISTENCY__ONE;
-    if (rv == KV_OK && r->mit && one && router_mit_flagged(r->mit, req->key.data, req->key.len))
-        rv = get_hot(r, c, req);
-    else if (rv == KV_OK)
-        rv = forward_key(r, c, "kv.Get", &req->base, NULL, &req->key, req->consistency,
-                         KV__CONSISTENCY__ONE, NULL);
-    kv__get_request__free_unpacked(req, NULL);
-    return rv;
+    if (!req->version)
+        req->version = kv_hlc_now(env->hlc);
+    Kv__PutRequest repair = *req;
+    repair.if_version = 0;
+    repair.if_absent = false;
+    bool conditional = req->if_version || req->if_absent;
+    Kv__Record rec = KV__RECORD__INIT;
+    rec.key = req->key;
+    rec.value = req->value;
+    rec.version = req->version;
+    rec.expire_at_ms = req->ttl_ms ? kv_wall_ms() + req->ttl_ms : 0;
+    key_call k = {.method = "kv.Put",
+                  .msg = &req->base,
+                  .repair = conditional ? &repair.base : NULL,
+                  .key = &req->key,
+                  .rec = &rec};
+    return forward_key(env, c, &k, req->consistency, KV__CONSISTENCY__QUORUM);
 }
 
-kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len)
+kv_err repl_delete(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req)
 {
-    router *r = c->user;
-    atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    Kv__PutRequest *req = kv__put_request__unpack(NULL, len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__PutRequest body");
-    kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    if (rv == KV_OK)
-        router_hot_sample(r, c->worker, req->key.data, req->key.len);
-    if (rv == KV_OK)
-        rv = kv_check_value(&r->cfg.limits, req->value.len, c->message, sizeof(c->message));
-    if (rv == KV_OK) {
-        if (!req->version)
-            req->version = kv_hlc_now(&r->hlc);
-        Kv__PutRequest repair = *req;
-        repair.if_version = 0;
-        repair.if_absent = false;
-        bool conditional = req->if_version || req->if_absent;
-        Kv__Record rec = KV__RECORD__INIT;
-        rec.key = req->key;
-        rec.value = req->value;
-        rec.version = req->version;
-        rec.expire_at_ms = req->ttl_ms ? kv_wall_ms() + req->ttl_ms : 0;
-        rv = forward_key(r, c, "kv.Put", &req->base, conditional ? &repair.base : NULL, &req->key,
-                         req->consistency, KV__CONSISTENCY__QUORUM, &rec);
-        router_mit_invalidate(r->mit, req->key.data, req->key.len);
-    }
-    kv__put_request__free_unpacked(req, NULL);
-    return rv;
-}
-
-kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
-{
-    router *r = c->user;
-    atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    Kv__DeleteRequest *req = kv__delete_request__unpack(NULL, len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
-    kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    if (rv == KV_OK)
-        router_hot_sample(r, c->worker, req->key.data, req->key.len);
-    if (rv == KV_OK) {
-        if (!req->version)
-            req->version = kv_hlc_now(&r->hlc);
-        Kv__DeleteRequest repair = *req;
-        repair.if_version = 0;
-        Kv__Record rec = KV__RECORD__INIT;
-        rec.key = req->key;
-        rec.version = req->version;
-        rec.tombstone = true;
-        rv = forward_key(r, c, "kv.Delete", &req->base, req->if_version ? &repair.base : NULL,
-                         &req->key, req->consistency, KV__CONSISTENCY__QUORUM, &rec);
-        router_mit_invalidate(r->mit, req->key.data, req->key.len);
-    }
-    kv__delete_request__free_unpacked(req, NULL);
-    return rv;
+    if (!req->version)
+        req->version = kv_hlc_now(env->hlc);
+    Kv__DeleteRequest repair = *req;
+    repair.if_version = 0;
+    Kv__Record rec = KV__RECORD__INIT;
+    rec.key = req->key;
+    rec.version = req->version;
+    rec.tombstone = true;
+    key_call k = {.method = "kv.Delete",
+                  .msg = &req->base,
+                  .repair = req->if_version ? &repair.base : NULL,
+                  .key = &req->key,
+                  .rec = &rec};
+    return forward_key(env, c, &k, req->consistency, KV__CONSISTENCY__QUORUM);
 }
