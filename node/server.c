@@ -108,6 +108,8 @@ static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData 
 static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
+    if (c->coordinate)
+        return node_coord_get(c, body, len);
     UNPACK_OR_FAIL(req, Kv__GetRequest, kv__get_request__unpack, c, body, len);
     cmap *m;
     kv_err rv = call_map(n, c, &m);
@@ -136,6 +138,8 @@ static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
 static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
+    if (c->coordinate)
+        return node_coord_put(c, body, len);
     UNPACK_OR_FAIL(req, Kv__PutRequest, kv__put_request__unpack, c, body, len);
     cmap *m;
     kv_err rv = call_map(n, c, &m);
@@ -168,6 +172,8 @@ static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
 static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
+    if (c->coordinate)
+        return node_coord_delete(c, body, len);
     UNPACK_OR_FAIL(req, Kv__DeleteRequest, kv__delete_request__unpack, c, body, len);
     cmap *m;
     kv_err rv = call_map(n, c, &m);
@@ -300,6 +306,8 @@ static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *
 static kv_err h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
+    if (c->coordinate)
+        return node_coord_batch(c, body, len);
     UNPACK_OR_FAIL(req, Kv__BatchRequest, kv__batch_request__unpack, c, body, len);
     kv_err rv = kv_check_batch(&n->cfg.limits, req->n_ops, len, c->message, sizeof(c->message));
     cmap *m = NULL;
@@ -412,6 +420,26 @@ static const rpc_method node_methods[] = {
     {"admin.Repaired", node_h_repaired},
 };
 
+void node_local_call(void *user, const char *method, uint64_t epoch, const uint8_t *body,
+                     size_t len, uint32_t deadline_ms, rpc_reply *out)
+{
+    rpc_ctx c = {.method = method,
+                 .map_epoch = epoch,
+                 .deadline_ns = kv_now_ns() + (uint64_t)deadline_ms * 1000000ull,
+                 .worker = -1,
+                 .user = user};
+    const rpc_method *m = NULL;
+    for (size_t i = 0; !m && i < sizeof(node_methods) / sizeof(node_methods[0]); i++)
+        if (strcmp(node_methods[i].name, method) == 0)
+            m = &node_methods[i];
+    kv_err st = m ? m->fn(&c, body, len) : rpc_fail(&c, KV_UNIMPLEMENTED, "no local %s", method);
+    *out = (rpc_reply){.status = st, .map_epoch = c.reply_epoch};
+    if (st != KV_OK && c.message[0])
+        out->message = strdup(c.message);
+    out->body = c.reply; /* moves to the reply (also for FAILED_PRECONDITION's map) */
+    out->len = c.reply_len;
+}
+
 /* ---- lifecycle --------------------------------------------------------- */
 
 /* mkdir -p: creates path and its missing parents. */
@@ -449,8 +477,9 @@ kv_err node_start(node *n, char *err, size_t errlen)
         return KV_INVALID_ARGUMENT;
     }
     pthread_mutex_init(&n->map_mu, NULL);
-    pthread_mutex_init(&n->peers_mu, NULL);
-    if ((rv = cmap_slot_create(&n->maps)) != KV_OK || (rv = node_map_load(n, err, errlen)) != KV_OK)
+    rpc_chan_opts co = {.auth = n->cfg.auth, .recv_max = kv_limits_recv_max(&n->cfg.limits)};
+    if ((rv = rpc_pool_create(&n->peers, &co)) != KV_OK ||
+        (rv = cmap_slot_create(&n->maps)) != KV_OK || (rv = node_map_load(n, err, errlen)) != KV_OK)
         return rv;
     char fast[4200];
     if (!n->cfg.fast_dir) {
@@ -479,6 +508,8 @@ kv_err node_start(node *n, char *err, size_t errlen)
         rv = node_streams_open(n, &n->streams, err, errlen);
     if (rv == KV_OK)
         rv = node_handoff_open(n, &n->handoff, err, errlen);
+    if (rv == KV_OK)
+        node_coord_init(n);
     if (rv == KV_OK && (rv = node_map_start(n)) != KV_OK)
         snprintf(err, errlen, "cannot start the map refresher thread");
     if (rv != KV_OK)
@@ -487,6 +518,7 @@ kv_err node_start(node *n, char *err, size_t errlen)
                           .methods = node_methods,
                           .nmethods = sizeof(node_methods) / sizeof(node_methods[0]),
                           .workers = (unsigned)n->cfg.workers,
+                          .coord_workers = (unsigned)n->cfg.coord_workers,
                           .auth = n->cfg.auth,
                           .recv_max = kv_limits_recv_max(&n->cfg.limits),
                           .user = n,
@@ -497,6 +529,7 @@ kv_err node_start(node *n, char *err, size_t errlen)
 
 void node_stop(node *n)
 {
+    atomic_store(&n->stopping, true);
     rpc_server_close(n->rpc);
     n->rpc = NULL;
     node_map_stop(n);
@@ -504,13 +537,8 @@ void node_stop(node *n)
     n->handoff = NULL;
     node_streams_close(n->streams);
     n->streams = NULL;
-    for (size_t i = 0; i < n->npeers; i++) {
-        rpc_chan_close(n->peers[i].chan);
-        free(n->peers[i].addr);
-    }
-    free(n->peers);
+    rpc_pool_destroy(n->peers);
     n->peers = NULL;
-    n->npeers = n->peers_cap = 0;
     node_hot_destroy(n->hot);
     n->hot = NULL;
     engine_close(n->eng);

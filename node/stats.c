@@ -32,6 +32,7 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
     rpc_stats_add(l, "records_estimate", "%llu", (unsigned long long)rec_est);
     rpc_stats_add(l, "bytes_estimate", "%llu", (unsigned long long)bytes_est);
     node_handoff_stats(n, l);
+    node_coord_stats(n, l);
     engine_nhc_stats(n->eng, l); /* nhc.* */
     if (!verbose)
         return;
