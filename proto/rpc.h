@@ -109,7 +109,8 @@ typedef struct rpc_chan_opts {
     bool coordinate;          /* set Envelope.coordinate on every call (a smart client's
                                  channels to nodes) */
     int coalesce_after;       /* messages in flight before further small calls wait and go
-                                 out together in one rpc.Calls message (0 = 4, < 0 = never) */
+                                 out together in one rpc.Calls message (0 = 4 or
+                                 $KV_RPC_COALESCE_AFTER, < 0 = never) */
 } rpc_chan_opts;
 
 /* A reply. body/message are malloc'ed and owned by whoever holds the reply;

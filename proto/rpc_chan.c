@@ -365,6 +365,17 @@ static rpc_slot *slot_get(rpc_chan *ch)
 
 static void timer_cb(void *arg);
 
+/* opts->coalesce_after, else $KV_RPC_COALESCE_AFTER (for benchmarks that
+ * compare both ways), else DEFAULT_COALESCE_AFTER; negative = never. */
+static unsigned coalesce_after(const rpc_chan_opts *opts)
+{
+    long v = opts ? opts->coalesce_after : 0;
+    const char *env = v ? NULL : getenv("KV_RPC_COALESCE_AFTER");
+    if (env && *env)
+        v = strtol(env, NULL, 10);
+    return v < 0 ? 0 : v == 0 ? DEFAULT_COALESCE_AFTER : (unsigned)v;
+}
+
 kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
 {
     rpc_chan *ch = calloc(1, sizeof(*ch));
@@ -378,9 +389,7 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
     ch->connect_wait_ms =
         opts && opts->connect_wait_ms ? opts->connect_wait_ms : DEFAULT_CONNECT_WAIT_MS;
     ch->coordinate = opts && opts->coordinate;
-    ch->coalesce_after = !opts || opts->coalesce_after == 0 ? DEFAULT_COALESCE_AFTER
-                         : opts->coalesce_after < 0         ? 0
-                                                            : (unsigned)opts->coalesce_after;
+    ch->coalesce_after = coalesce_after(opts);
     ch->opened_ns = kv_now_ns();
     int rv = nng_aio_alloc(&ch->timer, timer_cb, ch);
     if (rv == 0)
