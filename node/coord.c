@@ -61,22 +61,61 @@ static kv_err coord_begin(node *n, rpc_ctx *c)
     return KV_OK;
 }
 
-kv_err node_coord_get(rpc_ctx *c, const uint8_t *body, size_t len)
+/* A coordinate call between its start and node_coord_finish. */
+typedef struct coord_call {
+    ProtobufCMessage *req; /* unpacked request, freed at the finish */
+    repl_call *rc;
+} coord_call;
+
+/* Starts req's replication (or frees req when the call failed already). */
+static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, ProtobufCMessage *req, void **state)
+{
+    if (rv == KV_OK)
+        rv = coord_begin(n, c);
+    coord_call *cc = rv == KV_OK ? calloc(1, sizeof(*cc)) : NULL;
+    if (rv == KV_OK && !cc)
+        rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    if (cc) {
+        cc->req = req;
+        if (req->descriptor == &kv__get_request__descriptor) {
+            rv = repl_get_start(&n->env, c, (Kv__GetRequest *)req, &cc->rc);
+        } else if (req->descriptor == &kv__put_request__descriptor) {
+            ((Kv__PutRequest *)req)->version = 0; /* the coordinator's clock gives it */
+            rv = repl_put_start(&n->env, c, (Kv__PutRequest *)req, &cc->rc);
+        } else {
+            ((Kv__DeleteRequest *)req)->version = 0;
+            rv = repl_delete_start(&n->env, c, (Kv__DeleteRequest *)req, &cc->rc);
+        }
+    }
+    if (cc && rv == KV_OK) {
+        *state = cc;
+        return KV_OK;
+    }
+    free(cc);
+    protobuf_c_message_free_unpacked(req, NULL);
+    return rv;
+}
+
+kv_err node_coord_finish(rpc_ctx *c, void *state)
+{
+    coord_call *cc = state;
+    kv_err rv = repl_finish(cc->rc, c);
+    protobuf_c_message_free_unpacked(cc->req, NULL);
+    free(cc);
+    return rv;
+}
+
+kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     node *n = c->user;
     Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    if (rv == KV_OK)
-        rv = coord_begin(n, c);
-    if (rv == KV_OK)
-        rv = repl_get(&n->env, c, req);
-    kv__get_request__free_unpacked(req, NULL);
-    return rv;
+    return coord_start(n, c, rv, &req->base, state);
 }
 
-kv_err node_coord_put(rpc_ctx *c, const uint8_t *body, size_t len)
+kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     node *n = c->user;
     Kv__PutRequest *req = kv__put_request__unpack(NULL, len, body);
@@ -85,31 +124,17 @@ kv_err node_coord_put(rpc_ctx *c, const uint8_t *body, size_t len)
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         rv = kv_check_value(&n->cfg.limits, req->value.len, c->message, sizeof(c->message));
-    if (rv == KV_OK)
-        rv = coord_begin(n, c);
-    if (rv == KV_OK) {
-        req->version = 0; /* the coordinator's clock gives it */
-        rv = repl_put(&n->env, c, req);
-    }
-    kv__put_request__free_unpacked(req, NULL);
-    return rv;
+    return coord_start(n, c, rv, &req->base, state);
 }
 
-kv_err node_coord_delete(rpc_ctx *c, const uint8_t *body, size_t len)
+kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     node *n = c->user;
     Kv__DeleteRequest *req = kv__delete_request__unpack(NULL, len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    if (rv == KV_OK)
-        rv = coord_begin(n, c);
-    if (rv == KV_OK) {
-        req->version = 0;
-        rv = repl_delete(&n->env, c, req);
-    }
-    kv__delete_request__free_unpacked(req, NULL);
-    return rv;
+    return coord_start(n, c, rv, &req->base, state);
 }
 
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len)

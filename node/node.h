@@ -143,10 +143,13 @@ kv_err node_handoff_repaired(node *n, const char *target);
 /* Fills n->env (after the engine and the map slot exist). */
 void node_coord_init(node *n);
 /* kv.* with c->coordinate: checked against the limits, then coordinated by
- * the replication library (shard/repl.h) as a router would. */
-kv_err node_coord_get(rpc_ctx *c, const uint8_t *body, size_t len);
-kv_err node_coord_put(rpc_ctx *c, const uint8_t *body, size_t len);
-kv_err node_coord_delete(rpc_ctx *c, const uint8_t *body, size_t len);
+ * the replication library (shard/repl.h) as a router would; Get/Put/Delete
+ * in two phases (rpc_method.start: sent at the start, waited for at
+ * node_coord_finish), Batch in one. */
+kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err node_coord_finish(rpc_ctx *c, void *state);
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 void node_coord_stats(node *n, rpc_statlist *l);
 /* The replication library's in-process call to this node's own replica

@@ -108,8 +108,6 @@ static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData 
 static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
-    if (c->coordinate)
-        return node_coord_get(c, body, len);
     UNPACK_OR_FAIL(req, Kv__GetRequest, kv__get_request__unpack, c, body, len);
     cmap *m;
     kv_err rv = call_map(n, c, &m);
@@ -138,8 +136,6 @@ static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
 static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
-    if (c->coordinate)
-        return node_coord_put(c, body, len);
     UNPACK_OR_FAIL(req, Kv__PutRequest, kv__put_request__unpack, c, body, len);
     cmap *m;
     kv_err rv = call_map(n, c, &m);
@@ -172,8 +168,6 @@ static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
 static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
-    if (c->coordinate)
-        return node_coord_delete(c, body, len);
     UNPACK_OR_FAIL(req, Kv__DeleteRequest, kv__delete_request__unpack, c, body, len);
     cmap *m;
     kv_err rv = call_map(n, c, &m);
@@ -400,9 +394,10 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
 }
 
 static const rpc_method node_methods[] = {
-    {"kv.Get", h_get},
-    {"kv.Put", h_put},
-    {"kv.Delete", h_delete},
+    /* coordinate calls (smart clients) take the two-phase form */
+    {"kv.Get", h_get, node_coord_get_start, node_coord_finish},
+    {"kv.Put", h_put, node_coord_put_start, node_coord_finish},
+    {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish},
     {"kv.Batch", h_batch},
     {"admin.Ping", h_ping},
     {"admin.Stats", h_stats},
@@ -519,6 +514,9 @@ kv_err node_start(node *n, char *err, size_t errlen)
                           .nmethods = sizeof(node_methods) / sizeof(node_methods[0]),
                           .workers = (unsigned)n->cfg.workers,
                           .coord_workers = (unsigned)n->cfg.coord_workers,
+                          /* with --sync always a write waits for the group commit: the
+                           * writes of one rpc.Calls message must wait together */
+                          .handlers_wait = n->cfg.sync == ENGINE_SYNC_ALWAYS,
                           .auth = n->cfg.auth,
                           .recv_max = kv_limits_recv_max(&n->cfg.limits),
                           .user = n,

@@ -51,10 +51,23 @@ typedef struct rpc_ctx {
 } rpc_ctx;
 
 typedef kv_err (*rpc_handler_fn)(rpc_ctx *c, const uint8_t *body, size_t len);
+/* A handler in two phases: start sends what the call waits for and returns
+ * KV_OK with *state (NULL: the call is already complete) or an error (then
+ * finish is not called); finish(c, state) waits, completes the call and
+ * frees state. Both run on the same worker with the same c. */
+typedef kv_err (*rpc_start_fn)(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+typedef kv_err (*rpc_finish_fn)(rpc_ctx *c, void *state);
 
 typedef struct rpc_method {
     const char *name; /* "kv.Get", "admin.Ping", ... */
     rpc_handler_fn fn;
+    /* Optional split form, for handlers that wait for other processes (when
+     * fn is set too, only calls with Envelope.coordinate use it): the calls
+     * of one rpc.Calls message that all use it are started one after
+     * another, then finished one after another, on one worker, which so
+     * keeps all their forwards in flight at once. */
+    rpc_start_fn start;
+    rpc_finish_fn finish;
 } rpc_method;
 
 typedef struct rpc_server_opts {

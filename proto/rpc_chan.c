@@ -38,6 +38,7 @@
 #define COALESCE_MAX_BYTES (256u * 1024u) /* request bodies in one message */
 #define COALESCE_MAX_BODY (16u * 1024u)   /* larger calls always go alone */
 #define COALESCE_WAIT_MS 1u
+#define SWEEP_MS 5u /* a coalesced call completes at most this late past its deadline */
 #define METHOD_MAX 48
 
 /* A call waiting to go out in an rpc.Calls message. */
@@ -49,6 +50,7 @@ struct rpc_pend {
     void *arg;
     uint8_t *body; /* the packed request */
     size_t blen;
+    bool claimed; /* completed, or being completed (ch->mu) */
     char method[METHOD_MAX];
 };
 
@@ -63,7 +65,7 @@ struct rpc_slot {
     uint64_t deadline_ns;
     rpc_done_fn done; /* a single call */
     void *arg;
-    rpc_pend *calls; /* an rpc.Calls message: its calls, in order */
+    rpc_pend *calls; /* an rpc.Calls message: its calls, in order (ch->mu) */
 };
 
 struct rpc_chan {
@@ -87,6 +89,9 @@ struct rpc_chan {
     size_t qn, qbytes;
     nng_aio *timer; /* flushes the queue after COALESCE_WAIT_MS */
     bool timer_armed, closing;
+    unsigned nbatch; /* rpc.Calls messages in flight */
+    nng_aio *sweep;  /* completes their calls that pass their deadline */
+    bool sweep_armed;
     atomic_int pipes;
     atomic_uint_fast64_t next_id;
 };
@@ -206,6 +211,15 @@ static void fail_transport(rpc_slot *s, int rv, rpc_reply *r)
 
 /* ---- coalesced calls (rpc.Calls) ----------------------------------------- */
 
+/* Completes a call that has no reply from the peer (local). */
+static void fail_now(rpc_done_fn done, void *arg, kv_err status, const char *msg)
+{
+    rpc_reply r;
+    reply_set(&r, status, msg);
+    r.local = true;
+    done(arg, &r);
+}
+
 static void send_single(rpc_chan *ch, rpc_pend *p);
 
 static void pend_free(rpc_pend *p)
@@ -253,27 +267,35 @@ static Kv__Calls *calls_reply(rpc_slot *s, int rv, nng_msg *m, rpc_reply *outer)
 static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
 {
     rpc_chan *ch = s->ch;
-    rpc_pend *p = s->calls;
     rpc_reply outer = {0};
     Kv__Calls *cs = calls_reply(s, rv, m, &outer);
-    s->calls = NULL;
     bool resend = !cs && outer.status == KV_UNIMPLEMENTED && !outer.local;
-    if (resend) {
-        pthread_mutex_lock(&ch->mu);
+    pthread_mutex_lock(&ch->mu);
+    rpc_pend *p = s->calls;
+    s->calls = NULL;
+    ch->nbatch--;
+    if (resend)
         ch->coalesce_after = 0;
-        pthread_mutex_unlock(&ch->mu);
+    for (rpc_pend *q = p; q; q = q->next) {
+        bool mine = !q->claimed; /* the sweep took the others */
+        q->claimed = true;
+        q->done = mine ? q->done : NULL;
     }
+    pthread_mutex_unlock(&ch->mu);
     slot_release(s);
     msg_done(ch);
     size_t i = 0;
     for (rpc_pend *next; p; p = next, i++) {
         next = p->next;
-        if (resend) {
+        if (resend && p->done) {
+            p->claimed = false;
             send_single(ch, p);
             continue;
         }
         rpc_reply r;
-        if (cs && i < cs->n_calls && cs->calls[i]->id == p->id)
+        if (!p->done)
+            memset(&r, 0, sizeof(r));
+        else if (cs && i < cs->n_calls && cs->calls[i]->id == p->id)
             reply_from(cs->calls[i], &r);
         else if (cs)
             reply_set(&r, KV_INTERNAL, "rpc.Calls reply does not match its calls");
@@ -284,11 +306,45 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
         rpc_done_fn done = p->done;
         void *arg = p->arg;
         pend_free(p);
-        done(arg, &r);
+        if (done)
+            done(arg, &r);
     }
     if (cs)
         kv__calls__free_unpacked(cs, NULL);
     rpc_reply_free(&outer);
+}
+
+/* Every SWEEP_MS while rpc.Calls messages are in flight: their calls whose
+ * deadline passed complete with DEADLINE_EXCEEDED (their replies, if they
+ * come, are dropped), as a call in a message of its own would by its
+ * message's timeout. */
+static void sweep_cb(void *arg)
+{
+    rpc_chan *ch = arg;
+    struct {
+        rpc_done_fn done;
+        void *arg;
+    } due[COALESCE_MAX_CALLS * 4];
+    size_t n = 0;
+    uint64_t now = kv_now_ns();
+    pthread_mutex_lock(&ch->mu);
+    ch->sweep_armed = false;
+    for (size_t i = 0; i < ch->nall; i++)
+        for (rpc_pend *p = ch->all[i]->calls; p && n < sizeof(due) / sizeof(due[0]); p = p->next)
+            if (!p->claimed && p->deadline_ns <= now) {
+                p->claimed = true;
+                due[n].done = p->done;
+                due[n++].arg = p->arg;
+            }
+    bool rearm = ch->nbatch > 0 && !ch->closing;
+    ch->sweep_armed = rearm;
+    pthread_mutex_unlock(&ch->mu);
+    if (rearm)
+        nng_sleep_aio(SWEEP_MS, ch->sweep);
+    char msg[160];
+    snprintf(msg, sizeof(msg), "%s did not answer before the deadline", ch->url);
+    for (size_t i = 0; i < n; i++)
+        fail_now(due[i].done, due[i].arg, KV_DEADLINE_EXCEEDED, msg);
 }
 
 static void slot_cb(void *arg)
@@ -364,6 +420,7 @@ static rpc_slot *slot_get(rpc_chan *ch)
 }
 
 static void timer_cb(void *arg);
+static void sweep_cb(void *arg);
 
 /* opts->coalesce_after, else $KV_RPC_COALESCE_AFTER (for benchmarks that
  * compare both ways), else DEFAULT_COALESCE_AFTER; negative = never. */
@@ -392,6 +449,8 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
     ch->coalesce_after = coalesce_after(opts);
     ch->opened_ns = kv_now_ns();
     int rv = nng_aio_alloc(&ch->timer, timer_cb, ch);
+    if (rv == 0)
+        rv = nng_aio_alloc(&ch->sweep, sweep_cb, ch);
     if (rv == 0)
         rv = nng_req0_open(&ch->sock);
     if (rv == 0) {
@@ -434,6 +493,8 @@ void rpc_chan_close(rpc_chan *ch)
     }
     if (ch->timer)
         nng_aio_stop(ch->timer);
+    if (ch->sweep)
+        nng_aio_stop(ch->sweep);
     /* Stop every context's aio before closing the socket: a completion that
      * is running may submit the receive phase, and nng (1.5) must not see
      * that race with the socket tearing its contexts down. A stopped aio
@@ -448,6 +509,8 @@ void rpc_chan_close(rpc_chan *ch)
     free(ch->all);
     if (ch->timer)
         nng_aio_free(ch->timer);
+    if (ch->sweep)
+        nng_aio_free(ch->sweep);
     free(ch->url);
     free(ch->auth);
     pthread_cond_destroy(&ch->cv);
@@ -504,10 +567,21 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
     s->id = id;
     s->done = done;
     s->arg = arg;
-    s->calls = calls;
     s->receiving = false;
     s->deadline_ns = deadline_ns;
-    nng_aio_set_timeout(s->aio, (nng_duration)((deadline_ns - now) / 1000000ull + 1));
+    bool arm = false;
+    if (calls) {
+        pthread_mutex_lock(&ch->mu);
+        s->calls = calls;
+        ch->nbatch++;
+        arm = !ch->sweep_armed && !ch->closing;
+        ch->sweep_armed |= arm;
+        pthread_mutex_unlock(&ch->mu);
+    }
+    if (arm)
+        nng_sleep_aio(SWEEP_MS, ch->sweep);
+    nng_aio_set_timeout(
+        s->aio, (nng_duration)(deadline_ns > now ? (deadline_ns - now) / 1000000ull + 1 : 1));
     nng_aio_set_msg(s->aio, m);
     nng_ctx_send(s->ctx, s->aio);
 }
@@ -652,15 +726,6 @@ static bool try_queue(rpc_chan *ch, rpc_pend *p)
     if (arm)
         nng_sleep_aio(COALESCE_WAIT_MS, ch->timer);
     return true;
-}
-
-/* Completes a call that never reached the wire (local). */
-static void fail_now(rpc_done_fn done, void *arg, kv_err status, const char *msg)
-{
-    rpc_reply r;
-    reply_set(&r, status, msg);
-    r.local = true;
-    done(arg, &r);
 }
 
 void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,

@@ -74,6 +74,7 @@ struct rpc_group {
     Kv__Status *st;
     Kv__Envelope **ptrs;
     char **msgs;         /* status messages (malloc'ed) */
+    rpc_ctx *ctx;        /* split mode: each call's context between start and finish */
     _Atomic size_t left; /* calls still running (parallel mode) */
     rpc_sub subs[];
 };
@@ -181,24 +182,55 @@ static const rpc_method *find_method(const rpc_server *s, const char *name)
     return NULL;
 }
 
+/* The method of a call whose token is right; NULL with *rv (and c's
+ * message) otherwise. */
+static const rpc_method *dispatch(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, kv_err *rv)
+{
+    const char *want = s->opts.auth;
+    if (want && *want && (!env->auth || strcmp(env->auth, want) != 0)) {
+        *rv = rpc_fail(c, KV_UNAUTHENTICATED, "missing or wrong auth token");
+        return NULL;
+    }
+    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    if (!m)
+        *rv = rpc_fail(c, KV_UNIMPLEMENTED, "unknown method '%.100s'", env->method);
+    return m;
+}
+
+/* Whether m serves this call in two phases (rpc_method.start). */
+static bool split(const rpc_method *m, bool coordinate)
+{
+    return m->start && (!m->fn || coordinate);
+}
+
+/* A handler that finished past the call's deadline: DEADLINE_EXCEEDED. */
+static kv_err past_deadline(rpc_ctx *c, const rpc_method *m, kv_err rv)
+{
+    if (rv != KV_OK || kv_now_ns() <= c->deadline_ns)
+        return rv;
+    free(c->reply);
+    c->reply = NULL;
+    c->reply_len = 0;
+    return rpc_fail(c, KV_DEADLINE_EXCEEDED, "%s finished past its deadline", m->name);
+}
+
 /* Runs one request through auth, dispatch and deadline checks; fills c and
  * returns the status for the reply. */
 static kv_err serve(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env)
 {
-    const char *want = s->opts.auth;
-    if (want && *want && (!env->auth || strcmp(env->auth, want) != 0))
-        return rpc_fail(c, KV_UNAUTHENTICATED, "missing or wrong auth token");
-    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    kv_err rv = KV_OK;
+    const rpc_method *m = dispatch(s, c, env, &rv);
     if (!m)
-        return rpc_fail(c, KV_UNIMPLEMENTED, "unknown method '%.100s'", env->method);
-    kv_err rv = m->fn(c, env->body.data, env->body.len);
-    if (rv == KV_OK && kv_now_ns() > c->deadline_ns) {
-        free(c->reply);
-        c->reply = NULL;
-        c->reply_len = 0;
-        return rpc_fail(c, KV_DEADLINE_EXCEEDED, "%s finished past its deadline", m->name);
+        return rv;
+    if (!split(m, c->coordinate)) {
+        rv = m->fn(c, env->body.data, env->body.len);
+    } else {
+        void *state = NULL;
+        rv = m->start(c, env->body.data, env->body.len, &state);
+        if (rv == KV_OK && state)
+            rv = m->finish(c, state);
     }
-    return rv;
+    return past_deadline(c, m, rv);
 }
 
 /* Fills env (and st) as the reply to a call with this id and status. */
@@ -227,7 +259,7 @@ static nng_msg *pack_msg(const ProtobufCMessage *env)
 
 /* Runs one decoded call (env NULL: malformed) with worker index w; fills c
  * and returns its status. */
-static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c)
+static kv_err run_call_init(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c)
 {
     memset(c, 0, sizeof(*c));
     c->worker = w;
@@ -239,7 +271,13 @@ static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c
     c->map_epoch = env->map_epoch;
     c->coordinate = env->coordinate;
     c->deadline_ns = kv_now_ns() + (uint64_t)dl * 1000000ull;
-    return serve(s, c, env);
+    return KV_OK;
+}
+
+static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c)
+{
+    kv_err rv = run_call_init(s, w, env, c);
+    return rv == KV_OK ? serve(s, c, env) : rv;
 }
 
 /* ---- lanes ------------------------------------------------------------- */
@@ -365,19 +403,70 @@ static void group_free(rpc_group *g)
     free(g->st);
     free(g->ptrs);
     free(g->msgs);
+    free(g->ctx);
     free(g);
+}
+
+/* Keeps call i's reply envelope (status, message, c's reply body). */
+static void group_keep(rpc_group *g, size_t i, kv_err status, rpc_ctx *c)
+{
+    reply_env(&g->rep[i], &g->st[i], g->calls->calls[i]->id, status, c);
+    g->msgs[i] = c->message[0] ? strdup(c->message) : NULL;
+    g->st[i].message = g->msgs[i] ? g->msgs[i] : "";
+    g->ptrs[i] = &g->rep[i];
 }
 
 /* Runs call i of g and keeps its reply envelope. */
 static void group_run(rpc_server *s, int w, rpc_group *g, size_t i)
 {
     rpc_ctx c;
-    const Kv__Envelope *env = g->calls->calls[i];
-    kv_err status = run_call(s, w, env, &c);
-    reply_env(&g->rep[i], &g->st[i], env->id, status, &c);
-    g->msgs[i] = c.message[0] ? strdup(c.message) : NULL;
-    g->st[i].message = g->msgs[i] ? g->msgs[i] : "";
-    g->ptrs[i] = &g->rep[i];
+    kv_err status = run_call(s, w, g->calls->calls[i], &c);
+    group_keep(g, i, status, &c);
+}
+
+/* Whether every call of g has a split method (rpc_method.start). */
+static bool group_split(rpc_server *s, const rpc_group *g)
+{
+    for (size_t i = 0; i < g->calls->n_calls; i++) {
+        const char *name = g->calls->calls[i]->method;
+        const rpc_method *m = find_method(s, name ? name : "");
+        if (!m || !split(m, g->calls->calls[i]->coordinate))
+            return false;
+    }
+    return g->calls->n_calls > 0;
+}
+
+/* Split mode: every call of g is started, then every one is finished, on
+ * this worker, so all their forwards are in flight at once. */
+static void group_split_run(rpc_server *s, int w, rpc_group *g)
+{
+    size_t n = g->calls->n_calls;
+    void **state = calloc(n, sizeof(*state));
+    const rpc_method **ms = calloc(n, sizeof(*ms));
+    kv_err *st = calloc(n, sizeof(*st));
+    g->ctx = calloc(n, sizeof(*g->ctx));
+    if (!state || !ms || !st || !g->ctx) { /* one after another, as without split */
+        for (size_t i = 0; i < n; i++)
+            group_run(s, w, g, i);
+        n = 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Kv__Envelope *env = g->calls->calls[i];
+        rpc_ctx *c = &g->ctx[i];
+        st[i] = run_call_init(s, w, env, c);
+        if (st[i] == KV_OK && (ms[i] = dispatch(s, c, env, &st[i])) != NULL)
+            st[i] = ms[i]->start(c, env->body.data, env->body.len, &state[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (st[i] == KV_OK && state[i])
+            st[i] = ms[i]->finish(&g->ctx[i], state[i]);
+        if (ms[i])
+            st[i] = past_deadline(&g->ctx[i], ms[i], st[i]);
+        group_keep(g, i, st[i], &g->ctx[i]);
+    }
+    free(state);
+    free(ms);
+    free(st);
 }
 
 /* Sends the Calls reply of g once every call ran, and frees g. */
@@ -462,6 +551,11 @@ static void handle_calls(rpc_worker *w, rpc_scall *k)
         return;
     }
     size_t n = g->calls->n_calls;
+    if (group_split(w->srv, g)) {
+        group_split_run(w->srv, w->index, g);
+        group_reply(g);
+        return;
+    }
     if (n == 0 || !w->lane->parallel) {
         for (size_t i = 0; i < n; i++)
             group_run(w->srv, w->index, g, i);

@@ -82,6 +82,18 @@ typedef struct repl_env {
 kv_err repl_get(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req);
 kv_err repl_put(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req);
 kv_err repl_delete(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req);
+/* The same in two phases, so one thread keeps many calls in flight: start
+ * plans the targets and sends (a read to its first replicas, a write to all
+ * of them) and returns; repl_finish waits for the replies, turns them into
+ * the verdict like repl_get/put/delete, and frees the call. On KV_OK *out is
+ * the caller's until it passes it to repl_finish (exactly once, from any
+ * thread that may block, with the same c); req must live until then. On
+ * failure nothing is in flight and c->message says why. */
+typedef struct repl_call repl_call;
+kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out);
+kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out);
+kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, repl_call **out);
+kv_err repl_finish(repl_call *rc, rpc_ctx *c);
 /* kv.Batch: writes to every current and pending replica, reads to every
  * replica at QUORUM/ALL or the first reachable one at ONE, one sub-batch
  * per node sent at once, per-op results merged in order (an op's status is

@@ -166,27 +166,35 @@ static void plan_targets(cmap *m, const ProtobufCBinaryData *key, Kv__Consistenc
 }
 
 /* Sends a read to `need` replicas (healthy ones first, the primary first
- * among them, so each key's reads warm one node's memory tier) and to the
- * rest only when those give no verdict: a dead node fails at once (no
- * pipe), a stalled one after half the deadline. */
-static int send_read(const repl_env *env, cmap *m, fanout *f, const targets *t, const char *method,
+ * among them, so each key's reads warm one node's memory tier); the rest
+ * get it only when those give no verdict (read_rest). */
+static void read_first(const repl_env *env, cmap *m, fanout *f, const targets *t,
+                       const char *method, const ProtobufCMessage *msg, uint32_t dl)
+{
+    repl_local_call lc = {.slot = -1};
+    for (int i = 0; i < t->need; i++)
+        repl_send(env, f, m, t->idx[i], method, msg, dl, &lc);
+    repl_run_local(env, f, &lc);
+}
+
+/* The rest of the replicas, when the first ones gave no verdict: a dead
+ * node fails at once (no pipe), a stalled one after half the deadline
+ * (counted from t0, when read_first sent). Returns the sends made in all;
+ * *left is what remains of the deadline for the last wait. */
+static int read_rest(const repl_env *env, cmap *m, fanout *f, const targets *t, const char *method,
                      const ProtobufCMessage *msg, uint32_t dl, uint64_t t0, uint32_t *left)
 {
     repl_local_call lc = {.slot = -1};
-    int first = t->need;
-    for (int i = 0; i < first; i++)
-        repl_send(env, f, m, t->idx[i], method, msg, dl, &lc);
+    *left = ms_left(t0, dl);
+    uint32_t half = ms_left(t0, dl / 2 ? dl / 2 : 1);
+    if (t->need >= t->n ||
+        fan_wait_answers(f, t->need, t->readable >= t->need ? half : 0) >= t->need)
+        return t->need;
+    *left = ms_left(t0, dl);
+    for (int i = t->need; i < t->n; i++)
+        repl_send(env, f, m, t->idx[i], method, msg, *left, &lc);
     repl_run_local(env, f, &lc);
-    *left = dl;
-    if (first < t->n &&
-        fan_wait_answers(f, t->need, t->readable >= t->need ? dl / 2 : 0) < t->need) {
-        *left = ms_left(t0, dl);
-        for (int i = first; i < t->n; i++)
-            repl_send(env, f, m, t->idx[i], method, msg, *left, &lc);
-        repl_run_local(env, f, &lc);
-        first = t->n;
-    }
-    return first;
+    return t->n;
 }
 
 /* Sends a write to every current and pending replica but those the failure
@@ -335,101 +343,186 @@ static fanout *key_fanout(const repl_env *env, cmap *m, const key_call *k)
     return f;
 }
 
-/* Sends k to the replicas of its key and waits for enough OK replies. */
-static kv_err fan_key(const repl_env *env, rpc_ctx *c, key_call *k, Kv__Consistency cons,
-                      Kv__Consistency dflt, bool *stale)
+/* One key's call in flight: started (sent) by key_start, completed by
+ * key_finish. */
+struct repl_call {
+    const repl_env *env;
+    key_call k;
+    Kv__Consistency cons, dflt;
+    cmap *m;
+    fanout *f;
+    /* what a write's key_call points into */
+    Kv__Record rec;
+    union {
+        Kv__PutRequest put;
+        Kv__DeleteRequest del;
+    } repair;
+};
+
+/* Plans rc's targets on the current map and sends: a read to its first
+ * replicas, a write to all of them. */
+static kv_err key_start(repl_call *rc, rpc_ctx *c)
 {
+    const repl_env *env = rc->env;
+    key_call *k = &rc->k;
     kv_err rv = KV_OK;
-    cmap *m = repl_map(env, c, &rv);
-    if (!m)
+    if (!(rc->m = repl_map(env, c, &rv)))
         return rv;
-    bool is_read = k->rec == NULL;
-    plan_targets(m, k->key, cons, dflt, is_read, &k->t);
+    plan_targets(rc->m, k->key, rc->cons, rc->dflt, k->rec == NULL, &k->t);
     k->dl = repl_forward_deadline(c);
-    uint32_t left = k->dl;
-    fanout *f = key_fanout(env, m, k);
-    if (!f) {
-        cmap_unref(m);
+    if (!(rc->f = key_fanout(env, rc->m, k))) {
+        cmap_unref(rc->m);
+        rc->m = NULL;
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     }
     k->t0 = kv_now_ns();
+    if (k->rec == NULL)
+        read_first(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl);
+    else
+        send_write(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl);
+    return KV_OK;
+}
+
+/* Waits for enough replies to rc's sends and turns them into the verdict;
+ * *stale when a replica showed a newer map. */
+static kv_err key_wait(repl_call *rc, rpc_ctx *c, bool *stale)
+{
+    const repl_env *env = rc->env;
+    key_call *k = &rc->k;
     int sent = k->t.n;
-    if (is_read) {
-        sent = send_read(env, m, f, &k->t, k->method, k->msg, k->dl, k->t0, &left);
-        fan_wait(f, k->t.need, left);
+    if (k->rec == NULL) {
+        uint32_t left;
+        sent = read_rest(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl, k->t0, &left);
+        fan_wait(rc->f, k->t.need, left);
     } else {
-        send_write(env, m, f, &k->t, k->method, k->msg, k->dl);
-        wait_write(f, &k->t, k->t0, k->dl);
+        wait_write(rc->f, &k->t, k->t0, k->dl);
     }
     atomic_fetch_add_explicit(&env->stats->forwards, (uint64_t)sent, memory_order_relaxed);
     rpc_reply reps[2 * REPL_MAX_RF];
     bool have[2 * REPL_MAX_RF] = {false}; /* fan_take fills only the sends made */
-    fan_take(f, reps, have);
-    fan_release(f);
-    rv = key_verdict(env, c, m, k, reps, have, stale);
+    fan_take(rc->f, reps, have);
+    fan_release(rc->f);
+    rc->f = NULL;
+    kv_err rv = key_verdict(env, c, rc->m, k, reps, have, stale);
     for (int i = 0; i < k->t.n; i++)
         if (have[i])
             rpc_reply_free(&reps[i]);
-    cmap_unref(m);
+    cmap_unref(rc->m);
+    rc->m = NULL;
     return rv;
 }
 
-/* Runs fan_key, and once more after learning a newer map. */
-static kv_err forward_key(const repl_env *env, rpc_ctx *c, key_call *k, Kv__Consistency cons,
-                          Kv__Consistency dflt)
+kv_err repl_finish(repl_call *rc, rpc_ctx *c)
 {
     bool stale = false;
-    kv_err rv = fan_key(env, c, k, cons, dflt, &stale);
-    if (rv == KV_OK || !stale)
+    kv_err rv = key_wait(rc, c, &stale);
+    if (rv != KV_OK && stale) { /* once more, on the newer map */
+        free(c->reply);
+        c->reply = NULL;
+        c->reply_len = 0;
+        stale = false;
+        rv = key_start(rc, c);
+        if (rv == KV_OK)
+            rv = key_wait(rc, c, &stale);
+    }
+    free(rc);
+    return rv;
+}
+
+/* Starts rc (heap) and hands it to the caller, or frees it on failure. */
+static kv_err start_call(repl_call *rc, rpc_ctx *c, repl_call **out)
+{
+    kv_err rv = key_start(rc, c);
+    if (rv != KV_OK) {
+        free(rc);
         return rv;
-    free(c->reply);
-    c->reply = NULL;
-    c->reply_len = 0;
-    stale = false;
-    return fan_key(env, c, k, cons, dflt, &stale);
+    }
+    *out = rc;
+    return KV_OK;
+}
+
+static repl_call *call_new(const repl_env *env, Kv__Consistency cons, Kv__Consistency dflt)
+{
+    repl_call *rc = calloc(1, sizeof(*rc));
+    if (rc) {
+        rc->env = env;
+        rc->cons = cons;
+        rc->dflt = dflt;
+    }
+    return rc;
+}
+
+kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out)
+{
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__ONE);
+    if (!rc)
+        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    rc->k = (key_call){.method = "kv.Get", .msg = &req->base, .key = &req->key};
+    return start_call(rc, c, out);
+}
+
+kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out)
+{
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM);
+    if (!rc)
+        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    if (!req->version)
+        req->version = kv_hlc_now(env->hlc);
+    rc->repair.put = *req;
+    rc->repair.put.if_version = 0;
+    rc->repair.put.if_absent = false;
+    bool conditional = req->if_version || req->if_absent;
+    kv__record__init(&rc->rec);
+    rc->rec.key = req->key;
+    rc->rec.value = req->value;
+    rc->rec.version = req->version;
+    rc->rec.expire_at_ms = req->ttl_ms ? kv_wall_ms() + req->ttl_ms : 0;
+    rc->k = (key_call){.method = "kv.Put",
+                       .msg = &req->base,
+                       .repair = conditional ? &rc->repair.put.base : NULL,
+                       .key = &req->key,
+                       .rec = &rc->rec};
+    return start_call(rc, c, out);
+}
+
+kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, repl_call **out)
+{
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM);
+    if (!rc)
+        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    if (!req->version)
+        req->version = kv_hlc_now(env->hlc);
+    rc->repair.del = *req;
+    rc->repair.del.if_version = 0;
+    kv__record__init(&rc->rec);
+    rc->rec.key = req->key;
+    rc->rec.version = req->version;
+    rc->rec.tombstone = true;
+    rc->k = (key_call){.method = "kv.Delete",
+                       .msg = &req->base,
+                       .repair = req->if_version ? &rc->repair.del.base : NULL,
+                       .key = &req->key,
+                       .rec = &rc->rec};
+    return start_call(rc, c, out);
 }
 
 kv_err repl_get(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req)
 {
-    key_call k = {.method = "kv.Get", .msg = &req->base, .key = &req->key};
-    return forward_key(env, c, &k, req->consistency, KV__CONSISTENCY__ONE);
+    repl_call *rc;
+    kv_err rv = repl_get_start(env, c, req, &rc);
+    return rv == KV_OK ? repl_finish(rc, c) : rv;
 }
 
 kv_err repl_put(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req)
 {
-    if (!req->version)
-        req->version = kv_hlc_now(env->hlc);
-    Kv__PutRequest repair = *req;
-    repair.if_version = 0;
-    repair.if_absent = false;
-    bool conditional = req->if_version || req->if_absent;
-    Kv__Record rec = KV__RECORD__INIT;
-    rec.key = req->key;
-    rec.value = req->value;
-    rec.version = req->version;
-    rec.expire_at_ms = req->ttl_ms ? kv_wall_ms() + req->ttl_ms : 0;
-    key_call k = {.method = "kv.Put",
-                  .msg = &req->base,
-                  .repair = conditional ? &repair.base : NULL,
-                  .key = &req->key,
-                  .rec = &rec};
-    return forward_key(env, c, &k, req->consistency, KV__CONSISTENCY__QUORUM);
+    repl_call *rc;
+    kv_err rv = repl_put_start(env, c, req, &rc);
+    return rv == KV_OK ? repl_finish(rc, c) : rv;
 }
 
 kv_err repl_delete(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req)
 {
-    if (!req->version)
-        req->version = kv_hlc_now(env->hlc);
-    Kv__DeleteRequest repair = *req;
-    repair.if_version = 0;
-    Kv__Record rec = KV__RECORD__INIT;
-    rec.key = req->key;
-    rec.version = req->version;
-    rec.tombstone = true;
-    key_call k = {.method = "kv.Delete",
-                  .msg = &req->base,
-                  .repair = req->if_version ? &repair.base : NULL,
-                  .key = &req->key,
-                  .rec = &rec};
-    return forward_key(env, c, &k, req->consistency, KV__CONSISTENCY__QUORUM);
+    repl_call *rc;
+    kv_err rv = repl_delete_start(env, c, req, &rc);
+    return rv == KV_OK ? repl_finish(rc, c) : rv;
 }

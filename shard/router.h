@@ -85,9 +85,12 @@ kv_err router_refresh_map(router *r);
 void router_learn_map(router *r, const uint8_t *body, size_t len);
 
 /* Handlers (router_kv.c, router_admin.c). */
-kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len);
-kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len);
-kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len);
+/* kv.Get/Put/Delete in two phases (rpc_method.start): the start checks the
+ * request and sends it to the replicas, router_finish waits for them. */
+kv_err router_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err router_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err router_finish(rpc_ctx *c, void *state);
 kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_ping(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len);

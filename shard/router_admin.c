@@ -199,10 +199,14 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
 }
 
 static const rpc_method router_methods[] = {
-    {"kv.Get", router_h_get},           {"kv.Put", router_h_put},
-    {"kv.Delete", router_h_delete},     {"kv.Batch", router_h_batch},
-    {"admin.Ping", router_h_ping},      {"admin.Stats", router_h_stats},
-    {"admin.GetMap", router_h_get_map}, {"admin.HotKeys", router_h_hot_keys},
+    {"kv.Get", NULL, router_get_start, router_finish},
+    {"kv.Put", NULL, router_put_start, router_finish},
+    {"kv.Delete", NULL, router_delete_start, router_finish},
+    {"kv.Batch", router_h_batch},
+    {"admin.Ping", router_h_ping},
+    {"admin.Stats", router_h_stats},
+    {"admin.GetMap", router_h_get_map},
+    {"admin.HotKeys", router_h_hot_keys},
 };
 
 static rpc_chan *env_chan(void *user, const char *addr)

@@ -53,7 +53,57 @@ static kv_err get_hot(router *r, rpc_ctx *c, Kv__GetRequest *req)
     return rv;
 }
 
-kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
+/* A forwarded call between router_*_start and router_finish. */
+typedef struct router_call {
+    router *r;
+    ProtobufCMessage *req; /* unpacked request, freed at the finish */
+    const ProtobufCBinaryData *key;
+    bool write; /* the finish drops the key from the hot-key cache */
+    repl_call *rc;
+} router_call;
+
+/* Starts req's replication (or completes a call that failed already: the
+ * request is freed and *state left NULL). */
+static kv_err call_start(router *r, rpc_ctx *c, kv_err rv, ProtobufCMessage *req,
+                         const ProtobufCBinaryData *key, void **state)
+{
+    router_call *rc = rv == KV_OK ? calloc(1, sizeof(*rc)) : NULL;
+    if (rv == KV_OK && !rc)
+        rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    if (rc) {
+        *rc = (router_call){.r = r, .req = req, .key = key};
+        if (req->descriptor == &kv__get_request__descriptor) {
+            rv = repl_get_start(&r->env, c, (Kv__GetRequest *)req, &rc->rc);
+        } else {
+            rc->write = true;
+            rv = req->descriptor == &kv__put_request__descriptor
+                     ? repl_put_start(&r->env, c, (Kv__PutRequest *)req, &rc->rc)
+                     : repl_delete_start(&r->env, c, (Kv__DeleteRequest *)req, &rc->rc);
+        }
+    }
+    if (rc && rv == KV_OK) {
+        *state = rc;
+        return KV_OK;
+    }
+    if (rc && rc->write)
+        router_mit_invalidate(r->mit, key->data, key->len);
+    free(rc);
+    protobuf_c_message_free_unpacked(req, NULL);
+    return rv;
+}
+
+kv_err router_finish(rpc_ctx *c, void *state)
+{
+    router_call *rc = state;
+    kv_err rv = repl_finish(rc->rc, c);
+    if (rc->write)
+        router_mit_invalidate(rc->r->mit, rc->key->data, rc->key->len);
+    protobuf_c_message_free_unpacked(rc->req, NULL);
+    free(rc);
+    return rv;
+}
+
+kv_err router_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
@@ -65,15 +115,15 @@ kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len)
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
     bool one =
         req->consistency == KV__CONSISTENCY__DEFAULT || req->consistency == KV__CONSISTENCY__ONE;
-    if (rv == KV_OK && r->mit && one && router_mit_flagged(r->mit, req->key.data, req->key.len))
-        rv = get_hot(r, c, req);
-    else if (rv == KV_OK)
-        rv = repl_get(&r->env, c, req);
-    kv__get_request__free_unpacked(req, NULL);
-    return rv;
+    if (rv == KV_OK && r->mit && one && router_mit_flagged(r->mit, req->key.data, req->key.len)) {
+        rv = get_hot(r, c, req); /* complete now */
+        kv__get_request__free_unpacked(req, NULL);
+        return rv;
+    }
+    return call_start(r, c, rv, &req->base, &req->key, state);
 }
 
-kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len)
+kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
@@ -85,15 +135,10 @@ kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len)
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
     if (rv == KV_OK)
         rv = kv_check_value(&r->cfg.limits, req->value.len, c->message, sizeof(c->message));
-    if (rv == KV_OK) {
-        rv = repl_put(&r->env, c, req);
-        router_mit_invalidate(r->mit, req->key.data, req->key.len);
-    }
-    kv__put_request__free_unpacked(req, NULL);
-    return rv;
+    return call_start(r, c, rv, &req->base, &req->key, state);
 }
 
-kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
+kv_err router_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
@@ -103,12 +148,7 @@ kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
-    if (rv == KV_OK) {
-        rv = repl_delete(&r->env, c, req);
-        router_mit_invalidate(r->mit, req->key.data, req->key.len);
-    }
-    kv__delete_request__free_unpacked(req, NULL);
-    return rv;
+    return call_start(r, c, rv, &req->base, &req->key, state);
 }
 
 kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
