@@ -5,7 +5,7 @@
 set -euo pipefail
 KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler
   liburing-dev liburcu-dev libcriterion-dev libxxhash-dev libinih-dev libfuse3-dev fuse3
-  librocksdb-dev)
+  librocksdb-dev docker-compose)
 missing=()
 for p in "${KV_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

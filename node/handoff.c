@@ -95,31 +95,36 @@ typedef struct replay_ctx {
     uint64_t t0, bytes;
 } replay_ctx;
 
-/* hint_send_fn: one admin.Apply of the batch to the target, paced. */
+/* hint_send_fn: one admin.Apply of the batch to the target, paced. A hint
+ * that does not decode (it passed its frame's CRC, so only a bug writes
+ * one) is logged and skipped rather than blocking the target forever. */
 static kv_err send_batch(void *arg, const uint8_t *const *hints, const size_t *lens, size_t n)
 {
     replay_ctx *rc = arg;
     Kv__Record **recs = calloc(n, sizeof(*recs));
     kv_err rv = recs ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    size_t k = 0;
     for (size_t i = 0; rv == KV_OK && i < n; i++)
-        if (!(recs[i] = kv__record__unpack(NULL, lens[i], hints[i])))
-            rv = KV_DATA_LOSS;
-    rpc_chan *ch = rv == KV_OK ? node_chan(rc->n, rc->addr) : NULL;
-    if (rv == KV_OK && !ch)
+        if ((recs[k] = kv__record__unpack(NULL, lens[i], hints[i])) != NULL)
+            k++;
+        else
+            KV_ERROR("handoff", "a hint of %zu bytes does not decode as a record: skipped",
+                     lens[i]);
+    rpc_chan *ch = rv == KV_OK && k ? node_chan(rc->n, rc->addr) : NULL;
+    if (rv == KV_OK && k && !ch)
         rv = KV_INVALID_ARGUMENT;
-    if (rv == KV_OK) {
+    if (rv == KV_OK && k) {
         Kv__ApplyRequest req = KV__APPLY_REQUEST__INIT;
-        req.n_records = n;
+        req.n_records = k;
         req.records = recs;
         rpc_reply rep = {0};
         rv = rpc_call(ch, "admin.Apply", 0, &req.base, APPLY_DEADLINE_MS, &rep);
         rpc_reply_free(&rep);
     }
-    for (size_t i = 0; recs && i < n; i++) {
-        if (recs[i])
-            kv__record__free_unpacked(recs[i], NULL);
-        rc->bytes += rv == KV_OK ? lens[i] : 0;
-    }
+    for (size_t i = 0; recs && i < k; i++)
+        kv__record__free_unpacked(recs[i], NULL);
+    for (size_t i = 0; rv == KV_OK && i < n; i++)
+        rc->bytes += lens[i];
     free(recs);
     uint64_t want = rc->bytes * 1000000000ull / ((uint64_t)rc->n->cfg.stream_mbps << 20);
     uint64_t spent = kv_now_ns() - rc->t0;
@@ -168,9 +173,8 @@ static void replay_target(node_handoff *h, const hint_target_info *t, uint64_t n
         r->backoff_ns = 0;
     }
     pthread_mutex_unlock(&h->mu);
-    if (sent)
-        KV_INFO("handoff", "replayed %llu hints to %s%s%s", (unsigned long long)sent, t->target,
-                rv == KV_OK ? "" : ", stopped: ", rv == KV_OK ? "" : kv_strerror(rv));
+    if (rv == KV_OK && sent)
+        KV_INFO("handoff", "replayed %llu hints to %s", (unsigned long long)sent, t->target);
 }
 
 static void replay_tick(void *arg)

@@ -191,6 +191,10 @@ int main(int argc, char **argv)
          "after a restart, a peer that does not answer within this time is skipped when "
          "waiting for the hints held for this node",
          NULL, 100, 3600000},
+        {"force-stale-start", KV_OPT_BOOL, &n.cfg.force_stale_start,
+         "start although the node was down longer than --tombstone-grace (it may resurrect "
+         "deleted keys; it starts marked NEEDS_REPAIR)",
+         NULL, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};
@@ -223,6 +227,7 @@ int main(int argc, char **argv)
         snprintf(dflt_dir, sizeof(dflt_dir), "./data/%s", n.cfg.id);
         n.cfg.data_dir = dflt_dir;
     }
+    rpc_runtime_init();
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);

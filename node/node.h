@@ -49,6 +49,7 @@ typedef struct node_config {
     long hint_window_s;      /* hints older than this are dropped (repair needed) */
     long tombstone_grace_s;  /* tombstones are kept at least this long */
     long catchup_timeout_ms; /* a peer silent this long is skipped by the catch-up */
+    bool force_stale_start;  /* start even after a downtime longer than the grace */
 } node_config;
 
 typedef struct node_streams node_streams; /* stream.c */
@@ -70,8 +71,9 @@ typedef struct node {
     _Atomic uint64_t seen_epoch;    /* highest map epoch seen on a request */
     _Atomic uint64_t cleanup_at_ms; /* automatic cleanup due (0 = none) */
     kv_ticker *map_ticker;
-    size_t refresh_next; /* round-robin peer index of the refresher */
-    rpc_pool *peers;     /* one channel per peer address */
+    uint64_t alive_next_ms; /* when the refresher writes DATA_DIR/ALIVE next */
+    size_t refresh_next;    /* round-robin peer index of the refresher */
+    rpc_pool *peers;        /* one channel per peer address */
     node_streams *streams;
     node_handoff *handoff;
     /* coord.c: coordinating requests for smart clients */
@@ -89,6 +91,11 @@ typedef struct node {
 rpc_chan *node_chan(node *n, const char *addr);
 /* Loads DATA_DIR/cluster.map and the NEEDS_REPAIR mark (node_start). */
 kv_err node_map_load(node *n, char *err, size_t errlen);
+/* Refuses (FAILED_PRECONDITION, message in err) to start a cluster member
+ * that was down longer than --tombstone-grace (DATA_DIR/ALIVE is rewritten
+ * every minute): peers may have purged tombstones of deletes it missed, and
+ * its copies would resurrect those keys. Then records that it is alive. */
+kv_err node_check_downtime(node *n, char *err, size_t errlen);
 /* Starts / stops the map refresher (asks a peer for a newer map every
  * map_refresh_ms, at once when a request showed a newer epoch) and the
  * automatic cleanup after a transition. */

@@ -34,6 +34,8 @@
 
 #define MAP_FILE "cluster.map"
 #define REPAIR_FILE "NEEDS_REPAIR"
+#define ALIVE_FILE "ALIVE"
+#define ALIVE_PERIOD_MS 60000u
 #define MAP_TICK_NS (250ull * 1000000ull)
 
 rpc_chan *node_chan(node *n, const char *addr)
@@ -141,6 +143,49 @@ kv_err node_map_load(node *n, char *err, size_t errlen)
     return rv;
 }
 
+static kv_err write_alive(node *n)
+{
+    char buf[32], err[300];
+    int len = snprintf(buf, sizeof(buf), "%llu\n", (unsigned long long)kv_wall_ms());
+    kv_err rv = write_file(n, ALIVE_FILE, buf, (size_t)len, err, sizeof(err));
+    if (rv != KV_OK)
+        KV_WARN("node", "%s", err);
+    n->alive_next_ms = kv_wall_ms() + ALIVE_PERIOD_MS;
+    return rv;
+}
+
+kv_err node_check_downtime(node *n, char *err, size_t errlen)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/%s", n->cfg.data_dir, ALIVE_FILE);
+    FILE *f = fopen(path, "r");
+    unsigned long long last = 0;
+    if (f) {
+        if (fscanf(f, "%llu", &last) != 1)
+            last = 0;
+        fclose(f);
+    }
+    uint64_t grace = (uint64_t)n->cfg.tombstone_grace_s * 1000u, now = kv_wall_ms();
+    bool member = cmap_slot_epoch(n->maps) != 0;
+    if (member && grace && last && now > last + grace + ALIVE_PERIOD_MS) {
+        if (!n->cfg.force_stale_start) {
+            snprintf(err, errlen,
+                     "this node was down for %.1f h, longer than --tombstone-grace (%.1f h): its "
+                     "peers may have purged the tombstones of deletes it missed, so its data could "
+                     "bring deleted keys back. Wipe %s and run kvctl node replace (or start it "
+                     "with --force-stale-start, then kvctl repair, accepting that risk)",
+                     (double)(now - last) / 3.6e6, (double)grace / 3.6e6, n->cfg.data_dir);
+            return KV_FAILED_PRECONDITION;
+        }
+        KV_WARN("node",
+                "down %.1f h, longer than --tombstone-grace: started anyway "
+                "(--force-stale-start); marked NEEDS_REPAIR",
+                (double)(now - last) / 3.6e6);
+        node_set_needs_repair(n, true, "started after a downtime longer than the grace period");
+    }
+    return write_alive(n);
+}
+
 kv_err node_set_needs_repair(node *n, bool on, const char *why)
 {
     char path[4200], err[300];
@@ -221,6 +266,8 @@ static void installed(node *n, cmap *old, cmap *m, const char *how)
         atomic_store(&n->cleanup_at_ms, kv_wall_ms() + (uint64_t)n->cfg.cleanup_delay_s * 1000u);
     }
     if (!old && cmap_find(m, n->cfg.id) >= 0) {
+        /* writes sent while it had no map became hints on its peers */
+        atomic_store(&n->catching_up, cmap_node_count(m) > 1);
         const cmap_node *me = cmap_node_at(m, (size_t)cmap_find(m, n->cfg.id));
         if (me->state == CMAP_UP && cmap_epoch(m) > 1)
             node_set_needs_repair(n, true, "joined a cluster as an existing member without a map");
@@ -397,6 +444,8 @@ static void map_tick(void *arg)
         KV_INFO("node", "automatic cleanup after the transition: %s, %llu records dropped",
                 kv_err_name(rv), (unsigned long long)dropped);
     }
+    if (kv_wall_ms() >= n->alive_next_ms)
+        write_alive(n);
     bool behind = atomic_load(&n->seen_epoch) > cmap_slot_epoch(n->maps);
     if (behind || now >= next_refresh) {
         refresh(n, behind);

@@ -474,7 +474,9 @@ kv_err node_start(node *n, char *err, size_t errlen)
     pthread_mutex_init(&n->map_mu, NULL);
     rpc_chan_opts co = {.auth = n->cfg.auth, .recv_max = kv_limits_recv_max(&n->cfg.limits)};
     if ((rv = rpc_pool_create(&n->peers, &co)) != KV_OK ||
-        (rv = cmap_slot_create(&n->maps)) != KV_OK || (rv = node_map_load(n, err, errlen)) != KV_OK)
+        (rv = cmap_slot_create(&n->maps)) != KV_OK ||
+        (rv = node_map_load(n, err, errlen)) != KV_OK ||
+        (rv = node_check_downtime(n, err, errlen)) != KV_OK)
         return rv;
     char fast[4200];
     if (!n->cfg.fast_dir) {

@@ -90,7 +90,8 @@ static kv_err set_resume(job *j, const uint8_t *key, size_t len)
     uint8_t *r = malloc(len ? len : 1);
     if (!r)
         return KV_RESOURCE_EXHAUSTED;
-    memcpy(r, key, len);
+    if (len)
+        memcpy(r, key, len);
     free(j->resume);
     j->resume = r;
     j->st.resume_key = (ProtobufCBinaryData){len, r};

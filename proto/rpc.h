@@ -170,6 +170,12 @@ kv_err rpc_call(rpc_chan *ch, const char *method, uint64_t map_epoch, const Prot
 kv_err rpc_call_retry(rpc_chan *ch, const char *method, uint64_t map_epoch,
                       const ProtobufCMessage *req, uint32_t deadline_ms, rpc_reply *out);
 
+/* Initialises nng on the calling thread. Call it once from main() before
+ * starting threads: nng initialises itself lazily on first use, and two
+ * threads making their first nng calls at once race inside that
+ * initialisation (found by ThreadSanitizer). Returns KV_OK or INTERNAL. */
+kv_err rpc_runtime_init(void);
+
 /* ---- channel pool (rpc_pool.c) -------------------------------------------- */
 
 /* One channel per peer address, opened on first use and kept for the

@@ -234,15 +234,16 @@ kv_err router_start(router *r, char *err, size_t errlen)
                         .stopping = &r->stopping,
                         .chan = env_chan,
                         .learn_map = env_learn_map};
+    /* the prober's table exists before the refresher, which uses it */
+    if ((rv = router_probe_start(r)) != KV_OK) {
+        snprintf(err, errlen, "cannot start the failure detector");
+        return rv;
+    }
     if (pthread_create(&r->refresher, NULL, refresher_main, r) != 0) {
         snprintf(err, errlen, "cannot start the map refresher thread");
         return KV_RESOURCE_EXHAUSTED;
     }
     r->refresher_started = true;
-    if ((rv = router_probe_start(r)) != KV_OK) {
-        snprintf(err, errlen, "cannot start the failure detector");
-        return rv;
-    }
     if ((rv = router_hot_start(r)) != KV_OK) {
         snprintf(err, errlen, "cannot start hot-key detection: %s", kv_strerror(rv));
         return rv;

@@ -80,6 +80,7 @@ int main(int argc, char **argv)
     kv_log_set_level((kv_log_level)kv_log_parse_level(log_level));
     r.cfg.limits =
         (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
+    rpc_runtime_init();
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);

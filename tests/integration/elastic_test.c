@@ -358,3 +358,36 @@ Test(elastic, bad_changes_are_refused, .timeout = 300)
     kvt_load_free(&ld);
     stop();
 }
+
+Test(elastic, reweight_then_automatic_cleanup, .timeout = 300)
+{
+    static const char *const fast_cleanup[] = {"--cleanup-delay", "1", NULL};
+    kvt_node_extra = fast_cleanup;
+    kv_err rv = kvt_cluster_start(&cl, 3, 2, NULL);
+    cr_assert_eq(rv, KV_OK, "cluster start: %s (logs in %s)", kv_err_name(rv), cl.dir);
+    load_init(KEYS / 10);
+    char out[8192];
+    int rc = kvt_kvctl(&cl, "node weight n1 3", out, sizeof(out));
+    cr_assert_eq(rc, 0, "kvctl node weight: %d %s", rc, out);
+    cmap *m = map_of(cl.node_url[0]);
+    cr_expect_eq(cmap_node_at(m, (size_t)cmap_find(m, "n1"))->weight, 3);
+    double want = replica_share(m, "n1") * (KEYS / 10);
+    uint64_t sum = 0;
+    for (int t = 0; t < 100; t++) { /* the nodes drop what they lost after 1 s */
+        sum = live_on(0) + live_on(1) + live_on(2);
+        if (sum == 2ull * (KEYS / 10))
+            break;
+        usleep(100000);
+    }
+    cr_expect_eq(sum, 2ull * (KEYS / 10), "records after the automatic cleanup: %llu",
+                 (unsigned long long)sum);
+    uint64_t got = live_on(0);
+    cr_expect(got > want * 0.8 && got < want * 1.2, "n1 holds %llu keys, its share is %.0f",
+              (unsigned long long)got, want);
+    uint64_t stale = 0, errors = 0;
+    kvt_load_verify(&ld, cl.router_url, KV_CONSISTENCY_QUORUM, &stale, &errors);
+    cr_expect_eq(stale + errors, 0);
+    cmap_unref(m);
+    kvt_load_free(&ld);
+    stop();
+}

@@ -361,10 +361,14 @@ Test(repair, full_hint_storage_is_reported_and_repaired, .timeout = 600)
     sleep_ms(1500);
     ld.o.writers = 2;
     cr_assert_eq(kvt_load_start(&ld), KV_OK);
-    sleep_ms(15000);
+    bool lost = false; /* write until the peers' hint storage overflows (at most 90 s) */
+    for (int s = 0; s < 90 && !lost; s++) {
+        sleep_ms(1000);
+        hints_for("n2", &lost);
+    }
+    sleep_ms(2000); /* and a little beyond */
     kvt_load_stop(&ld);
     cr_expect_eq(ld.write_errors, 0, "writes succeed at QUORUM: %s", ld.first_error);
-    bool lost = false;
     hints_for("n2", &lost);
     cr_expect(lost, "the overflow is reported (hints for n2 marked lost)");
     char out[16384];
@@ -379,5 +383,26 @@ Test(repair, full_hint_storage_is_reported_and_repaired, .timeout = 600)
     hints_for("n2", &lost);
     cr_expect(!lost, "the repair cleared the marks");
     kvt_load_free(&ld);
+    kvt_cluster_stop(&cl);
+}
+
+Test(repair, a_node_down_longer_than_the_grace_refuses_to_start, .timeout = 120)
+{
+    static const char *const extra[] = {"--tombstone-grace", "86400", NULL};
+    start(2, 2, extra);
+    kvt_kill_node(&cl, 1, SIGTERM);
+    char cmd[600], out[4096];
+    snprintf(cmd, sizeof(cmd), "echo %llu > %s/n2/ALIVE",
+             (unsigned long long)(kv_wall_ms() - 3ull * 86400000ull), cl.dir);
+    cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 0);
+    cr_expect_neq(kvt_node_restart(&cl, 1), KV_OK, "n2 must not start after 3 days down");
+    snprintf(cmd, sizeof(cmd), "cat %s/n2.log", cl.dir);
+    kvt_run(cmd, out, sizeof(out));
+    cr_expect(strstr(out, "longer than --tombstone-grace") != NULL, "%s", out);
+    static const char *const force[] = {"--force-stale-start", NULL};
+    cl.node_extra[1] = force;
+    cr_assert_eq(kvt_node_restart(&cl, 1), KV_OK, "--force-stale-start starts it");
+    cr_expect(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__NEEDS_REPAIR, 10000),
+              "and it needs a repair");
     kvt_cluster_stop(&cl);
 }
