@@ -217,6 +217,10 @@ run() { # KIND ROUND
   secs_run=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
   for s in "${procs[@]}"; do c1+=($(cpu_ticks "${pid_of[$s]}")); done
   [ -n "$res" ] || { echo "$0: $kind failed:" >&2; cat "$tmp/kvbench.err" >&2; exit 1; }
+  if [ "$(jq '.errors // 0' <<< "$res")" != 0 ]; then # keep what the generator said
+    { echo "== $kind round $round"; cat "$tmp/kvbench.err" "$tmp/bb.err" 2> /dev/null; } |
+      grep -v ' ops/s ' >> "$tmp/errors.log"
+  fi
   local cpu="{}"
   for s in "${procs[@]}"; do
     cpu=$(jq -c --arg k "$s" --argjson v $(((c1[i] - c0[i]) * tick_ms)) '. + {($k): $v}' \
@@ -227,7 +231,7 @@ run() { # KIND ROUND
     --argjson gen "$(cat "$tmp/gen.cpu")" --argjson load1 "$l" --argjson wall "$secs_run" '
     ($cpu | [.[]] | add) as $srv |
     {run: $kind, round: $round, ops_per_s: $r.ops_per_s, p50_us: $r.p50_us,
-     errors: ($r.errors // 0), wall_s: $wall, cpu_ms: $cpu, server_cpu_ms: $srv,
+     errors: ($r.errors // 0), error_codes: ($r.error_codes // {}), wall_s: $wall, cpu_ms: $cpu, server_cpu_ms: $srv,
      generator_cpu_ms: $gen, load1: $load1,
      server_cpu_s_per_1k: (if $r.ops_per_s > 0 then $srv / 1000 / ($r.ops_per_s * $wall) * 1000
                            else null end)}' | tee -a "$tmp/runs.jsonl"
