@@ -12,7 +12,7 @@
  * coalesce_after messages are already in flight, new small calls wait in a
  * queue, and the queue goes out as one rpc.Calls message (kv.proto) when a
  * message completes, when it holds COALESCE_MAX_CALLS calls or
- * COALESCE_MAX_BYTES, or after COALESCE_WAIT_MS at the latest. A lone call
+ * COALESCE_MAX_BYTES, or after COALESCE_WAIT_NS (1 ms) at the latest. A lone call
  * is never delayed; under load, calls share messages (like a Redis client's
  * automatic pipelining). Each call keeps its own deadline (its remaining
  * time when the message leaves), status and reply.
@@ -31,14 +31,14 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
+#include "proto/rpc_timer.h"
 
 #define DEFAULT_CONNECT_WAIT_MS 1000u
 #define DEFAULT_COALESCE_AFTER 4u
 #define COALESCE_MAX_CALLS 64u
 #define COALESCE_MAX_BYTES (256u * 1024u) /* request bodies in one message */
 #define COALESCE_MAX_BODY (16u * 1024u)   /* larger calls always go alone */
-#define COALESCE_WAIT_MS 1u
-#define SWEEP_MS 5u /* a coalesced call completes at most this late past its deadline */
+#define COALESCE_WAIT_NS 1000000ull       /* the longest a call waits in the queue */
 #define METHOD_MAX 48
 
 /* A call waiting to go out in an rpc.Calls message. */
@@ -87,11 +87,11 @@ struct rpc_chan {
     unsigned inflight;       /* messages sent and not completed */
     rpc_pend *qhead, *qtail;
     size_t qn, qbytes;
-    nng_aio *timer; /* flushes the queue after COALESCE_WAIT_MS */
-    bool timer_armed, closing;
-    unsigned nbatch; /* rpc.Calls messages in flight */
-    nng_aio *sweep;  /* completes their calls that pass their deadline */
-    bool sweep_armed;
+    uint64_t q_since; /* when the oldest queued call was queued */
+    bool closing;
+    unsigned nbatch;    /* rpc.Calls messages in flight */
+    rpc_timer_ent tick; /* flushes the queue after COALESCE_WAIT_NS, and completes the
+                           calls of rpc.Calls messages that pass their deadline */
     atomic_int pipes;
     atomic_uint_fast64_t next_id;
 };
@@ -221,6 +221,8 @@ static void fail_now(rpc_done_fn done, void *arg, kv_err status, const char *msg
 }
 
 static void send_single(rpc_chan *ch, rpc_pend *p);
+static void send_calls(rpc_chan *ch, rpc_pend *q);
+static rpc_pend *take_queue(rpc_chan *ch);
 
 static void pend_free(rpc_pend *p)
 {
@@ -277,7 +279,7 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
     if (resend)
         ch->coalesce_after = 0;
     for (rpc_pend *q = p; q; q = q->next) {
-        bool mine = !q->claimed; /* the sweep took the others */
+        bool mine = !q->claimed; /* chan_tick took the others */
         q->claimed = true;
         q->done = mine ? q->done : NULL;
     }
@@ -314,11 +316,13 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
     rpc_reply_free(&outer);
 }
 
-/* Every SWEEP_MS while rpc.Calls messages are in flight: their calls whose
+/* The channel's timer (rpc_timer.h): the queue goes out once its oldest
+ * call waited COALESCE_WAIT_NS, even if every message in flight is still
+ * waiting for its reply; the calls of rpc.Calls messages in flight whose
  * deadline passed complete with DEADLINE_EXCEEDED (their replies, if they
  * come, are dropped), as a call in a message of its own would by its
- * message's timeout. */
-static void sweep_cb(void *arg)
+ * message's timeout. Re-arms itself for what is next due. */
+static void chan_tick(void *arg)
 {
     rpc_chan *ch = arg;
     struct {
@@ -326,21 +330,31 @@ static void sweep_cb(void *arg)
         void *arg;
     } due[COALESCE_MAX_CALLS * 4];
     size_t n = 0;
-    uint64_t now = kv_now_ns();
+    uint64_t now = kv_now_ns(), next = UINT64_MAX;
     pthread_mutex_lock(&ch->mu);
-    ch->sweep_armed = false;
+    rpc_pend *q = NULL;
+    if (ch->qhead && now - ch->q_since >= COALESCE_WAIT_NS)
+        q = take_queue(ch);
+    else if (ch->qhead)
+        next = ch->q_since + COALESCE_WAIT_NS;
     for (size_t i = 0; i < ch->nall; i++)
-        for (rpc_pend *p = ch->all[i]->calls; p && n < sizeof(due) / sizeof(due[0]); p = p->next)
-            if (!p->claimed && p->deadline_ns <= now) {
+        for (rpc_pend *p = ch->all[i]->calls; p; p = p->next) {
+            if (p->claimed)
+                continue;
+            if (p->deadline_ns <= now && n < sizeof(due) / sizeof(due[0])) {
                 p->claimed = true;
                 due[n].done = p->done;
                 due[n++].arg = p->arg;
+            } else if (p->deadline_ns < next) {
+                next = p->deadline_ns > now ? p->deadline_ns : now + 1000000ull;
             }
-    bool rearm = ch->nbatch > 0 && !ch->closing;
-    ch->sweep_armed = rearm;
+        }
+    bool rearm = next != UINT64_MAX && !ch->closing;
     pthread_mutex_unlock(&ch->mu);
     if (rearm)
-        nng_sleep_aio(SWEEP_MS, ch->sweep);
+        rpc_timer_arm(&ch->tick, next);
+    if (q)
+        send_calls(ch, q);
     char msg[160];
     snprintf(msg, sizeof(msg), "%s did not answer before the deadline", ch->url);
     for (size_t i = 0; i < n; i++)
@@ -419,9 +433,6 @@ static rpc_slot *slot_get(rpc_chan *ch)
     return s;
 }
 
-static void timer_cb(void *arg);
-static void sweep_cb(void *arg);
-
 /* opts->coalesce_after, else $KV_RPC_COALESCE_AFTER (for benchmarks that
  * compare both ways), else DEFAULT_COALESCE_AFTER; negative = never. */
 static unsigned coalesce_after(const rpc_chan_opts *opts)
@@ -448,11 +459,8 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
     ch->coordinate = opts && opts->coordinate;
     ch->coalesce_after = coalesce_after(opts);
     ch->opened_ns = kv_now_ns();
-    int rv = nng_aio_alloc(&ch->timer, timer_cb, ch);
-    if (rv == 0)
-        rv = nng_aio_alloc(&ch->sweep, sweep_cb, ch);
-    if (rv == 0)
-        rv = nng_req0_open(&ch->sock);
+    ch->tick = (rpc_timer_ent){.fn = chan_tick, .arg = ch};
+    int rv = nng_req0_open(&ch->sock);
     if (rv == 0) {
         nng_socket_set_ms(ch->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
         nng_socket_set_size(ch->sock, NNG_OPT_RECVMAXSZ, ch->recv_max);
@@ -491,10 +499,7 @@ void rpc_chan_close(rpc_chan *ch)
         next = q->next;
         pend_fail(q, KV_CANCELLED, "channel closed");
     }
-    if (ch->timer)
-        nng_aio_stop(ch->timer);
-    if (ch->sweep)
-        nng_aio_stop(ch->sweep);
+    rpc_timer_cancel(&ch->tick);
     /* Stop every context's aio before closing the socket: a completion that
      * is running may submit the receive phase, and nng (1.5) must not see
      * that race with the socket tearing its contexts down. A stopped aio
@@ -507,10 +512,6 @@ void rpc_chan_close(rpc_chan *ch)
         free(ch->all[i]);
     }
     free(ch->all);
-    if (ch->timer)
-        nng_aio_free(ch->timer);
-    if (ch->sweep)
-        nng_aio_free(ch->sweep);
     free(ch->url);
     free(ch->auth);
     pthread_cond_destroy(&ch->cv);
@@ -569,17 +570,16 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
     s->arg = arg;
     s->receiving = false;
     s->deadline_ns = deadline_ns;
-    bool arm = false;
+    uint64_t first = UINT64_MAX; /* the earliest deadline among the calls */
+    for (rpc_pend *p = calls; p; p = p->next)
+        first = p->deadline_ns < first ? p->deadline_ns : first;
     if (calls) {
         pthread_mutex_lock(&ch->mu);
         s->calls = calls;
         ch->nbatch++;
-        arm = !ch->sweep_armed && !ch->closing;
-        ch->sweep_armed |= arm;
         pthread_mutex_unlock(&ch->mu);
+        rpc_timer_arm(&ch->tick, first);
     }
-    if (arm)
-        nng_sleep_aio(SWEEP_MS, ch->sweep);
     nng_aio_set_timeout(
         s->aio, (nng_duration)(deadline_ns > now ? (deadline_ns - now) / 1000000ull + 1 : 1));
     nng_aio_set_msg(s->aio, m);
@@ -684,19 +684,6 @@ static void msg_done(rpc_chan *ch)
         send_calls(ch, q);
 }
 
-/* COALESCE_WAIT_MS after a call was queued: the queue goes out even if
- * every message in flight is still waiting for its reply. */
-static void timer_cb(void *arg)
-{
-    rpc_chan *ch = arg;
-    pthread_mutex_lock(&ch->mu);
-    ch->timer_armed = false;
-    rpc_pend *q = take_queue(ch);
-    pthread_mutex_unlock(&ch->mu);
-    if (q)
-        send_calls(ch, q);
-}
-
 /* Queues p when coalesce_after messages are in flight (true: p is the
  * channel's now); otherwise counts the message p is about to become. */
 static bool try_queue(rpc_chan *ch, rpc_pend *p)
@@ -708,7 +695,9 @@ static bool try_queue(rpc_chan *ch, rpc_pend *p)
         pthread_mutex_unlock(&ch->mu);
         return false;
     }
+    uint64_t now = kv_now_ns();
     p->next = NULL;
+    bool first = !ch->qhead;
     if (ch->qtail)
         ch->qtail->next = p;
     else
@@ -716,15 +705,17 @@ static bool try_queue(rpc_chan *ch, rpc_pend *p)
     ch->qtail = p;
     ch->qn++;
     ch->qbytes += p->blen;
-    rpc_pend *full =
-        ch->qn >= COALESCE_MAX_CALLS || ch->qbytes >= COALESCE_MAX_BYTES ? take_queue(ch) : NULL;
-    bool arm = !full && !ch->timer_armed;
-    ch->timer_armed |= arm;
+    ch->q_since = first ? now : ch->q_since;
+    /* full, or waited long enough (a completion or the timer would send it) */
+    rpc_pend *q = ch->qn >= COALESCE_MAX_CALLS || ch->qbytes >= COALESCE_MAX_BYTES ||
+                          now - ch->q_since >= COALESCE_WAIT_NS
+                      ? take_queue(ch)
+                      : NULL;
     pthread_mutex_unlock(&ch->mu);
-    if (full)
-        send_calls(ch, full);
-    if (arm)
-        nng_sleep_aio(COALESCE_WAIT_MS, ch->timer);
+    if (q)
+        send_calls(ch, q);
+    else if (first)
+        rpc_timer_arm(&ch->tick, now + COALESCE_WAIT_NS);
     return true;
 }
 
