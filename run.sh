@@ -16,9 +16,13 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-./deploy/deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
+./deploy/deps.sh --runtime
+# Only what the cluster needs: tests and benchmarks stay off in a new build
+# dir (./test.sh turns them on).
+extra=()
+[ -f build/CMakeCache.txt ] || extra=(-DKV_BUILD_TESTS=OFF -DKV_BUILD_BENCH=OFF)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${extra[@]+"${extra[@]}"} >/dev/null
+cmake --build build -j"$(nproc)" --target kvnode kvrouter kvctl
 
 ./deploy/local-cluster.sh --nodes "$nodes" --port "$port" --data ./data --foreground &
 cluster=$!

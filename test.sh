@@ -30,7 +30,7 @@ case "$mode" in
 esac
 werror=()
 [ -n "${CI:-}" ] && werror=(-DKV_WERROR=ON)
-cmake -S . -B "$dir" "${flags[@]}" "${werror[@]}" >/dev/null
+cmake -S . -B "$dir" "${flags[@]}" -DKV_BUILD_TESTS=ON -DKV_BUILD_BENCH=ON ${werror[@]+"${werror[@]}"} >/dev/null
 cmake --build "$dir" -j"$(nproc)"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:${ASAN_OPTIONS:-}"
 export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:${LSAN_OPTIONS:-}"

@@ -174,6 +174,7 @@ kv_err kv_get_ex(kv_client *c, const void *key, size_t klen, kv_consistency cons
             out->data = data;
             out->len = g->value.len;
             out->version = g->version;
+            out->expire_at_ms = g->expire_at_ms;
         }
     }
     if (g)

@@ -10,14 +10,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/kvctl.h"
 #include "common/opts.h"
 
 static const kvctl_cmd commands[] = {
-    {"get", kvctl_get, 1, 1, "get KEY"},
-    {"put", kvctl_put, 2, 2, "put KEY VALUE [--ttl MS]"},
-    {"del", kvctl_del, 1, 1, "del KEY"},
+    {"get", kvctl_get, 1, 1,
+     "get KEY [--consistency one|quorum|all] [--raw] [-o FILE] [--hex]   (exit 1: not found)"},
+    {"put", kvctl_put, 1, 2,
+     "put KEY VALUE|- [--file F] [--ttl MS] [--if-version V] [--if-absent] [--consistency C] "
+     "[--hex]   (- reads stdin; -- before a value that starts with --)"},
+    {"del", kvctl_del, 1, 1, "del KEY [--if-version V] [--consistency C] [--hex]"},
+    {"ttl", kvctl_ttl, 1, 1, "ttl KEY   remaining time to live in ms, or none"},
+    {"batch", kvctl_batch, 0, 1,
+     "batch [FILE|-]   one operation a line: get KEY | put KEY VALUE | del KEY"},
     {"status", kvctl_status, 0, 0, "status [--verbose]"},
     {"ring", kvctl_ring, 0, 0, "ring"},
     {"ping", kvctl_ping, 0, 0, "ping"},
@@ -44,13 +51,34 @@ static void usage(FILE *f)
                "too.\n");
 }
 
+/* `kvctl COMMAND --help`: that command's usage. True when printed. */
+static bool command_help(int argc, char **argv)
+{
+    bool help = false;
+    const kvctl_cmd *cmd = NULL;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+        for (size_t k = 0; !cmd && argv[i][0] != '-' && k < sizeof(commands) / sizeof(commands[0]);
+             k++)
+            if (strcmp(commands[k].name, argv[i]) == 0)
+                cmd = &commands[k];
+    }
+    if (!help || !cmd)
+        return false;
+    printf("usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] %s\n", cmd->usage);
+    return true;
+}
+
 int main(int argc, char **argv)
 {
+    if (command_help(argc, argv))
+        return 0;
     kvctl_env env = {0};
     env.router =
         getenv("KV_ROUTER") && *getenv("KV_ROUTER") ? getenv("KV_ROUTER") : "tcp://127.0.0.1:7000";
     env.timeout_ms = 5000;
     env.rf = 0;
+    static const char *const levels[] = {"default", "one", "quorum", "all", NULL};
     kv_opt table[] = {
         {"router", KV_OPT_STR, &env.router, "router (or node) address", NULL, 0, 0},
         {"json", KV_OPT_BOOL, &env.json, "machine-readable output", NULL, 0, 0},
@@ -68,6 +96,16 @@ int main(int argc, char **argv)
          100000},
         {"ranges", KV_OPT_STR, &env.ranges,
          "repair: only these ring ranges, LO:HI[,LO:HI...] (hash positions, (LO, HI])", NULL, 0, 0},
+        {"consistency", KV_OPT_ENUM, &env.consistency,
+         "get, put, del, ttl: consistency level one|quorum|all", levels, 0, 0},
+        {"raw", KV_OPT_BOOL, &env.raw, "get: the value alone, no newline", NULL, 0, 0},
+        {"output", KV_OPT_STR, &env.output, "get: write the value to this file", NULL, 0, 0, 'o'},
+        {"hex", KV_OPT_BOOL, &env.hex, "keys and values in hex", NULL, 0, 0},
+        {"file", KV_OPT_STR, &env.file, "put: read the value from this file", NULL, 0, 0},
+        {"if-version", KV_OPT_STR, &env.if_version, "put, del: only if the version is this", NULL,
+         0, 0},
+        {"if-absent", KV_OPT_BOOL, &env.if_absent, "put: only if the key does not exist", NULL, 0,
+         0},
         {"no-wait", KV_OPT_BOOL, &env.no_wait,
          "node, repair: start the streams and return (rerun the command to finish)", NULL, 0, 0},
     };
@@ -75,8 +113,13 @@ int main(int argc, char **argv)
     char err[512];
     int npos = 0;
     kv_err rv = kv_opts_parse(&set, argc, argv, &npos, err, sizeof(err));
-    if (rv == KV_CANCELLED) {
-        usage(stdout);
+    if (rv == KV_CANCELLED) { /* --help (usage) or --version (printed) */
+        bool version = false;
+        for (int i = 1; i < argc; i++)
+            version |= strcmp(argv[i], "--version") == 0;
+        if (!version)
+            usage(stdout);
+        kv_opts_free(&set);
         return 0;
     }
     if (rv != KV_OK || npos < 1) {
@@ -86,6 +129,8 @@ int main(int argc, char **argv)
         kv_opts_free(&set);
         return KVCTL_USAGE;
     }
+    if (env.watch && !isatty(STDOUT_FILENO))
+        env.json = true; /* --watch into a pipe: one JSON line per tick, no redraws */
     int code = KVCTL_USAGE;
     const kvctl_cmd *cmd = NULL;
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)

@@ -32,6 +32,11 @@ typedef struct kvctl_env {
     long stream_mbps; /* node *, repair: stream throttle (0 = the nodes' --stream-mbps) */
     char *ranges;     /* repair: LO:HI[,LO:HI...] */
     bool no_wait;     /* node *, repair: start and return without waiting */
+    int consistency;  /* get/put/del: index into default|one|quorum|all */
+    bool raw, hex, if_absent;
+    char *output;     /* get: write the value to this file */
+    char *file;       /* put: read the value from this file */
+    char *if_version; /* put/del: compare-and-set version (decimal) */
 } kvctl_env;
 
 typedef int (*kvctl_fn)(kvctl_env *env, int argc, char **argv);
@@ -47,6 +52,14 @@ typedef struct kvctl_cmd {
 int kvctl_fail(kv_err rv, const char *msg);
 /* Prints s as a JSON string literal (escaped) to stdout. */
 void kvctl_json_str(const char *s, size_t len);
+/* Prints "field":"text" when data is printable UTF-8, else
+ * "field_b64":"base64" (JSON strings must be valid UTF-8). */
+void kvctl_json_bytes(const char *field, const void *data, size_t len);
+/* True when data is valid UTF-8 without control characters (tab and
+ * newline allowed). */
+bool kvctl_utf8_text(const void *data, size_t len);
+/* False (with a hint printed) when addr lacks a scheme (tcp://). */
+bool kvctl_addr_ok(const char *addr);
 
 /* ---- kvctl_rpc.c ---- */
 /* A channel to addr; NULL (message printed) for a bad address. */
@@ -69,6 +82,8 @@ const char *kvctl_serving_name(int s);
 int kvctl_get(kvctl_env *env, int argc, char **argv);
 int kvctl_put(kvctl_env *env, int argc, char **argv);
 int kvctl_del(kvctl_env *env, int argc, char **argv);
+int kvctl_ttl(kvctl_env *env, int argc, char **argv);
+int kvctl_batch(kvctl_env *env, int argc, char **argv);
 int kvctl_status(kvctl_env *env, int argc, char **argv);
 int kvctl_ring(kvctl_env *env, int argc, char **argv);
 int kvctl_ping(kvctl_env *env, int argc, char **argv);

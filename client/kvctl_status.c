@@ -24,6 +24,7 @@ typedef struct status_ctx {
     const char *target_id;
     int printed;
     Kv__StatsReply *router; /* the router's own stats (its view of the nodes) */
+    int unreachable;        /* nodes that did not answer */
 } status_ctx;
 
 static const char *stat_of(const Kv__StatsReply *s, const char *name)
@@ -88,7 +89,13 @@ static void print_row(status_ctx *sc, const char *id, const char *addr, const ch
                sc->printed++ ? "," : "", id, addr, state, serving ? serving : "-", view_of(sc, id));
         for (size_t i = 0; s && i < s->n_stats; i++) {
             printf("%s\"%s\":", i ? "," : "", s->stats[i]->name);
-            kvctl_json_str(s->stats[i]->value, strlen(s->stats[i]->value));
+            const char *v = s->stats[i]->value;
+            char *end = NULL;
+            strtod(v, &end);
+            if (*v && end && !*end && strspn(v, "0123456789.-e+") == strlen(v))
+                fputs(v, stdout); /* numbers as numbers */
+            else
+                kvctl_json_str(v, strlen(v));
         }
         printf("}}");
         return;
@@ -111,6 +118,7 @@ static void print_row(status_ctx *sc, const char *id, const char *addr, const ch
 static void one_node(status_ctx *sc, const char *id, const char *addr, cmap_state st)
 {
     Kv__StatsReply *s = node_stats(sc, id, addr);
+    sc->unreachable += s == NULL;
     const char *state = s ? (st == CMAP_UP ? "up" : cmap_state_name(st)) : "unreachable";
     print_row(sc, id, addr, state, s);
     if (s)
@@ -238,6 +246,11 @@ int kvctl_status(kvctl_env *env, int argc, char **argv)
             one_node(&sc, p->id, env->router, CMAP_UP);
         if (env->json)
             printf("]}\n");
+        if (sc.unreachable) {
+            fprintf(stderr, "kvctl: UNAVAILABLE: %d node%s did not answer\n", sc.unreachable,
+                    sc.unreachable > 1 ? "s" : "");
+            code = KVCTL_SERVER;
+        }
     }
     if (p)
         kv__ping_reply__free_unpacked(p, NULL);

@@ -163,12 +163,80 @@ void kv_opts_usage(const kv_optset *set, void *file)
     }
 }
 
+/* The option a flag word names: --name[=value] or a one-letter -x. */
+static int flag_index(const kv_optset *set, const char *a, const char **eqval, char *err,
+                      size_t errlen)
+{
+    *eqval = NULL;
+    if (a[0] == '-' && a[1] && a[1] != '-' && !a[2]) {
+        for (size_t k = 0; k < set->n; k++)
+            if (set->opts[k].short_name == a[1])
+                return (int)k;
+        snprintf(err, errlen, "unknown flag %s (see --help)", a);
+        return -1;
+    }
+    char name[128];
+    const char *eq = strchr(a + 2, '=');
+    size_t nlen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+    if (nlen >= sizeof(name))
+        nlen = sizeof(name) - 1;
+    memcpy(name, a + 2, nlen);
+    name[nlen] = '\0';
+    int k = find_opt(set, name);
+    if (k < 0)
+        snprintf(err, errlen, "unknown flag --%s (see --help)", name);
+    *eqval = eq ? eq + 1 : NULL;
+    return k;
+}
+
+/* Handles argv[*i]: KV_OK (a flag, its value consumed), NOT_FOUND (not a
+ * flag: a word), CANCELLED (--help, --version), or INVALID_ARGUMENT. */
+static kv_err one_flag(kv_optset *set, int argc, char **argv, int *i, char *err, size_t errlen)
+{
+    char *a = argv[*i];
+    if (strcmp(a, "--config") == 0) {
+        (*i)++;
+        return KV_OK;
+    }
+    if (strncmp(a, "--config=", 9) == 0)
+        return KV_OK;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        kv_opts_usage(set, stdout);
+        return KV_CANCELLED;
+    }
+    if (strcmp(a, "--version") == 0) {
+        printf("%s %s\n", set->prog, KV_VERSION);
+        return KV_CANCELLED;
+    }
+    bool is_short = a[0] == '-' && a[1] && a[1] != '-' && !a[2];
+    if (!is_short && (strncmp(a, "--", 2) != 0 || a[2] == '\0'))
+        return KV_NOT_FOUND;
+    const char *val;
+    int k = flag_index(set, a, &val, err, errlen);
+    if (k < 0)
+        return KV_INVALID_ARGUMENT;
+    if (!val && set->opts[k].type == KV_OPT_BOOL) {
+        bool is_word = *i + 1 < argc &&
+                       (strcmp(argv[*i + 1], "on") == 0 || strcmp(argv[*i + 1], "off") == 0 ||
+                        strcmp(argv[*i + 1], "true") == 0 || strcmp(argv[*i + 1], "false") == 0);
+        val = is_word ? argv[++*i] : "true";
+    }
+    if (!val) {
+        if (*i + 1 >= argc) {
+            snprintf(err, errlen, "--%s needs a value", set->opts[k].name);
+            return KV_INVALID_ARGUMENT;
+        }
+        val = argv[++*i];
+    }
+    return set_value(set, k, val, err, errlen);
+}
+
 kv_err kv_opts_parse(kv_optset *set, int argc, char **argv, int *npos, char *err, size_t errlen)
 {
     kv_err rv;
     if (!set->owned && !(set->owned = calloc(set->n ? set->n : 1, sizeof(bool))))
         return KV_RESOURCE_EXHAUSTED;
-    for (int i = 1; i < argc; i++) { /* the INI file first: flags override it */
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) { /* the INI file first */
         if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {
             const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
             if (!path) {
@@ -180,54 +248,21 @@ kv_err kv_opts_parse(kv_optset *set, int argc, char **argv, int *npos, char *err
         }
     }
     int pos = 0;
+    bool words_only = false; /* after "--": every word is a non-flag word */
     for (int i = 1; i < argc; i++) {
         char *a = argv[i];
-        if (strcmp(a, "--config") == 0) {
-            i++;
+        if (!words_only && strcmp(a, "--") == 0) {
+            words_only = true;
             continue;
         }
-        if (strncmp(a, "--config=", 9) == 0)
-            continue;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            kv_opts_usage(set, stdout);
-            return KV_CANCELLED;
-        }
-        if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
-            if (!npos) { /* a flags-only program: a stray word is a mistake */
-                snprintf(err, errlen, "unexpected argument '%s' (flags start with --, see --help)",
-                         a);
-                return KV_INVALID_ARGUMENT;
-            }
-            argv[++pos] = a;
-            continue;
-        }
-        char name[128];
-        const char *eq = strchr(a + 2, '=');
-        size_t nlen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-        if (nlen >= sizeof(name))
-            nlen = sizeof(name) - 1;
-        memcpy(name, a + 2, nlen);
-        name[nlen] = '\0';
-        int k = find_opt(set, name);
-        if (k < 0) {
-            snprintf(err, errlen, "unknown flag --%s (see --help)", name);
+        rv = words_only ? KV_NOT_FOUND : one_flag(set, argc, argv, &i, err, errlen);
+        if (rv == KV_NOT_FOUND && !npos) { /* a flags-only program: a stray word is a mistake */
+            snprintf(err, errlen, "unexpected argument '%s' (flags start with --, see --help)", a);
             return KV_INVALID_ARGUMENT;
         }
-        const char *val = eq ? eq + 1 : NULL;
-        if (!val && set->opts[k].type == KV_OPT_BOOL) {
-            bool is_word = i + 1 < argc &&
-                           (strcmp(argv[i + 1], "on") == 0 || strcmp(argv[i + 1], "off") == 0 ||
-                            strcmp(argv[i + 1], "true") == 0 || strcmp(argv[i + 1], "false") == 0);
-            val = is_word ? argv[++i] : "true";
-        }
-        if (!val) {
-            if (i + 1 >= argc) {
-                snprintf(err, errlen, "--%s needs a value", name);
-                return KV_INVALID_ARGUMENT;
-            }
-            val = argv[++i];
-        }
-        if ((rv = set_value(set, k, val, err, errlen)) != KV_OK)
+        if (rv == KV_NOT_FOUND)
+            argv[++pos] = a;
+        else if (rv != KV_OK)
             return rv;
     }
     if (npos)

@@ -30,6 +30,7 @@ typedef struct kv_opt {
     const char *help;
     const char *const *choices; /* KV_OPT_ENUM only */
     long min, max;              /* KV_OPT_INT bounds when min < max */
+    char short_name;            /* optional one-letter alias: -x VALUE (0 = none) */
 } kv_opt;
 
 typedef struct kv_optset {
@@ -42,9 +43,11 @@ typedef struct kv_optset {
 
 /* Parses `--config FILE` and then every flag of argv[1..]. Non-flag words are
  * compacted to argv[1..*npos] in order (for subcommands); with npos NULL a
- * non-flag word is an error. On failure writes a
- * message naming the flag or INI line to err and returns INVALID_ARGUMENT;
- * `--help` returns CANCELLED after printing usage to stdout. */
+ * non-flag word is an error. `--` ends the flags: every later word is a
+ * non-flag word (a value that starts with --). `-` alone is a word (stdin).
+ * On failure writes a message naming the flag or INI line to err and returns
+ * INVALID_ARGUMENT; `--help` returns CANCELLED after printing usage to
+ * stdout, `--version` after printing "PROG VERSION". */
 kv_err kv_opts_parse(kv_optset *set, int argc, char **argv, int *npos, char *err, size_t errlen);
 /* Prints every option with its help and default. */
 void kv_opts_usage(const kv_optset *set, void *file);

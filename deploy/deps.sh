@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Installs the Debian packages hotkv builds and tests with. Used by run.sh and
-# test.sh. As root it runs apt-get; otherwise it prints the exact command.
+# Installs the Debian packages hotkv builds and tests with (--runtime: only
+# what building and running the cluster needs). Used by run.sh and test.sh.
+# As root it runs apt-get; otherwise it prints the exact command.
 set -euo pipefail
+# Building and running the cluster (./run.sh, ./deps.sh --runtime):
 KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler
-  liburing-dev liburcu-dev libcriterion-dev libxxhash-dev libinih-dev libfuse3-dev fuse3
-  librocksdb-dev docker-compose)
+  liburing-dev liburcu-dev libxxhash-dev libinih-dev)
+# and the tests and benchmarks (./test.sh): Criterion, the slow-volume
+# emulator (FUSE), RocksDB for the tier benchmark, docker-compose to check
+# the compose file.
+if [ "${1:-}" != --runtime ]; then
+  KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 librocksdb-dev docker-compose)
+fi
 missing=()
 for p in "${KV_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

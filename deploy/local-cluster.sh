@@ -112,10 +112,12 @@ echo "hotkv: $nodes nodes + router on $router (rf $rf, data $data)"
 
 if [ $fg -eq 1 ]; then
   trap 'echo; echo "stopping..."; stop_all; exit 0' INT TERM
+  reported=" "
   while true; do
     while read -r pid name; do
-      if ! kill -0 "$pid" 2>/dev/null; then
+      if ! kill -0 "$pid" 2>/dev/null && [[ "$reported" != *" $pid "* ]]; then
         echo "$name (pid $pid) exited; see $data/logs/$name.log" >&2
+        reported="$reported$pid "
       fi
     done < "$pids"
     sleep 2 & wait $!

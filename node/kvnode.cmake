@@ -6,3 +6,5 @@ target_link_libraries(kv_node PUBLIC kv_index kv_lsm kv_shard kv_proto kv_common
 add_executable(kvnode main.c)
 target_link_libraries(kvnode PRIVATE kv_node)
 target_sources(kv_node PRIVATE hints.c hints_seg.c)
+include(GNUInstallDirs)
+install(TARGETS kvnode RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -253,8 +253,9 @@ static bool acceptable(node *n, cmap *cur, cmap *m)
     return i >= 0 && (st == CMAP_LEAVING || st == CMAP_JOINING);
 }
 
-/* What a new map means for the node once installed (map_mu held). */
-static void installed(node *n, cmap *old, cmap *m, const char *how)
+/* What a new map means for the node once installed (map_mu held). init:
+ * cluster init (only_if_empty), the first map of a new cluster. */
+static void installed(node *n, cmap *old, cmap *m, const char *how, bool init)
 {
     bool had_tr = old && cmap_transition(old), has_tr = cmap_transition(m) != NULL;
     KV_INFO("node", "installed cluster map epoch %llu (rf %u, %zu nodes%s%s) %s",
@@ -265,11 +266,12 @@ static void installed(node *n, cmap *old, cmap *m, const char *how)
     } else if (had_tr && !has_tr && n->cfg.cleanup_delay_s >= 0) {
         atomic_store(&n->cleanup_at_ms, kv_wall_ms() + (uint64_t)n->cfg.cleanup_delay_s * 1000u);
     }
-    if (!old && cmap_find(m, n->cfg.id) >= 0) {
-        /* writes sent while it had no map became hints on its peers */
+    if (!old && !init && cmap_find(m, n->cfg.id) >= 0) {
+        /* writes sent while it had no map became hints on its peers; and a
+         * member (not a joining node) that had no map lost its data */
         atomic_store(&n->catching_up, cmap_node_count(m) > 1);
         const cmap_node *me = cmap_node_at(m, (size_t)cmap_find(m, n->cfg.id));
-        if (me->state == CMAP_UP && cmap_epoch(m) > 1)
+        if (me->state == CMAP_UP)
             node_set_needs_repair(n, true, "joined a cluster as an existing member without a map");
     }
     if (n->streams)
@@ -304,7 +306,7 @@ static kv_err install_map(node *n, cmap *m, uint64_t expected, bool only_if_empt
     if (rv == KV_OK)
         rv = persist_map(n, m, err, errlen);
     if (rv == KV_OK && (rv = cmap_slot_install(n->maps, m)) == KV_OK)
-        installed(n, cur, m, how);
+        installed(n, cur, m, how, only_if_empty);
     pthread_mutex_unlock(&n->map_mu);
     cmap_unref(cur);
     return rv;

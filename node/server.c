@@ -195,7 +195,7 @@ static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
 /* Runs one batch op into res (its status, found, value, version). The
  * batch-level map check already happened; per-op errors stay per op. */
 static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__Status *st,
-                     uint64_t dflt_version, const engine_result *pre, kv_err pre_err)
+                     const engine_result *pre, kv_err pre_err)
 {
     static char *const none = "";
     rpc_ctx tmp = {0};
@@ -213,7 +213,9 @@ static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__
                           .klen = op->key.len,
                           .val = op->value.data,
                           .vlen = op->value.len,
-                          .version = op->version ? op->version : dflt_version,
+                          /* each write its own version: a put then a delete of one
+                           * key in one batch must be ordered */
+                          .version = op->version ? op->version : kv_hlc_now(engine_hlc(n->eng)),
                           .ttl_ms = op->ttl_ms,
                           .is_delete = del};
         if (rv == KV_OK)
@@ -254,8 +256,7 @@ static size_t read_run(node *n, const Kv__BatchRequest *req, size_t i, engine_re
     return end;
 }
 
-static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *req,
-                          uint64_t version)
+static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *req)
 {
     size_t k = req->n_ops;
     Kv__OpResult *res = calloc(k, sizeof(*res));
@@ -274,7 +275,7 @@ static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *
         ptrs[i] = &res[i];
         if (i >= run_end && req->ops[i]->type == KV__OP_TYPE__GET)
             run_end = read_run(n, req, i, pre, pre_err);
-        batch_op(n, m, req->ops[i], &res[i], &sts[i], version, &pre[i], pre_err[i]);
+        batch_op(n, m, req->ops[i], &res[i], &sts[i], &pre[i], pre_err[i]);
         if (res[i].value.data != pre[i].val) /* the op did not take the pre-read value */
             free(pre[i].val);
     }
@@ -307,8 +308,8 @@ static kv_err h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
     cmap *m = NULL;
     if (rv == KV_OK)
         rv = call_map(n, c, &m);
-    if (rv == KV_OK) /* one version for the whole batch's writes, as a coordinator would */
-        rv = batch_reply(c, n, m, req, kv_hlc_now(engine_hlc(n->eng)));
+    if (rv == KV_OK)
+        rv = batch_reply(c, n, m, req);
     cmap_unref(m);
     kv__batch_request__free_unpacked(req, NULL);
     return rv;

@@ -241,6 +241,14 @@ static int batch_send(const repl_env *env, cmap *m, fanout *f, const batch_plan 
         b->n_ops = p->node_n[j];
         b->ops = p->node_ops[j];
         sent_node[nsent++] = j;
+        if (cmap_get_health(m, j) == CMAP_HEALTH_DOWN) { /* failure detector: fail fast, hint */
+            char why[CMAP_MAX_ID + 64];
+            snprintf(why, sizeof(why), "node %s is down (failure detector)",
+                     cmap_node_at(m, j)->id);
+            atomic_fetch_add_explicit(&env->stats->skipped_down, 1, memory_order_relaxed);
+            fan_skip(f, KV_UNAVAILABLE, why);
+            continue;
+        }
         repl_send(env, f, m, (uint32_t)j, "kv.Batch", &b->base, dl, &lc);
     }
     repl_run_local(env, f, &lc);

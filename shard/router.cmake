@@ -9,3 +9,5 @@ add_library(kv_router STATIC router_admin.c router_kv.c router_hot.c router_miti
 target_link_libraries(kv_router PUBLIC kv_shard kv_hotkeys kv_proto kv_common)
 add_executable(kvrouter router_main.c)
 target_link_libraries(kvrouter PRIVATE kv_router)
+include(GNUInstallDirs)
+install(TARGETS kvrouter RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

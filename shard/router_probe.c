@@ -8,7 +8,11 @@
  *                it takes writes, reads go to other replicas;
  *   DOWN         --probe-fails pings in a row failed: writes skip it (and
  *                leave hints), reads skip it.
- * A node is UP again at its first answer. Missed-probe counting rather than
+ * A node that answered again after being DOWN stays NOT_SERVING for reads
+ * until no other node holds hints for it (the router asks them, and they
+ * replay at once): a node cut off by a partition never restarted, so its own
+ * catch-up rule (handoff.c) does not apply, but it missed the same writes.
+ * Missed-probe counting rather than
  * phi-accrual: with a fixed period and a deadline of two periods, a count
  * of consecutive misses is the same test with a threshold one can read.
  * Each change is logged once. The view lives in the map's health bytes
@@ -32,6 +36,7 @@ typedef struct probe_node {
     int serving;       /* Kv__Serving of the last answer */
     uint64_t since_ms; /* wall ms of the last change */
     double rtt_ms;
+    bool rejoining; /* back from DOWN: reads wait until no peer holds hints for it */
 } probe_node;
 
 typedef struct router_probe {
@@ -46,6 +51,8 @@ static const char *view_name(cmap_health h, int serving)
         return "down";
     if (h == CMAP_HEALTH_UNKNOWN)
         return "unknown";
+    if (h == CMAP_HEALTH_NOT_SERVING && serving == KV__SERVING__SERVING)
+        return "catching_up"; /* back from down, its hints not yet replayed */
     switch (serving) {
     case KV__SERVING__CATCHING_UP:
         return "catching_up";
@@ -91,7 +98,9 @@ static void observe(router *r, cmap *m, size_t i, const rpc_reply *rep, bool hav
     if (pr) {
         e->fails = 0;
         serving = pr->serving;
-        h = serving == KV__SERVING__SERVING ? CMAP_HEALTH_UP : CMAP_HEALTH_NOT_SERVING;
+        e->rejoining |= e->h == CMAP_HEALTH_DOWN;
+        h = serving == KV__SERVING__SERVING && !e->rejoining ? CMAP_HEALTH_UP
+                                                             : CMAP_HEALTH_NOT_SERVING;
         e->rtt_ms = rtt;
     } else if (++e->fails >= r->cfg.probe_fails) {
         h = CMAP_HEALTH_DOWN;
@@ -107,6 +116,59 @@ static void observe(router *r, cmap *m, size_t i, const rpc_reply *rep, bool hav
     cmap_set_health(m, i, h);
     if (pr)
         kv__ping_reply__free_unpacked(pr, NULL);
+}
+
+/* Hints the other nodes of m hold for node i; false when one of the nodes
+ * the view holds up did not answer. */
+static bool hints_left(router *r, cmap *m, size_t i, uint64_t *left)
+{
+    Kv__HintStatusRequest req = KV__HINT_STATUS_REQUEST__INIT;
+    req.target = (char *)cmap_node_at(m, i)->id;
+    req.replay_now = true;
+    bool all = true;
+    *left = 0;
+    for (size_t k = 0; k < cmap_node_count(m); k++) {
+        if (k == i || cmap_get_health(m, k) == CMAP_HEALTH_DOWN)
+            continue;
+        rpc_chan *ch = router_chan(r, cmap_node_at(m, k)->addr);
+        rpc_reply rep = {0};
+        Kv__HintStatusReply *hs = NULL;
+        if (ch && rpc_call(ch, "admin.HintStatus", 0, &req.base, (uint32_t)r->cfg.probe_ms * 2,
+                           &rep) == KV_OK)
+            hs = kv__hint_status_reply__unpack(NULL, rep.len, rep.body);
+        all &= hs != NULL;
+        for (size_t t = 0; hs && t < hs->n_targets; t++)
+            *left += hs->targets[t]->records;
+        if (hs)
+            kv__hint_status_reply__free_unpacked(hs, NULL);
+        rpc_reply_free(&rep);
+    }
+    return all;
+}
+
+/* Nodes back from DOWN serve reads again once their hints are replayed. */
+static void rejoin(router *r, cmap *m)
+{
+    for (size_t i = 0; i < cmap_node_count(m); i++) {
+        pthread_mutex_lock(&r->probe->mu);
+        probe_node *e = entry(r->probe, cmap_node_at(m, i)->id);
+        bool check = e && e->rejoining && e->h != CMAP_HEALTH_DOWN;
+        pthread_mutex_unlock(&r->probe->mu);
+        uint64_t left = 0;
+        if (!check || !hints_left(r, m, i, &left) || left)
+            continue;
+        pthread_mutex_lock(&r->probe->mu);
+        e = entry(r->probe, cmap_node_at(m, i)->id);
+        if (e && e->rejoining && e->h != CMAP_HEALTH_DOWN) {
+            e->rejoining = false;
+            e->h = e->serving == KV__SERVING__SERVING ? CMAP_HEALTH_UP : CMAP_HEALTH_NOT_SERVING;
+            e->since_ms = kv_wall_ms();
+            cmap_set_health(m, i, e->h);
+            KV_INFO("router", "node %s is %s: no other node holds hints for it",
+                    cmap_node_at(m, i)->id, view_name(e->h, e->serving));
+        }
+        pthread_mutex_unlock(&r->probe->mu);
+    }
 }
 
 static void probe_round(router *r)
@@ -139,6 +201,7 @@ static void probe_round(router *r)
             rpc_reply_free(&reps[i]);
     free(reps);
     free(have);
+    rejoin(r, m);
     cmap_unref(m);
 }
 

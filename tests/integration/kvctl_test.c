@@ -148,3 +148,81 @@ Test(kvctl, nhc_state_series_and_flags, .timeout = 120)
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* Runs a shell command line (kvctl at $K, router at $KV_ROUTER). */
+static int sh(const char *script, char *out, size_t outlen)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "K=%s; export KV_ROUTER=%s; cd %s && { %s; } 2>&1",
+             kvt_bin("client/kvctl"), cl.router_url, cl.dir, script);
+    return kvt_run(cmd, out, outlen);
+}
+
+Test(kvctl, values_are_bytes, .timeout = 120)
+{
+    cr_assert_eq(kvt_cluster_start(&cl, 3, 3, NULL), KV_OK, "logs in %s", cl.dir);
+    char out[8192];
+    /* NUL bytes through stdin, printed raw */
+    cr_assert_eq(
+        sh("printf 'a\\0b\\0c' | $K put bin - && $K get bin --raw | od -An -c", out, sizeof(out)),
+        0, "%s", out);
+    cr_expect(strstr(out, "a  \\0   b  \\0   c") != NULL, "%s", out);
+    /* a value that starts with -- after -- */
+    cr_assert_eq(sh("$K put -- dash --weird && $K get dash", out, sizeof(out)), 0, "%s", out);
+    cr_expect(strstr(out, "--weird\n") != NULL, "%s", out);
+    /* 5 MB from a file and back to a file */
+    cr_assert_eq(sh("head -c 5000000 /dev/urandom > big && $K put big --file big && "
+                    "$K get big -o big2 && cmp big big2 && echo same",
+                    out, sizeof(out)),
+                 0, "%s", out);
+    cr_expect(strstr(out, "same") != NULL, "%s", out);
+    /* hex keys and values; JSON keeps binary as base64 and versions as strings */
+    cr_assert_eq(sh("$K --hex put 00ff 80c1 && $K --hex get 00ff && $K --hex --json get 00ff", out,
+                    sizeof(out)),
+                 0, "%s", out);
+    cr_expect(strstr(out, "80c1\n") != NULL, "%s", out);
+    cr_expect(strstr(out, "\"value_b64\":\"gME=\"") != NULL, "%s", out);
+    cr_expect(strstr(out, "\"version\":\"") != NULL, "%s", out);
+    /* ttl, conditional writes and consistency */
+    cr_assert_eq(sh("$K put t v --ttl 60000 && $K ttl t && $K ttl dash", out, sizeof(out)), 0, "%s",
+                 out);
+    long left = strtol(strchr(out, '\n') + 1, NULL, 10);
+    cr_expect(left > 50000 && left <= 60000, "remaining ttl %ld: %s", left, out);
+    cr_expect(strstr(out, "none") != NULL, "%s", out);
+    cr_expect_eq(sh("$K put t w --if-absent", out, sizeof(out)), 3, "%s", out);
+    cr_expect(strstr(out, "ALREADY_EXISTS") != NULL, "%s", out);
+    cr_expect_eq(sh("$K put t w --if-version 12", out, sizeof(out)), 3, "%s", out);
+    cr_expect(strstr(out, "FAILED_PRECONDITION") != NULL, "%s", out);
+    cr_expect_eq(sh("$K put t w --if-version x12", out, sizeof(out)), 2, "%s", out);
+    cr_expect_eq(sh("$K get t --consistency all", out, sizeof(out)), 0, "%s", out);
+    cr_expect_str_eq(out, "v\n");
+    /* batch: results in order, one line each */
+    cr_assert_eq(sh("printf 'put a 1\\nget a\\ndel a\\nget a\\n# c\\n\\nget missing\\n' | $K batch",
+                    out, sizeof(out)),
+                 0, "%s", out);
+    cr_expect_str_eq(out, "OK\n1\n1\n(not found)\n(not found)\n");
+    cr_expect_eq(sh("printf 'frob a\\n' | $K batch", out, sizeof(out)), 2, "%s", out);
+    cr_expect(strstr(out, "line 1") != NULL, "%s", out);
+    /* addresses without a scheme get a hint; --version; per-command --help */
+    cr_expect_eq(sh("$K --router 127.0.0.1:1 get a", out, sizeof(out)), 2, "%s", out);
+    cr_expect(strstr(out, "tcp://HOST:PORT") != NULL, "%s", out);
+    cr_expect_eq(sh("$K --version", out, sizeof(out)), 0, "%s", out);
+    cr_expect(strncmp(out, "kvctl ", 6) == 0 && !strstr(out, "commands:"), "%s", out);
+    cr_expect_eq(sh("$K put --help", out, sizeof(out)), 0, "%s", out);
+    cr_expect(strstr(out, "--if-absent") != NULL && !strstr(out, "hotkeys"), "%s", out);
+    kvt_cluster_stop(&cl);
+}
+
+Test(kvctl, status_fails_when_a_node_is_unreachable, .timeout = 120)
+{
+    cr_assert_eq(kvt_cluster_start(&cl, 3, 3, NULL), KV_OK, "logs in %s", cl.dir);
+    char out[8192];
+    cr_assert_eq(kvctl("--json status", out, sizeof(out)), 0, "%s", out);
+    cr_expect(strstr(out, "\"puts\":0") != NULL || strstr(out, "\"puts\":") != NULL, "%s", out);
+    cr_expect(strstr(out, "\"uptime_ms\":\"") == NULL, "numbers are numbers: %s", out);
+    kvt_kill_node(&cl, 1, SIGKILL);
+    cr_expect_eq(kvctl("status", out, sizeof(out)), 3, "%s", out);
+    cr_expect(strstr(out, "unreachable") != NULL && strstr(out, "did not answer") != NULL, "%s",
+              out);
+    kvt_cluster_stop(&cl);
+}

@@ -15,10 +15,14 @@ docker-compose -f "$file" config -q
 # The resolved file must keep the services and the published router port.
 out="$(docker-compose -f "$file" config)"
 for want in "node1:" "node2:" "node3:" "router:" "init:" "127.0.0.1:7000:7000" \
-    "kvctl cluster init --rf 3"; do
+    "kvctl cluster init --rf 3" "healthcheck:" "tcp://127.0.0.1:7001" "tcp://127.0.0.1:7000"; do
     case "$out" in
     *"$want"*) ;;
     *) echo "docker-compose config lacks '$want'" >&2; exit 1 ;;
     esac
 done
+case "$(cat "$file")" in
+*"
+version:"*) echo "$file still has the obsolete version: key" >&2; exit 1 ;;
+esac
 echo "ok: $file"

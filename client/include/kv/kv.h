@@ -64,7 +64,8 @@ KV_API void kv_client_close(kv_client *c);
 typedef struct kv_value {
     uint8_t *data;
     size_t len;
-    uint64_t version; /* HLC version of the record */
+    uint64_t version;      /* HLC version of the record */
+    uint64_t expire_at_ms; /* wall-clock ms at which it expires, 0 = never */
 } kv_value;
 KV_API void kv_value_free(kv_value *v);
 
