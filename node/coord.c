@@ -87,7 +87,7 @@ static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, ProtobufCMessage *req,
             rv = repl_delete_start(&n->env, c, (Kv__DeleteRequest *)req, &cc->rc);
         }
     }
-    if (cc && rv == KV_OK) {
+    if (cc && rv == KV_OK && cc->rc) { /* NULL: the node's own replica answered (read_self) */
         *state = cc;
         return KV_OK;
     }

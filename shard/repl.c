@@ -107,8 +107,8 @@ void repl_send(const repl_env *env, fanout *f, cmap *m, uint32_t i, const char *
 }
 
 /* Runs method(msg) on the coordinator's own replica into *out. */
-static void call_local(const repl_env *env, const char *method, uint64_t epoch,
-                       const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out)
+void repl_call_local(const repl_env *env, const char *method, uint64_t epoch,
+                     const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out)
 {
     size_t len = protobuf_c_message_get_packed_size(msg);
     uint8_t *buf = malloc(len ? len : 1);
@@ -126,7 +126,7 @@ void repl_run_local(const repl_env *env, fanout *f, repl_local_call *lc)
     if (lc->slot < 0)
         return;
     rpc_reply r;
-    call_local(env, lc->method, lc->epoch, lc->msg, lc->deadline_ms, &r);
+    repl_call_local(env, lc->method, lc->epoch, lc->msg, lc->deadline_ms, &r);
     fan_complete(f, lc->slot, &r);
     lc->slot = -1;
 }
@@ -186,7 +186,7 @@ kv_err repl_store_hint(const repl_env *env, cmap *m, uint32_t holder, uint32_t t
     if (atomic_load(env->stopping)) {
         rv = KV_UNAVAILABLE;
     } else if (repl_is_self(env, m, holder)) {
-        call_local(env, "admin.Hint", cmap_epoch(m), &req.base, deadline_ms, &rep);
+        repl_call_local(env, "admin.Hint", cmap_epoch(m), &req.base, deadline_ms, &rep);
         rv = rep.status;
     } else {
         rpc_chan *ch = env->chan(env->user, cmap_node_at(m, holder)->addr);

@@ -87,8 +87,11 @@ kv_err repl_delete(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req);
  * of them) and returns; repl_finish waits for the replies, turns them into
  * the verdict like repl_get/put/delete, and frees the call. On KV_OK *out is
  * the caller's until it passes it to repl_finish (exactly once, from any
- * thread that may block, with the same c); req must live until then. On
- * failure nothing is in flight and c->message says why. */
+ * thread that may block, with the same c); req must live until then. A
+ * read that the coordinator's own replica answers alone (a level of one,
+ * the node first in read order) completes in repl_get_start: *out is then
+ * NULL and c holds the verdict, whatever it returns. On failure nothing is
+ * in flight and c->message says why. */
 typedef struct repl_call repl_call;
 kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out);
 kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out);

@@ -22,6 +22,10 @@ typedef struct repl_local_call {
  * repl_run_local. */
 void repl_send(const repl_env *env, fanout *f, cmap *m, uint32_t i, const char *method,
                const ProtobufCMessage *msg, uint32_t deadline_ms, repl_local_call *lc);
+/* Runs method(msg) on the coordinator's own replica (env->local) into *out,
+ * synchronously. */
+void repl_call_local(const repl_env *env, const char *method, uint64_t epoch,
+                     const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out);
 /* Runs the reserved local call, if any, and completes its send. */
 void repl_run_local(const repl_env *env, fanout *f, repl_local_call *lc);
 /* The current map (a reference the caller drops), with c->reply_epoch set;

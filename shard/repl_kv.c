@@ -452,8 +452,51 @@ static repl_call *call_new(const repl_env *env, Kv__Consistency cons, Kv__Consis
     return rc;
 }
 
+/* A read that needs one answer and whose first replica is the
+ * coordinator's own node: that replica's verdict is the read's (one answer,
+ * nothing to repair), without a fan-out. Returns false, doing nothing, when
+ * the read is not such a read or the node gave no verdict (it does not
+ * serve reads, say): the fan-out then asks it and the others. */
+static bool read_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_err *rv)
+{
+    cmap *m = env->local ? cmap_slot_get(env->maps) : NULL;
+    if (!m)
+        return false;
+    uint32_t cur[REPL_MAX_RF], order[REPL_MAX_RF];
+    int n = (int)cmap_replicas(m, req->key.data, req->key.len, cur);
+    int need = repl_acks_needed(req->consistency, KV__CONSISTENCY__ONE, n);
+    bool mine =
+        need == 1 && repl_read_order(m, cur, n, order) > 0 && repl_is_self(env, m, order[0]);
+    rpc_reply r = {0};
+    if (mine)
+        repl_call_local(env, "kv.Get", cmap_epoch(m), &req->base, repl_forward_deadline(c), &r);
+    bool done = mine && !repl_transport_err(r.status) && !repl_carries_map(&r);
+    if (done) {
+        atomic_fetch_add_explicit(&env->stats->forwards, 1, memory_order_relaxed);
+        c->reply_epoch = cmap_epoch(m);
+        if (r.status == KV_OK) {
+            c->reply = r.body; /* the replica's GetReply is the reply */
+            c->reply_len = r.len;
+            r.body = NULL;
+            *rv = KV_OK;
+        } else { /* as fan_error words a lone verdict */
+            atomic_fetch_add_explicit(&env->stats->forward_errors, 1, memory_order_relaxed);
+            *rv = rpc_fail(c, r.status, "0 of %d replicas acknowledged (need 1): %s", n,
+                           r.message ? r.message : kv_strerror(r.status));
+        }
+    }
+    rpc_reply_free(&r);
+    cmap_unref(m);
+    return done;
+}
+
 kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out)
 {
+    kv_err rv;
+    if (read_self(env, c, req, &rv)) {
+        *out = NULL;
+        return rv;
+    }
     repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__ONE);
     if (!rc)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
@@ -508,9 +551,9 @@ kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req
 
 kv_err repl_get(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req)
 {
-    repl_call *rc;
+    repl_call *rc = NULL;
     kv_err rv = repl_get_start(env, c, req, &rc);
-    return rv == KV_OK ? repl_finish(rc, c) : rv;
+    return rv == KV_OK && rc ? repl_finish(rc, c) : rv;
 }
 
 kv_err repl_put(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req)

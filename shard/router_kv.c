@@ -81,7 +81,7 @@ static kv_err call_start(router *r, rpc_ctx *c, kv_err rv, ProtobufCMessage *req
                      : repl_delete_start(&r->env, c, (Kv__DeleteRequest *)req, &rc->rc);
         }
     }
-    if (rc && rv == KV_OK) {
+    if (rc && rv == KV_OK && rc->rc) {
         *state = rc;
         return KV_OK;
     }
