@@ -614,7 +614,9 @@ static void send_calls(rpc_chan *ch, rpc_pend *q)
     size_t n = 0;
     uint64_t now = kv_now_ns(), last = now;
     char why[160];
-    bool down = atomic_load(&ch->pipes) == 0; /* as rpc_call_async: fail at once */
+    /* as rpc_call_async: no connection past the first connect wait fails at once */
+    bool down = atomic_load(&ch->pipes) == 0 &&
+                now - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull;
     snprintf(why, sizeof(why), "no connection to %s", ch->url);
     for (rpc_pend *next; q; q = next) {
         next = q->next;

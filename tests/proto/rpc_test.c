@@ -420,3 +420,24 @@ Test(rpc, pool_keeps_one_channel_per_address)
     rpc_pool_destroy(NULL);
     rpc_server_close(s);
 }
+
+/* Calls coalesced right after the channel opens, before its connection is
+ * up, wait for it like single calls (they used to fail UNAVAILABLE). */
+Test(rpc, coalesced_calls_wait_for_the_first_connection)
+{
+    char url[64];
+    rpc_server *s = start(NULL, url, sizeof(url));
+    rpc_chan *ch;
+    rpc_chan_opts o = {.coalesce_after = 1};
+    cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
+    int count = 0;
+    Kv__GetRequest req = KV__GET_REQUEST__INIT;
+    req.key = (ProtobufCBinaryData){1, (uint8_t *)"k"};
+    for (int i = 0; i < 40; i++)
+        rpc_call_async(ch, "test.Echo", 1, &req.base, 5000, async_done, &count);
+    for (int i = 0; i < 500 && __atomic_load_n(&count, __ATOMIC_SEQ_CST) < 40; i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&count, __ATOMIC_SEQ_CST), 40);
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+}
