@@ -218,8 +218,8 @@ run() { # KIND ROUND
   for s in "${procs[@]}"; do c1+=($(cpu_ticks "${pid_of[$s]}")); done
   [ -n "$res" ] || { echo "$0: $kind failed:" >&2; cat "$tmp/kvbench.err" >&2; exit 1; }
   if [ "$(jq '.errors // 0' <<< "$res")" != 0 ]; then # keep what the generator said
-    { echo "== $kind round $round"; cat "$tmp/kvbench.err" "$tmp/bb.err" 2> /dev/null; } |
-      grep -v ' ops/s ' >> "$tmp/errors.log"
+    { echo "== $kind round $round"; cat "$tmp/kvbench.err" "$tmp/bb.err" 2> /dev/null || true; } |
+      grep -v ' ops/s ' >> "$tmp/errors.log" || true
   fi
   local cpu="{}"
   for s in "${procs[@]}"; do
