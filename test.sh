@@ -67,4 +67,5 @@ if [ "$mode" = tsan ] && [ ${#ctest_args[@]} -eq 2 ] && [ "${ctest_args[1]}" = t
   "$rel/tests/integration/repair_test" --jobs 1 \
     --filter 'repair/@(hints_bring*|a_read_repairs*|a_wiped*)'
   "$rel/tests/integration/elastic_test" --jobs 1 --filter 'elastic/@(add_a_node*|two_admins*)'
+  "$rel/tests/integration/direct_test" --jobs 1 --filter 'direct/@(writes_reach*|survives*)'
 fi

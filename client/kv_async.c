@@ -87,7 +87,8 @@ kv_err kv_batch(kv_client *c, kv_op *ops, size_t n, kv_consistency cons)
     req.ops = ptrs;
     req.consistency = (Kv__Consistency)cons;
     rpc_reply rep;
-    kv_err rv = kvc_call(c, "kv.Batch", &req.base, &rep);
+    kv_err rv = n ? kvc_call_key(c, "kv.Batch", &req.base, ops[0].key, ops[0].klen, &rep)
+                  : kvc_call(c, "kv.Batch", &req.base, &rep);
     if (rv == KV_OK) {
         Kv__BatchReply *br = kv__batch_reply__unpack(NULL, rep.len, rep.body);
         rv = br ? copy_results(ops, n, br) : kvc_set_error(KV_INTERNAL, "malformed BatchReply");
@@ -124,8 +125,14 @@ typedef struct async_call {
         Kv__DeleteRequest del;
     } u;
     uint8_t *buf; /* owned copies of key and value */
+    size_t klen;
     size_t attempts;
     size_t chan;
+    /* direct (kv_direct.c): replica index to try next, the epoch sent, and
+     * whether the call went to a node, is on the routers, was re-routed */
+    size_t replica;
+    uint64_t epoch;
+    bool via_node, on_routers, relearned;
     kv_done_fn done;
     void *arg;
 } async_call;
@@ -162,15 +169,48 @@ static void async_finish(async_call *a, kv_err rv, const rpc_reply *r)
 
 static void async_sent(void *arg, rpc_reply *r);
 
+/* Sends a: straight to the key's next replica (direct, map known), else to
+ * the current router. */
 static void async_send(async_call *a)
 {
-    rpc_call_async(kvc_chan(a->c, a->chan), a->method, 0, a->req, kvc_timeout(a->c), async_sent, a);
+    kvd *d = kvc_direct(a->c);
+    rpc_chan *ch =
+        d && !a->on_routers ? kvd_route(d, a->buf, a->klen, &a->replica, &a->epoch) : NULL;
+    a->via_node = ch != NULL;
+    a->on_routers = !ch;
+    if (ch)
+        rpc_call_async(ch, a->method, a->epoch, a->req, kvc_timeout(a->c), async_sent, a);
+    else
+        rpc_call_async(kvc_chan(a->c, a->chan), a->method, 0, a->req, kvc_timeout(a->c), async_sent,
+                       a);
+}
+
+/* A direct call's reply that sends it again: nothing was sent to the
+ * replica (the next one, or the routers, take it), or the replica's map
+ * showed ours was old (once, from the first replica). Bounded like
+ * kvc_call_key. */
+static bool async_reroute(async_call *a, rpc_reply *r)
+{
+    if (r->status == KV_UNAVAILABLE && r->local)
+        return true;
+    if (kvd_saw_reply(kvc_direct(a->c), r, a->epoch) && !a->relearned) {
+        a->relearned = true;
+        a->replica = 0;
+        return true;
+    }
+    return false;
 }
 
 static void async_sent(void *arg, rpc_reply *r)
 {
     async_call *a = arg;
-    if (r->status == KV_UNAVAILABLE && r->local && ++a->attempts < kvc_nchans(a->c)) {
+    if (a->via_node && async_reroute(a, r)) {
+        rpc_reply_free(r);
+        async_send(a);
+        return;
+    }
+    if (!a->via_node && r->status == KV_UNAVAILABLE && r->local &&
+        ++a->attempts < kvc_nchans(a->c)) {
         rpc_reply_free(r);
         a->chan = (a->chan + 1) % kvc_nchans(a->c);
         async_send(a);
@@ -199,6 +239,7 @@ static async_call *async_new(kv_client *c, async_kind kind, const void *key, siz
     a->c = c;
     a->kind = kind;
     a->buf = buf;
+    a->klen = klen;
     a->done = done;
     a->arg = arg;
     a->chan = kvc_current(c);

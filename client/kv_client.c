@@ -21,6 +21,7 @@
 #define MAX_ROUTERS 64
 
 struct kv_client {
+    kvd *direct; /* the smart client (kv_direct.c), NULL without opts.direct */
     rpc_chan *chans[MAX_ROUTERS];
     size_t n;
     _Atomic size_t cur; /* index of the address that answered last */
@@ -82,6 +83,8 @@ kv_err kv_client_open(kv_client **out, const char *routers, const kv_client_opts
     free(list);
     if (rv == KV_OK && c->n == 0)
         rv = kvc_set_error(KV_INVALID_ARGUMENT, "no router address given");
+    if (rv == KV_OK && opts && opts->direct)
+        rv = kvd_open(&c->direct, c, &co);
     if (rv != KV_OK) {
         kv_client_close(c);
         return rv;
@@ -94,6 +97,7 @@ void kv_client_close(kv_client *c)
 {
     if (!c)
         return;
+    kvd_close(c->direct); /* its ticker asks the routers: first */
     for (size_t i = 0; i < c->n; i++)
         rpc_chan_close(c->chans[i]);
     free(c);
@@ -118,6 +122,32 @@ kv_err kvc_call(kv_client *c, const char *method, const ProtobufCMessage *req, r
     return rv;
 }
 
+kv_err kvc_call_key(kv_client *c, const char *method, const ProtobufCMessage *req, const void *key,
+                    size_t klen, rpc_reply *out)
+{
+    size_t attempt = 0;
+    bool relearned = false;
+    uint64_t epoch = 0;
+    rpc_chan *ch;
+    /* bounded: each pass moves attempt on, and a newer map restarts once */
+    while ((ch = kvd_route(c->direct, key, klen, &attempt, &epoch)) != NULL) {
+        kv_err rv = rpc_call(ch, method, epoch, req, c->timeout_ms, out);
+        if (rv == KV_UNAVAILABLE && out->local) { /* nothing sent: the next replica */
+            rpc_reply_free(out);
+            continue;
+        }
+        if (kvd_saw_reply(c->direct, out, epoch) && !relearned) {
+            relearned = true;
+            attempt = 0;
+            rpc_reply_free(out);
+            continue;
+        }
+        kvc_set_error(rv, out->message);
+        return rv;
+    }
+    return kvc_call(c, method, req, out);
+}
+
 kv_err kv_get_ex(kv_client *c, const void *key, size_t klen, kv_consistency cons, kv_value *out)
 {
     char err[200];
@@ -128,7 +158,7 @@ kv_err kv_get_ex(kv_client *c, const void *key, size_t klen, kv_consistency cons
     req.key.len = klen;
     req.consistency = (Kv__Consistency)cons;
     rpc_reply rep;
-    kv_err rv = kvc_call(c, "kv.Get", &req.base, &rep);
+    kv_err rv = kvc_call_key(c, "kv.Get", &req.base, key, klen, &rep);
     Kv__GetReply *g = rv == KV_OK ? kv__get_reply__unpack(NULL, rep.len, rep.body) : NULL;
     if (rv == KV_OK && !g)
         rv = kvc_set_error(KV_INTERNAL, "malformed GetReply");
@@ -186,7 +216,7 @@ kv_err kv_put(kv_client *c, const void *key, size_t klen, const void *val, size_
     if (rv != KV_OK)
         return rv;
     rpc_reply rep;
-    rv = kvc_call(c, "kv.Put", &req.base, &rep);
+    rv = kvc_call_key(c, "kv.Put", &req.base, key, klen, &rep);
     if (rv == KV_OK && version_out) {
         Kv__PutReply *p = kv__put_reply__unpack(NULL, rep.len, rep.body);
         *version_out = p ? p->version : 0;
@@ -211,7 +241,7 @@ kv_err kv_delete(kv_client *c, const void *key, size_t klen, const kv_delete_opt
         req.consistency = (Kv__Consistency)opts->consistency;
     }
     rpc_reply rep;
-    kv_err rv = kvc_call(c, "kv.Delete", &req.base, &rep);
+    kv_err rv = kvc_call_key(c, "kv.Delete", &req.base, key, klen, &rep);
     if (rv == KV_OK && existed) {
         Kv__DeleteReply *d = kv__delete_reply__unpack(NULL, rep.len, rep.body);
         *existed = d && d->existed;
@@ -240,6 +270,11 @@ size_t kvc_nchans(const kv_client *c)
 size_t kvc_current(kv_client *c)
 {
     return atomic_load_explicit(&c->cur, memory_order_relaxed);
+}
+
+kvd *kvc_direct(const kv_client *c)
+{
+    return c->direct;
 }
 
 uint32_t kvc_timeout(const kv_client *c)

@@ -81,6 +81,7 @@ int main(int argc, char **argv)
     n.cfg.listen = "tcp://127.0.0.1:7001";
     n.cfg.mem_mb = 256;
     n.cfg.workers = 8;
+    n.cfg.coord_workers = 8;
     n.cfg.fast_mb = 1024;
     n.cfg.sync = ENGINE_SYNC_BATCH;
     n.cfg.sync_ms = 5;
@@ -162,6 +163,8 @@ int main(int argc, char **argv)
         {"no-io-uring", KV_OPT_BOOL, &n.cfg.no_io_uring, "use pread/pwrite instead of io_uring",
          NULL, 0, 0},
         {"workers", KV_OPT_INT, &n.cfg.workers, "RPC worker threads", NULL, 1, 1024},
+        {"coord-workers", KV_OPT_INT, &n.cfg.coord_workers,
+         "RPC worker threads for requests the node coordinates for smart clients", NULL, 1, 1024},
         {"auth", KV_OPT_STR, &n.cfg.auth, "cluster auth token (empty = off)", NULL, 0, 0},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},

@@ -19,6 +19,7 @@
 #include "proto/rpc.h"
 #include "proto/statlist.h"
 #include "shard/clustermap.h"
+#include "shard/repl.h"
 
 typedef struct node_config {
     char *id;
@@ -38,6 +39,7 @@ typedef struct node_config {
     long twin_entries; /* twin-map bound, 0 = from --fast-mb */
     long mem_mb;
     long workers;
+    long coord_workers;   /* workers for calls the node coordinates (smart clients) */
     double hot_threshold; /* ops/s summed over routers that pins a key */
     kv_limits limits;
     long stream_mbps;        /* default throttle of stream jobs, MiB/s */
@@ -53,11 +55,6 @@ typedef struct node_config {
 
 typedef struct node_streams node_streams; /* stream.c */
 typedef struct node_handoff node_handoff; /* handoff.c */
-
-typedef struct node_peer {
-    char *addr;
-    rpc_chan *chan;
-} node_peer;
 
 typedef struct node {
     node_config cfg;
@@ -75,13 +72,16 @@ typedef struct node {
     _Atomic uint64_t seen_epoch;    /* highest map epoch seen on a request */
     _Atomic uint64_t cleanup_at_ms; /* automatic cleanup due (0 = none) */
     kv_ticker *map_ticker;
-    uint64_t alive_next_ms;   /* when the refresher writes DATA_DIR/ALIVE next */
-    size_t refresh_next;      /* round-robin peer index of the refresher */
-    pthread_mutex_t peers_mu; /* protects peers (append-only) */
-    node_peer *peers;
-    size_t npeers, peers_cap;
+    uint64_t alive_next_ms; /* when the refresher writes DATA_DIR/ALIVE next */
+    size_t refresh_next;    /* round-robin peer index of the refresher */
+    rpc_pool *peers;        /* one channel per peer address */
     node_streams *streams;
     node_handoff *handoff;
+    /* coord.c: coordinating requests for smart clients */
+    repl_env env;
+    repl_stats coord;
+    _Atomic uint64_t coord_requests;
+    _Atomic bool stopping; /* node_stop began: no more side writes */
 } node;
 
 /* ---- nodemap.c: the map, the serving state, peers ---- */
@@ -111,6 +111,10 @@ int node_serving(node *n, char *detail, size_t len);
 kv_err node_set_needs_repair(node *n, bool on, const char *why);
 /* True when node index self of m holds key (current or pending replica). */
 bool node_holds(node *n, cmap *m, const void *key, size_t klen);
+/* Installs the map in a replica's FAILED_PRECONDITION reply (body: a
+ * kv.ClusterMap) when it is newer and lists the node, as a map fetched from
+ * a peer. Any thread. */
+void node_map_learn(node *n, const uint8_t *body, size_t len);
 /* Handlers (nodemap.c). */
 kv_err node_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_set_map(rpc_ctx *c, const uint8_t *body, size_t len);
@@ -147,6 +151,25 @@ kv_err node_h_hint_status(rpc_ctx *c, const uint8_t *body, size_t len);
 void node_handoff_stats(node *n, rpc_statlist *l);
 /* kvctl repair rebuilt target: clear its lost-hints mark. */
 kv_err node_handoff_repaired(node *n, const char *target);
+
+/* ---- coord.c: coordinating for smart clients (Envelope.coordinate) ---- */
+/* Fills n->env (after the engine and the map slot exist). */
+void node_coord_init(node *n);
+/* kv.* with c->coordinate: checked against the limits, then coordinated by
+ * the replication library (shard/repl.h) as a router would; Get/Put/Delete
+ * in two phases (rpc_method.start: sent at the start, waited for at
+ * node_coord_finish), Batch in one. */
+kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err node_coord_finish(rpc_ctx *c, void *state);
+kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len);
+void node_coord_stats(node *n, rpc_statlist *l);
+/* The replication library's in-process call to this node's own replica
+ * (repl_local_fn; server.c): runs the handler of method as a replica call
+ * from a coordinator with map epoch epoch. user is the node. */
+void node_local_call(void *user, const char *method, uint64_t epoch, const uint8_t *body,
+                     size_t len, uint32_t deadline_ms, rpc_reply *out);
 
 /* Creates the data directory, loads a persisted map, opens the engine and
  * starts serving on cfg->listen. On failure writes a message to err. */

@@ -40,29 +40,7 @@
 
 rpc_chan *node_chan(node *n, const char *addr)
 {
-    rpc_chan *ch = NULL;
-    pthread_mutex_lock(&n->peers_mu);
-    for (size_t i = 0; i < n->npeers && !ch; i++)
-        if (strcmp(n->peers[i].addr, addr) == 0)
-            ch = n->peers[i].chan;
-    if (!ch && n->npeers == n->peers_cap) {
-        size_t nc = n->peers_cap ? n->peers_cap * 2 : 8;
-        node_peer *np = realloc(n->peers, nc * sizeof(*np));
-        if (np) {
-            n->peers = np;
-            n->peers_cap = nc;
-        }
-    }
-    if (!ch && n->npeers < n->peers_cap) {
-        rpc_chan_opts o = {.auth = n->cfg.auth, .recv_max = kv_limits_recv_max(&n->cfg.limits)};
-        char *copy = strdup(addr);
-        if (copy && rpc_chan_open(&ch, addr, &o) == KV_OK)
-            n->peers[n->npeers++] = (node_peer){copy, ch};
-        else
-            free(copy);
-    }
-    pthread_mutex_unlock(&n->peers_mu);
-    return ch;
+    return rpc_pool_get(n->peers, addr);
 }
 
 /* ---- persistence ------------------------------------------------------- */
@@ -401,6 +379,19 @@ void node_map_saw_epoch(node *n, uint64_t e)
     uint64_t cur = atomic_load_explicit(&n->seen_epoch, memory_order_relaxed);
     while (e > cur && !atomic_compare_exchange_weak(&n->seen_epoch, &cur, e))
         ;
+}
+
+void node_map_learn(node *n, const uint8_t *body, size_t len)
+{
+    cmap *m = NULL;
+    char err[256];
+    if (cmap_decode(body, len, &m, err, sizeof(err)) != KV_OK) {
+        KV_WARN("node", "a replica sent an undecodable map: %s", err);
+        return;
+    }
+    if (cmap_epoch(m) > cmap_slot_epoch(n->maps))
+        install_map(n, m, 0, false, "from a replica's reply", err, sizeof(err));
+    cmap_unref(m);
 }
 
 /* Asks addr for its map; installs it when newer and acceptable. Returns

@@ -301,6 +301,8 @@ static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *
 static kv_err h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
+    if (c->coordinate)
+        return node_coord_batch(c, body, len);
     UNPACK_OR_FAIL(req, Kv__BatchRequest, kv__batch_request__unpack, c, body, len);
     kv_err rv = kv_check_batch(&n->cfg.limits, req->n_ops, len, c->message, sizeof(c->message));
     cmap *m = NULL;
@@ -393,9 +395,10 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
 }
 
 static const rpc_method node_methods[] = {
-    {"kv.Get", h_get},
-    {"kv.Put", h_put},
-    {"kv.Delete", h_delete},
+    /* coordinate calls (smart clients) take the two-phase form */
+    {"kv.Get", h_get, node_coord_get_start, node_coord_finish},
+    {"kv.Put", h_put, node_coord_put_start, node_coord_finish},
+    {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish},
     {"kv.Batch", h_batch},
     {"admin.Ping", h_ping},
     {"admin.Stats", h_stats},
@@ -412,6 +415,26 @@ static const rpc_method node_methods[] = {
     {"admin.Cleanup", node_h_cleanup},
     {"admin.Repaired", node_h_repaired},
 };
+
+void node_local_call(void *user, const char *method, uint64_t epoch, const uint8_t *body,
+                     size_t len, uint32_t deadline_ms, rpc_reply *out)
+{
+    rpc_ctx c = {.method = method,
+                 .map_epoch = epoch,
+                 .deadline_ns = kv_now_ns() + (uint64_t)deadline_ms * 1000000ull,
+                 .worker = -1,
+                 .user = user};
+    const rpc_method *m = NULL;
+    for (size_t i = 0; !m && i < sizeof(node_methods) / sizeof(node_methods[0]); i++)
+        if (strcmp(node_methods[i].name, method) == 0)
+            m = &node_methods[i];
+    kv_err st = m ? m->fn(&c, body, len) : rpc_fail(&c, KV_UNIMPLEMENTED, "no local %s", method);
+    *out = (rpc_reply){.status = st, .map_epoch = c.reply_epoch};
+    if (st != KV_OK && c.message[0])
+        out->message = strdup(c.message);
+    out->body = c.reply; /* moves to the reply (also for FAILED_PRECONDITION's map) */
+    out->len = c.reply_len;
+}
 
 /* ---- lifecycle --------------------------------------------------------- */
 
@@ -450,8 +473,9 @@ kv_err node_start(node *n, char *err, size_t errlen)
         return KV_INVALID_ARGUMENT;
     }
     pthread_mutex_init(&n->map_mu, NULL);
-    pthread_mutex_init(&n->peers_mu, NULL);
-    if ((rv = cmap_slot_create(&n->maps)) != KV_OK ||
+    rpc_chan_opts co = {.auth = n->cfg.auth, .recv_max = kv_limits_recv_max(&n->cfg.limits)};
+    if ((rv = rpc_pool_create(&n->peers, &co)) != KV_OK ||
+        (rv = cmap_slot_create(&n->maps)) != KV_OK ||
         (rv = node_map_load(n, err, errlen)) != KV_OK ||
         (rv = node_check_downtime(n, err, errlen)) != KV_OK)
         return rv;
@@ -483,6 +507,8 @@ kv_err node_start(node *n, char *err, size_t errlen)
         rv = node_streams_open(n, &n->streams, err, errlen);
     if (rv == KV_OK)
         rv = node_handoff_open(n, &n->handoff, err, errlen);
+    if (rv == KV_OK)
+        node_coord_init(n);
     if (rv == KV_OK && (rv = node_map_start(n)) != KV_OK)
         snprintf(err, errlen, "cannot start the map refresher thread");
     if (rv != KV_OK)
@@ -491,6 +517,10 @@ kv_err node_start(node *n, char *err, size_t errlen)
                           .methods = node_methods,
                           .nmethods = sizeof(node_methods) / sizeof(node_methods[0]),
                           .workers = (unsigned)n->cfg.workers,
+                          .coord_workers = (unsigned)n->cfg.coord_workers,
+                          /* with --sync always a write waits for the group commit: the
+                           * writes of one rpc.Calls message must wait together */
+                          .handlers_wait = n->cfg.sync == ENGINE_SYNC_ALWAYS,
                           .auth = n->cfg.auth,
                           .recv_max = kv_limits_recv_max(&n->cfg.limits),
                           .user = n,
@@ -501,6 +531,7 @@ kv_err node_start(node *n, char *err, size_t errlen)
 
 void node_stop(node *n)
 {
+    atomic_store(&n->stopping, true);
     rpc_server_close(n->rpc);
     n->rpc = NULL;
     node_map_stop(n);
@@ -509,13 +540,8 @@ void node_stop(node *n)
     node_streams_close(n->streams);
     n->streams = NULL;
     node_stream_src_close(n);
-    for (size_t i = 0; i < n->npeers; i++) {
-        rpc_chan_close(n->peers[i].chan);
-        free(n->peers[i].addr);
-    }
-    free(n->peers);
+    rpc_pool_destroy(n->peers);
     n->peers = NULL;
-    n->npeers = n->peers_cap = 0;
     node_hot_destroy(n->hot);
     n->hot = NULL;
     engine_close(n->eng);

@@ -33,6 +33,7 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
     rpc_stats_add(l, "bytes_estimate", "%llu", (unsigned long long)bytes_est);
     node_handoff_stats(n, l);
     node_stream_src_stats(l);
+    node_coord_stats(n, l);
     engine_nhc_stats(n->eng, l); /* nhc.* */
     if (!verbose)
         return;

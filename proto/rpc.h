@@ -4,8 +4,10 @@
  * REQ/REP (DESIGN.md §3). A call is one nng message holding a kv.Envelope;
  * the reply is an Envelope with the same id, a Status and a body.
  *
- * Server: worker threads each own one REP context and run handlers
- * synchronously; methods are dispatched through a table by name. Deadlines
+ * Server: REP contexts driven by their completions queue each call for a
+ * pool of worker threads, which run handlers synchronously and send the
+ * reply; methods are dispatched through a table by name. Calls that ask a
+ * node to coordinate (Envelope.coordinate) may have workers of their own. Deadlines
  * are relative on the wire and absolute (CLOCK_MONOTONIC) in handlers; a
  * handler that finishes past its deadline is answered DEADLINE_EXCEEDED.
  * Malformed envelopes get INVALID_ARGUMENT, unknown methods UNIMPLEMENTED,
@@ -38,6 +40,7 @@ typedef struct rpc_server rpc_server;
 typedef struct rpc_ctx {
     const char *method;
     uint64_t map_epoch;   /* the caller's cluster-map epoch (0 = unknown) */
+    bool coordinate;      /* Envelope.coordinate: a smart client asks the node to coordinate */
     uint64_t deadline_ns; /* absolute, kv_now_ns() clock */
     int worker;           /* index of the worker thread running the call */
     void *user;           /* rpc_server_opts.user */
@@ -48,18 +51,38 @@ typedef struct rpc_ctx {
 } rpc_ctx;
 
 typedef kv_err (*rpc_handler_fn)(rpc_ctx *c, const uint8_t *body, size_t len);
+/* A handler in two phases: start sends what the call waits for and returns
+ * KV_OK with *state (NULL: the call is already complete) or an error (then
+ * finish is not called); finish(c, state) waits, completes the call and
+ * frees state. Both run on the same worker with the same c. */
+typedef kv_err (*rpc_start_fn)(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+typedef kv_err (*rpc_finish_fn)(rpc_ctx *c, void *state);
 
 typedef struct rpc_method {
     const char *name; /* "kv.Get", "admin.Ping", ... */
     rpc_handler_fn fn;
+    /* Optional split form, for handlers that wait for other processes (when
+     * fn is set too, only calls with Envelope.coordinate use it): the calls
+     * of one rpc.Calls message that all use it are started one after
+     * another, then finished one after another, on one worker, which so
+     * keeps all their forwards in flight at once. */
+    rpc_start_fn start;
+    rpc_finish_fn finish;
 } rpc_method;
 
 typedef struct rpc_server_opts {
     const char *url; /* "tcp://127.0.0.1:7001" */
     const rpc_method *methods;
     size_t nmethods;
-    unsigned workers;                             /* REP contexts / threads (default 8) */
-    const char *auth;                             /* required token, NULL or "" = auth off */
+    unsigned workers;       /* worker threads (default 8) */
+    unsigned coord_workers; /* more workers only for coordinate calls
+                               (0 = they share the others) */
+    unsigned contexts;      /* REP contexts, i.e. calls taken off the
+                               socket at once (0 = 2 x workers + 32) */
+    bool handlers_wait;     /* handlers wait for other processes (a router's forwards): the calls
+                               of an rpc.Calls message run on workers of their own, in parallel
+                               (else one after another on one worker) */
+    const char *auth;       /* required token, NULL or "" = auth off */
     uint32_t default_deadline_ms;                 /* for requests with deadline_ms = 0 */
     size_t recv_max;                              /* NNG_OPT_RECVMAXSZ (0 = from default limits) */
     void *user;                                   /* handed to handlers and thread hooks */
@@ -96,6 +119,11 @@ typedef struct rpc_chan_opts {
     size_t recv_max;          /* 0 = from default limits */
     uint32_t connect_wait_ms; /* how long a call right after open waits for the first connection
                                  (default 1000) */
+    bool coordinate;          /* set Envelope.coordinate on every call (a smart client's
+                                 channels to nodes) */
+    int coalesce_after;       /* messages in flight before further small calls wait and go
+                                 out together in one rpc.Calls message (0 = 4 or
+                                 $KV_RPC_COALESCE_AFTER, < 0 = never) */
 } rpc_chan_opts;
 
 /* A reply. body/message are malloc'ed and owned by whoever holds the reply;
@@ -147,6 +175,25 @@ kv_err rpc_call_retry(rpc_chan *ch, const char *method, uint64_t map_epoch,
  * threads making their first nng calls at once race inside that
  * initialisation (found by ThreadSanitizer). Returns KV_OK or INTERNAL. */
 kv_err rpc_runtime_init(void);
+
+/* ---- channel pool (rpc_pool.c) -------------------------------------------- */
+
+/* One channel per peer address, opened on first use and kept for the
+ * pool's life. */
+typedef struct rpc_pool rpc_pool;
+
+/* A pool whose channels are opened with opts (NULL = defaults; copied).
+ * On success *out is the caller's (rpc_pool_destroy). RESOURCE_EXHAUSTED
+ * when out of memory. */
+kv_err rpc_pool_create(rpc_pool **out, const rpc_chan_opts *opts);
+/* The channel to addr; NULL when out of memory or addr is not a valid URL.
+ * The channel belongs to the pool. Thread-safe, completion callbacks
+ * included (opening a channel does not wait for the network). */
+rpc_chan *rpc_pool_get(rpc_pool *p, const char *addr);
+/* Closes every channel (their pending calls complete with CANCELLED first)
+ * and frees the pool. NULL is a no-op. No other thread may use the pool
+ * any more; not from a completion callback. */
+void rpc_pool_destroy(rpc_pool *p);
 
 /* Maps an nng error number to kv_err (ETIMEDOUT -> DEADLINE_EXCEEDED, ...). */
 kv_err rpc_nng_err(int nng_rv);

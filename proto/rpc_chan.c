@@ -1,11 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * RPC client channel: one nng REQ socket dialed to one peer, with a pool of
- * REQ contexts so many calls can be in flight at once. Each call is a small
- * state machine driven by its context's aio callback (send, then receive).
- * nng's resend timer is switched off: a request is sent once, and a call
- * fails with UNAVAILABLE when the peer has no live connection, or with
- * DEADLINE_EXCEEDED when a connected peer does not answer in time.
+ * REQ contexts so many messages can be in flight at once. Each message is a
+ * small state machine driven by its context's aio callback (send, then
+ * receive). nng's resend timer is switched off: a request is sent once, and
+ * a call fails with UNAVAILABLE when the peer has no live connection, or
+ * with DEADLINE_EXCEEDED when a connected peer does not answer in time.
+ *
+ * Coalescing: a message costs the same transport work (syscalls, wake-ups
+ * of nng's threads on both sides) whatever it carries, so while
+ * coalesce_after messages are already in flight, new small calls wait in a
+ * queue, and the queue goes out as one rpc.Calls message (kv.proto) when a
+ * message completes, when it holds COALESCE_MAX_CALLS calls or
+ * COALESCE_MAX_BYTES, or after COALESCE_WAIT_NS (1 ms) at the latest. A lone call
+ * is never delayed; under load, calls share messages (like a Redis client's
+ * automatic pipelining). Each call keeps its own deadline (its remaining
+ * time when the message leaves), status and reply.
  */
 #include "proto/rpc.h"
 
@@ -21,8 +31,28 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
+#include "proto/rpc_timer.h"
 
 #define DEFAULT_CONNECT_WAIT_MS 1000u
+#define DEFAULT_COALESCE_AFTER 4u
+#define COALESCE_MAX_CALLS 64u
+#define COALESCE_MAX_BYTES (256u * 1024u) /* request bodies in one message */
+#define COALESCE_MAX_BODY (16u * 1024u)   /* larger calls always go alone */
+#define COALESCE_WAIT_NS 1000000ull       /* the longest a call waits in the queue */
+#define METHOD_MAX 48
+
+/* A call waiting to go out in an rpc.Calls message. */
+typedef struct rpc_pend rpc_pend;
+struct rpc_pend {
+    rpc_pend *next;
+    uint64_t id, epoch, deadline_ns;
+    rpc_done_fn done;
+    void *arg;
+    uint8_t *body; /* the packed request */
+    size_t blen;
+    bool claimed; /* completed, or being completed (ch->mu) */
+    char method[METHOD_MAX];
+};
 
 typedef struct rpc_slot rpc_slot;
 struct rpc_slot {
@@ -33,8 +63,9 @@ struct rpc_slot {
     bool receiving;
     uint64_t id;
     uint64_t deadline_ns;
-    rpc_done_fn done;
+    rpc_done_fn done; /* a single call */
     void *arg;
+    rpc_pend *calls; /* an rpc.Calls message: its calls, in order (ch->mu) */
 };
 
 struct rpc_chan {
@@ -44,12 +75,23 @@ struct rpc_chan {
     char *auth;
     size_t recv_max;
     uint32_t connect_wait_ms;
+    bool coordinate;
     uint64_t opened_ns;
-    pthread_mutex_t mu; /* protects free_slots, all, nall; pairs with cv */
+    pthread_mutex_t mu; /* protects free_slots, all, nall, the queue; pairs with cv */
     pthread_cond_t cv;  /* signalled when a connection comes up */
     rpc_slot *free_slots;
     rpc_slot **all;
     size_t nall, cap;
+    /* coalescing (mu) */
+    unsigned coalesce_after; /* messages in flight before calls queue (0 = never) */
+    unsigned inflight;       /* messages sent and not completed */
+    rpc_pend *qhead, *qtail;
+    size_t qn, qbytes;
+    uint64_t q_since; /* when the oldest queued call was queued */
+    bool closing;
+    unsigned nbatch;    /* rpc.Calls messages in flight */
+    rpc_timer_ent tick; /* flushes the queue after COALESCE_WAIT_NS, and completes the
+                           calls of rpc.Calls messages that pass their deadline */
     atomic_int pipes;
     atomic_uint_fast64_t next_id;
 };
@@ -103,22 +145,21 @@ static void slot_release(rpc_slot *s)
     pthread_mutex_unlock(&ch->mu);
 }
 
+static void msg_done(rpc_chan *ch);
+
 static void slot_finish(rpc_slot *s, rpc_reply *r)
 {
     rpc_done_fn done = s->done;
     void *arg = s->arg;
+    rpc_chan *ch = s->ch;
     slot_release(s);
+    msg_done(ch);
     done(arg, r);
 }
 
-static void parse_reply(rpc_slot *s, nng_msg *m, rpc_reply *r)
+/* Fills r from a reply envelope (body and message copied). */
+static void reply_from(const Kv__Envelope *env, rpc_reply *r)
 {
-    Kv__Envelope *env = kv__envelope__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
-    nng_msg_free(m);
-    if (!env) {
-        reply_set(r, KV_INTERNAL, "malformed reply envelope");
-        return;
-    }
     int code = env->status ? env->status->code : 0;
     reply_set(r, (code >= 0 && code < KV_ERR_COUNT_) ? (kv_err)code : KV_UNKNOWN,
               env->status && env->status->message && *env->status->message ? env->status->message
@@ -134,6 +175,17 @@ static void parse_reply(rpc_slot *s, nng_msg *m, rpc_reply *r)
             reply_set(r, KV_RESOURCE_EXHAUSTED, "out of memory for the reply");
         }
     }
+}
+
+static void parse_reply(rpc_slot *s, nng_msg *m, rpc_reply *r)
+{
+    Kv__Envelope *env = kv__envelope__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    nng_msg_free(m);
+    if (!env) {
+        reply_set(r, KV_INTERNAL, "malformed reply envelope");
+        return;
+    }
+    reply_from(env, r);
     if (env->id != s->id && r->status == KV_OK) {
         rpc_reply_free(r);
         reply_set(r, KV_INTERNAL, "reply id does not match the request");
@@ -157,6 +209,158 @@ static void fail_transport(rpc_slot *s, int rv, rpc_reply *r)
     r->local = true;
 }
 
+/* ---- coalesced calls (rpc.Calls) ----------------------------------------- */
+
+/* Completes a call that has no reply from the peer (local). */
+static void fail_now(rpc_done_fn done, void *arg, kv_err status, const char *msg)
+{
+    rpc_reply r;
+    reply_set(&r, status, msg);
+    r.local = true;
+    done(arg, &r);
+}
+
+static void send_single(rpc_chan *ch, rpc_pend *p);
+static void send_calls(rpc_chan *ch, rpc_pend *q);
+static rpc_pend *take_queue(rpc_chan *ch);
+
+static void pend_free(rpc_pend *p)
+{
+    free(p->body);
+    free(p);
+}
+
+/* Completes p with status (local) and frees it. */
+static void pend_fail(rpc_pend *p, kv_err status, const char *msg)
+{
+    rpc_reply r;
+    reply_set(&r, status, msg);
+    r.local = true;
+    rpc_done_fn done = p->done;
+    void *arg = p->arg;
+    pend_free(p);
+    done(arg, &r);
+}
+
+/* The reply of a whole rpc.Calls message: its Calls (NULL with *outer set
+ * when the message failed as a whole). */
+static Kv__Calls *calls_reply(rpc_slot *s, int rv, nng_msg *m, rpc_reply *outer)
+{
+    Kv__Envelope *env = NULL;
+    Kv__Calls *cs = NULL;
+    if (rv != 0) {
+        fail_transport(s, rv, outer);
+    } else if (!(env = kv__envelope__unpack(NULL, nng_msg_len(m), nng_msg_body(m)))) {
+        reply_set(outer, KV_INTERNAL, "malformed reply envelope");
+    } else if (env->status && env->status->code != KV_OK) {
+        reply_from(env, outer);
+    } else if (env->id != s->id || !(cs = kv__calls__unpack(NULL, env->body.len, env->body.data))) {
+        reply_set(outer, KV_INTERNAL, "malformed rpc.Calls reply");
+    }
+    if (env)
+        kv__envelope__free_unpacked(env, NULL);
+    nng_msg_free(m);
+    return cs;
+}
+
+/* Completes the calls of an rpc.Calls message (rv: its transport result, m
+ * its reply). A peer that does not know rpc.Calls gets them again one by
+ * one, and no more coalesced calls. */
+static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
+{
+    rpc_chan *ch = s->ch;
+    rpc_reply outer = {0};
+    Kv__Calls *cs = calls_reply(s, rv, m, &outer);
+    bool resend = !cs && outer.status == KV_UNIMPLEMENTED && !outer.local;
+    pthread_mutex_lock(&ch->mu);
+    rpc_pend *p = s->calls;
+    s->calls = NULL;
+    ch->nbatch--;
+    if (resend)
+        ch->coalesce_after = 0;
+    for (rpc_pend *q = p; q; q = q->next) {
+        bool mine = !q->claimed; /* chan_tick took the others */
+        q->claimed = true;
+        q->done = mine ? q->done : NULL;
+    }
+    pthread_mutex_unlock(&ch->mu);
+    slot_release(s);
+    msg_done(ch);
+    size_t i = 0;
+    for (rpc_pend *next; p; p = next, i++) {
+        next = p->next;
+        if (resend && p->done) {
+            p->claimed = false;
+            send_single(ch, p);
+            continue;
+        }
+        rpc_reply r;
+        if (!p->done)
+            memset(&r, 0, sizeof(r));
+        else if (cs && i < cs->n_calls && cs->calls[i]->id == p->id)
+            reply_from(cs->calls[i], &r);
+        else if (cs)
+            reply_set(&r, KV_INTERNAL, "rpc.Calls reply does not match its calls");
+        else {
+            reply_set(&r, outer.status, outer.message);
+            r.local = outer.local;
+        }
+        rpc_done_fn done = p->done;
+        void *arg = p->arg;
+        pend_free(p);
+        if (done)
+            done(arg, &r);
+    }
+    if (cs)
+        kv__calls__free_unpacked(cs, NULL);
+    rpc_reply_free(&outer);
+}
+
+/* The channel's timer (rpc_timer.h): the queue goes out once its oldest
+ * call waited COALESCE_WAIT_NS, even if every message in flight is still
+ * waiting for its reply; the calls of rpc.Calls messages in flight whose
+ * deadline passed complete with DEADLINE_EXCEEDED (their replies, if they
+ * come, are dropped), as a call in a message of its own would by its
+ * message's timeout. Re-arms itself for what is next due. */
+static void chan_tick(void *arg)
+{
+    rpc_chan *ch = arg;
+    struct {
+        rpc_done_fn done;
+        void *arg;
+    } due[COALESCE_MAX_CALLS * 4];
+    size_t n = 0;
+    uint64_t now = kv_now_ns(), next = UINT64_MAX;
+    pthread_mutex_lock(&ch->mu);
+    rpc_pend *q = NULL;
+    if (ch->qhead && now - ch->q_since >= COALESCE_WAIT_NS)
+        q = take_queue(ch);
+    else if (ch->qhead)
+        next = ch->q_since + COALESCE_WAIT_NS;
+    for (size_t i = 0; i < ch->nall; i++)
+        for (rpc_pend *p = ch->all[i]->calls; p; p = p->next) {
+            if (p->claimed)
+                continue;
+            if (p->deadline_ns <= now && n < sizeof(due) / sizeof(due[0])) {
+                p->claimed = true;
+                due[n].done = p->done;
+                due[n++].arg = p->arg;
+            } else if (p->deadline_ns < next) {
+                next = p->deadline_ns > now ? p->deadline_ns : now + 1000000ull;
+            }
+        }
+    bool rearm = next != UINT64_MAX && !ch->closing;
+    pthread_mutex_unlock(&ch->mu);
+    if (rearm)
+        rpc_timer_arm(&ch->tick, next);
+    if (q)
+        send_calls(ch, q);
+    char msg[160];
+    snprintf(msg, sizeof(msg), "%s did not answer before the deadline", ch->url);
+    for (size_t i = 0; i < n; i++)
+        fail_now(due[i].done, due[i].arg, KV_DEADLINE_EXCEEDED, msg);
+}
+
 static void slot_cb(void *arg)
 {
     rpc_slot *s = arg;
@@ -165,6 +369,10 @@ static void slot_cb(void *arg)
     if (rv != 0) {
         if (!s->receiving)
             nng_msg_free(nng_aio_get_msg(s->aio));
+        if (s->calls) {
+            calls_finish(s, rv, NULL);
+            return;
+        }
         fail_transport(s, rv, &r);
         slot_finish(s, &r);
         return;
@@ -172,6 +380,10 @@ static void slot_cb(void *arg)
     if (!s->receiving) {
         uint64_t now = kv_now_ns();
         if (now >= s->deadline_ns) {
+            if (s->calls) {
+                calls_finish(s, NNG_ETIMEDOUT, NULL);
+                return;
+            }
             fail_transport(s, NNG_ETIMEDOUT, &r);
             slot_finish(s, &r);
             return;
@@ -179,6 +391,10 @@ static void slot_cb(void *arg)
         s->receiving = true;
         nng_aio_set_timeout(s->aio, (nng_duration)((s->deadline_ns - now) / 1000000ull + 1));
         nng_ctx_recv(s->ctx, s->aio);
+        return;
+    }
+    if (s->calls) {
+        calls_finish(s, 0, nng_aio_get_msg(s->aio));
         return;
     }
     parse_reply(s, nng_aio_get_msg(s->aio), &r);
@@ -217,6 +433,17 @@ static rpc_slot *slot_get(rpc_chan *ch)
     return s;
 }
 
+/* opts->coalesce_after, else $KV_RPC_COALESCE_AFTER (for benchmarks that
+ * compare both ways), else DEFAULT_COALESCE_AFTER; negative = never. */
+static unsigned coalesce_after(const rpc_chan_opts *opts)
+{
+    long v = opts ? opts->coalesce_after : 0;
+    const char *env = v ? NULL : getenv("KV_RPC_COALESCE_AFTER");
+    if (env && *env)
+        v = strtol(env, NULL, 10);
+    return v < 0 ? 0 : v == 0 ? DEFAULT_COALESCE_AFTER : (unsigned)v;
+}
+
 kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
 {
     rpc_chan *ch = calloc(1, sizeof(*ch));
@@ -229,7 +456,10 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
     ch->recv_max = opts && opts->recv_max ? opts->recv_max : kv_limits_recv_max(&kv_default_limits);
     ch->connect_wait_ms =
         opts && opts->connect_wait_ms ? opts->connect_wait_ms : DEFAULT_CONNECT_WAIT_MS;
+    ch->coordinate = opts && opts->coordinate;
+    ch->coalesce_after = coalesce_after(opts);
     ch->opened_ns = kv_now_ns();
+    ch->tick = (rpc_timer_ent){.fn = chan_tick, .arg = ch};
     int rv = nng_req0_open(&ch->sock);
     if (rv == 0) {
         nng_socket_set_ms(ch->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
@@ -257,6 +487,19 @@ void rpc_chan_close(rpc_chan *ch)
 {
     if (!ch)
         return;
+    /* Queued calls complete with CANCELLED; no completion sends the queue
+     * (or arms the timer) any more. */
+    pthread_mutex_lock(&ch->mu);
+    ch->closing = true;
+    rpc_pend *q = ch->qhead;
+    ch->qhead = ch->qtail = NULL;
+    ch->qn = ch->qbytes = 0;
+    pthread_mutex_unlock(&ch->mu);
+    for (rpc_pend *next; q; q = next) {
+        next = q->next;
+        pend_fail(q, KV_CANCELLED, "channel closed");
+    }
+    rpc_timer_cancel(&ch->tick);
     /* Stop every context's aio before closing the socket: a completion that
      * is running may submit the receive phase, and nng (1.5) must not see
      * that race with the socket tearing its contexts down. A stopped aio
@@ -276,44 +519,211 @@ void rpc_chan_close(rpc_chan *ch)
     free(ch);
 }
 
-static nng_msg *build_request(rpc_chan *ch, uint64_t id, const char *method, uint64_t epoch,
-                              const ProtobufCMessage *req, uint32_t deadline_ms, kv_err *err)
+/* env packed into a new nng message; NULL when out of memory. */
+static nng_msg *pack_msg(const Kv__Envelope *env)
 {
-    Kv__Envelope env = KV__ENVELOPE__INIT;
-    env.id = id;
-    env.method = (char *)method;
-    env.deadline_ms = deadline_ms;
-    env.auth = ch->auth;
-    env.map_epoch = epoch;
-    size_t blen = req ? protobuf_c_message_get_packed_size(req) : 0;
-    if (blen + KV_RPC_OVERHEAD / 2 > ch->recv_max) {
-        *err = KV_INVALID_ARGUMENT;
-        return NULL;
-    }
-    uint8_t *body = blen ? malloc(blen) : NULL;
-    if (blen && !body) {
-        *err = KV_RESOURCE_EXHAUSTED;
-        return NULL;
-    }
-    if (blen)
-        protobuf_c_message_pack(req, body);
-    env.body.data = body;
-    env.body.len = blen;
     nng_msg *m = NULL;
-    if (nng_msg_alloc(&m, kv__envelope__get_packed_size(&env)) != 0) {
-        *err = KV_RESOURCE_EXHAUSTED;
-        m = NULL;
-    } else {
-        kv__envelope__pack(&env, nng_msg_body(m));
-    }
-    free(body);
+    if (nng_msg_alloc(&m, kv__envelope__get_packed_size(env)) != 0)
+        return NULL;
+    kv__envelope__pack(env, nng_msg_body(m));
     return m;
+}
+
+/* The envelope of call p with deadline_ms left. */
+static void call_env(rpc_chan *ch, const rpc_pend *p, uint32_t deadline_ms, Kv__Envelope *env)
+{
+    kv__envelope__init(env);
+    env->id = p->id;
+    env->method = (char *)p->method;
+    env->deadline_ms = deadline_ms;
+    env->auth = ch->auth;
+    env->map_epoch = p->epoch;
+    env->coordinate = ch->coordinate;
+    env->body.data = p->body;
+    env->body.len = p->blen;
+}
+
+/* Sends m on a free context as the message of a single call (done, arg)
+ * or of calls; on failure completes them. Counted in flight already. */
+static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns, rpc_done_fn done,
+                     void *arg, rpc_pend *calls)
+{
+    rpc_slot *s = m ? slot_get(ch) : NULL;
+    if (!s) {
+        nng_msg_free(m);
+        msg_done(ch);
+        for (rpc_pend *next; calls; calls = next) {
+            next = calls->next;
+            pend_fail(calls, KV_RESOURCE_EXHAUSTED, "out of memory for the request");
+        }
+        if (done) {
+            rpc_reply r;
+            reply_set(&r, KV_RESOURCE_EXHAUSTED, NULL);
+            r.local = true;
+            done(arg, &r);
+        }
+        return;
+    }
+    uint64_t now = kv_now_ns();
+    s->id = id;
+    s->done = done;
+    s->arg = arg;
+    s->receiving = false;
+    s->deadline_ns = deadline_ns;
+    uint64_t first = UINT64_MAX; /* the earliest deadline among the calls */
+    for (rpc_pend *p = calls; p; p = p->next)
+        first = p->deadline_ns < first ? p->deadline_ns : first;
+    if (calls) {
+        pthread_mutex_lock(&ch->mu);
+        s->calls = calls;
+        ch->nbatch++;
+        pthread_mutex_unlock(&ch->mu);
+        rpc_timer_arm(&ch->tick, first);
+    }
+    nng_aio_set_timeout(
+        s->aio, (nng_duration)(deadline_ns > now ? (deadline_ns - now) / 1000000ull + 1 : 1));
+    nng_aio_set_msg(s->aio, m);
+    nng_ctx_send(s->ctx, s->aio);
+}
+
+/* Sends call p in a message of its own and frees it. */
+static void send_single(rpc_chan *ch, rpc_pend *p)
+{
+    pthread_mutex_lock(&ch->mu);
+    ch->inflight++;
+    pthread_mutex_unlock(&ch->mu);
+    uint64_t now = kv_now_ns();
+    uint64_t left = p->deadline_ns > now ? (p->deadline_ns - now) / 1000000ull : 0;
+    Kv__Envelope env;
+    call_env(ch, p, left ? (uint32_t)left : 1, &env);
+    nng_msg *m = pack_msg(&env);
+    uint64_t id = p->id, dl = p->deadline_ns > now ? p->deadline_ns : now + 1000000ull;
+    rpc_done_fn done = p->done;
+    void *arg = p->arg;
+    pend_free(p);
+    send_msg(ch, m, id, dl, done, arg, NULL);
+}
+
+/* Sends queued calls q (linked, in order) as one rpc.Calls message; calls
+ * whose deadline passed in the queue complete with DEADLINE_EXCEEDED.
+ * Counted in flight already. */
+static void send_calls(rpc_chan *ch, rpc_pend *q)
+{
+    Kv__Envelope envs[COALESCE_MAX_CALLS], *ptrs[COALESCE_MAX_CALLS];
+    rpc_pend *live = NULL, **tail = &live;
+    size_t n = 0;
+    uint64_t now = kv_now_ns(), last = now;
+    char why[160];
+    /* as rpc_call_async: no connection past the first connect wait fails at once */
+    bool down = atomic_load(&ch->pipes) == 0 &&
+                now - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull;
+    snprintf(why, sizeof(why), "no connection to %s", ch->url);
+    for (rpc_pend *next; q; q = next) {
+        next = q->next;
+        if (down) {
+            pend_fail(q, KV_UNAVAILABLE, why);
+            continue;
+        }
+        if (q->deadline_ns <= now + 1000000ull) {
+            pend_fail(q, KV_DEADLINE_EXCEEDED, "the deadline passed before the call was sent");
+            continue;
+        }
+        call_env(ch, q, (uint32_t)((q->deadline_ns - now) / 1000000ull), &envs[n]);
+        ptrs[n] = &envs[n];
+        n++;
+        last = q->deadline_ns > last ? q->deadline_ns : last;
+        *tail = q;
+        tail = &q->next;
+        q->next = NULL;
+    }
+    if (!n) {
+        msg_done(ch);
+        return;
+    }
+    Kv__Calls calls = KV__CALLS__INIT;
+    calls.n_calls = n;
+    calls.calls = ptrs;
+    size_t blen = kv__calls__get_packed_size(&calls);
+    uint8_t *body = malloc(blen ? blen : 1);
+    nng_msg *m = NULL;
+    uint64_t id = atomic_fetch_add(&ch->next_id, 1) + 1;
+    if (body) {
+        kv__calls__pack(&calls, body);
+        Kv__Envelope env = KV__ENVELOPE__INIT;
+        env.id = id;
+        env.method = "rpc.Calls";
+        env.deadline_ms = (uint32_t)((last - now) / 1000000ull);
+        env.auth = ch->auth;
+        env.coordinate = ch->coordinate;
+        env.body.data = body;
+        env.body.len = blen;
+        m = pack_msg(&env);
+        free(body);
+    }
+    send_msg(ch, m, id, last, NULL, NULL, live);
+}
+
+/* Takes the queue as one message in flight (mu held); NULL when empty. */
+static rpc_pend *take_queue(rpc_chan *ch)
+{
+    rpc_pend *q = ch->qhead;
+    if (!q || ch->closing)
+        return NULL;
+    ch->qhead = ch->qtail = NULL;
+    ch->qn = ch->qbytes = 0;
+    ch->inflight++;
+    return q;
+}
+
+/* A message completed: one fewer in flight, and the queue goes out. */
+static void msg_done(rpc_chan *ch)
+{
+    pthread_mutex_lock(&ch->mu);
+    ch->inflight--;
+    rpc_pend *q = take_queue(ch);
+    pthread_mutex_unlock(&ch->mu);
+    if (q)
+        send_calls(ch, q);
+}
+
+/* Queues p when coalesce_after messages are in flight (true: p is the
+ * channel's now); otherwise counts the message p is about to become. */
+static bool try_queue(rpc_chan *ch, rpc_pend *p)
+{
+    pthread_mutex_lock(&ch->mu);
+    if (!ch->coalesce_after || ch->inflight < ch->coalesce_after || ch->closing ||
+        p->blen > COALESCE_MAX_BODY) {
+        ch->inflight++;
+        pthread_mutex_unlock(&ch->mu);
+        return false;
+    }
+    uint64_t now = kv_now_ns();
+    p->next = NULL;
+    bool first = !ch->qhead;
+    if (ch->qtail)
+        ch->qtail->next = p;
+    else
+        ch->qhead = p;
+    ch->qtail = p;
+    ch->qn++;
+    ch->qbytes += p->blen;
+    ch->q_since = first ? now : ch->q_since;
+    /* full, or waited long enough (a completion or the timer would send it) */
+    rpc_pend *q = ch->qn >= COALESCE_MAX_CALLS || ch->qbytes >= COALESCE_MAX_BYTES ||
+                          now - ch->q_since >= COALESCE_WAIT_NS
+                      ? take_queue(ch)
+                      : NULL;
+    pthread_mutex_unlock(&ch->mu);
+    if (q)
+        send_calls(ch, q);
+    else if (first)
+        rpc_timer_arm(&ch->tick, now + COALESCE_WAIT_NS);
+    return true;
 }
 
 void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
                     const ProtobufCMessage *req, uint32_t deadline_ms, rpc_done_fn done, void *arg)
 {
-    rpc_reply r;
     char msg[160];
     if (!deadline_ms)
         deadline_ms = RPC_DEFAULT_DEADLINE_MS;
@@ -321,32 +731,44 @@ void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
     if (atomic_load(&ch->pipes) == 0 &&
         now - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull) {
         snprintf(msg, sizeof(msg), "no connection to %s", ch->url);
-        reply_set(&r, KV_UNAVAILABLE, msg);
-        r.local = true;
-        done(arg, &r);
+        fail_now(done, arg, KV_UNAVAILABLE, msg);
         return;
     }
-    kv_err err = KV_OK;
-    uint64_t id = atomic_fetch_add(&ch->next_id, 1) + 1;
-    nng_msg *m = build_request(ch, id, method, map_epoch, req, deadline_ms, &err);
-    rpc_slot *s = m ? slot_get(ch) : NULL;
-    if (!s) {
-        nng_msg_free(m);
+    size_t blen = req ? protobuf_c_message_get_packed_size(req) : 0;
+    if (blen + KV_RPC_OVERHEAD / 2 > ch->recv_max) {
         snprintf(msg, sizeof(msg), "%s request is over the %zu-byte message limit", method,
                  ch->recv_max);
-        reply_set(&r, m ? KV_RESOURCE_EXHAUSTED : err, err == KV_INVALID_ARGUMENT ? msg : NULL);
-        r.local = true;
-        done(arg, &r);
+        fail_now(done, arg, KV_INVALID_ARGUMENT, msg);
         return;
     }
-    s->id = id;
-    s->done = done;
-    s->arg = arg;
-    s->receiving = false;
-    s->deadline_ns = now + (uint64_t)deadline_ms * 1000000ull;
-    nng_aio_set_timeout(s->aio, (nng_duration)deadline_ms);
-    nng_aio_set_msg(s->aio, m);
-    nng_ctx_send(s->ctx, s->aio);
+    rpc_pend *p = calloc(1, sizeof(*p));
+    uint8_t *body = malloc(blen ? blen : 1);
+    if (!p || !body || strlen(method) >= METHOD_MAX) {
+        free(p);
+        free(body);
+        fail_now(done, arg, p && body ? KV_INVALID_ARGUMENT : KV_RESOURCE_EXHAUSTED,
+                 p && body ? "method name too long" : NULL);
+        return;
+    }
+    if (blen)
+        protobuf_c_message_pack(req, body);
+    *p = (rpc_pend){.id = atomic_fetch_add(&ch->next_id, 1) + 1,
+                    .epoch = map_epoch,
+                    .deadline_ns = now + (uint64_t)deadline_ms * 1000000ull,
+                    .done = done,
+                    .arg = arg,
+                    .body = body,
+                    .blen = blen};
+    memcpy(p->method, method, strlen(method) + 1);
+    if (!try_queue(ch, p)) {
+        /* alone: exactly the deadline the caller gave */
+        Kv__Envelope env;
+        call_env(ch, p, deadline_ms, &env);
+        nng_msg *m = pack_msg(&env);
+        uint64_t id = p->id, dl = p->deadline_ns;
+        pend_free(p);
+        send_msg(ch, m, id, dl, done, arg, NULL);
+    }
 }
 
 typedef struct sync_wait {

@@ -1,10 +1,24 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * RPC server over an nng REP socket: N worker threads, each owning one REP
- * context, receive an Envelope, check auth and deadline, dispatch the method
- * by name and send the reply Envelope. Every failure before the handler
- * (garbage bytes, unknown method, bad token) is answered, never dropped, so
- * the caller's context is not left waiting and the connection keeps serving.
+ * RPC server over an nng REP socket, completion-driven. `contexts` REP
+ * contexts each keep one receive posted; the receive's completion (an nng
+ * thread, which must not block) decodes the Envelope and queues the call on
+ * a lane; a worker thread of that lane checks auth and deadline, runs the
+ * handler and sends the reply Envelope from the same context; the send's
+ * completion posts the context's next receive. So no thread waits for one
+ * call's messages, a busy worker takes the next queued call without
+ * sleeping, and more calls than workers are taken off the socket at once.
+ *
+ * Lanes: calls that carry Envelope.coordinate (a smart client asking a node
+ * to coordinate) run on coord_workers threads of their own. A coordinating
+ * node waits for its peers' replica calls; if coordination could take every
+ * worker, two nodes coordinating for each other would wait on each other's
+ * queued replica calls until the deadlines. Replica calls never wait on
+ * another node, so with their own lane they always progress.
+ *
+ * Every failure before the handler (garbage bytes, unknown method, bad
+ * token) is answered, never dropped, so the caller's context is not left
+ * waiting and the connection keeps serving.
  */
 #include "proto/rpc.h"
 
@@ -24,24 +38,77 @@
 
 #define DRAIN_WAIT_NS (3ull * 1000000000ull)
 
-typedef struct rpc_worker {
+/* An entry of a lane's queue: a call (rpc_scall) or one call of an
+ * rpc.Calls message run on its own (rpc_sub). */
+typedef struct rpc_job rpc_job;
+struct rpc_job {
+    rpc_job *next;
+    bool sub;
+};
+
+/* One REP context and the call it holds between its receive and its reply. */
+typedef struct rpc_scall {
+    rpc_job job; /* first: a job is its call */
     rpc_server *srv;
-    int index;
     nng_ctx ctx;
     nng_aio *aio;
+    bool open;    /* ctx and aio were created */
+    bool sending; /* the aio's operation is the reply (else a receive) */
+    nng_msg *req;
+    Kv__Envelope *env; /* the decoded request, NULL when malformed */
+    int lane;
+} rpc_scall;
+
+typedef struct rpc_group rpc_group;
+typedef struct rpc_sub {
+    rpc_job job; /* first */
+    rpc_group *g;
+    size_t i;
+} rpc_sub;
+
+/* The calls of one rpc.Calls message and their replies. */
+struct rpc_group {
+    rpc_scall *k;     /* the context that answers */
+    Kv__Calls *calls; /* unpacked from k's body */
+    Kv__Envelope *rep;
+    Kv__Status *st;
+    Kv__Envelope **ptrs;
+    char **msgs;         /* status messages (malloc'ed) */
+    rpc_ctx *ctx;        /* split mode: each call's context between start and finish */
+    _Atomic size_t left; /* calls still running (parallel mode) */
+    rpc_sub subs[];
+};
+
+/* A FIFO of jobs and the workers that run them. */
+typedef struct rpc_lane {
+    pthread_mutex_t mu; /* protects every field below; pairs with cv */
+    pthread_cond_t cv;  /* signalled when a job is queued or the lane stops */
+    rpc_job *head, *tail;
+    unsigned idle; /* workers waiting on cv */
+    bool stop;
+    bool parallel; /* run the calls of an rpc.Calls message as jobs of their own */
+} rpc_lane;
+
+typedef struct rpc_worker {
+    rpc_server *srv;
+    rpc_lane *lane;
+    int index;
     pthread_t thread;
     bool started;
-    _Atomic bool exited; /* worker_main returned: it makes no more nng calls */
 } rpc_worker;
 
 struct rpc_server {
     rpc_server_opts opts;
     nng_socket sock;
     nng_listener listener;
+    bool listening;
+    rpc_scall *calls;
+    unsigned ncalls;
+    rpc_lane lanes[2]; /* [0] every call, [1] coordinate calls when coord_workers > 0 */
     rpc_worker *workers;
     unsigned nworkers;
     atomic_bool stopping;
-    atomic_int busy; /* workers inside a handler */
+    atomic_int busy; /* calls queued or inside a handler */
 };
 
 kv_err rpc_nng_err(int rv)
@@ -115,80 +182,399 @@ static const rpc_method *find_method(const rpc_server *s, const char *name)
     return NULL;
 }
 
+/* The method of a call whose token is right; NULL with *rv (and c's
+ * message) otherwise. */
+static const rpc_method *dispatch(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, kv_err *rv)
+{
+    const char *want = s->opts.auth;
+    if (want && *want && (!env->auth || strcmp(env->auth, want) != 0)) {
+        *rv = rpc_fail(c, KV_UNAUTHENTICATED, "missing or wrong auth token");
+        return NULL;
+    }
+    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    if (!m)
+        *rv = rpc_fail(c, KV_UNIMPLEMENTED, "unknown method '%.100s'", env->method);
+    return m;
+}
+
+/* Whether m serves this call in two phases (rpc_method.start). */
+static bool split(const rpc_method *m, bool coordinate)
+{
+    return m->start && (!m->fn || coordinate);
+}
+
+/* A handler that finished past the call's deadline: DEADLINE_EXCEEDED. */
+static kv_err past_deadline(rpc_ctx *c, const rpc_method *m, kv_err rv)
+{
+    if (rv != KV_OK || kv_now_ns() <= c->deadline_ns)
+        return rv;
+    free(c->reply);
+    c->reply = NULL;
+    c->reply_len = 0;
+    return rpc_fail(c, KV_DEADLINE_EXCEEDED, "%s finished past its deadline", m->name);
+}
+
 /* Runs one request through auth, dispatch and deadline checks; fills c and
  * returns the status for the reply. */
 static kv_err serve(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env)
 {
-    const char *want = s->opts.auth;
-    if (want && *want && (!env->auth || strcmp(env->auth, want) != 0))
-        return rpc_fail(c, KV_UNAUTHENTICATED, "missing or wrong auth token");
-    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    kv_err rv = KV_OK;
+    const rpc_method *m = dispatch(s, c, env, &rv);
     if (!m)
-        return rpc_fail(c, KV_UNIMPLEMENTED, "unknown method '%.100s'", env->method);
-    kv_err rv = m->fn(c, env->body.data, env->body.len);
-    if (rv == KV_OK && kv_now_ns() > c->deadline_ns) {
-        free(c->reply);
-        c->reply = NULL;
-        c->reply_len = 0;
-        return rpc_fail(c, KV_DEADLINE_EXCEEDED, "%s finished past its deadline", m->name);
+        return rv;
+    if (!split(m, c->coordinate)) {
+        rv = m->fn(c, env->body.data, env->body.len);
+    } else {
+        void *state = NULL;
+        rv = m->start(c, env->body.data, env->body.len, &state);
+        if (rv == KV_OK && state)
+            rv = m->finish(c, state);
     }
-    return rv;
+    return past_deadline(c, m, rv);
 }
 
-static nng_msg *build_reply(uint64_t id, kv_err status, rpc_ctx *c, uint64_t epoch)
+/* Fills env (and st) as the reply to a call with this id and status. */
+static void reply_env(Kv__Envelope *env, Kv__Status *st, uint64_t id, kv_err status, rpc_ctx *c)
 {
-    Kv__Envelope env = KV__ENVELOPE__INIT;
-    Kv__Status st = KV__STATUS__INIT;
-    env.id = id;
-    env.map_epoch = epoch;
-    st.code = (int32_t)status;
-    st.message = c->message;
-    env.status = &st;
-    env.body.data = c->reply;
-    env.body.len = c->reply_len;
+    kv__envelope__init(env);
+    kv__status__init(st);
+    env->id = id;
+    env->map_epoch = c->reply_epoch;
+    st->code = (int32_t)status;
+    st->message = c->message;
+    env->status = st;
+    env->body.data = c->reply;
+    env->body.len = c->reply_len;
+}
+
+/* env packed into a new nng message, NULL when out of memory. */
+static nng_msg *pack_msg(const ProtobufCMessage *env)
+{
     nng_msg *msg;
-    size_t n = kv__envelope__get_packed_size(&env);
-    if (nng_msg_alloc(&msg, n) != 0)
+    if (nng_msg_alloc(&msg, protobuf_c_message_get_packed_size(env)) != 0)
         return NULL;
-    kv__envelope__pack(&env, nng_msg_body(msg));
+    protobuf_c_message_pack(env, nng_msg_body(msg));
     return msg;
 }
 
-static void handle_one(rpc_worker *w, nng_msg *req)
+/* Runs one decoded call (env NULL: malformed) with worker index w; fills c
+ * and returns its status. */
+static kv_err run_call_init(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c)
 {
-    rpc_server *s = w->srv;
-    rpc_ctx c = {0};
-    c.worker = w->index;
-    c.user = s->opts.user;
-    uint64_t id = 0;
-    kv_err status;
-    Kv__Envelope *env = kv__envelope__unpack(NULL, nng_msg_len(req), nng_msg_body(req));
-    if (!env) {
-        status = rpc_fail(&c, KV_INVALID_ARGUMENT, "malformed request: not a kv.Envelope");
-    } else {
-        id = env->id;
-        uint32_t dl = env->deadline_ms ? env->deadline_ms : s->opts.default_deadline_ms;
-        c.method = env->method;
-        c.map_epoch = env->map_epoch;
-        c.deadline_ns = kv_now_ns() + (uint64_t)dl * 1000000ull;
-        atomic_fetch_add(&s->busy, 1);
-        status = serve(s, &c, env);
-        atomic_fetch_sub(&s->busy, 1);
+    memset(c, 0, sizeof(*c));
+    c->worker = w;
+    c->user = s->opts.user;
+    if (!env)
+        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed request: not a kv.Envelope");
+    uint32_t dl = env->deadline_ms ? env->deadline_ms : s->opts.default_deadline_ms;
+    c->method = env->method;
+    c->map_epoch = env->map_epoch;
+    c->coordinate = env->coordinate;
+    c->deadline_ns = kv_now_ns() + (uint64_t)dl * 1000000ull;
+    return KV_OK;
+}
+
+static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c)
+{
+    kv_err rv = run_call_init(s, w, env, c);
+    return rv == KV_OK ? serve(s, c, env) : rv;
+}
+
+/* ---- lanes ------------------------------------------------------------- */
+
+/* Queues jobs first..last (linked) and wakes up to n idle workers. */
+static void lane_push(rpc_lane *l, rpc_job *first, rpc_job *last, unsigned n)
+{
+    pthread_mutex_lock(&l->mu);
+    last->next = NULL;
+    if (l->tail)
+        l->tail->next = first;
+    else
+        l->head = first;
+    l->tail = last;
+    if (l->idle && n >= l->idle)
+        pthread_cond_broadcast(&l->cv);
+    else
+        for (unsigned i = 0; i < n && i < l->idle; i++)
+            pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* The next job, waiting for one; NULL once the lane stops. */
+static rpc_job *lane_pop(rpc_lane *l)
+{
+    pthread_mutex_lock(&l->mu);
+    while (!l->head && !l->stop) {
+        l->idle++;
+        pthread_cond_wait(&l->cv, &l->mu);
+        l->idle--;
     }
-    nng_msg_free(req);
-    nng_msg *rep = build_reply(id, status, &c, c.reply_epoch);
-    if (env)
-        kv__envelope__free_unpacked(env, NULL);
-    free(c.reply);
-    if (!rep) {
-        KV_ERROR("rpc", "out of memory building a reply");
+    rpc_job *j = l->stop ? NULL : l->head;
+    if (j) {
+        l->head = j->next;
+        if (!l->head)
+            l->tail = NULL;
+    }
+    pthread_mutex_unlock(&l->mu);
+    return j;
+}
+
+/* ---- calls ------------------------------------------------------------- */
+
+static void post_recv(rpc_scall *k)
+{
+    if (!atomic_load(&k->srv->stopping))
+        nng_ctx_recv(k->ctx, k->aio);
+}
+
+/* The context's aio completion, on an nng thread: a reply went out (post
+ * the next receive) or a request came in (decode it, queue it). */
+static void call_cb(void *arg)
+{
+    rpc_scall *k = arg;
+    rpc_server *s = k->srv;
+    int rv = nng_aio_result(k->aio);
+    if (k->sending) {
+        k->sending = false;
+        if (rv != 0) /* the peer went away: the reply is ours to free */
+            nng_msg_free(nng_aio_get_msg(k->aio));
+        post_recv(k);
         return;
     }
-    nng_aio_set_msg(w->aio, rep);
-    nng_ctx_send(w->ctx, w->aio);
-    nng_aio_wait(w->aio);
-    if (nng_aio_result(w->aio) != 0)
-        nng_msg_free(rep);
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+        return; /* the server is closing: this context stops */
+    if (rv != 0) {
+        post_recv(k);
+        return;
+    }
+    k->req = nng_aio_get_msg(k->aio);
+    nng_aio_set_msg(k->aio, NULL);
+    k->env = kv__envelope__unpack(NULL, nng_msg_len(k->req), nng_msg_body(k->req));
+    k->lane = k->env && k->env->coordinate && s->opts.coord_workers > 0 ? 1 : 0;
+    atomic_fetch_add(&s->busy, 1);
+    lane_push(&s->lanes[k->lane], &k->job, &k->job, 1);
+}
+
+/* Sends msg as k's reply (NULL: out of memory, no reply) and frees the
+ * request. k is not touched after the send: its completion may already run
+ * on another thread. */
+static void send_reply(rpc_scall *k, nng_msg *msg)
+{
+    rpc_server *s = k->srv;
+    nng_msg_free(k->req);
+    k->req = NULL;
+    if (k->env)
+        kv__envelope__free_unpacked(k->env, NULL);
+    k->env = NULL;
+    atomic_fetch_sub(&s->busy, 1);
+    if (!msg) {
+        KV_ERROR("rpc", "out of memory building a reply");
+        post_recv(k);
+        return;
+    }
+    k->sending = true;
+    nng_aio_set_msg(k->aio, msg);
+    nng_ctx_send(k->ctx, k->aio);
+}
+
+static void handle_one(rpc_worker *w, rpc_scall *k)
+{
+    rpc_ctx c;
+    kv_err status = run_call(w->srv, w->index, k->env, &c);
+    Kv__Envelope env;
+    Kv__Status st;
+    reply_env(&env, &st, k->env ? k->env->id : 0, status, &c);
+    nng_msg *msg = pack_msg(&env.base);
+    free(c.reply);
+    send_reply(k, msg);
+}
+
+/* ---- rpc.Calls: several calls in one message ----------------------------- */
+
+static void group_free(rpc_group *g)
+{
+    for (size_t i = 0; g->calls && i < g->calls->n_calls; i++) {
+        free(g->rep[i].body.data);
+        free(g->msgs[i]);
+    }
+    if (g->calls)
+        kv__calls__free_unpacked(g->calls, NULL);
+    free(g->rep);
+    free(g->st);
+    free(g->ptrs);
+    free(g->msgs);
+    free(g->ctx);
+    free(g);
+}
+
+/* Keeps call i's reply envelope (status, message, c's reply body). */
+static void group_keep(rpc_group *g, size_t i, kv_err status, rpc_ctx *c)
+{
+    reply_env(&g->rep[i], &g->st[i], g->calls->calls[i]->id, status, c);
+    g->msgs[i] = c->message[0] ? strdup(c->message) : NULL;
+    g->st[i].message = g->msgs[i] ? g->msgs[i] : "";
+    g->ptrs[i] = &g->rep[i];
+}
+
+/* Runs call i of g and keeps its reply envelope. */
+static void group_run(rpc_server *s, int w, rpc_group *g, size_t i)
+{
+    rpc_ctx c;
+    kv_err status = run_call(s, w, g->calls->calls[i], &c);
+    group_keep(g, i, status, &c);
+}
+
+/* Whether every call of g has a split method (rpc_method.start). */
+static bool group_split(rpc_server *s, const rpc_group *g)
+{
+    for (size_t i = 0; i < g->calls->n_calls; i++) {
+        const char *name = g->calls->calls[i]->method;
+        const rpc_method *m = find_method(s, name ? name : "");
+        if (!m || !split(m, g->calls->calls[i]->coordinate))
+            return false;
+    }
+    return g->calls->n_calls > 0;
+}
+
+/* Split mode: every call of g is started, then every one is finished, on
+ * this worker, so all their forwards are in flight at once. */
+static void group_split_run(rpc_server *s, int w, rpc_group *g)
+{
+    size_t n = g->calls->n_calls;
+    void **state = calloc(n, sizeof(*state));
+    const rpc_method **ms = calloc(n, sizeof(*ms));
+    kv_err *st = calloc(n, sizeof(*st));
+    g->ctx = calloc(n, sizeof(*g->ctx));
+    if (!state || !ms || !st || !g->ctx) { /* one after another, as without split */
+        for (size_t i = 0; i < n; i++)
+            group_run(s, w, g, i);
+        n = 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Kv__Envelope *env = g->calls->calls[i];
+        rpc_ctx *c = &g->ctx[i];
+        st[i] = run_call_init(s, w, env, c);
+        if (st[i] == KV_OK && (ms[i] = dispatch(s, c, env, &st[i])) != NULL)
+            st[i] = ms[i]->start(c, env->body.data, env->body.len, &state[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (st[i] == KV_OK && state[i])
+            st[i] = ms[i]->finish(&g->ctx[i], state[i]);
+        if (ms[i])
+            st[i] = past_deadline(&g->ctx[i], ms[i], st[i]);
+        group_keep(g, i, st[i], &g->ctx[i]);
+    }
+    free(state);
+    free(ms);
+    free(st);
+}
+
+/* Sends the Calls reply of g once every call ran, and frees g. */
+static void group_reply(rpc_group *g)
+{
+    Kv__Calls calls = KV__CALLS__INIT;
+    calls.n_calls = g->calls->n_calls;
+    calls.calls = g->ptrs;
+    size_t n = kv__calls__get_packed_size(&calls);
+    uint8_t *body = malloc(n ? n : 1);
+    rpc_ctx c = {0};
+    kv_err status = KV_OK;
+    if (body) {
+        kv__calls__pack(&calls, body);
+        c.reply = body;
+        c.reply_len = n;
+    } else {
+        status =
+            rpc_fail(&c, KV_RESOURCE_EXHAUSTED, "out of memory for %zu replies", calls.n_calls);
+    }
+    Kv__Envelope env;
+    Kv__Status st;
+    reply_env(&env, &st, g->k->env->id, status, &c);
+    nng_msg *msg = pack_msg(&env.base);
+    free(body);
+    rpc_scall *k = g->k;
+    group_free(g);
+    send_reply(k, msg);
+}
+
+/* A group for k's rpc.Calls body; NULL with *status and c's message when
+ * the body is malformed or memory runs out. */
+static rpc_group *group_new(rpc_scall *k, rpc_ctx *c, kv_err *status)
+{
+    const Kv__Envelope *env = k->env;
+    Kv__Calls *calls = kv__calls__unpack(NULL, env->body.len, env->body.data);
+    if (!calls) {
+        *status = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed rpc.Calls body");
+        return NULL;
+    }
+    size_t n = calls->n_calls;
+    rpc_group *g = calloc(1, sizeof(*g) + n * sizeof(rpc_sub));
+    if (g) {
+        g->calls = calls;
+        g->rep = calloc(n ? n : 1, sizeof(*g->rep));
+        g->st = calloc(n ? n : 1, sizeof(*g->st));
+        g->ptrs = calloc(n ? n : 1, sizeof(*g->ptrs));
+        g->msgs = calloc(n ? n : 1, sizeof(*g->msgs));
+    }
+    if (!g || !g->rep || !g->st || !g->ptrs || !g->msgs) {
+        if (g)
+            group_free(g);
+        else
+            kv__calls__free_unpacked(calls, NULL);
+        *status = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory for %zu calls", n);
+        return NULL;
+    }
+    g->k = k;
+    atomic_init(&g->left, n);
+    return g;
+}
+
+/* An rpc.Calls message: its calls run one after another on this worker,
+ * or, on a parallel lane (handlers that wait for other processes), as jobs
+ * of their own; the last to finish sends the reply. The message's own
+ * token is checked too (each call's is, as if it came alone). */
+static void handle_calls(rpc_worker *w, rpc_scall *k)
+{
+    rpc_ctx c = {0};
+    kv_err status = KV_OK;
+    rpc_group *g = NULL;
+    const char *want = w->srv->opts.auth;
+    if (want && *want && (!k->env->auth || strcmp(k->env->auth, want) != 0))
+        status = rpc_fail(&c, KV_UNAUTHENTICATED, "missing or wrong auth token");
+    else
+        g = group_new(k, &c, &status);
+    if (!g) {
+        Kv__Envelope env;
+        Kv__Status st;
+        reply_env(&env, &st, k->env->id, status, &c);
+        send_reply(k, pack_msg(&env.base));
+        return;
+    }
+    size_t n = g->calls->n_calls;
+    if (group_split(w->srv, g)) {
+        group_split_run(w->srv, w->index, g);
+        group_reply(g);
+        return;
+    }
+    if (n == 0 || !w->lane->parallel) {
+        for (size_t i = 0; i < n; i++)
+            group_run(w->srv, w->index, g, i);
+        group_reply(g);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        g->subs[i] = (rpc_sub){
+            .job = {.next = i + 1 < n ? &g->subs[i + 1].job : NULL, .sub = true}, .g = g, .i = i};
+    lane_push(w->lane, &g->subs[0].job, &g->subs[n - 1].job, (unsigned)n);
+}
+
+static void handle_sub(rpc_worker *w, rpc_sub *sub)
+{
+    rpc_group *g = sub->g;
+    group_run(w->srv, w->index, g, sub->i);
+    /* acq_rel: the last call to finish sees every other call's reply */
+    if (atomic_fetch_sub_explicit(&g->left, 1, memory_order_acq_rel) == 1)
+        group_reply(g);
 }
 
 static void *worker_main(void *arg)
@@ -197,21 +583,24 @@ static void *worker_main(void *arg)
     rpc_server *s = w->srv;
     if (s->opts.thread_start)
         s->opts.thread_start(w->index, s->opts.user);
-    while (!atomic_load(&s->stopping)) {
-        nng_ctx_recv(w->ctx, w->aio);
-        nng_aio_wait(w->aio);
-        int rv = nng_aio_result(w->aio);
-        if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
-            break;
-        if (rv != 0)
+    rpc_job *j;
+    while ((j = lane_pop(w->lane)) != NULL) {
+        if (j->sub) {
+            handle_sub(w, (rpc_sub *)j);
             continue;
-        handle_one(w, nng_aio_get_msg(w->aio));
+        }
+        rpc_scall *k = (rpc_scall *)j;
+        if (k->env && k->env->method && strcmp(k->env->method, "rpc.Calls") == 0)
+            handle_calls(w, k);
+        else
+            handle_one(w, k);
     }
     if (s->opts.thread_stop)
         s->opts.thread_stop(w->index, s->opts.user);
-    atomic_store(&w->exited, true);
     return NULL;
 }
+
+/* ---- lifecycle --------------------------------------------------------- */
 
 static kv_err open_socket(rpc_server *s, char *err, size_t errlen)
 {
@@ -228,6 +617,7 @@ static kv_err open_socket(rpc_server *s, char *err, size_t errlen)
         snprintf(err, errlen, "cannot listen on %s: %s", s->opts.url, nng_strerror(rv));
         return rv == NNG_EADDRINUSE ? KV_UNAVAILABLE : KV_INVALID_ARGUMENT;
     }
+    s->listening = true;
     return KV_OK;
 }
 
@@ -237,18 +627,35 @@ static kv_err start_workers(rpc_server *s, char *err, size_t errlen)
         rpc_worker *w = &s->workers[i];
         w->srv = s;
         w->index = (int)i;
-        int rv;
-        if ((rv = nng_ctx_open(&w->ctx, s->sock)) != 0 ||
-            (rv = nng_aio_alloc(&w->aio, NULL, NULL)) != 0) {
-            snprintf(err, errlen, "nng context: %s", nng_strerror(rv));
-            return KV_INTERNAL;
-        }
+        w->lane = &s->lanes[i < s->opts.workers ? 0 : 1];
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             snprintf(err, errlen, "cannot start worker thread");
             return KV_RESOURCE_EXHAUSTED;
         }
         w->started = true;
     }
+    return KV_OK;
+}
+
+static kv_err start_calls(rpc_server *s, char *err, size_t errlen)
+{
+    for (unsigned i = 0; i < s->ncalls; i++) {
+        rpc_scall *k = &s->calls[i];
+        k->srv = s;
+        int rv;
+        if ((rv = nng_ctx_open(&k->ctx, s->sock)) != 0) {
+            snprintf(err, errlen, "nng context: %s", nng_strerror(rv));
+            return KV_INTERNAL;
+        }
+        if ((rv = nng_aio_alloc(&k->aio, call_cb, k)) != 0) {
+            nng_ctx_close(k->ctx);
+            snprintf(err, errlen, "nng aio: %s", nng_strerror(rv));
+            return KV_RESOURCE_EXHAUSTED;
+        }
+        k->open = true;
+    }
+    for (unsigned i = 0; i < s->ncalls; i++)
+        post_recv(&s->calls[i]);
     return KV_OK;
 }
 
@@ -260,13 +667,25 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
     s->opts = *opts;
     if (!s->opts.default_deadline_ms)
         s->opts.default_deadline_ms = RPC_DEFAULT_DEADLINE_MS;
-    s->nworkers = opts->workers ? opts->workers : 8;
+    if (!s->opts.workers)
+        s->opts.workers = 8;
+    s->nworkers = s->opts.workers + s->opts.coord_workers;
+    s->ncalls = s->opts.contexts ? s->opts.contexts : 2 * s->nworkers + 32;
+    for (int l = 0; l < 2; l++) {
+        pthread_mutex_init(&s->lanes[l].mu, NULL);
+        pthread_cond_init(&s->lanes[l].cv, NULL);
+    }
+    s->lanes[0].parallel = s->opts.handlers_wait;
+    s->lanes[1].parallel = true; /* coordinating waits for the replicas */
     s->workers = calloc(s->nworkers, sizeof(*s->workers));
-    kv_err rv = s->workers ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    s->calls = calloc(s->ncalls, sizeof(*s->calls));
+    kv_err rv = s->workers && s->calls ? KV_OK : KV_RESOURCE_EXHAUSTED;
     if (rv == KV_OK)
         rv = open_socket(s, err, errlen);
     if (rv == KV_OK)
         rv = start_workers(s, err, errlen);
+    if (rv == KV_OK)
+        rv = start_calls(s, err, errlen);
     if (rv != KV_OK) {
         rpc_server_close(s);
         return rv;
@@ -275,40 +694,71 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
     return KV_OK;
 }
 
+/* Frees what is still queued on the lanes once the workers stopped: calls,
+ * and calls of rpc.Calls messages (the message's group and request go with
+ * its last call). */
+static void drop_queued(rpc_server *s)
+{
+    for (int l = 0; l < 2; l++) {
+        rpc_job *j = s->lanes[l].head;
+        s->lanes[l].head = s->lanes[l].tail = NULL;
+        for (rpc_job *next; j; j = next) {
+            next = j->next;
+            rpc_scall *k = j->sub ? ((rpc_sub *)j)->g->k : (rpc_scall *)j;
+            if (j->sub && atomic_fetch_sub(&((rpc_sub *)j)->g->left, 1) != 1)
+                continue;
+            if (j->sub)
+                group_free(((rpc_sub *)j)->g);
+            nng_msg_free(k->req);
+            if (k->env)
+                kv__envelope__free_unpacked(k->env, NULL);
+            k->req = NULL;
+            k->env = NULL;
+        }
+    }
+}
+
 void rpc_server_close(rpc_server *s)
 {
     if (!s)
         return;
-    atomic_store(&s->stopping, true);
-    if (s->workers && s->workers[0].started) {
+    atomic_store(&s->stopping, true); /* no receive is posted after this */
+    if (s->listening) {
         nng_listener_close(s->listener); /* no new connections */
         uint64_t until = kv_now_ns() + DRAIN_WAIT_NS;
         while (atomic_load(&s->busy) > 0 && kv_now_ns() < until)
             nng_msleep(2);
     }
-    /* The workers leave nng before the socket closes: nng 1.5 panics
+    for (int l = 0; l < 2; l++) {
+        pthread_mutex_lock(&s->lanes[l].mu);
+        s->lanes[l].stop = true;
+        pthread_cond_broadcast(&s->lanes[l].cv);
+        pthread_mutex_unlock(&s->lanes[l].mu);
+    }
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
+        if (s->workers[i].started)
+            pthread_join(s->workers[i].thread, NULL);
+    /* Every context's aio stops before the socket closes: nng 1.5 panics
      * (abort: pthread_mutex_lock on a destroyed mutex, or a stopped aio in
      * nng_ctx_send) when nng_close races a context operation on another
-     * thread, so the close must not start while a worker may be inside one.
-     * stopping is set, so a worker submits nothing after its current
-     * operation; cancelling aborts that operation (a blocked receive, or a
-     * reply the peer does not take). A worker that checked stopping just
-     * before it was set may still submit one receive after a cancel, hence
-     * the loop until every worker has exited. */
-    for (unsigned i = 0; s->workers && i < s->nworkers; i++) {
-        rpc_worker *w = &s->workers[i];
-        if (!w->started)
-            continue;
-        while (!atomic_load(&w->exited)) {
-            nng_aio_cancel(w->aio);
-            nng_msleep(1);
-        }
-        pthread_join(w->thread, NULL);
-    }
+     * thread. The workers have exited, so nothing but the completions uses
+     * the aios; stopping one cancels its operation (a posted receive, or a
+     * reply the peer does not take), waits for its completion to return and
+     * fails any later submission, and stopping is set, so no completion
+     * posts another receive. */
+    for (unsigned i = 0; s->calls && i < s->ncalls; i++)
+        if (s->calls[i].open)
+            nng_aio_stop(s->calls[i].aio);
+    drop_queued(s); /* calls received after the workers stopped */
     nng_close(s->sock);
-    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
-        if (s->workers[i].aio)
-            nng_aio_free(s->workers[i].aio);
+    for (unsigned i = 0; s->calls && i < s->ncalls; i++)
+        if (s->calls[i].open)
+            nng_aio_free(s->calls[i].aio);
+    for (int l = 0; l < 2; l++) {
+        pthread_cond_destroy(&s->lanes[l].cv);
+        pthread_mutex_destroy(&s->lanes[l].mu);
+    }
+    free(s->calls);
     free(s->workers);
     free(s);
 }

@@ -1,7 +1,12 @@
 # SPDX-License-Identifier: MIT
-# kvrouter: the router library (for tests) and the binary.
-add_library(kv_router STATIC router_admin.c router_kv.c router_batch.c router_fan.c router_hot.c router_mitigate.c router_probe.c router_repl.c)
-target_link_libraries(kv_router PUBLIC kv_shard kv_proto kv_common)
+# kvrouter: the router's own code (request handlers, map refresh, failure
+# detector, hot-key detection with its sketch, mitigations) as a library for
+# tests, and the binary. kvnode and libkvclient link none of it.
+add_library(kv_hotkeys STATIC hotkeys.c)
+target_link_libraries(kv_hotkeys PUBLIC kv_common kv_proto)
+add_library(kv_router STATIC router_admin.c router_kv.c router_hot.c router_mitigate.c
+  router_probe.c)
+target_link_libraries(kv_router PUBLIC kv_shard kv_hotkeys kv_proto kv_common)
 add_executable(kvrouter router_main.c)
 target_link_libraries(kvrouter PRIVATE kv_router)
 include(GNUInstallDirs)

@@ -19,11 +19,12 @@
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
 #include "shard/clustermap.h"
-#include "shard/hotkeys.h"
 #include "proto/statlist.h"
+#include "shard/hotkeys.h"
+#include "shard/repl.h"
 #include "shard/router_mitigate.h"
 
-#define ROUTER_MAX_RF 16
+#define ROUTER_MAX_RF REPL_MAX_RF
 
 typedef struct router_config {
     char *listen;
@@ -42,18 +43,11 @@ typedef struct router_config {
     long probe_fails; /* consecutive failed probes that mark a node down */
 } router_config;
 
-typedef struct router_peer {
-    char *addr;
-    rpc_chan *chan;
-} router_peer;
-
 typedef struct router {
     router_config cfg;
     cmap_slot *maps;
     kv_hlc hlc;
-    pthread_mutex_t peers_mu; /* protects peers/npeers (append-only) */
-    router_peer *peers;
-    size_t npeers, cap;
+    rpc_pool *peers; /* one channel per node address */
     rpc_server *rpc;
     pthread_t refresher;
     bool refresher_started;
@@ -63,37 +57,14 @@ typedef struct router {
     bool hot_started;
     atomic_bool stopping;
     uint64_t started_ns;
-    _Atomic uint64_t requests, forwards, forward_errors, map_refreshes;
-    _Atomic uint64_t hints_sent, hint_errors, read_repairs, skipped_down;
+    _Atomic uint64_t requests, map_refreshes;
+    repl_stats stats; /* forwards, hints, read repairs (shard/repl.h) */
+    repl_env env;     /* how the replication library reaches the nodes */
     /* failure detector (router_probe.c) */
     struct router_probe *probe;
     pthread_t probe_thread;
     bool probe_started;
 } router;
-
-/* ---- router_repl.c: replication helpers ---- */
-
-/* Writes to order[] the replicas idx[0..n) that may serve reads first
- * (health UNKNOWN or UP, in their ring order), then the others; returns how
- * many are readable. */
-int router_read_order(cmap *m, const uint32_t *idx, int n, uint32_t *order);
-/* Asks map node holder to keep recs for map node target (admin.Hint,
- * asynchronous, fire-and-forget; counted in hints_sent / hint_errors). */
-void router_send_hint(router *r, cmap *m, uint32_t holder, uint32_t target, Kv__Record *const *recs,
-                      size_t n);
-/* The same, synchronously: returns once the holder stored the hints
- * durably (KV_OK) or failed. A pending replica (membership change) that
- * cannot take a write counts as acknowledged once its hint is stored: the
- * change completes only after its hints are replayed. */
-kv_err router_store_hint(router *r, cmap *m, uint32_t holder, uint32_t target,
-                        Kv__Record *const *recs, size_t n, uint32_t deadline_ms);
-/* Read repair: given the replies of a read (GetReply bodies), writes the
- * newest version to the replicas that answered with an older one
- * (admin.Apply, asynchronous; counted in read_repairs). */
-void router_read_repair(router *r, cmap *m, const ProtobufCBinaryData *key, const uint32_t *idx,
-                        const rpc_reply *reps, const bool *have, int n);
-/* True for statuses that mean "no verdict from the node". */
-bool router_transport_err(kv_err s);
 
 /* ---- router_probe.c: failure detector ---- */
 kv_err router_probe_start(router *r);
@@ -114,9 +85,12 @@ kv_err router_refresh_map(router *r);
 void router_learn_map(router *r, const uint8_t *body, size_t len);
 
 /* Handlers (router_kv.c, router_admin.c). */
-kv_err router_h_get(rpc_ctx *c, const uint8_t *body, size_t len);
-kv_err router_h_put(rpc_ctx *c, const uint8_t *body, size_t len);
-kv_err router_h_delete(rpc_ctx *c, const uint8_t *body, size_t len);
+/* kv.Get/Put/Delete in two phases (rpc_method.start): the start checks the
+ * request and sends it to the replicas, router_finish waits for them. */
+kv_err router_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err router_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+kv_err router_finish(rpc_ctx *c, void *state);
 kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_ping(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len);
@@ -132,9 +106,5 @@ void router_hot_sample(router *r, int worker, const void *key, size_t klen);
 /* Starts the map refresher and the RPC server. */
 kv_err router_start(router *r, char *err, size_t errlen);
 void router_stop(router *r);
-
-/* Deadline for a forwarded call: the caller's remaining time less a margin
- * so the router can still answer before the caller gives up. */
-uint32_t router_forward_deadline(const rpc_ctx *c);
 
 #endif

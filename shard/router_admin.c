@@ -13,50 +13,9 @@
 #include "proto/statlist.h"
 #include "shard/router.h"
 
-/* Time kept back from a forward's deadline so the router's own verdict
- * (UNAVAILABLE for a node that died mid-call, DEADLINE_EXCEEDED for a slow
- * one) reaches the client before the client gives up: at most a tenth of
- * the deadline. 20 ms was too little on a loaded host (the client saw its
- * own DEADLINE_EXCEEDED instead of the router's UNAVAILABLE). */
-#define FORWARD_MARGIN_MS 100u
-
-uint32_t router_forward_deadline(const rpc_ctx *c)
-{
-    uint32_t left = rpc_ctx_remaining_ms(c);
-    uint32_t margin = left / 10 > FORWARD_MARGIN_MS ? FORWARD_MARGIN_MS : left / 10;
-    return left > margin + 1 ? left - margin : 1;
-}
-
 rpc_chan *router_chan(router *r, const char *addr)
 {
-    pthread_mutex_lock(&r->peers_mu);
-    for (size_t i = 0; i < r->npeers; i++) {
-        if (strcmp(r->peers[i].addr, addr) == 0) {
-            rpc_chan *ch = r->peers[i].chan;
-            pthread_mutex_unlock(&r->peers_mu);
-            return ch;
-        }
-    }
-    rpc_chan *ch = NULL;
-    if (r->npeers == r->cap) {
-        size_t ncap = r->cap ? r->cap * 2 : 8;
-        router_peer *np = realloc(r->peers, ncap * sizeof(*np));
-        if (!np)
-            goto out;
-        r->peers = np;
-        r->cap = ncap;
-    }
-    rpc_chan_opts o = {.auth = r->cfg.auth, .recv_max = kv_limits_recv_max(&r->cfg.limits)};
-    char *copy = strdup(addr);
-    if (!copy || rpc_chan_open(&ch, addr, &o) != KV_OK) {
-        free(copy);
-        ch = NULL;
-        goto out;
-    }
-    r->peers[r->npeers++] = (router_peer){copy, ch};
-out:
-    pthread_mutex_unlock(&r->peers_mu);
-    return ch;
+    return rpc_pool_get(r->peers, addr);
 }
 
 void router_learn_map(router *r, const uint8_t *body, size_t len)
@@ -181,7 +140,7 @@ static kv_err proxy_stats(router *r, rpc_ctx *c, const Kv__StatsRequest *req)
     rpc_chan *ch = router_chan(r, cmap_node_at(m, (size_t)i)->addr);
     cmap_unref(m);
     rpc_reply rep = {0};
-    kv_err rv = ch ? rpc_call(ch, "admin.Stats", 0, &req->base, router_forward_deadline(c), &rep)
+    kv_err rv = ch ? rpc_call(ch, "admin.Stats", 0, &req->base, repl_forward_deadline(c), &rep)
                    : KV_UNAVAILABLE;
     if (rv == KV_OK) {
         c->reply = rep.body;
@@ -214,17 +173,19 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
                   (unsigned long long)((kv_now_ns() - r->started_ns) / 1000000ull));
     rpc_stats_add(&l, "map_epoch", "%llu", (unsigned long long)cmap_slot_epoch(r->maps));
     rpc_stats_add(&l, "requests", "%llu", (unsigned long long)atomic_load(&r->requests));
-    rpc_stats_add(&l, "forwards", "%llu", (unsigned long long)atomic_load(&r->forwards));
+    rpc_stats_add(&l, "forwards", "%llu", (unsigned long long)atomic_load(&r->stats.forwards));
     rpc_stats_add(&l, "forward_errors", "%llu",
-                  (unsigned long long)atomic_load(&r->forward_errors));
+                  (unsigned long long)atomic_load(&r->stats.forward_errors));
     rpc_stats_add(&l, "map_refreshes", "%llu", (unsigned long long)atomic_load(&r->map_refreshes));
     rpc_stats_add(&l, "hot.detection", "%s", r->hot ? "on" : "off");
     rpc_stats_add(&l, "hot.cache_hits", "%llu", (unsigned long long)router_mit_hits(r->mit));
-    rpc_stats_add(&l, "hints_sent", "%llu", (unsigned long long)atomic_load(&r->hints_sent));
-    rpc_stats_add(&l, "hint_errors", "%llu", (unsigned long long)atomic_load(&r->hint_errors));
-    rpc_stats_add(&l, "read_repairs", "%llu", (unsigned long long)atomic_load(&r->read_repairs));
+    rpc_stats_add(&l, "hints_sent", "%llu", (unsigned long long)atomic_load(&r->stats.hints_sent));
+    rpc_stats_add(&l, "hint_errors", "%llu",
+                  (unsigned long long)atomic_load(&r->stats.hint_errors));
+    rpc_stats_add(&l, "read_repairs", "%llu",
+                  (unsigned long long)atomic_load(&r->stats.read_repairs));
     rpc_stats_add(&l, "writes_skipped_down", "%llu",
-                  (unsigned long long)atomic_load(&r->skipped_down));
+                  (unsigned long long)atomic_load(&r->stats.skipped_down));
     router_probe_stats(r, &l);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = "router";
@@ -238,19 +199,41 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
 }
 
 static const rpc_method router_methods[] = {
-    {"kv.Get", router_h_get},           {"kv.Put", router_h_put},
-    {"kv.Delete", router_h_delete},     {"kv.Batch", router_h_batch},
-    {"admin.Ping", router_h_ping},      {"admin.Stats", router_h_stats},
-    {"admin.GetMap", router_h_get_map}, {"admin.HotKeys", router_h_hot_keys},
+    {"kv.Get", NULL, router_get_start, router_finish},
+    {"kv.Put", NULL, router_put_start, router_finish},
+    {"kv.Delete", NULL, router_delete_start, router_finish},
+    {"kv.Batch", router_h_batch},
+    {"admin.Ping", router_h_ping},
+    {"admin.Stats", router_h_stats},
+    {"admin.GetMap", router_h_get_map},
+    {"admin.HotKeys", router_h_hot_keys},
 };
+
+static rpc_chan *env_chan(void *user, const char *addr)
+{
+    return router_chan(user, addr);
+}
+
+static void env_learn_map(void *user, const uint8_t *body, size_t len)
+{
+    router_learn_map(user, body, len);
+}
 
 kv_err router_start(router *r, char *err, size_t errlen)
 {
     kv_err rv;
     r->started_ns = kv_now_ns();
-    pthread_mutex_init(&r->peers_mu, NULL);
-    if ((rv = cmap_slot_create(&r->maps)) != KV_OK)
+    rpc_chan_opts co = {.auth = r->cfg.auth, .recv_max = kv_limits_recv_max(&r->cfg.limits)};
+    if ((rv = rpc_pool_create(&r->peers, &co)) != KV_OK ||
+        (rv = cmap_slot_create(&r->maps)) != KV_OK)
         return rv;
+    r->env = (repl_env){.user = r,
+                        .maps = r->maps,
+                        .hlc = &r->hlc,
+                        .stats = &r->stats,
+                        .stopping = &r->stopping,
+                        .chan = env_chan,
+                        .learn_map = env_learn_map};
     /* the prober's table exists before the refresher, which uses it */
     if ((rv = router_probe_start(r)) != KV_OK) {
         snprintf(err, errlen, "cannot start the failure detector");
@@ -269,6 +252,7 @@ kv_err router_start(router *r, char *err, size_t errlen)
                           .methods = router_methods,
                           .nmethods = sizeof(router_methods) / sizeof(router_methods[0]),
                           .workers = (unsigned)r->cfg.workers,
+                          .handlers_wait = true, /* forwards wait for the nodes */
                           .auth = r->cfg.auth,
                           .recv_max = kv_limits_recv_max(&r->cfg.limits),
                           .user = r};
@@ -284,14 +268,8 @@ void router_stop(router *r)
         pthread_join(r->refresher, NULL);
     router_hot_stop(r);
     router_probe_stop(r);
-    for (size_t i = 0; i < r->npeers; i++) {
-        rpc_chan_close(r->peers[i].chan);
-        free(r->peers[i].addr);
-    }
-    free(r->peers);
+    rpc_pool_destroy(r->peers);
     r->peers = NULL;
-    r->npeers = 0;
     cmap_slot_destroy(r->maps);
     r->maps = NULL;
-    pthread_mutex_destroy(&r->peers_mu);
 }

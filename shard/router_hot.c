@@ -16,7 +16,7 @@
 
 #include "common/log.h"
 #include "shard/router.h"
-#include "shard/router_fan.h"
+#include "shard/fan.h"
 
 void router_hot_sample(router *r, int worker, const void *key, size_t klen)
 {
@@ -210,7 +210,7 @@ kv_err router_h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
     Kv__HotKeysReply **views = calloc(nn, sizeof(*views));
     kv_err rv =
         f && reps && have && all && views ? KV_OK : rpc_fail(c, KV_RESOURCE_EXHAUSTED, "oom");
-    uint32_t dl = router_forward_deadline(c);
+    uint32_t dl = repl_forward_deadline(c);
     for (size_t j = 0; rv == KV_OK && j < nn; j++)
         fan_send(f, router_chan(r, cmap_node_at(m, j)->addr), "admin.HotKeys", cmap_epoch(m),
                  &q.base, dl);

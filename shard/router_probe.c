@@ -27,7 +27,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "shard/router.h"
-#include "shard/router_fan.h"
+#include "shard/fan.h"
 
 typedef struct probe_node {
     char id[CMAP_MAX_ID + 1];

@@ -150,6 +150,8 @@ static kv_err parse_opts(kvb_opts *o, int argc, char **argv)
         {"load", KV_OPT_BOOL, &o->load, "write every key before the run"},
         {"load-seconds", KV_OPT_DOUBLE, &o->load_seconds, "time bound of --load"},
         {"auth", KV_OPT_STR, &o->auth, "cluster token"},
+        {"direct", KV_OPT_BOOL, &o->direct,
+         "smart client: learn the map from --router and send to each key's replica"},
         {"timeout-ms", KV_OPT_INT, &o->timeout_ms, "per-request deadline", NULL, 10, 600000},
         {"ops", KV_OPT_INT, &o->max_ops, "stop after this many ops in all (0 = time only)", NULL, 0,
          1L << 40},
@@ -216,7 +218,8 @@ static kv_err open_worker(const kvb_opts *o, kvb_shared *sh, kvb_worker *w, long
     w->budget = o->max_ops ? share + ((uint64_t)i < (uint64_t)o->max_ops % (uint64_t)o->threads)
                            : UINT64_MAX;
     kv_client_opts co = {.timeout_ms = (uint32_t)o->timeout_ms,
-                         .auth = o->auth_buf[0] ? o->auth_buf : NULL};
+                         .auth = o->auth_buf[0] ? o->auth_buf : NULL,
+                         .direct = o->direct};
     kv_err rv = kv_client_open(&w->c, o->router[i % o->nrouters], &co);
     if (rv != KV_OK)
         fprintf(stderr, PROG ": %s: %s\n", o->router[i % o->nrouters], kv_last_error());

@@ -34,6 +34,7 @@ typedef struct kvb_opts {
     long keys, value_size, threads, concurrency, report_top, timeout_ms, trace_ops, seed, max_ops;
     double theta, seconds, shift_at, load_seconds;
     bool load;
+    bool direct; /* smart client: straight to each key's replica (kv_client_opts.direct) */
     char *auth;
     char *timeline; /* --timeline FILE (NULL = off) */
     long timeline_ms;

@@ -15,8 +15,13 @@
  * write (e.g. ENOSPC) truncates the segment back to its last good offset and
  * fails the whole group, so nothing unacknowledged can be replayed.
  *
- * The `writing` flag serialises every use of the segment fd (group write,
- * batch fsync, rotation); the mutex is never held across I/O.
+ * The `writing` flag serialises the group writes and the operations that
+ * replace or sync the segment fd (rotation, sync_all, which also set
+ * `exclusive`); the batch fsync (`syncing`) runs beside group writes, so
+ * writers never wait for it: fsync covers what was written before it
+ * began, and a group written meanwhile sets `dirty` again for the next
+ * round. Rotation and sync_all wait for both. The mutex is never held
+ * across I/O.
  *
  * Recovery replays segments in number order up to the first bad frame (a
  * checksum that fails, or records that do not decode). When no valid frame
@@ -58,6 +63,8 @@ struct lsm_wal {
     pthread_mutex_t mu;
     pthread_cond_t cv, sync_cv;
     bool writing, dirty, stop;
+    bool syncing;         /* the batch syncer's fsync is running */
+    bool exclusive;       /* rotation or sync_all owns the fd (with writing) */
     bool sealed_unsynced; /* a sealed segment may hold unsynced bytes (sync none, recovered) */
     int fd;
     uint64_t number, off, seg_max;
@@ -216,9 +223,9 @@ static void *syncer_main(void *arg)
         ts.tv_sec += (time_t)(ns / 1000000000u);
         ts.tv_nsec = (long)(ns % 1000000000u);
         pthread_cond_timedwait(&w->sync_cv, &w->mu, &ts);
-        if (!w->dirty || w->writing || w->stop)
+        if (!w->dirty || w->exclusive || w->stop)
             continue;
-        w->writing = true;
+        w->syncing = true; /* group writes go on; rotation waits */
         w->dirty = false;
         int fd = w->fd;
         pthread_mutex_unlock(&w->mu);
@@ -227,7 +234,7 @@ static void *syncer_main(void *arg)
         pthread_mutex_lock(&w->mu);
         if (rv != KV_OK) /* acknowledged records may be lost */
             wal_break(w, rv, w->written_max, "fsync failed");
-        w->writing = false;
+        w->syncing = false;
         pthread_cond_broadcast(&w->cv);
     }
     pthread_mutex_unlock(&w->mu);
@@ -306,9 +313,9 @@ static kv_err seal_push(lsm_wal *w, uint64_t number, uint64_t max)
 kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number)
 {
     pthread_mutex_lock(&w->mu);
-    while (w->writing)
+    while (w->writing || w->syncing)
         pthread_cond_wait(&w->cv, &w->mu);
-    w->writing = true;
+    w->writing = w->exclusive = true;
     int old = w->fd;
     pthread_mutex_unlock(&w->mu);
 
@@ -332,7 +339,7 @@ kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number)
     } else if (fd >= 0) {
         close(fd);
     }
-    w->writing = false;
+    w->writing = w->exclusive = false;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     if (rv == KV_OK)
@@ -361,7 +368,7 @@ static kv_err sync_sealed(lsm_wal *w, const uint64_t *nums, size_t n)
 kv_err lsm_wal_sync_all(lsm_wal *w)
 {
     pthread_mutex_lock(&w->mu);
-    while (w->writing) /* every acknowledged group is written once this ends */
+    while (w->writing || w->syncing) /* every acknowledged group is written once this ends */
         pthread_cond_wait(&w->cv, &w->mu);
     if (w->broken != KV_OK) { /* an fsync after a failed one proves nothing */
         kv_err rv = w->broken;
@@ -377,7 +384,7 @@ kv_err lsm_wal_sync_all(lsm_wal *w)
     }
     for (size_t i = 0; i < n; i++)
         nums[i] = w->sealed[i].number;
-    w->writing = true; /* no group write, rotation or batch fsync meanwhile */
+    w->writing = w->exclusive = true; /* no group write, rotation or batch fsync meanwhile */
     int fd = w->fd;
     pthread_mutex_unlock(&w->mu);
     kv_err rv = cur ? lsm_vol_fsync(w->v, fd) : KV_OK;
@@ -394,7 +401,7 @@ kv_err lsm_wal_sync_all(lsm_wal *w)
     } else {
         wal_break(w, rv, w->written_max, "sync failed");
     }
-    w->writing = false;
+    w->writing = w->exclusive = false;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return rv;

@@ -1,10 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* RPC runtime tests: dispatch, deadlines, auth, malformed input, oversize
- * requests and an unreachable peer, each followed by a call that must work. */
+ * requests and an unreachable peer, each followed by a call that must work;
+ * calls coalesced into rpc.Calls messages (their own replies, statuses and
+ * deadlines, from many threads at once); the coordinate lane; the channel
+ * pool. Labelled tsan: the server's lanes and the channel's queue run under
+ * ThreadSanitizer. */
 #include "tests/kv_testfw.h"
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,12 +39,44 @@ static kv_err h_slow(rpc_ctx *c, const uint8_t *body, size_t len)
     return KV_OK;
 }
 
-static const rpc_method methods[] = {{"test.Echo", h_echo}, {"test.Slow", h_slow}};
+static kv_err h_fail(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    return rpc_fail(c, KV_ALREADY_EXISTS, "refused by the handler");
+}
+
+static rpc_server *g_server; /* for h_call_back */
+static char g_url[64];
+
+/* A coordinate call that waits for a plain call to the same server, as a
+ * coordinating node waits for its peers' replica calls. */
+static kv_err h_call_back(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    rpc_chan *ch;
+    if (rpc_chan_open(&ch, g_url, NULL) != KV_OK)
+        return KV_INTERNAL;
+    Kv__GetRequest req = KV__GET_REQUEST__INIT;
+    req.key = (ProtobufCBinaryData){2, (uint8_t *)"cb"};
+    rpc_reply r;
+    kv_err rv = rpc_call(ch, "test.Echo", 3, &req.base, rpc_ctx_remaining_ms(c), &r);
+    if (rv == KV_OK) {
+        c->reply = r.body;
+        c->reply_len = r.len;
+        r.body = NULL;
+    }
+    rpc_reply_free(&r);
+    rpc_chan_close(ch);
+    return rv;
+}
+
+static const rpc_method methods[] = {{"test.Echo", h_echo},
+                                     {"test.Slow", h_slow},
+                                     {"test.Fail", h_fail},
+                                     {"test.CallBack", h_call_back}};
 
 static rpc_server *start(const char *auth, char *url, size_t urllen)
 {
     rpc_server_opts o = {
-        .url = "tcp://127.0.0.1:0", .methods = methods, .nmethods = 2, .workers = 4, .auth = auth};
+        .url = "tcp://127.0.0.1:0", .methods = methods, .nmethods = 4, .workers = 4, .auth = auth};
     rpc_server *s = NULL;
     char err[256];
     kv_err rv = rpc_server_open(&s, &o, err, sizeof(err));
@@ -226,6 +263,181 @@ Test(rpc, many_async_calls_in_flight)
     for (int i = 0; i < 500 && __atomic_load_n(&count, __ATOMIC_SEQ_CST) < 500; i++)
         nng_msleep(10);
     cr_assert_eq(__atomic_load_n(&count, __ATOMIC_SEQ_CST), 500);
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+}
+
+/* ---- coalesced calls ------------------------------------------------------ */
+
+typedef struct coal_call {
+    int i, *ok, *bad;
+    uint64_t start_ns, end_ns;
+    kv_err want;
+    kv_err got;
+} coal_call;
+
+static void coal_done(void *arg, rpc_reply *r)
+{
+    coal_call *k = arg;
+    k->got = r->status;
+    bool good = r->status == k->want;
+    if (good && r->status == KV_OK) {
+        Kv__GetReply *g = kv__get_reply__unpack(NULL, r->len, r->body);
+        char want[16];
+        snprintf(want, sizeof(want), "c%d", k->i);
+        good = g && g->value.len == strlen(want) && memcmp(g->value.data, want, g->value.len) == 0;
+        if (g)
+            kv__get_reply__free_unpacked(g, NULL);
+    }
+    k->end_ns = kv_now_ns();
+    __atomic_fetch_add(good ? k->ok : k->bad, 1, __ATOMIC_SEQ_CST);
+    rpc_reply_free(r);
+}
+
+/* With one message in flight, further calls are coalesced: each still gets
+ * its own reply (echo of its key), its own status (a failing handler), and
+ * its own deadline (a slow call among them). */
+Test(rpc, coalesced_calls_keep_their_replies_statuses_and_deadlines)
+{
+    char url[64], out[16];
+    rpc_server *s = start(NULL, url, sizeof(url));
+    rpc_chan *ch;
+    rpc_chan_opts o = {.coalesce_after = 1};
+    cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
+    cr_assert_eq(echo(ch, "warm", 2000, out, sizeof(out)), KV_OK);
+    enum { N = 120 };
+    static coal_call calls[N];
+    char keys[N][16];
+    int ok = 0, bad = 0;
+    for (int i = 0; i < N; i++) {
+        calls[i] = (coal_call){.i = i, .ok = &ok, .bad = &bad, .start_ns = kv_now_ns()};
+        snprintf(keys[i], sizeof(keys[i]), "c%d", i);
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(keys[i]), (uint8_t *)keys[i]};
+        const char *m = i % 10 == 3 ? "test.Fail" : i == 50 ? "test.Slow" : "test.Echo";
+        calls[i].want = i % 10 == 3 ? KV_ALREADY_EXISTS : i == 50 ? KV_DEADLINE_EXCEEDED : KV_OK;
+        rpc_call_async(ch, m, 1, &req.base, i == 50 ? 100 : 5000, coal_done, &calls[i]);
+    }
+    for (int i = 0;
+         i < 500 &&
+         __atomic_load_n(&ok, __ATOMIC_SEQ_CST) + __atomic_load_n(&bad, __ATOMIC_SEQ_CST) < N;
+         i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&bad, __ATOMIC_SEQ_CST), 0, "calls with a wrong reply");
+    cr_assert_eq(__atomic_load_n(&ok, __ATOMIC_SEQ_CST), N);
+    uint64_t slow_ms = (calls[50].end_ns - calls[50].start_ns) / 1000000u;
+    cr_assert_lt(slow_ms, 250, "the slow call ended at its deadline (%llu ms)",
+                 (unsigned long long)slow_ms);
+    cr_assert_eq(echo(ch, "after", 2000, out, sizeof(out)), KV_OK);
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+}
+
+typedef struct shooter {
+    rpc_chan *ch;
+    int ok;
+} shooter;
+
+static void *shoot(void *arg)
+{
+    shooter *sh = arg;
+    for (int i = 0; i < 200; i++) {
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){1, (uint8_t *)"t"};
+        if (i % 4 == 0) { /* a synchronous call among the async ones */
+            rpc_reply r;
+            if (rpc_call(sh->ch, "test.Echo", 1, &req.base, 5000, &r) == KV_OK)
+                __atomic_fetch_add(&sh->ok, 1, __ATOMIC_SEQ_CST);
+            rpc_reply_free(&r);
+        } else {
+            rpc_call_async(sh->ch, "test.Echo", 1, &req.base, 5000, async_done, &sh->ok);
+        }
+    }
+    return NULL;
+}
+
+/* Four threads share one coalescing channel (TSan: the queue, the flush
+ * timer, the deadline sweep and the completions). */
+Test(rpc, coalescing_channel_shared_by_threads)
+{
+    char url[64], out[16];
+    rpc_server *s = start(NULL, url, sizeof(url));
+    rpc_chan *ch;
+    rpc_chan_opts o = {.coalesce_after = 2};
+    cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
+    cr_assert_eq(echo(ch, "warm", 2000, out, sizeof(out)), KV_OK);
+    shooter sh = {ch, 0};
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, shoot, &sh), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 1000 && __atomic_load_n(&sh.ok, __ATOMIC_SEQ_CST) < 800; i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&sh.ok, __ATOMIC_SEQ_CST), 800);
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+}
+
+/* One worker per lane: a coordinate call that waits for a plain call to
+ * the same server completes, because the plain call has a lane of its own
+ * (with one shared worker it would wait for itself until the deadline). */
+Test(rpc, coordinate_calls_have_their_own_lane)
+{
+    rpc_server_opts so = {.url = "tcp://127.0.0.1:0",
+                          .methods = methods,
+                          .nmethods = 4,
+                          .workers = 1,
+                          .coord_workers = 1};
+    char err[256];
+    cr_assert_eq(rpc_server_open(&g_server, &so, err, sizeof(err)), KV_OK, "%s", err);
+    snprintf(g_url, sizeof(g_url), "tcp://127.0.0.1:%d", rpc_server_port(g_server));
+    rpc_chan *ch;
+    rpc_chan_opts co = {.coordinate = true};
+    cr_assert_eq(rpc_chan_open(&ch, g_url, &co), KV_OK);
+    rpc_reply r;
+    uint64_t t0 = kv_now_ns();
+    cr_assert_eq(rpc_call(ch, "test.CallBack", 1, NULL, 3000, &r), KV_OK, "%s",
+                 r.message ? r.message : "");
+    cr_assert_lt((kv_now_ns() - t0) / 1000000u, 2000);
+    rpc_reply_free(&r);
+    rpc_chan_close(ch);
+    rpc_server_close(g_server);
+}
+
+Test(rpc, pool_keeps_one_channel_per_address)
+{
+    char url[64], out[16];
+    rpc_server *s = start("tok", url, sizeof(url));
+    rpc_pool *p;
+    rpc_chan_opts o = {.auth = "tok"};
+    cr_assert_eq(rpc_pool_create(&p, &o), KV_OK);
+    rpc_chan *a = rpc_pool_get(p, url), *b = rpc_pool_get(p, url);
+    cr_assert(a && a == b, "one channel per address");
+    cr_assert_eq(echo(a, "k", 2000, out, sizeof(out)), KV_OK, "the pool's token is used");
+    cr_assert_null(rpc_pool_get(p, "not a url"));
+    rpc_pool_destroy(p);
+    rpc_pool_destroy(NULL);
+    rpc_server_close(s);
+}
+
+/* Calls coalesced right after the channel opens, before its connection is
+ * up, wait for it like single calls (they used to fail UNAVAILABLE). */
+Test(rpc, coalesced_calls_wait_for_the_first_connection)
+{
+    char url[64];
+    rpc_server *s = start(NULL, url, sizeof(url));
+    rpc_chan *ch;
+    rpc_chan_opts o = {.coalesce_after = 1};
+    cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
+    int count = 0;
+    Kv__GetRequest req = KV__GET_REQUEST__INIT;
+    req.key = (ProtobufCBinaryData){1, (uint8_t *)"k"};
+    for (int i = 0; i < 40; i++)
+        rpc_call_async(ch, "test.Echo", 1, &req.base, 5000, async_done, &count);
+    for (int i = 0; i < 500 && __atomic_load_n(&count, __ATOMIC_SEQ_CST) < 40; i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&count, __ATOMIC_SEQ_CST), 40);
     rpc_chan_close(ch);
     rpc_server_close(s);
 }

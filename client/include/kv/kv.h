@@ -39,6 +39,14 @@ typedef enum kv_consistency {
 typedef struct kv_client_opts {
     uint32_t timeout_ms; /* per-call deadline (default 5000) */
     const char *auth;    /* cluster token (NULL = none); copied */
+    /* Smart client: learn the cluster map (from the given routers or nodes,
+     * refreshed every few seconds and whenever a reply shows a newer one)
+     * and send each request straight to its key's primary replica (the
+     * next replica when it cannot be reached), which coordinates it as a
+     * router would: same consistency levels, versions given by the node.
+     * Until the map is known, and when no replica can be reached, requests
+     * go to the given addresses. A batch goes to the first op's replica. */
+    bool direct;
 } kv_client_opts;
 
 /* Opens a client for "tcp://host:port[,tcp://host2:port]". opts may be NULL.

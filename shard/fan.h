@@ -6,8 +6,8 @@
  * the caller's. Replies taken with fan_take() belong to the caller; replies
  * still missing then are freed when they arrive.
  */
-#ifndef KV_SHARD_ROUTER_FAN_H
-#define KV_SHARD_ROUTER_FAN_H
+#ifndef KV_SHARD_FAN_H
+#define KV_SHARD_FAN_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -45,6 +45,12 @@ fanout *fan_create(int max);
 /* Sends msg to ch (NULL ch = UNAVAILABLE reply) as send number f->sent. */
 void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
               const ProtobufCMessage *msg, uint32_t deadline_ms);
+/* Reserves send number f->sent for a reply made here (a coordinating
+ * node's own replica): the fanout waits for it like for a sent call until
+ * fan_complete(f, i, r) records it (ownership of r's contents moves to the
+ * fanout). Every reserved send must be completed, once. Thread-safe. */
+int fan_reserve(fanout *f);
+void fan_complete(fanout *f, int i, rpc_reply *r);
 /* Records a send that was not made, as send number f->sent, with status
  * and message (copied). */
 void fan_skip(fanout *f, kv_err status, const char *message);

@@ -1,22 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kv.Batch at the router: validate every op, give each write a version,
- * split the ops by node (writes to every replica, reads to every replica at
- * QUORUM/ALL or to the first reachable one at ONE), send the sub-batches
- * at once, and merge the per-op results back in the request's order.
+ * kv.Batch at its coordinator (kvrouter, or a node for a smart client):
+ * give each write a version, split the ops by node (writes to every current
+ * and pending replica, reads to every replica at QUORUM/ALL or to the first
+ * reachable one at ONE), send the sub-batches at once (the coordinating
+ * node's own in-process), and merge the per-op results back in the
+ * request's order.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "shard/router.h"
 #include "common/clock.h"
-#include "shard/router_fan.h"
-
-static bool carries_map(const rpc_reply *r)
-{
-    return r->status == KV_FAILED_PRECONDITION && r->len > 0;
-}
+#include "shard/repl_int.h"
 
 /* Per-op bookkeeping while merging. */
 typedef struct op_merge {
@@ -73,26 +69,19 @@ static bool plan_alloc(batch_plan *p, size_t nnodes, size_t nops)
     return true;
 }
 
-static int consistency_need(Kv__Consistency c, bool write, int n)
-{
-    if (c == KV__CONSISTENCY__DEFAULT)
-        c = write ? KV__CONSISTENCY__QUORUM : KV__CONSISTENCY__ONE;
-    int need = c == KV__CONSISTENCY__ONE ? 1 : c == KV__CONSISTENCY__ALL ? n : n / 2 + 1;
-    return need > n ? n : need;
-}
-
 /* Assigns op i to its nodes: a write to its current and pending replicas,
  * a read at ONE to the first replica that serves and is connected. */
-static void plan_op(router *r, cmap *m, batch_plan *p, Kv__BatchRequest *req, size_t i,
+static void plan_op(const repl_env *env, cmap *m, batch_plan *p, Kv__BatchRequest *req, size_t i,
                     op_merge *mg)
 {
     Kv__Op *op = req->ops[i];
-    uint32_t cur[ROUTER_MAX_RF], idx[2 * ROUTER_MAX_RF];
+    uint32_t cur[REPL_MAX_RF], idx[2 * REPL_MAX_RF];
     int n = (int)cmap_replicas(m, op->key.data, op->key.len, cur);
     bool write = op->type != KV__OP_TYPE__GET;
-    mg->need = consistency_need(req->consistency, write, n);
+    mg->need = repl_acks_needed(req->consistency,
+                                write ? KV__CONSISTENCY__QUORUM : KV__CONSISTENCY__ONE, n);
     mg->holder = -1;
-    int targets = n, readable = router_read_order(m, cur, n, idx);
+    int targets = n, readable = repl_read_order(m, cur, n, idx);
     if (write) {
         memcpy(idx, cur, (size_t)n * sizeof(cur[0]));
         mg->pend = (int)cmap_pending(m, op->key.data, op->key.len, idx + n);
@@ -100,8 +89,11 @@ static void plan_op(router *r, cmap *m, batch_plan *p, Kv__BatchRequest *req, si
     } else if (mg->need == 1) {
         int pick = 0;
         for (int k = 0; k < n; k++) {
-            rpc_chan *ch = router_chan(r, cmap_node_at(m, idx[k])->addr);
-            if (ch && rpc_chan_connected(ch) > 0 && (k < readable || readable == 0)) {
+            rpc_chan *ch = repl_is_self(env, m, idx[k])
+                               ? NULL
+                               : env->chan(env->user, cmap_node_at(m, idx[k])->addr);
+            bool up = repl_is_self(env, m, idx[k]) || (ch && rpc_chan_connected(ch) > 0);
+            if (up && (k < readable || readable == 0)) {
                 pick = k;
                 break;
             }
@@ -199,7 +191,8 @@ static kv_err reply_merged(rpc_ctx *c, size_t nops, op_merge *mg)
  * it missed goes to a node that acknowledged that op, grouped by holder,
  * stored synchronously; an op for which j is a pending replica counts as
  * acknowledged by j once its hint is stored (as for single writes). */
-static void hint_node(router *r, cmap *m, const batch_plan *p, size_t j, op_merge *mg, uint32_t dl)
+static void hint_node(const repl_env *env, cmap *m, const batch_plan *p, size_t j, op_merge *mg,
+                      uint32_t dl)
 {
     size_t n = p->node_n[j];
     Kv__Record *recs = calloc(n ? n : 1, sizeof(*recs));
@@ -220,7 +213,7 @@ static void hint_node(router *r, cmap *m, const batch_plan *p, size_t j, op_merg
             ptrs[k] = &recs[k];
             k++;
         }
-        if (!k || router_store_hint(r, m, (uint32_t)h, (uint32_t)j, ptrs, k, dl) != KV_OK)
+        if (!k || repl_store_hint(env, m, (uint32_t)h, (uint32_t)j, ptrs, k, dl) != KV_OK)
             continue;
         for (size_t x = 0; x < n; x++) {
             op_merge *o = &mg[p->node_pos[j][x]];
@@ -233,69 +226,87 @@ static void hint_node(router *r, cmap *m, const batch_plan *p, size_t j, op_merg
     free(ptrs);
 }
 
-/* Plans, sends and merges one attempt; *stale when a node sent its map. */
-static kv_err batch_attempt(router *r, rpc_ctx *c, Kv__BatchRequest *req, op_merge *mg, bool *stale)
+/* Sends every node's sub-batch (the coordinator's own last, in-process);
+ * sent_node[s] = the node of send s. Returns the number of sends. */
+static int batch_send(const repl_env *env, cmap *m, fanout *f, const batch_plan *p,
+                      size_t *sent_node, uint32_t dl)
 {
-    kv_err rv = KV_OK;
-    cmap *m = cmap_slot_get(r->maps);
-    if (!m)
-        return rpc_fail(c, KV_UNAVAILABLE, "router has no cluster map yet");
-    c->reply_epoch = cmap_epoch(m);
-    size_t nn = cmap_node_count(m), nops = req->n_ops;
-    batch_plan p = {0};
-    fanout *f = plan_alloc(&p, nn, nops) ? fan_create((int)nn) : NULL;
-    if (!f) {
-        plan_free(&p);
-        cmap_unref(m);
-        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory planning the batch");
-    }
-    memset(mg, 0, nops * sizeof(*mg));
-    for (size_t i = 0; i < nops; i++)
-        plan_op(r, m, &p, req, i, &mg[i]);
-    uint32_t dl = router_forward_deadline(c);
-    size_t *sent_node = malloc(nn * sizeof(size_t));
+    Kv__BatchRequest sub[2] = {KV__BATCH_REQUEST__INIT, KV__BATCH_REQUEST__INIT};
+    repl_local_call lc = {.slot = -1};
     int nsent = 0;
-    for (size_t j = 0; j < nn && sent_node; j++) {
-        if (!p.node_n[j])
+    for (size_t j = 0; j < p->nnodes; j++) {
+        if (!p->node_n[j])
             continue;
-        Kv__BatchRequest sub = KV__BATCH_REQUEST__INIT;
-        sub.n_ops = p.node_n[j];
-        sub.ops = p.node_ops[j];
+        Kv__BatchRequest *b = &sub[repl_is_self(env, m, (uint32_t)j)]; /* [1] outlives the loop */
+        b->n_ops = p->node_n[j];
+        b->ops = p->node_ops[j];
         sent_node[nsent++] = j;
-        const cmap_node *nd = cmap_node_at(m, (uint32_t)j);
         if (cmap_get_health(m, j) == CMAP_HEALTH_DOWN) { /* failure detector: fail fast, hint */
             char why[CMAP_MAX_ID + 64];
-            snprintf(why, sizeof(why), "node %s is down (failure detector)", nd->id);
-            atomic_fetch_add_explicit(&r->skipped_down, 1, memory_order_relaxed);
+            snprintf(why, sizeof(why), "node %s is down (failure detector)",
+                     cmap_node_at(m, j)->id);
+            atomic_fetch_add_explicit(&env->stats->skipped_down, 1, memory_order_relaxed);
             fan_skip(f, KV_UNAVAILABLE, why);
             continue;
         }
-        fan_send(f, router_chan(r, nd->addr), "kv.Batch", cmap_epoch(m), &sub.base, dl);
+        repl_send(env, f, m, (uint32_t)j, "kv.Batch", &b->base, dl, &lc);
     }
-    atomic_fetch_add_explicit(&r->forwards, (uint64_t)nsent, memory_order_relaxed);
-    fan_wait(f, nsent, dl);
-    rpc_reply *reps = calloc((size_t)nsent + 1, sizeof(*reps));
-    bool *have = calloc((size_t)nsent + 1, sizeof(*have));
-    if (reps && have)
-        fan_take(f, reps, have);
-    fan_release(f);
-    for (int s = 0; reps && have && s < nsent; s++) {
+    repl_run_local(env, f, &lc);
+    atomic_fetch_add_explicit(&env->stats->forwards, (uint64_t)nsent, memory_order_relaxed);
+    return nsent;
+}
+
+/* Merges the replies of the sends into mg, hints the writes of nodes that
+ * gave no verdict and builds the reply (unless a node sent a newer map). */
+static kv_err batch_collect(const repl_env *env, rpc_ctx *c, cmap *m, batch_plan *p,
+                            const size_t *sent_node, int nsent, rpc_reply *reps, bool *have,
+                            size_t nops, op_merge *mg, uint32_t dl, bool *stale)
+{
+    for (int s = 0; s < nsent; s++) {
         rpc_reply none = {.status = KV_UNAVAILABLE, .message = "node did not answer in time"};
-        if (have[s] && carries_map(&reps[s])) {
-            router_learn_map(r, reps[s].body, reps[s].len);
+        if (have[s] && repl_carries_map(&reps[s])) {
+            env->learn_map(env->user, reps[s].body, reps[s].len);
             *stale = true;
         }
-        merge_node(&p, sent_node[s], have[s] ? &reps[s] : &none, mg);
+        merge_node(p, sent_node[s], have[s] ? &reps[s] : &none, mg);
     }
-    for (int s = 0; reps && have && !*stale && s < nsent; s++)
-        if (!have[s] || router_transport_err(reps[s].status))
-            hint_node(r, m, &p, sent_node[s], mg, dl);
-    if (!*stale)
-        rv = (reps && have) ? reply_merged(c, nops, mg)
-                            : rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
-    for (int s = 0; reps && have && s < nsent; s++)
-        if (have[s])
-            rpc_reply_free(&reps[s]);
+    for (int s = 0; !*stale && s < nsent; s++)
+        if (!have[s] || repl_transport_err(reps[s].status))
+            hint_node(env, m, p, sent_node[s], mg, dl);
+    return *stale ? KV_OK : reply_merged(c, nops, mg);
+}
+
+/* Plans, sends and merges one attempt; *stale when a node sent its map. */
+static kv_err batch_attempt(const repl_env *env, rpc_ctx *c, Kv__BatchRequest *req, op_merge *mg,
+                            bool *stale)
+{
+    kv_err rv = KV_OK;
+    cmap *m = repl_map(env, c, &rv);
+    if (!m)
+        return rv;
+    size_t nn = cmap_node_count(m), nops = req->n_ops;
+    batch_plan p = {0};
+    fanout *f = plan_alloc(&p, nn, nops) ? fan_create((int)nn) : NULL;
+    size_t *sent_node = malloc(nn * sizeof(size_t));
+    rpc_reply *reps = calloc(nn + 1, sizeof(*reps));
+    bool *have = calloc(nn + 1, sizeof(*have));
+    if (!f || !sent_node || !reps || !have) {
+        rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory planning the batch");
+    } else {
+        memset(mg, 0, nops * sizeof(*mg));
+        for (size_t i = 0; i < nops; i++)
+            plan_op(env, m, &p, req, i, &mg[i]);
+        uint32_t dl = repl_forward_deadline(c);
+        int nsent = batch_send(env, m, f, &p, sent_node, dl);
+        fan_wait(f, nsent, dl);
+        fan_take(f, reps, have);
+        rv = batch_collect(env, c, m, &p, sent_node, nsent, reps, have, nops, mg, dl, stale);
+        for (int s = 0; s < nsent; s++)
+            if (have[s])
+                rpc_reply_free(&reps[s]);
+    }
+    if (f)
+        fan_release(f);
     free(reps);
     free(have);
     free(sent_node);
@@ -304,48 +315,23 @@ static kv_err batch_attempt(router *r, rpc_ctx *c, Kv__BatchRequest *req, op_mer
     return rv;
 }
 
-static kv_err validate_ops(router *r, rpc_ctx *c, Kv__BatchRequest *req, size_t len)
+kv_err repl_batch(const repl_env *env, rpc_ctx *c, Kv__BatchRequest *req)
 {
-    kv_err rv = kv_check_batch(&r->cfg.limits, req->n_ops, len, c->message, sizeof(c->message));
-    for (size_t i = 0; rv == KV_OK && i < req->n_ops; i++) {
-        Kv__Op *op = req->ops[i];
-        char why[200];
-        rv = kv_check_key(&r->cfg.limits, op->key.len, why, sizeof(why));
-        if (rv == KV_OK && op->type != KV__OP_TYPE__GET)
-            rv = kv_check_value(&r->cfg.limits, op->value.len, why, sizeof(why));
-        if (rv != KV_OK)
-            rv = rpc_fail(c, rv, "op %zu: %s", i, why);
-        if (op->type != KV__OP_TYPE__GET && !op->version)
-            op->version = kv_hlc_now(&r->hlc);
-        if (rv == KV_OK)
-            router_hot_sample(r, c->worker, op->key.data, op->key.len);
-    }
-    return rv;
-}
-
-kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
-{
-    router *r = c->user;
-    atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    Kv__BatchRequest *req = kv__batch_request__unpack(NULL, len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__BatchRequest body");
-    kv_err rv = validate_ops(r, c, req, len);
-    op_merge *mg = rv == KV_OK ? calloc(req->n_ops, sizeof(*mg)) : NULL;
-    if (rv == KV_OK && !mg)
-        rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; i < req->n_ops; i++)
+        if (req->ops[i]->type != KV__OP_TYPE__GET && !req->ops[i]->version)
+            req->ops[i]->version = kv_hlc_now(env->hlc);
+    op_merge *mg = calloc(req->n_ops ? req->n_ops : 1, sizeof(*mg));
+    if (!mg)
+        return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    kv_err rv = KV_OK;
     for (int attempt = 0; rv == KV_OK && attempt < 2; attempt++) {
         bool stale = false;
-        rv = batch_attempt(r, c, req, mg, &stale);
+        rv = batch_attempt(env, c, req, mg, &stale);
         if (!stale)
             break;
         if (attempt == 1)
             rv = rpc_fail(c, KV_UNAVAILABLE, "cluster map changed twice during the batch");
     }
-    for (size_t i = 0; r->mit && i < req->n_ops; i++)
-        if (req->ops[i]->type != KV__OP_TYPE__GET)
-            router_mit_invalidate(r->mit, req->ops[i]->key.data, req->ops[i]->key.len);
     free(mg);
-    kv__batch_request__free_unpacked(req, NULL);
     return rv;
 }

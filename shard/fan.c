@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Fan-out of one request to several nodes at once, for replicated writes,
- * quorum reads and split batches. The handler thread waits until enough
- * replies are OK (or all are in, or the deadline passes) and returns; the
- * fanout is reference counted, so replies that arrive after the handler
- * returned are released by the last callback.
+ * quorum reads and split batches (the router's and a coordinating node's). The handler thread waits
+ * until enough replies are OK (or all are in, or the deadline passes) and returns; the fanout is
+ * reference counted, so replies that arrive after the handler returned are released by the last
+ * callback.
  */
-#include "shard/router_fan.h"
+#include "shard/fan.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +65,7 @@ static void fan_done(void *arg, rpc_reply *r)
         fan_free(f);
 }
 
-void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
-              const ProtobufCMessage *msg, uint32_t deadline_ms)
+int fan_reserve(fanout *f)
 {
     pthread_mutex_lock(&f->mu);
     int i = f->sent++;
@@ -74,6 +73,18 @@ void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
     f->slots[i].f = f;
     f->slots[i].i = i;
     pthread_mutex_unlock(&f->mu);
+    return i;
+}
+
+void fan_complete(fanout *f, int i, rpc_reply *r)
+{
+    fan_done(&f->slots[i], r);
+}
+
+void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
+              const ProtobufCMessage *msg, uint32_t deadline_ms)
+{
+    int i = fan_reserve(f);
     if (!ch) {
         rpc_reply r = {.status = KV_UNAVAILABLE, .message = strdup("no channel to the node")};
         fan_done(&f->slots[i], &r);
@@ -84,12 +95,7 @@ void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
 
 void fan_skip(fanout *f, kv_err status, const char *message)
 {
-    pthread_mutex_lock(&f->mu);
-    int i = f->sent++;
-    f->refs++;
-    f->slots[i].f = f;
-    f->slots[i].i = i;
-    pthread_mutex_unlock(&f->mu);
+    int i = fan_reserve(f);
     rpc_reply r = {.status = status, .message = strdup(message), .local = true};
     fan_done(&f->slots[i], &r);
 }

@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A pool of client channels, one per peer address, created on first use and
+ * kept until the pool is destroyed, so a process that follows a changing
+ * cluster map (a router, a node, a smart client) never drops a connection
+ * on a refresh. Lookups take one mutex; the table only grows.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/rpc.h"
+
+typedef struct pool_ent {
+    char *addr;
+    rpc_chan *chan;
+} pool_ent;
+
+struct rpc_pool {
+    rpc_chan_opts opts;
+    char *auth;         /* opts.auth's copy */
+    pthread_mutex_t mu; /* protects ents, n, cap */
+    pool_ent *ents;
+    size_t n, cap;
+};
+
+kv_err rpc_pool_create(rpc_pool **out, const rpc_chan_opts *opts)
+{
+    rpc_pool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return KV_RESOURCE_EXHAUSTED;
+    p->opts = opts ? *opts : (rpc_chan_opts){0};
+    if (p->opts.auth && !(p->auth = strdup(p->opts.auth))) {
+        free(p);
+        return KV_RESOURCE_EXHAUSTED;
+    }
+    p->opts.auth = p->auth;
+    pthread_mutex_init(&p->mu, NULL);
+    *out = p;
+    return KV_OK;
+}
+
+/* The channel to addr, opened if missing (p->mu held). */
+static rpc_chan *get_locked(rpc_pool *p, const char *addr)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (strcmp(p->ents[i].addr, addr) == 0)
+            return p->ents[i].chan;
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? p->cap * 2 : 8;
+        pool_ent *ne = realloc(p->ents, nc * sizeof(*ne));
+        if (!ne)
+            return NULL;
+        p->ents = ne;
+        p->cap = nc;
+    }
+    rpc_chan *ch = NULL;
+    char *copy = strdup(addr);
+    if (!copy || rpc_chan_open(&ch, addr, &p->opts) != KV_OK) {
+        free(copy);
+        return NULL;
+    }
+    p->ents[p->n++] = (pool_ent){copy, ch};
+    return ch;
+}
+
+rpc_chan *rpc_pool_get(rpc_pool *p, const char *addr)
+{
+    pthread_mutex_lock(&p->mu);
+    rpc_chan *ch = get_locked(p, addr);
+    pthread_mutex_unlock(&p->mu);
+    return ch;
+}
+
+void rpc_pool_destroy(rpc_pool *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n; i++) {
+        rpc_chan_close(p->ents[i].chan);
+        free(p->ents[i].addr);
+    }
+    free(p->ents);
+    free(p->auth);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
