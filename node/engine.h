@@ -9,6 +9,14 @@
  *   read:  HotRing -> LSM levels on FD -> LSM levels on SD
  *   flush: dirty items up to a seqno, sorted -> L0 SST on FD -> items clean
  *
+ * The persistent store below the memory tier is the LSM (ENGINE_LSM) or
+ * kallax (ENGINE_KALLAX, node/kallax/kallax.h: a key's hash names the 4 KiB
+ * block that holds it, for drives with transparent compression). With
+ * kallax the same memory tier holds the dirty and the hot records, the WAL
+ * is kallax's, a flush rewrites the blocks of the dirty records, and there
+ * is one volume (fast_dir): HotRAP and NHC do not apply. The store kind is
+ * fixed when fast_dir is created; opening it as the other kind fails.
+ *
  * The memory tier holds every unflushed record (the memtable) plus hot clean
  * records (a cache) within mem_mb; only clean items are evicted. A record
  * read from an SST is admitted to memory only when it is read again within
@@ -41,7 +49,11 @@ typedef enum engine_wal_recovery {
     ENGINE_WAL_POINT_IN_TIME = 1,
 } engine_wal_recovery;
 
+/* The persistent store below the memory tier. */
+typedef enum engine_kind { ENGINE_LSM = 0, ENGINE_KALLAX = 1 } engine_kind;
+
 typedef struct engine_opts {
+    engine_kind kind;       /* ENGINE_LSM (default) or ENGINE_KALLAX */
     const char *fast_dir;   /* FD: WAL, MANIFEST and the upper levels (required) */
     const char *slow_dir;   /* SD: the lower levels; NULL = every level on FD */
     uint64_t fast_mb;       /* FD capacity for the levels */
@@ -73,6 +85,10 @@ typedef struct engine_opts {
      * clock does). Any thread. */
     kv_clock_fn clock;
     void *clock_arg;
+    /* kallax only (slow_dir, fast_mb, no_hotrap, nhc and twin_entries do not
+     * apply): the store's home blocks of 4 KiB, fixed when it is created
+     * (required then; 0 = the existing store's, another count is refused). */
+    uint64_t kallax_blocks;
 } engine_opts;
 
 /* A write. version 0 = the engine assigns one from its HLC (direct writes);
@@ -175,7 +191,8 @@ kv_err engine_wal_sync(engine *e);
 /* ---- iteration (engine_iter.c) ----
  *
  * Every key's newest record, the memory tier merged over the LSM, in key
- * order (memcmp, a shorter key first on a common prefix), tombstones and
+ * order (memcmp, a shorter key first on a common prefix; with kallax in
+ * engine_key_cmp's order), tombstones and
  * expired records included (the caller checks tombstone and expire_at).
  * What it returns is a snapshot taken at engine_iter_open, give or take the
  * writes that race the open: a record written before the open and not
@@ -256,6 +273,14 @@ void engine_nhc_stats(engine *e, rpc_statlist *l);
 /* The engine's scheduler, NULL without one (no slow_dir or no HotRAP);
  * owned by the engine, valid until engine_close. */
 nhc *engine_nhc(engine *e);
+/* The store kind's name: "lsm" or "kallax". */
+const char *engine_name(const engine *e);
+/* The largest key the engine takes (the memory tier's limit, or kallax's). */
+size_t engine_max_key(const engine *e);
+/* The iteration order of engine_iter (<0, 0, >0): key order (lsm_key_cmp)
+ * over the LSM; over kallax (home block, key) (kallax_key_cmp), a total
+ * order too, so a stream resumes after its last key either way. Any thread. */
+int engine_key_cmp(const engine *e, const void *a, size_t al, const void *b, size_t bl);
 /* The WAL sync mode: "always", "batch" or "none". */
 const char *engine_durability(const engine *e);
 /* The node's hybrid logical clock (versions for direct writes). */
