@@ -130,9 +130,12 @@ typedef struct engine_stats {
 void engine_thread_register(void);
 void engine_thread_unregister(void);
 
-/* Opens the engine: the memory tier, then the LSM (recovering the WAL into
- * the memory tier), then the flush/evict thread. On failure writes a message
- * naming the problem (and the damaged file) to err. */
+/* Opens the engine: the memory tier, then the store of opts->kind
+ * (recovering the WAL into the memory tier), then the flush/evict thread.
+ * FAILED_PRECONDITION when fast_dir holds a store of the other kind, and
+ * INVALID_ARGUMENT for kallax with a slow_dir or, creating the store,
+ * without kallax_blocks (both before anything is written). On failure
+ * writes a message naming the problem (and the damaged file) to err. */
 kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errlen);
 /* Stops the background thread and closes the tiers without an extra flush
  * (the WAL holds what is dirty). No other thread may use the engine. NULL is
@@ -158,7 +161,8 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
  * so that an older copy applied later (a stream, a hint) cannot resurrect
  * the key. Returns
  * ALREADY_EXISTS (if_absent), FAILED_PRECONDITION (if_version mismatch),
- * INVALID_ARGUMENT (a key of 0 or over 4096 bytes, the memory tier's limit;
+ * INVALID_ARGUMENT (a key of 0 or over 4096 bytes, the memory tier's limit,
+ * or over 1024 over kallax: engine_max_key;
  * a ttl_ms over KV_MAX_TTL_MS), RESOURCE_EXHAUSTED (volume or memory full,
  * or flush far behind), INTERNAL (an I/O error: the WAL file is logged),
  * DATA_LOSS; err gets a message for every failure. Nothing is acknowledged
@@ -244,7 +248,8 @@ void engine_iter_close(engine_iter *it);
 /* Removes every record whose key keep rejects: flushes the memory tier,
  * removes the clean memory items of rejected keys (dirty ones are writes
  * made since the flush and stay), runs lsm_compact_all_filter (every SST
- * rewritten, no version of a rejected key left), then removes the clean
+ * rewritten, no version of a rejected key left; kallax: kallax_cleanup,
+ * every block read, those holding a rejected key rewritten), then removes the clean
  * items again (a read that filled one meanwhile). *dropped = the record
  * versions removed from the SSTs (memory copies not counted), *kept = the
  * records left (SST entries, plus the dirty items); both may be NULL.
@@ -257,8 +262,10 @@ kv_err engine_cleanup(engine *e, engine_key_filter keep, void *arg, uint64_t *dr
                       uint64_t *kept);
 
 /* A cheap estimate (no I/O) of what the node holds: *keys = SST entries
- * (a key stored at several levels counts once per version) + dirty items,
- * *bytes = SST file sizes + the dirty items' key and value bytes. For a
+ * (a key stored at several levels counts once per version; kallax: its
+ * stored records) + dirty items, *bytes = SST file sizes (kallax: the
+ * bytes its records use in blocks and extents) + the dirty items' key and
+ * value bytes. For a
  * stream's ETA. Any thread. */
 void engine_estimate(engine *e, uint64_t *keys, uint64_t *bytes);
 

@@ -22,6 +22,14 @@
  * record with the higher seqno (the dirty one, unless it was flushed and
  * overwritten again, and that newer write flushed, between the scan and the
  * pin).
+ *
+ * Over kallax (engine_store.c) the same order of steps holds with "pins the
+ * version" read as "opens the store's iterator": kallax pins nothing, but a
+ * flush writes its blocks before the dirty bits are cleared, and a record
+ * stored when its iterator opens is returned (kallax.h: records only move
+ * forward in their probe window), so a record the scan did not see as dirty
+ * is found in the blocks (or a newer flushed version of its key). The merge
+ * runs in the store's order, engine_key_cmp: (home block, key) for kallax.
  */
 #include <stdlib.h>
 #include <string.h>

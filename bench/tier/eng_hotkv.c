@@ -276,11 +276,11 @@ static void hk_json_extra(void *h, char *buf, size_t len)
 {
     hk *k = h;
     snprintf(buf, len,
-             ",\"hotrap_available\":true,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
+             ",\"hotrap_available\":%s,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
              "\"levels\":\"%s\",\"wa_parts\":\"%s\",\"hotrap_state\":{%s},"
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)\"",
-             k->hotrap ? "true" : "false", (unsigned long long)atomic_load(&k->stalls), k->levels,
-             k->wa_parts, k->hotrap_state);
+             k->kallax ? "false" : "true", k->hotrap ? "true" : "false",
+             (unsigned long long)atomic_load(&k->stalls), k->levels, k->wa_parts, k->hotrap_state);
 }
 
 const tb_engine tb_hotkv_engine = {
