@@ -16,6 +16,20 @@
 #include "node/engine_int.h"
 #include "node/kallax/kallax.h"
 
+/* The engine's sync and WAL-recovery modes as the stores' (both take the
+ * LSM's: kallax reuses its WAL). */
+static lsm_sync store_sync(engine_sync s)
+{
+    return s == ENGINE_SYNC_ALWAYS  ? LSM_SYNC_ALWAYS
+           : s == ENGINE_SYNC_BATCH ? LSM_SYNC_BATCH
+                                    : LSM_SYNC_NONE;
+}
+
+static lsm_wal_recovery store_wal_recovery(engine_wal_recovery r)
+{
+    return r == ENGINE_WAL_POINT_IN_TIME ? LSM_WAL_POINT_IN_TIME : LSM_WAL_ABSOLUTE;
+}
+
 /* ---- the LSM ---- */
 
 static kv_err lsm_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errlen)
@@ -25,9 +39,7 @@ static kv_err lsm_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errl
     lo.fast_dir = e->o.fast_dir;
     lo.slow_dir = e->o.slow_dir;
     lo.fast_mb = e->o.fast_mb ? e->o.fast_mb : 1024;
-    lo.sync = e->o.sync == ENGINE_SYNC_ALWAYS  ? LSM_SYNC_ALWAYS
-              : e->o.sync == ENGINE_SYNC_BATCH ? LSM_SYNC_BATCH
-                                               : LSM_SYNC_NONE;
+    lo.sync = store_sync(e->o.sync);
     lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     lo.disable_io_uring = e->o.disable_io_uring;
     lo.hotrap = !e->o.no_hotrap;
@@ -35,8 +47,7 @@ static kv_err lsm_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errl
     lo.newer_thread = engine_promo_thread;
     lo.newer_arg = e;
     lo.tombstone_grace_ms = e->o.tombstone_grace_ms;
-    lo.wal_recovery =
-        e->o.wal_recovery == ENGINE_WAL_POINT_IN_TIME ? LSM_WAL_POINT_IN_TIME : LSM_WAL_ABSOLUTE;
+    lo.wal_recovery = store_wal_recovery(e->o.wal_recovery);
     lo.clock = e->o.clock;
     lo.clock_arg = e->o.clock_arg;
     kv_err rv = engine_nhc_create(e, &lo, err, errlen); /* NHC */
@@ -176,14 +187,11 @@ static kv_err kx_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errle
     kallax_opts_default(&ko);
     ko.dir = e->o.fast_dir;
     ko.blocks = e->o.kallax_blocks;
-    ko.sync = e->o.sync == ENGINE_SYNC_ALWAYS  ? LSM_SYNC_ALWAYS
-              : e->o.sync == ENGINE_SYNC_BATCH ? LSM_SYNC_BATCH
-                                               : LSM_SYNC_NONE;
+    ko.sync = store_sync(e->o.sync);
     ko.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     ko.disable_io_uring = e->o.disable_io_uring;
     ko.tombstone_grace_ms = e->o.tombstone_grace_ms;
-    ko.wal_recovery =
-        e->o.wal_recovery == ENGINE_WAL_POINT_IN_TIME ? LSM_WAL_POINT_IN_TIME : LSM_WAL_ABSOLUTE;
+    ko.wal_recovery = store_wal_recovery(e->o.wal_recovery);
     ko.clock = e->o.clock;
     ko.clock_arg = e->o.clock_arg;
     kallax *kx = NULL;
