@@ -6,13 +6,15 @@
  * blocks unaffected); values kept in extents (larger than a block) and a
  * probe window that fills (the flush fails, nothing acknowledged is lost,
  * before or after a restart); a data directory created by one kind refused
- * by the other; and kvnode's --engine flags (bad ones exit 2 with a
- * message, a directory of the other kind exits 1 naming both). The rest of
+ * by the other; kvnode's --engine flags (bad ones exit 2 with a message, a
+ * directory of the other kind exits 1 naming both); and kvctl status naming
+ * the engine (HotRAP and NHC off). The rest of
  * the engine's behaviour over kallax is the engine tests run with
  * KV_TEST_ENGINE=kallax.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,4 +343,60 @@ Test(ekallax, kvnode_engine_flags)
     cr_assert_eq(kvnode(reopen, out, sizeof(out)), 0, "%s", out);
     cr_assert_eq(kvnode(lsm, out, sizeof(out)), 1, "%s", out);
     cr_assert(strstr(out, "engine lsm") && strstr(out, "engine kallax"), "%s", out);
+}
+
+/* Runs cmd through the shell; its output (stdout and stderr) in out. */
+static int run(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t got = fread(out, 1, cap - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(ekallax, kvctl_status_names_the_engine)
+{
+    const char *bdir = getenv("KV_BUILD_DIR");
+    cr_assert_not_null(bdir, "KV_BUILD_DIR is not set");
+    char bin[512], listen[64], data[128], logp[128], cmd[1024], out[16384];
+    snprintf(bin, sizeof(bin), "%s/node/kvnode", bdir);
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", 20000 + (getpid() + 7) % 20000);
+    snprintf(data, sizeof(data), "%s/node", dir);
+    snprintf(logp, sizeof(logp), "%s/kvnode.log", dir);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fd = open(logp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+        dup2(fd, 2);
+        execl(bin, bin, "--id", "n1", "--data-dir", data, "--listen", listen, "--engine", "kallax",
+              "--kallax-blocks", "256", (char *)NULL);
+        _exit(127);
+    }
+    snprintf(cmd, sizeof(cmd), "%s/client/kvctl --router %s", bdir, listen);
+    char ping[1100];
+    snprintf(ping, sizeof(ping), "%s ping 2>&1", cmd);
+    bool up = false;
+    for (int i = 0; i < 200 && !up; i++) { /* up to ~20 s on a loaded machine */
+        up = run(ping, out, sizeof(out)) == 0;
+        if (!up)
+            usleep(100000);
+    }
+    char st[1100];
+    snprintf(st, sizeof(st), "%s status 2>&1", cmd);
+    int rc = up ? run(st, out, sizeof(out)) : -1;
+    bool row = strstr(out, "engine kallax (hotrap off, nhc off)") != NULL;
+    snprintf(st, sizeof(st), "%s status --verbose 2>&1", cmd);
+    char vout[16384] = "";
+    int vrc = up ? run(st, vout, sizeof(vout)) : -1;
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    cr_assert(up, "kvnode --engine kallax did not answer (log %s)", logp);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(row, "the status row names the engine: %s", out);
+    cr_assert_eq(vrc, 0, "%s", vout);
+    cr_assert(strstr(vout, "engine") && strstr(vout, "off (kallax)") &&
+                  strstr(vout, "kallax.blocks") && strstr(vout, "nhc.state"),
+              "verbose: %s", vout);
 }
