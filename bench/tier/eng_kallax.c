@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tier_bench adapter for the kallax store (node/kallax) on one volume
- * (--fast-dir). Until the node's engine runs over kallax, the adapter keeps
- * the records not yet flushed in a small write buffer of its own (the role
- * HotRing's dirty items play in the engine): a write goes to kallax's WAL,
+ * (--fast-dir), bare: the node's engine over kallax is "hotkv-kallax"
+ * (eng_hotkv.c). This adapter keeps the records not yet flushed in a small
+ * write buffer of its own (the role HotRing's dirty items play in the
+ * engine), as KallaxDB has no cache: a write goes to kallax's WAL,
  * then into the active buffer; when the buffer passes --write-buffer-mb a
  * flush thread swaps in an empty one and applies the full one to the blocks
  * with kallax_flush. There is no read cache (a read of a flushed record is
