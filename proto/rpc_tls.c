@@ -71,11 +71,11 @@ static void free_secret(char *p)
 int rpc_tls_config(const rpc_tls *t, bool server, nng_tls_config **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!t || (server && (!t->cert || !*t->cert || !t->key || !*t->key))) {
+    if (server && (!t || !t->cert || !*t->cert || !t->key || !*t->key)) {
         snprintf(err, errlen, "a tls+tcp:// listener needs --tls-cert and --tls-key");
         return NNG_EINVAL;
     }
-    if (!server && (!t->ca || !*t->ca)) {
+    if (!server && (!t || !t->ca || !*t->ca)) {
         snprintf(err, errlen,
                  "dialing tls+tcp:// needs --tls-ca (the CA the server's "
                  "certificate must chain to)");
