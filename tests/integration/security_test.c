@@ -547,6 +547,15 @@ Test(security, tls_cluster_mutual_auth, .fini = teardown, .timeout = 300)
     cr_assert_eq(kv_client_open(&c, cl.router_url, &o), KV_OK, "%s", kv_last_error());
     cr_assert_eq(kv_put(c, "lib", 3, "ok", 2, NULL, NULL), KV_OK, "%s", kv_last_error());
     kv_client_close(c);
+    /* kvbench over TLS (when the benchmarks are built) */
+    if (access(kvt_bin("bench/kvbench/kvbench"), X_OK) == 0) {
+        char cmd[2048];
+        snprintf(cmd, sizeof(cmd),
+                 "%s --router %s --tls-cert %s --tls-key %s --tls-ca %s --workload A --keys 100 "
+                 "--load --seconds 1 --threads 1 --concurrency 2 --timeout-ms 10000 2>&1",
+                 kvt_bin("bench/kvbench/kvbench"), cl.router_url, crt, key, ca);
+        cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 0, "%s", out);
+    }
     /* plaintext to a TLS listener: no connection */
     const char *port = strrchr(cl.router_url, ':') + 1;
     char plain[64];
