@@ -591,3 +591,38 @@ Test(security, tls_cluster_mutual_auth, .fini = teardown, .timeout = 300)
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     kvt_run(cmd, out, sizeof(out));
 }
+
+/* --tls-client-auth optional: clients without a certificate are served with
+ * the tokens; a verified certificate is an admin peer without a token. */
+Test(security, tls_optional_client_certificates, .fini = teardown, .timeout = 120)
+{
+    memset(&cl, 0, sizeof(cl));
+    snprintf(cl.dir, sizeof(cl.dir), "/tmp/hotkv-test-XXXXXX");
+    cr_assert(mkdtemp(cl.dir));
+    cr_assert(kvt_make_certs(cl.dir), "openssl failed");
+    kvt_sec = (kvt_security){.tls_dir = cl.dir};
+    char url[64], crt[300], key[300], ca[300], msg[300];
+    snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", kvt_free_port());
+    snprintf(crt, sizeof(crt), "%s/peer.crt", cl.dir);
+    snprintf(key, sizeof(key), "%s/peer.key", cl.dir);
+    snprintf(ca, sizeof(ca), "%s/ca.crt", cl.dir);
+    const char *extra[] = {"--tls-client-auth", "optional", "--auth", DATA,
+                           "--admin-auth",      ADMIN,      NULL};
+    pid_t pid = kvt_node_start(cl.dir, "opt", url, extra);
+    cr_assert_gt(pid, 0, "logs in %s", cl.dir);
+    cl.node_pid[0] = pid;
+    cl.nnodes = 1;
+    rpc_tls anon = {NULL, NULL, ca, false}, peer = {crt, key, ca, false};
+    Kv__PingRequest ping = KV__PING_REQUEST__INIT;
+    Kv__StatsRequest st = KV__STATS_REQUEST__INIT;
+    cr_assert_eq(call_tls(url, DATA, &anon, false, "admin.Ping", &ping.base, msg, NULL), KV_OK,
+                 "%s", msg);
+    cr_assert_eq(call_tls(url, NULL, &anon, false, "admin.Ping", &ping.base, msg, NULL),
+                 KV_UNAUTHENTICATED);
+    cr_assert_eq(call_tls(url, DATA, &anon, false, "admin.Stats", &st.base, msg, NULL),
+                 KV_PERMISSION_DENIED);
+    cr_assert_eq(call_tls(url, ADMIN, &anon, false, "admin.Stats", &st.base, msg, NULL), KV_OK,
+                 "%s", msg);
+    cr_assert_eq(call_tls(url, NULL, &peer, false, "admin.Stats", &st.base, msg, NULL), KV_OK, "%s",
+                 msg);
+}
