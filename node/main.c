@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/opts.h"
+#include "node/kallax/kallax.h"
 #include "node/node.h"
 
 /* The NHC flags (node/nhc/nhc.h; defaults from nhc_opts_default, whose
@@ -75,6 +76,36 @@ static kv_err nhc_flags_apply(const nhc_flags *f, nhc_opts *o, char *err, size_t
     return KV_OK;
 }
 
+/* Checks --engine and its kallax flags (kallax: one volume, a size from
+ * --kallax-blocks or --kallax-gb, not both; keys up to KALLAX_MAX_KEY). */
+static kv_err engine_flags_apply(node_config *c, long kallax_gb, long *max_key, char *err,
+                                 size_t errlen)
+{
+    if (c->engine != ENGINE_KALLAX) {
+        if (c->kallax_blocks || kallax_gb)
+            snprintf(err, errlen, "--kallax-blocks and --kallax-gb need --engine kallax");
+        return c->kallax_blocks || kallax_gb ? KV_INVALID_ARGUMENT : KV_OK;
+    }
+    if (c->kallax_blocks && kallax_gb) {
+        snprintf(err, errlen, "give --kallax-blocks or --kallax-gb, not both");
+        return KV_INVALID_ARGUMENT;
+    }
+    if (c->slow_dir) {
+        snprintf(err, errlen, "--engine kallax uses one volume: --slow-dir does not apply");
+        return KV_INVALID_ARGUMENT;
+    }
+    if (*max_key > (long)KALLAX_MAX_KEY && *max_key != (long)KV_DEFAULT_MAX_KEY) {
+        snprintf(err, errlen, "--max-key-bytes: engine kallax takes keys of at most %u bytes",
+                 KALLAX_MAX_KEY);
+        return KV_INVALID_ARGUMENT;
+    }
+    if (*max_key > (long)KALLAX_MAX_KEY)
+        *max_key = KALLAX_MAX_KEY; /* the default, lowered to kallax's limit */
+    if (kallax_gb)
+        c->kallax_blocks = kallax_gb * (long)((1u << 30) / KALLAX_BLOCK);
+    return KV_OK;
+}
+
 int main(int argc, char **argv)
 {
     node n = {0};
@@ -99,6 +130,8 @@ int main(int argc, char **argv)
     static const char *const nhc_targets[] = {"throughput", "p99", NULL};
     static const char *const off_on[] = {"off", "on", NULL}; /* a value is required */
     static const char *const wal_modes[] = {"absolute", "point-in-time", NULL};
+    static const char *const engines[] = {"lsm", "kallax", NULL}; /* engine_kind */
+    long kallax_gb = 0;
     nhc_flags nf;
     nhc_flags_init(&nf);
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
@@ -201,6 +234,15 @@ int main(int argc, char **argv)
          "refuse to start, naming the file and offset; point-in-time = start with the writes "
          "before the damage (the later ones are lost; repair the node)",
          wal_modes, 0, 0},
+        {"engine", KV_OPT_ENUM, &n.cfg.engine,
+         "store below the memory tier: lsm (tiered, HotRAP, NHC) or kallax (table-less hash "
+         "store on one volume, for drives with transparent compression); fixed at creation",
+         engines, 0, 0},
+        {"kallax-blocks", KV_OPT_INT, &n.cfg.kallax_blocks,
+         "kallax: home blocks of 4 KiB (required to create a store; aim at 25-60% load)", NULL, 1,
+         1L << 40},
+        {"kallax-gb", KV_OPT_INT, &kallax_gb, "kallax: the store's size in GiB instead", NULL, 1,
+         1L << 20},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};
@@ -216,6 +258,8 @@ int main(int argc, char **argv)
     }
     if (rv == KV_OK)
         rv = nhc_flags_apply(&nf, &n.cfg.nhc, err, sizeof(err));
+    if (rv == KV_OK)
+        rv = engine_flags_apply(&n.cfg, kallax_gb, &max_key, err, sizeof(err));
     if (rv == KV_OK && kv_log_parse_level(log_level) < 0) {
         snprintf(err, sizeof(err), "--log-level: '%s' is not debug|info|warn|error", log_level);
         rv = KV_INVALID_ARGUMENT;
@@ -246,8 +290,8 @@ int main(int argc, char **argv)
         kv_opts_free(&set);
         return 1;
     }
-    KV_INFO("node", "%s serving on %s (data %s, durability %s)", n.cfg.id, n.cfg.listen,
-            n.cfg.data_dir, engine_durability(n.eng));
+    KV_INFO("node", "%s serving on %s (data %s, engine %s, durability %s)", n.cfg.id, n.cfg.listen,
+            n.cfg.data_dir, engine_name(n.eng), engine_durability(n.eng));
     int sig = 0;
     sigwait(&sigs, &sig);
     KV_INFO("node", "%s: shutting down", strsignal(sig));

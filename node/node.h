@@ -51,6 +51,8 @@ typedef struct node_config {
     long catchup_timeout_ms; /* a peer silent this long is skipped by the catch-up */
     bool force_stale_start;  /* start even after a downtime longer than the grace */
     int wal_recovery;        /* engine_wal_recovery: WAL corruption before its tail */
+    int engine;              /* engine_kind: lsm or kallax (--engine) */
+    long kallax_blocks;      /* kallax: home blocks (--kallax-blocks, or from --kallax-gb) */
 } node_config;
 
 typedef struct node_streams node_streams; /* stream.c */
