@@ -54,15 +54,21 @@ static Kv__StatsReply *node_stats(status_ctx *sc, const char *id, const char *ad
     if (sc->target_is_router) {
         req.node_id = (char *)id;
     } else if (!sc->target_id || strcmp(id, sc->target_id) != 0) {
-        rpc_chan_opts o = {.auth = sc->env->auth};
+        rpc_chan_opts o = {.auth = sc->env->auth, .tls = sc->env->tls};
         if (rpc_chan_open(&own, addr, &o) != KV_OK)
             return NULL;
         ch = own;
     }
     rpc_reply rep;
     Kv__StatsReply *s = NULL;
-    if (rpc_call(ch, "admin.Stats", 0, &req.base, (uint32_t)sc->env->timeout_ms, &rep) == KV_OK)
+    kv_err rv = rpc_call(ch, "admin.Stats", 0, &req.base, (uint32_t)sc->env->timeout_ms, &rep);
+    if (rv == KV_OK)
         s = kv__stats_reply__unpack(NULL, rep.len, rep.body);
+    static bool told; /* credentials: say so once, not as "did not answer" per node */
+    if ((rv == KV_PERMISSION_DENIED || rv == KV_UNAUTHENTICATED) && !told) {
+        told = true;
+        fprintf(stderr, "kvctl: %s: %s\n", kv_err_name(rv), rep.message ? rep.message : "");
+    }
     rpc_reply_free(&rep);
     rpc_chan_close(own);
     return s;
@@ -212,7 +218,7 @@ static void print_transition(status_ctx *sc, const cmap *m)
 int kvctl_status(kvctl_env *env, int argc, char **argv)
 {
     status_ctx sc = {.env = env};
-    rpc_chan_opts o = {.auth = env->auth, .connect_wait_ms = 1000};
+    rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = 1000};
     if (rpc_chan_open(&sc.target, env->router, &o) != KV_OK)
         return kvctl_fail(KV_INVALID_ARGUMENT, "bad --router address");
     int code = KVCTL_OK;

@@ -114,6 +114,8 @@ kv_err node_apply_record(node *n, const Kv__Record *r, bool *applied, char *err,
         snprintf(err, errlen, "a record needs a version");
         rv = KV_INVALID_ARGUMENT;
     }
+    if (rv == KV_OK)
+        rv = node_check_version(r->version, err, errlen);
     if (rv != KV_OK)
         return rv;
     engine_write w = {.key = r->key.data,
