@@ -66,6 +66,10 @@ typedef struct engine_opts {
     double index_rehash_cost; /* HotRing rehash trigger: items visited per access (0 = 8) */
     bool disable_io_uring;
     bool no_hotrap; /* plain tiering: no read-hot retention/promotion (HotRAP) */
+    /* SST block compression per level or volume (lsm_compression_parse:
+     * "auto" = lz4 on the slow volume's levels, none on the fast one's; kvnode
+     * --compression). NULL = auto. */
+    const char *compression;
     /* NHC scheduler options (borrowed during engine_open), NULL = defaults
      * (nhc_opts_default: enabled). Used only with a slow_dir and HotRAP;
      * enable false keeps it in classic state. twin_entries: twin-map bound,

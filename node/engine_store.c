@@ -43,6 +43,11 @@ static kv_err lsm_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errl
     lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     lo.disable_io_uring = e->o.disable_io_uring;
     lo.hotrap = !e->o.no_hotrap;
+    char cerr[256];
+    if (lsm_compression_parse(e->o.compression, &lo.compression, cerr, sizeof(cerr)) != KV_OK) {
+        snprintf(err, errlen, "--compression: %s", cerr);
+        return KV_INVALID_ARGUMENT;
+    }
     lo.newer = engine_mem_newer;
     lo.newer_thread = engine_promo_thread;
     lo.newer_arg = e;

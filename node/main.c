@@ -13,6 +13,7 @@
 #include "common/opts.h"
 #include "node/kallax/kallax.h"
 #include "node/node.h"
+#include "node/lsm/lsm.h"
 
 /* The NHC flags (node/nhc/nhc.h; defaults from nhc_opts_default, whose
  * comment says where each number comes from). */
@@ -163,6 +164,11 @@ int main(int argc, char **argv)
          0},
         {"hotrap", KV_OPT_BOOL, &n.cfg.hotrap,
          "keep read-hot records on the fast volume (HotRAP; needs --slow-dir)", NULL, 0, 0},
+        {"compression", KV_OPT_STR, &n.cfg.compression,
+         "SST block compression: auto (lz4 on the slow volume's levels, none on the fast "
+         "one's), a codec for every level (none|lz4|zstd), codecs by level from L0 "
+         "(none,none,none,zstd: the last repeats) or by volume (fast=none,slow=zstd)",
+         NULL, 0, 0},
         {"nhc", KV_OPT_ENUM, &nf.on,
          "NHC scheduler (Orthus): offload reads of records held on both volumes to the "
          "slow one when the fast one saturates, on|off (needs --slow-dir and HotRAP)",
@@ -263,6 +269,12 @@ int main(int argc, char **argv)
         rv = engine_flags_apply(&n.cfg, kallax_gb, &max_key, err, sizeof(err));
     if (rv == KV_OK)
         rv = rpc_sec_load(&n.cfg.sec, err, sizeof(err));
+    lsm_compression_spec cs;
+    char cerr[256];
+    if (rv == KV_OK && lsm_compression_parse(n.cfg.compression, &cs, cerr, sizeof(cerr)) != KV_OK) {
+        snprintf(err, sizeof(err), "--compression: %s", cerr);
+        rv = KV_INVALID_ARGUMENT;
+    }
     if (rv == KV_OK && kv_log_parse_level(log_level) < 0) {
         snprintf(err, sizeof(err), "--log-level: '%s' is not debug|info|warn|error", log_level);
         rv = KV_INVALID_ARGUMENT;

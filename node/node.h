@@ -36,6 +36,7 @@ typedef struct node_config {
     long write_buffer_kb; /* finer, for tests; wins when set */
     bool no_io_uring;
     bool hotrap;
+    char *compression; /* --compression (lsm_compression_parse), NULL = auto */
     nhc_opts nhc;      /* NHC scheduler (--nhc*); used with --slow-dir and HotRAP */
     long twin_entries; /* twin-map bound, 0 = from --fast-mb */
     long mem_mb;

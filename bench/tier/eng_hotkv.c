@@ -55,6 +55,7 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax,
     eo.sync_ms = (unsigned)o->sync_ms;
     k->hotrap = hotrap;
     eo.no_hotrap = !hotrap;
+    eo.compression = o->compression;
     nhc_opts no;
     nhc_opts_default(&no);
     no.enable = o->nhc_idx == 0;
@@ -87,11 +88,25 @@ static kv_err hk_open_kallax(const tb_opts *o, void **h, char *err, size_t errle
     return hk_open_mode(o, h, false, true, err, errlen);
 }
 
+/* The per-level layout and compaction stats (lsm.L*) to stderr, to set
+ * beside RocksDB's (eng_rocksdb.c prints its cfstats at close). */
+static void hk_dump_levels(hk *k)
+{
+    rpc_statlist l;
+    rpc_stats_init(&l);
+    engine_lsm_stats(k->e, &l);
+    for (size_t i = 0; i < l.n; i++)
+        if (strncmp(l.items[i].name, "lsm.", 4) == 0)
+            fprintf(stderr, "tier_bench: hotkv: %s %s\n", l.items[i].name, l.items[i].value);
+    rpc_stats_free(&l);
+}
+
 static void hk_close(void *h)
 {
     hk *k = h;
     if (!k)
         return;
+    hk_dump_levels(k);
     engine_close(k->e); /* the caller's thread is registered */
     free(k);
 }
@@ -152,8 +167,9 @@ static const char *stat_value(const rpc_statlist *l, const char *name)
     return NULL;
 }
 
-/* Keeps "L<n>=<files>/<MiB>/<fast|slow>" of every non-empty level. */
-static void hk_levels(hk *k, const rpc_statlist *l)
+/* Keeps "L<n>=<files>/<MiB>/<fast|slow>" of every non-empty level and sums
+ * the levels' bytes per volume. */
+static void hk_levels(hk *k, const rpc_statlist *l, tb_stats *out)
 {
     size_t off = 0;
     k->levels[0] = '\0';
@@ -166,6 +182,8 @@ static void hk_levels(hk *k, const rpc_statlist *l)
                    &bytes, &target, vol) != 4 ||
             files == 0 || off >= sizeof(k->levels))
             continue;
+        out->have_vol_bytes = true;
+        *(strcmp(vol, "slow") == 0 ? &out->sd_sst_bytes : &out->fd_sst_bytes) += bytes;
         off += (size_t)snprintf(k->levels + off, sizeof(k->levels) - off, "%s%s=%llu/%.0f/%s",
                                 off ? " " : "", n + 4, files, (double)bytes / 1048576.0, vol);
     }
@@ -228,7 +246,7 @@ static void hk_stats(void *h, tb_stats *out)
                              : -1.0;
     }
     hk_hotrap(k, &l);
-    hk_levels(k, &l);
+    hk_levels(k, &l, out);
     const char *wal = stat_value(&l, "lsm.wal_bytes"), *fl = stat_value(&l, "lsm.flush_bytes");
     const char *co = stat_value(&l, "lsm.compact_write_bytes");
     const char *pb = stat_value(&l, "hotrap.promoted_bytes");
