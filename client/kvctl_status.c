@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvctl status: one row per node (id, address, state, keys, memory,
- * durability) from admin.Stats. Through a router the stats of each node are
- * fetched by the router (StatsRequest.node_id), so status works wherever
- * the router is reachable; against a node, the other nodes are asked
- * directly at their map addresses.
+ * durability, and the engine when it is kallax) from admin.Stats. Through a router the stats of
+ * each node are fetched by the router (StatsRequest.node_id), so status works wherever the router
+ * is reachable; against a node, the other nodes are asked directly at their map addresses.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,8 +114,12 @@ static void print_row(status_ctx *sc, const char *id, const char *addr, const ch
     snprintf(memcol, sizeof(memcol), "%s / %s", mem, lim);
     const char *keys = s ? stat_of(s, "keys") : NULL;
     const char *dur = s ? stat_of(s, "durability") : NULL;
-    printf("%-12s %-26s %-12s %-13s %-13s %10s  %-22s %s\n", id, addr, state,
-           serving ? serving : "-", view_of(sc, id), keys ? keys : "-", memcol, dur ? dur : "-");
+    /* a node over kallax says so: its one volume has no HotRAP and no NHC */
+    const char *eng = s ? stat_of(s, "engine") : NULL;
+    bool kallax = eng && strcmp(eng, "kallax") == 0;
+    printf("%-12s %-26s %-12s %-13s %-13s %10s  %-22s %s%s\n", id, addr, state,
+           serving ? serving : "-", view_of(sc, id), keys ? keys : "-", memcol, dur ? dur : "-",
+           kallax ? "  engine kallax (hotrap off, nhc off)" : "");
     for (size_t i = 0; env->verbose && s && i < s->n_stats; i++)
         printf("    %-28s %s\n", s->stats[i]->name, s->stats[i]->value);
 }

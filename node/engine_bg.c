@@ -140,7 +140,7 @@ static kv_err flush_now(engine *e)
     if (rv == KV_OK) {
         if (c.n) /* a forced flush may find nothing dirty: recs is NULL */
             qsort(c.recs, c.n, sizeof(*c.recs), rec_cmp);
-        rv = lsm_flush(e->db, c.recs, c.n, s);
+        rv = e->st->flush(e->db, c.recs, c.n, s);
     }
     for (size_t i = 0; rv == KV_OK && i < c.n; i++) {
         const lsm_rec *r = &c.recs[i];
@@ -424,7 +424,7 @@ static void vol_stats(rpc_statlist *l, const char *vol, const lsm_vol_stats *v)
 #undef VOL_STAT
 }
 
-void engine_lsm_stats(engine *e, rpc_statlist *l)
+void engine_lsm_store_stats(engine *e, rpc_statlist *l)
 {
     lsm_stats s;
     if (lsm_stats_get(e->db, &s) != KV_OK)
@@ -434,10 +434,16 @@ void engine_lsm_stats(engine *e, rpc_statlist *l)
         if (!s.levels[i].files && i > 1)
             continue;
         snprintf(name, sizeof(name), "lsm.L%d", i);
-        rpc_stats_add(l, name, "files=%llu bytes=%llu target=%llu volume=%s",
-                      (unsigned long long)s.levels[i].files, (unsigned long long)s.levels[i].bytes,
-                      (unsigned long long)s.levels[i].target_bytes,
-                      s.levels[i].volume == LSM_TIER_SD ? "slow" : "fast");
+        const lsm_level_stats *v = &s.levels[i];
+        rpc_stats_add(
+            l, name,
+            "files=%llu bytes=%llu target=%llu volume=%s codec=%s compact_read_above=%llu "
+            "compact_read_level=%llu compact_written=%llu compact_jobs=%llu moved=%llu",
+            (unsigned long long)v->files, (unsigned long long)v->bytes,
+            (unsigned long long)v->target_bytes, v->volume == LSM_TIER_SD ? "slow" : "fast",
+            lsm_compression_name(v->codec), (unsigned long long)v->comp_read_above,
+            (unsigned long long)v->comp_read_level, (unsigned long long)v->comp_written,
+            (unsigned long long)v->comp_jobs, (unsigned long long)v->comp_moved);
     }
     rpc_stats_add(l, "lsm.write_amp", "%.3f", s.write_amp);
     rpc_stats_add(l, "lsm.user_bytes", "%llu", (unsigned long long)s.user_bytes);
@@ -448,6 +454,8 @@ void engine_lsm_stats(engine *e, rpc_statlist *l)
     rpc_stats_add(l, "lsm.compactions", "%llu", (unsigned long long)s.compactions);
     rpc_stats_add(l, "lsm.compact_read_bytes", "%llu", (unsigned long long)s.compact_read_bytes);
     rpc_stats_add(l, "lsm.compact_write_bytes", "%llu", (unsigned long long)s.compact_write_bytes);
+    rpc_stats_add(l, "lsm.compress_in_bytes", "%llu", (unsigned long long)s.compress_in_bytes);
+    rpc_stats_add(l, "lsm.compress_out_bytes", "%llu", (unsigned long long)s.compress_out_bytes);
     rpc_stats_add(l, "lsm.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
     rpc_stats_add(l, "lsm.index_mem_bytes", "%llu", (unsigned long long)s.index_mem_bytes);
     uint64_t lsm_reads = s.reads_fd + s.reads_sd;

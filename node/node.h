@@ -36,6 +36,7 @@ typedef struct node_config {
     long write_buffer_kb; /* finer, for tests; wins when set */
     bool no_io_uring;
     bool hotrap;
+    char *compression; /* --compression (lsm_compression_parse), NULL = auto */
     nhc_opts nhc;      /* NHC scheduler (--nhc*); used with --slow-dir and HotRAP */
     long twin_entries; /* twin-map bound, 0 = from --fast-mb */
     long mem_mb;
@@ -52,6 +53,8 @@ typedef struct node_config {
     long catchup_timeout_ms; /* a peer silent this long is skipped by the catch-up */
     bool force_stale_start;  /* start even after a downtime longer than the grace */
     int wal_recovery;        /* engine_wal_recovery: WAL corruption before its tail */
+    int engine;              /* engine_kind: lsm or kallax (--engine) */
+    long kallax_blocks;      /* kallax: home blocks (--kallax-blocks, or from --kallax-gb) */
 } node_config;
 
 /* How far ahead of the node's wall clock a write's version may be

@@ -540,10 +540,13 @@ kv_err node_start(node *n, char *err, size_t errlen)
                       .sync_ms = (unsigned)n->cfg.sync_ms,
                       .disable_io_uring = n->cfg.no_io_uring,
                       .no_hotrap = !n->cfg.hotrap,
+                      .compression = n->cfg.compression,
                       .nhc = &n->cfg.nhc,
                       .twin_entries = (uint64_t)n->cfg.twin_entries,
                       .tombstone_grace_ms = (uint64_t)n->cfg.tombstone_grace_s * 1000u,
-                      .wal_recovery = (engine_wal_recovery)n->cfg.wal_recovery};
+                      .wal_recovery = (engine_wal_recovery)n->cfg.wal_recovery,
+                      .kind = (engine_kind)n->cfg.engine,
+                      .kallax_blocks = (uint64_t)n->cfg.kallax_blocks};
     rv = engine_open(&n->eng, &eo, err, errlen);
     if (n->cfg.fast_dir == fast)
         n->cfg.fast_dir = NULL;

@@ -3,7 +3,7 @@
  * The receiving side of streaming and repair: pull jobs (DESIGN.md §4).
  *
  * A job pulls the records of some ring ranges from a source node with
- * admin.StreamRead, chunk by chunk in key order, applies them by
+ * admin.StreamRead, chunk by chunk in the source's order, applies them by
  * last-writer-wins (node_apply_record, so a chunk applied twice or late never
  * overwrites newer data), makes them durable (engine_sync), and only then
  * records the chunk's last key as the job's resume point in DATA_DIR/streams

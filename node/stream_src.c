@@ -3,7 +3,8 @@
  * The source side of streaming and repair (DESIGN.md §4), all over the
  * engine iterator (memory tier merged over the LSM, newest version per key,
  * tombstones included):
- *   admin.StreamRead  the records of some ring ranges, in key order after a
+ *   admin.StreamRead  the records of some ring ranges, in the engine's order
+ *                     (engine_key_cmp: key order, or kallax's) after a
  *                     resume key, in chunks of at most 4 MiB (or their
  *                     digests: key, version, flags; or given keys);
  *   admin.Digest      Merkle leaves of the records of ranges, for repair;

@@ -108,6 +108,22 @@ int kvt_free_port(void)
     return ntohs(a.sin_port);
 }
 
+/* KV_TEST_ENGINE=kallax: every kvnode the harness starts runs over kallax,
+ * with a store of KVT_KALLAX_BLOCKS blocks (32 MiB logical: the tests'
+ * records load it lightly). Appends the flags to argv at *n (below cap). */
+#define KVT_KALLAX_BLOCKS "8192"
+
+static void engine_args(char **argv, int *n, int cap)
+{
+    const char *e = getenv("KV_TEST_ENGINE");
+    if (!e || strcmp(e, "kallax") != 0 || *n + 4 > cap)
+        return;
+    argv[(*n)++] = "--engine";
+    argv[(*n)++] = "kallax";
+    argv[(*n)++] = "--kallax-blocks";
+    argv[(*n)++] = KVT_KALLAX_BLOCKS;
+}
+
 const char *kvt_bin(const char *rel)
 {
     static char path[1024];
@@ -227,6 +243,7 @@ static void spawn_node(kvt_cluster *c, int i)
                       "--auth",
                       (char *)(c->auth ? c->auth : "")};
     int n = 11;
+    engine_args(argv, &n, 40);
     sec_argv(argv, &n);
     for (int k = 0; kvt_node_extra && kvt_node_extra[k] && n < 40; k++)
         argv[n++] = (char *)kvt_node_extra[k];
@@ -372,6 +389,7 @@ pid_t kvt_node_start(const char *dir, const char *id, const char *url, const cha
                       "--data-dir",
                       data};
     int n = 7;
+    engine_args(argv, &n, 31);
     sec_argv(argv, &n);
     for (int i = 0; extra && extra[i] && n < 31; i++)
         argv[n++] = (char *)extra[i];
