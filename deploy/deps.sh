@@ -12,10 +12,10 @@ KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev proto
 # and the tests and benchmarks (./test.sh): Criterion, the slow-volume
 # emulator (FUSE), RocksDB
 # for the tier benchmark, docker-compose to check
-# the compose file.
+# the compose file, openssl to make the TLS tests' CA and certificates.
 if [ "${1:-}" != --runtime ]; then
   KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 librocksdb-dev
-    docker-compose)
+    docker-compose openssl)
 fi
 # ./test.sh --fuzz: clang and its runtimes (libFuzzer, ASan, UBSan).
 if [ "${1:-}" = --fuzz ]; then

@@ -140,7 +140,7 @@ static kv_err flush_now(engine *e)
     if (rv == KV_OK) {
         if (c.n) /* a forced flush may find nothing dirty: recs is NULL */
             qsort(c.recs, c.n, sizeof(*c.recs), rec_cmp);
-        rv = lsm_flush(e->db, c.recs, c.n, s);
+        rv = e->st->flush(e->db, c.recs, c.n, s);
     }
     for (size_t i = 0; rv == KV_OK && i < c.n; i++) {
         const lsm_rec *r = &c.recs[i];
@@ -424,7 +424,7 @@ static void vol_stats(rpc_statlist *l, const char *vol, const lsm_vol_stats *v)
 #undef VOL_STAT
 }
 
-void engine_lsm_stats(engine *e, rpc_statlist *l)
+void engine_lsm_store_stats(engine *e, rpc_statlist *l)
 {
     lsm_stats s;
     if (lsm_stats_get(e->db, &s) != KV_OK)

@@ -17,6 +17,7 @@
 #include "node/engine.h"
 #include "node/hot.h"
 #include "proto/rpc.h"
+#include "proto/rpc_sec.h"
 #include "proto/statlist.h"
 #include "shard/clustermap.h"
 #include "shard/repl.h"
@@ -25,7 +26,7 @@ typedef struct node_config {
     char *id;
     char *listen;
     char *data_dir;
-    char *auth;
+    rpc_sec sec;    /* tokens and TLS (--auth*, --admin-auth*, --tls-*) */
     char *fast_dir; /* default DATA_DIR/fast */
     char *slow_dir; /* NULL = every level on the fast volume */
     long fast_mb;
@@ -52,7 +53,13 @@ typedef struct node_config {
     long catchup_timeout_ms; /* a peer silent this long is skipped by the catch-up */
     bool force_stale_start;  /* start even after a downtime longer than the grace */
     int wal_recovery;        /* engine_wal_recovery: WAL corruption before its tail */
+    int engine;              /* engine_kind: lsm or kallax (--engine) */
+    long kallax_blocks;      /* kallax: home blocks (--kallax-blocks, or from --kallax-gb) */
 } node_config;
+
+/* How far ahead of the node's wall clock a write's version may be
+ * (server.c: node_check_version). */
+#define NODE_VERSION_MAX_AHEAD_MS (10u * 60u * 1000u)
 
 typedef struct node_streams node_streams; /* stream.c */
 typedef struct node_handoff node_handoff; /* handoff.c */
@@ -112,10 +119,10 @@ int node_serving(node *n, char *detail, size_t len);
 kv_err node_set_needs_repair(node *n, bool on, const char *why);
 /* True when node index self of m holds key (current or pending replica). */
 bool node_holds(node *n, cmap *m, const void *key, size_t klen);
-/* Installs the map in a replica's FAILED_PRECONDITION reply (body: a
- * kv.ClusterMap) when it is newer and lists the node, as a map fetched from
- * a peer. Any thread. */
-void node_map_learn(node *n, const uint8_t *body, size_t len);
+/* Installs the map in the FAILED_PRECONDITION reply of the replica at from
+ * (body: a kv.ClusterMap) when it is newer, lists the node and is
+ * trustworthy (cmap_vet), as a map fetched from a peer. Any thread. */
+void node_map_learn(node *n, const rpc_reply *rep, const char *from);
 /* Handlers (nodemap.c). */
 kv_err node_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_set_map(rpc_ctx *c, const uint8_t *body, size_t len);
@@ -143,6 +150,9 @@ kv_err node_h_apply(rpc_ctx *c, const uint8_t *body, size_t len);
 /* Applies one versioned record (last-writer-wins); *applied true when it
  * was newer than the local copy. */
 kv_err node_apply_record(node *n, const Kv__Record *r, bool *applied, char *err, size_t errlen);
+/* KV_OK when version is at most NODE_VERSION_MAX_AHEAD_MS ahead of the
+ * wall clock, else INVALID_ARGUMENT with a message in err. */
+kv_err node_check_version(uint64_t version, char *err, size_t errlen);
 
 /* ---- handoff.c: hints and catching up ---- */
 kv_err node_handoff_open(node *n, node_handoff **out, char *err, size_t errlen);

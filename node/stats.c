@@ -14,6 +14,7 @@ void node_collect_stats(node *n, rpc_statlist *l, bool verbose)
                   (unsigned long long)((kv_now_ns() - n->started_ns) / 1000000ull));
     rpc_stats_add(l, "map_epoch", "%llu", (unsigned long long)cmap_slot_epoch(n->maps));
     rpc_stats_add(l, "durability", "%s", engine_durability(n->eng));
+    rpc_stats_add(l, "engine", "%s", engine_name(n->eng)); /* lsm | kallax */
     rpc_stats_add(l, "keys", "%llu", (unsigned long long)es.items);
     rpc_stats_add(l, "mem_bytes", "%llu", (unsigned long long)es.mem_bytes);
     rpc_stats_add(l, "mem_limit_bytes", "%llu", (unsigned long long)es.mem_limit);

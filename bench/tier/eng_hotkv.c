@@ -24,6 +24,7 @@
 
 typedef struct hk {
     engine *e;
+    bool kallax;             /* engine_opts.kind = ENGINE_KALLAX ("hotkv-kallax") */
     bool hotrap;             /* engine_opts.no_hotrap = !hotrap */
     _Atomic uint64_t stalls; /* writes retried on back-pressure (1 ms each) */
     char levels[512];
@@ -31,7 +32,8 @@ typedef struct hk {
     char hotrap_state[1024]; /* JSON members: HotRAP counters at the last stats call */
 } hk;
 
-static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, size_t errlen)
+static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax, char *err,
+                           size_t errlen)
 {
     hk *k = calloc(1, sizeof(*k));
     if (!k)
@@ -58,6 +60,10 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, s
     nhc_opts_default(&no);
     no.enable = o->nhc_idx == 0;
     eo.nhc = &no;
+    if ((k->kallax = kallax)) {
+        eo.kind = ENGINE_KALLAX;
+        eo.kallax_blocks = tb_kallax_blocks(o);
+    }
     kv_err rv = engine_open(&k->e, &eo, err, errlen);
     if (rv != KV_OK) {
         free(k);
@@ -69,12 +75,17 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, s
 
 static kv_err hk_open(const tb_opts *o, void **h, char *err, size_t errlen)
 {
-    return hk_open_mode(o, h, true, err, errlen);
+    return hk_open_mode(o, h, true, false, err, errlen);
 }
 
 static kv_err hk_open_nohotrap(const tb_opts *o, void **h, char *err, size_t errlen)
 {
-    return hk_open_mode(o, h, false, err, errlen);
+    return hk_open_mode(o, h, false, false, err, errlen);
+}
+
+static kv_err hk_open_kallax(const tb_opts *o, void **h, char *err, size_t errlen)
+{
+    return hk_open_mode(o, h, false, true, err, errlen);
 }
 
 /* The per-level layout and compaction stats (lsm.L*) to stderr, to set
@@ -220,10 +231,20 @@ static void hk_stats(void *h, tb_stats *out)
     const char *ret = stat_value(&l, "hotrap.retained_records");
     out->have_hotrap = prom && ret;
     out->promoted = prom ? strtoull(prom, NULL, 10) : 0;
-    const char *imem = stat_value(&l, "lsm.index_mem_bytes");
+    const char *imem = stat_value(&l, k->kallax ? "kallax.index_mem_bytes" : "lsm.index_mem_bytes");
     out->have_index_mem = imem != NULL;
     out->index_mem = imem ? strtoull(imem, NULL, 10) : 0;
     out->retained = ret ? strtoull(ret, NULL, 10) : 0;
+    if (k->kallax) { /* kallax.*: the WAL, the journal and the blocks rewritten in place */
+        const char *kw = stat_value(&l, "kallax.wal_bytes"),
+                   *kj = stat_value(&l, "kallax.journal_bytes");
+        const char *kb = stat_value(&l, "kallax.block_writes"),
+                   *ku = stat_value(&l, "kallax.user_bytes");
+        double u = ku ? strtod(ku, NULL) : 0;
+        out->write_amp = u > 0 && kw && kj && kb
+                             ? (strtod(kw, NULL) + strtod(kj, NULL) + strtod(kb, NULL) * 4096.0) / u
+                             : -1.0;
+    }
     hk_hotrap(k, &l);
     hk_levels(k, &l, out);
     const char *wal = stat_value(&l, "lsm.wal_bytes"), *fl = stat_value(&l, "lsm.flush_bytes");
@@ -243,6 +264,11 @@ static void hk_stats(void *h, tb_stats *out)
 static bool hk_settled(void *h)
 {
     hk *k = h;
+    if (k->kallax) { /* no compactions: settled once the write buffer is flushed */
+        engine_stats s;
+        engine_get_stats(k->e, &s);
+        return s.dirty_bytes == 0 || engine_flush(k->e) == KV_OK;
+    }
     rpc_statlist l;
     bool ok = true;
     unsigned long long l0_bytes = 0, l1_target = 0;
@@ -268,16 +294,23 @@ static void hk_json_extra(void *h, char *buf, size_t len)
 {
     hk *k = h;
     snprintf(buf, len,
-             ",\"hotrap_available\":true,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
+             ",\"hotrap_available\":%s,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
              "\"levels\":\"%s\",\"wa_parts\":\"%s\",\"hotrap_state\":{%s},"
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)\"",
-             k->hotrap ? "true" : "false", (unsigned long long)atomic_load(&k->stalls), k->levels,
-             k->wa_parts, k->hotrap_state);
+             k->kallax ? "false" : "true", k->hotrap ? "true" : "false",
+             (unsigned long long)atomic_load(&k->stalls), k->levels, k->wa_parts, k->hotrap_state);
 }
 
 const tb_engine tb_hotkv_engine = {
     "hotkv", hk_open, hk_close, hk_thread_begin, hk_thread_end, hk_noop,
     hk_noop, hk_put,  hk_get,   hk_stats,        hk_settled,    hk_json_extra,
+};
+
+/* The node's engine over kallax (kvnode --engine kallax): HotRing over the
+ * table-less hash store on --fast-dir, HotRAP and NHC off. */
+const tb_engine tb_hotkv_kallax_engine = {
+    "hotkv-kallax", hk_open_kallax, hk_close, hk_thread_begin, hk_thread_end, hk_noop,
+    hk_noop,        hk_put,         hk_get,   hk_stats,        hk_settled,    hk_json_extra,
 };
 
 const tb_engine tb_hotkv_nohotrap_engine = {

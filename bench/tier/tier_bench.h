@@ -73,6 +73,10 @@ typedef struct tb_stats {
     uint64_t fd_sst_bytes, sd_sst_bytes; /* SST file bytes on each volume (levels) */
 } tb_stats;
 
+/* kallax's home blocks for a run: --kallax-blocks, or four times the
+ * loaded records' bytes (eng_kallax.c). */
+uint64_t tb_kallax_blocks(const tb_opts *o);
+
 typedef struct tb_engine {
     const char *name;
     /* Opens (creating when absent) the engine's store under the options'
@@ -98,7 +102,7 @@ typedef struct tb_engine {
 
 extern const tb_engine tb_hotkv_engine, tb_hotkv_nohotrap_engine;
 extern const tb_engine tb_rocksdb_tiering_engine, tb_rocksdb_fd_engine, tb_rocksdb_sd_engine;
-extern const tb_engine tb_kallax_engine;
+extern const tb_engine tb_kallax_engine, tb_hotkv_kallax_engine;
 
 /* Reads at one moment of a phase (seconds since its start). */
 typedef struct tb_hit_sample {
