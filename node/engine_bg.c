@@ -454,6 +454,9 @@ void engine_lsm_store_stats(engine *e, rpc_statlist *l)
     rpc_stats_add(l, "lsm.compactions", "%llu", (unsigned long long)s.compactions);
     rpc_stats_add(l, "lsm.compact_read_bytes", "%llu", (unsigned long long)s.compact_read_bytes);
     rpc_stats_add(l, "lsm.compact_write_bytes", "%llu", (unsigned long long)s.compact_write_bytes);
+    rpc_stats_add(l, "lsm.write_check_calls", "%llu", (unsigned long long)s.check_calls);
+    rpc_stats_add(l, "lsm.write_check_blocks_fast", "%llu", (unsigned long long)s.check_blocks_fd);
+    rpc_stats_add(l, "lsm.write_check_blocks_slow", "%llu", (unsigned long long)s.check_blocks_sd);
     rpc_stats_add(l, "lsm.compress_in_bytes", "%llu", (unsigned long long)s.compress_in_bytes);
     rpc_stats_add(l, "lsm.compress_out_bytes", "%llu", (unsigned long long)s.compress_out_bytes);
     rpc_stats_add(l, "lsm.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");

@@ -34,6 +34,10 @@ typedef struct engine_store {
     kv_err (*get)(void *db, const void *key, size_t klen, lsm_rec *out, lsm_tier *served);
     kv_err (*multiget)(void *db, size_t n, const void *const *keys, const size_t *klens,
                        lsm_rec *outs, lsm_tier *tiers, kv_err *errs);
+    /* The writer's check before a write: the key's newest record, metadata
+     * only (key and value NULL: nothing to free), not counted as a read
+     * (lsm_get_meta). */
+    kv_err (*get_meta)(void *db, const void *key, size_t klen, lsm_rec *out);
     /* A memory-tier hit, for HotRAP's tracker (a no-op for kallax). */
     void (*note_access)(void *db, const void *key, size_t klen, size_t vlen);
     /* The iteration order is (order(key), lsm_key_cmp): 0 for the LSM (key

@@ -99,6 +99,11 @@ static kv_err lsm_store_get(void *db, const void *key, size_t klen, lsm_rec *out
     return lsm_get(db, key, klen, out, served);
 }
 
+static kv_err lsm_store_get_meta(void *db, const void *key, size_t klen, lsm_rec *out)
+{
+    return lsm_get_meta(db, key, klen, out);
+}
+
 static kv_err lsm_store_multiget(void *db, size_t n, const void *const *keys, const size_t *klens,
                                  lsm_rec *outs, lsm_tier *tiers, kv_err *errs)
 {
@@ -169,6 +174,7 @@ const engine_store engine_store_lsm = {
     .flush = lsm_store_flush,
     .flush_generation = lsm_store_flush_gen,
     .get = lsm_store_get,
+    .get_meta = lsm_store_get_meta,
     .multiget = lsm_store_multiget,
     .note_access = lsm_store_note_access,
     .order = lsm_store_order,
@@ -243,6 +249,18 @@ static kv_err kx_store_get(void *db, const void *key, size_t klen, lsm_rec *out,
     kv_err rv = kallax_get(db, key, klen, out);
     if (rv == KV_OK && served)
         *served = LSM_TIER_FD;
+    return rv;
+}
+
+/* kallax has no read tracking: its get, without the key and value. */
+static kv_err kx_store_get_meta(void *db, const void *key, size_t klen, lsm_rec *out)
+{
+    kv_err rv = kallax_get(db, key, klen, out);
+    if (rv == KV_OK) {
+        size_t vlen = out->vlen;
+        lsm_rec_free(out);
+        out->vlen = vlen;
+    }
     return rv;
 }
 
@@ -361,6 +379,7 @@ const engine_store engine_store_kallax = {
     .flush = kx_store_flush,
     .flush_generation = kx_store_flush_gen,
     .get = kx_store_get,
+    .get_meta = kx_store_get_meta,
     .multiget = kx_store_multiget,
     .note_access = kx_store_note_access,
     .order = kx_store_order,

@@ -656,6 +656,8 @@ typedef struct lookup {
     probe *pr;
     lsm_io *io;
     size_t np, cap;
+    bool meta;          /* lsm_get_meta: metadata only, no read side effects */
+    uint64_t blocks[2]; /* data blocks read from FD, SD */
 } lookup;
 
 static kv_err add_probe(lookup *lk, size_t key, lsm_file *f)
@@ -704,8 +706,10 @@ static void take_probe(lookup *lk, size_t i)
                  (unsigned long long)p->f->number, p->blk);
     if (rv == KV_OK && lk->err[k] == KV_OK && r.seqno <= lk->tmp[k].seqno)
         return; /* an L0 file already gave a newer record */
-    lsm_rec copy;
-    if (rv == KV_OK)
+    lsm_rec copy = r;
+    if (rv == KV_OK && lk->meta)
+        copy.key = copy.value = NULL; /* metadata only: nothing to copy or free */
+    else if (rv == KV_OK)
         rv = lsm_rec_copy(&copy, &r);
     if (lk->err[k] == KV_OK)
         lsm_rec_free(&lk->tmp[k]);
@@ -720,6 +724,7 @@ static void run_probes(lookup *lk)
 {
     lsm_vol_read(lk->io, lk->np);
     for (size_t i = 0; i < lk->np; i++) {
+        lk->blocks[lk->pr[i].f->tier == LSM_TIER_SD]++;
         take_probe(lk, i);
         free(lk->io[i].buf);
     }
@@ -867,6 +872,16 @@ static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_
     }
 }
 
+/* Probes every non-empty level of v, FD levels first. */
+static kv_err lookup_levels(lookup *lk, const lsm_version *v)
+{
+    kv_err rv = KV_OK;
+    for (int l = 0; rv == KV_OK && l < LSM_MAX_LEVELS; l++)
+        if (v->nfiles[l])
+            rv = probe_level(lk, v, l);
+    return rv;
+}
+
 kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t *klens,
                     lsm_rec *outs, lsm_tier *served, kv_err *errs)
 {
@@ -890,9 +905,7 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
     lsm_version *v = rv == KV_OK ? lsm_db_current(db) : NULL;
     if (rv == KV_OK && db->twin && db->o.nhc)
         rv = route_sd(db, &lk, v); /* after pinning: see route_sd */
-    for (int l = 0; rv == KV_OK && l < LSM_MAX_LEVELS; l++)
-        if (v->nfiles[l])
-            rv = probe_level(&lk, v, l);
+    rv = rv == KV_OK ? lookup_levels(&lk, v) : rv;
     lsm_version_unref(v);
     if (rv == KV_OK) {
         publish(db, &lk, outs, served, errs, fread, t0);
@@ -901,6 +914,31 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
             if (lk.err[k] == KV_OK)
                 lsm_rec_free(&lk.tmp[k]);
     }
+    lookup_fini(&lk);
+    return rv;
+}
+
+kv_err lsm_get_meta(lsm_db *db, const void *key, size_t klen, lsm_rec *out)
+{
+    if (!key || klen == 0 || klen > LSM_MAX_KEY || !out)
+        return KV_INVALID_ARGUMENT;
+    lookup lk = {0};
+    kv_err rv = lookup_init(&lk, 1);
+    if (rv != KV_OK)
+        return rv;
+    const void *keys[1] = {key};
+    size_t klens[1] = {klen};
+    lk.keys = keys;
+    lk.klens = klens;
+    lk.meta = true;
+    lsm_version *v = lsm_db_current(db);
+    rv = lookup_levels(&lk, v); /* FD first; NHC's routing is for reads */
+    lsm_version_unref(v);
+    atomic_fetch_add_explicit(&db->check_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&db->check_blocks_fd, lk.blocks[0], memory_order_relaxed);
+    atomic_fetch_add_explicit(&db->check_blocks_sd, lk.blocks[1], memory_order_relaxed);
+    if (rv == KV_OK && (rv = lk.err[0]) == KV_OK)
+        *out = lk.tmp[0];
     lookup_fini(&lk);
     return rv;
 }
@@ -984,6 +1022,9 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
         lsm_vol_counters(&db->vols[1], &out->sd);
     out->reads_fd = atomic_load(&db->reads_fd);
     out->reads_sd = atomic_load(&db->reads_sd);
+    out->check_calls = atomic_load(&db->check_calls);
+    out->check_blocks_fd = atomic_load(&db->check_blocks_fd);
+    out->check_blocks_sd = atomic_load(&db->check_blocks_sd);
     out->user_bytes = atomic_load(&db->user_bytes);
     lsm_wal_counters(db->wal, &out->wal_bytes, &out->wal_fsyncs, &out->wal_segments);
     out->flush_bytes = atomic_load(&db->flush_bytes);

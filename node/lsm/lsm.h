@@ -287,6 +287,16 @@ uint64_t lsm_flush_generation(lsm_db *db);
  * NULL. */
 kv_err lsm_get(lsm_db *db, const void *key, size_t klen, lsm_rec *out, lsm_tier *served);
 
+/* The writer's check before a write (last-writer-wins, if_version,
+ * if_absent): as lsm_get, but *out gets only the newest record's metadata
+ * (version, seqno, expire_at, type, flags; key and value NULL, vlen its
+ * value length; nothing to free), and the lookup is not a read: it feeds
+ * neither RALT nor the promotion buffer nor NHC, and counts in
+ * lsm_stats.check_* instead of reads_fd / reads_sd. (Counting it as a read
+ * made every written key look read-hot to HotRAP and offered the old
+ * record of a key being overwritten for promotion.) */
+kv_err lsm_get_meta(lsm_db *db, const void *key, size_t klen, lsm_rec *out);
+
 /* Batch lookup: the block reads of all n keys are submitted together, level
  * by level. For each i, errs[i] is what lsm_get would have returned and, on
  * KV_OK, outs[i]/served[i] are filled as by lsm_get (served may be NULL).
@@ -366,7 +376,10 @@ typedef struct lsm_stats {
     lsm_level_stats levels[LSM_MAX_LEVELS];
     lsm_vol_stats fd, sd;        /* sd is zero when there is no slow_dir */
     uint64_t reads_fd, reads_sd; /* records served per volume by get/multiget */
-    uint64_t user_bytes;         /* key+value bytes given to lsm_wal_append */
+    /* lsm_get_meta: calls, and the data blocks they read per volume (a key
+     * found there, or a bloom filter's false positive) */
+    uint64_t check_calls, check_blocks_fd, check_blocks_sd;
+    uint64_t user_bytes; /* key+value bytes given to lsm_wal_append */
     uint64_t wal_bytes, wal_fsyncs, wal_segments;
     uint64_t flush_bytes, flushes;
     uint64_t compact_read_bytes, compact_write_bytes, compactions;

@@ -473,6 +473,7 @@ struct lsm_db {
     uint64_t retry_at; /* kv_now_ns() before which threads do not compact */
 
     _Atomic uint64_t reads_fd, reads_sd, user_bytes, flush_bytes, flushes;
+    _Atomic uint64_t check_calls, check_blocks_fd, check_blocks_sd; /* lsm_get_meta */
     _Atomic uint64_t c_read, c_write, compactions;
     _Atomic uint64_t comp_in, comp_out; /* data block bytes before / after compression */
     /* per output level (lsm_level_stats) */
