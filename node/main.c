@@ -201,6 +201,9 @@ int main(int argc, char **argv)
          "refuse to start, naming the file and offset; point-in-time = start with the writes "
          "before the damage (the later ones are lost; repair the node)",
          wal_modes, 0, 0},
+        {"http-listen", KV_OPT_STR, &n.cfg.http_listen,
+         "serve /metrics (Prometheus) and /health on http://HOST:PORT (default: off)", NULL, 0,
+         0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};

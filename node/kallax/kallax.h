@@ -132,6 +132,7 @@ typedef struct kallax_opts {
     bool disable_io_uring;
     uint64_t tombstone_grace_ms; /* as lsm_opts */
     unsigned journal_blocks;     /* block images per journal round (its size), default 1024 */
+    lsm_wal_recovery wal_recovery; /* WAL corruption before its tail, as lsm_opts */
 } kallax_opts;
 
 /* Fills o with the defaults above (dir NULL, blocks 0). */

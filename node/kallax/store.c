@@ -266,18 +266,19 @@ static kv_err open_wal(kallax *kx, lsm_replay_fn fn, void *arg)
     lsm_wal_seg *segs = NULL;
     size_t nsegs = 0;
     uint64_t max_seq = 0, max_number = 0;
-    kv_err rv =
-        lsm_wal_recover(&kx->vol, kx->flushed_seq, fn, arg, &segs, &nsegs, &max_seq, &max_number);
+    lsm_opts lo;
+    lsm_opts_default(&lo);
+    lo.sync = kx->o.sync;
+    lo.sync_ms = kx->o.sync_ms;
+    lo.wal_recovery = kx->o.wal_recovery;
+    kv_err rv = lsm_wal_recover(&kx->vol, &lo, kx->flushed_seq, fn, arg, &segs, &nsegs, &max_seq,
+                                &max_number);
     if (rv != KV_OK)
         return rv;
     if (max_seq > atomic_load(&kx->last_seq))
         atomic_store(&kx->last_seq, max_seq);
     if (kx->flushed_seq > atomic_load(&kx->last_seq))
         atomic_store(&kx->last_seq, kx->flushed_seq);
-    lsm_opts lo;
-    lsm_opts_default(&lo);
-    lo.sync = kx->o.sync;
-    lo.sync_ms = kx->o.sync_ms;
     kx->wal_number = max_number + 2;
     rv = lsm_wal_open(&kx->wal, &kx->vol, &lo, max_number + 1, segs, nsegs);
     if (rv != KV_OK)
