@@ -180,6 +180,13 @@ void node_local_call(void *user, const char *method, uint64_t epoch, const uint8
 /* Creates the data directory, loads a persisted map, opens the engine and
  * starts serving on cfg->listen. On failure writes a message to err. */
 kv_err node_start(node *n, char *err, size_t errlen);
+/* ---- scan.c: kv.Scan on the node's engine, live keys ---- */
+kv_err node_h_scan(rpc_ctx *c, const uint8_t *body, size_t len);
+/* The node's live keys (not deleted, not expired, in ranges it replicates):
+ * an exact count by a scan of the engine, reused for 5 s. Any registered
+ * thread; one count runs at a time. */
+kv_err node_live_keys(node *n, uint64_t *out);
+
 /* ---- stats.c: statistics, /metrics, /health ---- */
 /* Appends the node's statistics to l (admin.Stats and /metrics); verbose
  * adds the per-tier detail (always on for /metrics). Any thread registered

@@ -344,6 +344,9 @@ static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     kv_stats ks;
     kv_stats_init(&ks);
     node_collect_stats(n, &ks, req->verbose);
+    uint64_t live = 0;
+    if (req->count_keys && node_live_keys(n, &live) == KV_OK)
+        kv_stat_gauge(&ks, "live_keys", NULL, NULL, NULL, live);
     rpc_statlist sl;
     rpc_stats_init(&sl);
     kv_stats_to_statlist(&ks, &sl);
@@ -404,6 +407,7 @@ static const rpc_method node_methods[] = {
     {"kv.Put", h_put, node_coord_put_start, node_coord_finish},
     {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish},
     {"kv.Batch", h_batch},
+    {"kv.Scan", node_h_scan},
     {"admin.Ping", h_ping},
     {"admin.Stats", h_stats},
     {"admin.HotKeys", h_hot_keys},

@@ -5,7 +5,7 @@
 add_library(kv_hotkeys STATIC hotkeys.c)
 target_link_libraries(kv_hotkeys PUBLIC kv_common kv_proto)
 add_library(kv_router STATIC router_admin.c router_kv.c router_hot.c router_mitigate.c
-  router_probe.c router_stats.c router_dash.c)
+  router_probe.c router_scan.c router_stats.c router_dash.c)
 target_link_libraries(kv_router PUBLIC kv_shard kv_hotkeys kv_proto kv_http kv_common)
 add_executable(kvrouter router_main.c)
 target_link_libraries(kvrouter PRIVATE kv_router)

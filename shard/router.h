@@ -139,6 +139,8 @@ kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **stat
 kv_err router_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 kv_err router_finish(rpc_ctx *c, void *state);
 kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len);
+/* kv.Scan: the nodes' ordered pages merged (router_scan.c). */
+kv_err router_h_scan(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_ping(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err router_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len);

@@ -191,6 +191,7 @@ static const rpc_method router_methods[] = {
     {"kv.Put", NULL, router_put_start, router_finish},
     {"kv.Delete", NULL, router_delete_start, router_finish},
     {"kv.Batch", router_h_batch},
+    {"kv.Scan", router_h_scan},
     {"admin.Ping", router_h_ping},
     {"admin.Stats", router_h_stats},
     {"admin.GetMap", router_h_get_map},
