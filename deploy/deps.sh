@@ -11,10 +11,11 @@ KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev proto
 # and the tests and benchmarks (./test.sh): Criterion, the slow-volume
 # emulator (FUSE; LZ4 and zstd for its transparent-compression model), RocksDB
 # for the tier benchmark, docker-compose to check
-# the compose file.
+# the compose file, Prometheus' Python client (its text-format parser checks
+# /metrics) and Chromium (the dashboard test loads the page headless).
 if [ "${1:-}" != --runtime ]; then
   KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 liblz4-dev libzstd-dev librocksdb-dev
-    docker-compose)
+    docker-compose python3-prometheus-client chromium)
 fi
 # ./test.sh --fuzz: clang and its runtimes (libFuzzer, ASan, UBSan).
 if [ "${1:-}" = --fuzz ]; then

@@ -6,10 +6,9 @@
  * ticked every 10 ms by a small thread of its own (the monitor interval of
  * Orthus-KV's code, see nhc_ctl.c; the flush thread sleeps up to a second),
  * and reported by node/stats.c (admin.Stats nhc.* names, including the
- * last minute as nhc.series.N chunks, and /metrics). There is one only when the node has a slow volume
- * and HotRAP (twins come from HotRAP promotion); --nhc off keeps it in
- * classic state (data_admit on, load_admit 1) so that its per-volume
- * figures stay visible.
+ * last minute as nhc.series.N chunks, and /metrics). There is one only when the node has a slow
+ * volume and HotRAP (twins come from HotRAP promotion); --nhc off keeps it in classic state
+ * (data_admit on, load_admit 1) so that its per-volume figures stay visible.
  */
 #include <stdio.h>
 

@@ -388,8 +388,8 @@ void node_handoff_stats(node *n, kv_stats *l)
         kv_stat_gauge(l, name, "hotkv_node_hints_records", lab,
                       "Hinted records held for an unreachable replica.", ts[i].records);
         snprintf(name, sizeof(name), "hints.%s.bytes", ts[i].target);
-        kv_stat_gauge(l, name, "hotkv_node_hints_bytes", lab,
-                      "Bytes of hints held for a replica.", ts[i].bytes);
+        kv_stat_gauge(l, name, "hotkv_node_hints_bytes", lab, "Bytes of hints held for a replica.",
+                      ts[i].bytes);
         snprintf(name, sizeof(name), "hints.%s.dropped", ts[i].target);
         kv_stat_counter(l, name, "hotkv_node_hints_dropped_total", lab,
                         "Hints dropped (window or bound passed): the replica needs repair.",

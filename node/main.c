@@ -202,8 +202,7 @@ int main(int argc, char **argv)
          "before the damage (the later ones are lost; repair the node)",
          wal_modes, 0, 0},
         {"http-listen", KV_OPT_STR, &n.cfg.http_listen,
-         "serve /metrics (Prometheus) and /health on http://HOST:PORT (default: off)", NULL, 0,
-         0},
+         "serve /metrics (Prometheus) and /health on http://HOST:PORT (default: off)", NULL, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};

@@ -68,7 +68,8 @@ static kv_err scan_page(node *n, rpc_ctx *c, const Kv__ScanRequest *req, Kv__Sca
         limit = SCAN_MAX_LIMIT;
     /* where to start: after the cursor, or below max(start, prefix) */
     const ProtobufCBinaryData *from = &req->start;
-    if (req->prefix.len && lsm_key_cmp(req->prefix.data, req->prefix.len, from->data, from->len) > 0)
+    if (req->prefix.len &&
+        lsm_key_cmp(req->prefix.data, req->prefix.len, from->data, from->len) > 0)
         from = &req->prefix;
     uint8_t *after = NULL;
     size_t after_len = 0;

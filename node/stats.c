@@ -99,8 +99,8 @@ void node_engine_lsm_stats(engine *e, kv_stats *l)
                     "Compactions completed.", s.compactions);
     kv_stat_counter(l, "lsm.compact_read_bytes", "hotkv_node_compaction_read_bytes_total", NULL,
                     "Bytes read by compactions.", s.compact_read_bytes);
-    kv_stat_counter(l, "lsm.compact_write_bytes", "hotkv_node_compaction_written_bytes_total",
-                    NULL, "Bytes written by compactions.", s.compact_write_bytes);
+    kv_stat_counter(l, "lsm.compact_write_bytes", "hotkv_node_compaction_written_bytes_total", NULL,
+                    "Bytes written by compactions.", s.compact_write_bytes);
     kv_stat_text(l, "lsm.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
     kv_stat_gauge(l, NULL, "hotkv_node_io_uring", NULL, "1 when I/O goes through io_uring.",
                   s.io_uring);
@@ -122,8 +122,8 @@ void node_engine_lsm_stats(engine *e, kv_stats *l)
                     "Bytes of hot records kept on the fast volume.", s.retained_bytes);
     kv_stat_gauge(l, "hotrap.ralt_entries", "hotkv_node_hotrap_ralt_entries", NULL,
                   "Keys tracked by HotRAP's access tracker (RALT).", s.ralt_entries);
-    kv_stat_gauge(l, "hotrap.ralt_bytes", "hotkv_node_hotrap_ralt_bytes", NULL,
-                  "Size of RALT.", s.ralt_bytes);
+    kv_stat_gauge(l, "hotrap.ralt_bytes", "hotkv_node_hotrap_ralt_bytes", NULL, "Size of RALT.",
+                  s.ralt_bytes);
     kv_stat_gauge(l, "hotrap.hot_set_limit", "hotkv_node_hotrap_hot_set_limit_bytes", NULL,
                   "Limit on the hot set's key and value bytes.", s.hot_set_limit);
     kv_stat_gauge(l, "hotrap.checker_backlog", "hotkv_node_hotrap_checker_backlog", NULL,
@@ -239,8 +239,8 @@ void node_engine_nhc_stats(engine *e, kv_stats *l)
     series_stats(h, l);
 }
 
-static const char *const serving_names[] = {"serving", "catching_up", "needs_repair", "no_map",
-                                            "removed", NULL};
+static const char *const serving_names[] = {"serving", "catching_up", "needs_repair",
+                                            "no_map",  "removed",     NULL};
 
 void node_collect_stats(node *n, kv_stats *l, bool verbose)
 {
@@ -265,13 +265,11 @@ void node_collect_stats(node *n, kv_stats *l, bool verbose)
     kv_stat_counter(l, "gets", "hotkv_node_engine_ops_total", "op=\"get\"",
                     "Engine operations (replica reads and writes).", es.gets);
     kv_stat_counter(l, "puts", "hotkv_node_engine_ops_total", "op=\"put\"", NULL, es.puts);
-    kv_stat_counter(l, "deletes", "hotkv_node_engine_ops_total", "op=\"delete\"", NULL,
-                    es.deletes);
+    kv_stat_counter(l, "deletes", "hotkv_node_engine_ops_total", "op=\"delete\"", NULL, es.deletes);
     kv_stat_gauge(l, "dirty_bytes", "hotkv_node_memory_dirty_bytes", NULL,
                   "Unflushed bytes of the memory tier.", es.dirty_bytes);
     kv_stat_gauge(l, "hot.pinned", "hotkv_node_hot_keys_pinned", NULL,
-                  "Keys pinned in memory by the cluster's hot-key hints.",
-                  node_hot_pinned(n->hot));
+                  "Keys pinned in memory by the cluster's hot-key hints.", node_hot_pinned(n->hot));
     kv_stat_gauge(l, "hot.tracked", "hotkv_node_hot_keys_tracked", NULL,
                   "Keys the routers report hot for this node.", node_hot_tracked(n->hot));
     char why[200];
@@ -306,8 +304,8 @@ void node_collect_stats(node *n, kv_stats *l, bool verbose)
     double reads = es.index_reads ? (double)es.index_reads : 1.0;
     kv_stat_gauge(l, "index.buckets", "hotkv_node_hotring_buckets", NULL,
                   "Buckets of the HotRing index.", es.index_buckets);
-    kv_stat_counter(l, "index.reads", "hotkv_node_hotring_reads_total", NULL,
-                    "HotRing lookups.", es.index_reads);
+    kv_stat_counter(l, "index.reads", "hotkv_node_hotring_reads_total", NULL, "HotRing lookups.",
+                    es.index_reads);
     kv_stat_gaugef(l, "index.visited_per_read", 3, "hotkv_node_hotring_visited_per_read", NULL,
                    "Items visited per HotRing lookup, since start.",
                    (double)es.index_visited / reads, 1);
@@ -332,9 +330,8 @@ void node_collect_stats(node *n, kv_stats *l, bool verbose)
                     "Items visited by HotRing lookups.", es.index_visited);
     kv_stat_counter(l, "index.head_hits", "hotkv_node_hotring_head_hits_total", NULL,
                     "HotRing lookups found at the ring's head.", es.index_head_hits);
-    kv_stat_counter(l, "index.pinned_head_hits", "hotkv_node_hotring_pinned_head_hits_total",
-                    NULL, "Lookups of pinned keys found at the head.",
-                    es.index_pinned_head_hits);
+    kv_stat_counter(l, "index.pinned_head_hits", "hotkv_node_hotring_pinned_head_hits_total", NULL,
+                    "Lookups of pinned keys found at the head.", es.index_pinned_head_hits);
     node_engine_lsm_stats(n->eng, l);
     rpc_metrics_stats(n->metrics, l, "hotkv_node");
 }
@@ -398,7 +395,8 @@ static void h_health(void *arg, const char *path, const char *query, kv_http_res
         res->status = 500;
         return;
     }
-    int len = snprintf(body, 1024, "{\"status\":\"%s\",\"role\":\"node\",\"id\":\"%s\",\"detail\":\"%s\"}\n",
+    int len = snprintf(body, 1024,
+                       "{\"status\":\"%s\",\"role\":\"node\",\"id\":\"%s\",\"detail\":\"%s\"}\n",
                        state, id, esc);
     res->status = st == 0 ? 200 : 503;
     res->content_type = "application/json";

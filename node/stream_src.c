@@ -237,8 +237,8 @@ void node_stream_src_stats(kv_stats *l)
     kv_stat_counter(l, "stream.chunks_continued", "hotkv_node_stream_chunks_continued_total", NULL,
                     "Stream chunks served from an iterator kept since the previous chunk.",
                     atomic_load(&cursor_hits));
-    kv_stat_counter(l, "stream.iterators_opened", "hotkv_node_stream_iterators_opened_total",
-                    NULL, "Engine iterators opened for streams.", atomic_load(&cursor_opens));
+    kv_stat_counter(l, "stream.iterators_opened", "hotkv_node_stream_iterators_opened_total", NULL,
+                    "Engine iterators opened for streams.", atomic_load(&cursor_opens));
 }
 
 static void cursor_free(cursor *c)

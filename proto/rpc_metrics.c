@@ -74,8 +74,7 @@ void rpc_metrics_stats(const rpc_metrics *m, kv_stats *l, const char *prefix)
                 continue;
             snprintf(lab, sizeof(lab), "%s,code=\"%s\"", ml,
                      c < KV_ERR_COUNT_ ? kv_err_name((kv_err)c) : "OTHER");
-            kv_stat_counter(l, NULL, metric, lab, "Requests served, by method and status code.",
-                            v);
+            kv_stat_counter(l, NULL, metric, lab, "Requests served, by method and status code.", v);
         }
     }
     snprintf(metric, sizeof(metric), "%s_request_duration_seconds", prefix);

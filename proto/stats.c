@@ -94,8 +94,8 @@ void kv_stat_gauge(kv_stats *l, const char *key, const char *metric, const char 
                                .u = v});
 }
 
-void kv_stat_gaugef(kv_stats *l, const char *key, int prec, const char *metric,
-                    const char *labels, const char *help, double v, double scale)
+void kv_stat_gaugef(kv_stats *l, const char *key, int prec, const char *metric, const char *labels,
+                    const char *help, double v, double scale)
 {
     kv_stats_add(l, &(kv_stat){.kind = KV_STAT_GAUGE,
                                .key = (char *)key,
@@ -247,8 +247,8 @@ void kv_stats_to_prom(const kv_stats *l, prom_buf *b)
             continue;
         }
         double v = s->is_float ? s->d : (double)s->u;
-        prom_sample(b, s->metric, s->kind == KV_STAT_COUNTER ? "counter" : "gauge", help,
-                    s->labels, v * s->scale);
+        prom_sample(b, s->metric, s->kind == KV_STAT_COUNTER ? "counter" : "gauge", help, s->labels,
+                    v * s->scale);
     }
     free(idx);
 }

@@ -69,8 +69,8 @@ void kv_stat_gauge(kv_stats *l, const char *key, const char *metric, const char 
                    const char *help, uint64_t v);
 /* A decimal gauge: admin.Stats shows v with prec decimals, /metrics
  * v * scale (scale 1e-6 for a figure kept in microseconds, say). */
-void kv_stat_gaugef(kv_stats *l, const char *key, int prec, const char *metric,
-                    const char *labels, const char *help, double v, double scale);
+void kv_stat_gaugef(kv_stats *l, const char *key, int prec, const char *metric, const char *labels,
+                    const char *help, double v, double scale);
 /* A text value for admin.Stats only. */
 void kv_stat_text(kv_stats *l, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

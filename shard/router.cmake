@@ -7,6 +7,15 @@ target_link_libraries(kv_hotkeys PUBLIC kv_common kv_proto)
 add_library(kv_router STATIC router_admin.c router_kv.c router_hot.c router_mitigate.c
   router_probe.c router_scan.c router_stats.c router_dash.c)
 target_link_libraries(kv_router PUBLIC kv_shard kv_hotkeys kv_proto kv_http kv_common)
+# The dashboard page, embedded in kvrouter at build time (router_dash.c).
+set(KV_DASH_H ${CMAKE_CURRENT_BINARY_DIR}/gen/shard/dashboard_html.h)
+add_custom_command(OUTPUT ${KV_DASH_H}
+  COMMAND ${CMAKE_COMMAND} -DIN=${CMAKE_CURRENT_SOURCE_DIR}/dashboard.html -DOUT=${KV_DASH_H}
+          -DNAME=dashboard_html -P ${CMAKE_CURRENT_SOURCE_DIR}/embed.cmake
+  DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/dashboard.html ${CMAKE_CURRENT_SOURCE_DIR}/embed.cmake
+  COMMENT "embedding shard/dashboard.html")
+target_sources(kv_router PRIVATE ${KV_DASH_H})
+target_include_directories(kv_router PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/gen)
 add_executable(kvrouter router_main.c)
 target_link_libraries(kvrouter PRIVATE kv_router)
 include(GNUInstallDirs)

@@ -42,8 +42,8 @@ typedef struct router_config {
     long hot_cache_ms;
     double hot_flag_rate;
     kv_limits limits;
-    long probe_ms;    /* failure detector: admin.Ping period per node */
-    long probe_fails; /* consecutive failed probes that mark a node down */
+    long probe_ms;     /* failure detector: admin.Ping period per node */
+    long probe_fails;  /* consecutive failed probes that mark a node down */
     char *http_listen; /* --http-listen: /metrics, /health, the dashboard (NULL = off) */
 } router_config;
 
@@ -82,7 +82,7 @@ typedef struct router {
     rpc_metrics *metrics;
     router_target *targets;
     _Atomic size_t ntargets;
-    pthread_mutex_t targets_mu; /* serialises appends */
+    pthread_mutex_t targets_mu;    /* serialises appends */
     _Atomic uint64_t hot_reported; /* keys in the last hot-key window report */
     kv_http *http;
     kv_http_route http_routes[8];

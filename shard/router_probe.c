@@ -261,8 +261,8 @@ void router_probe_map_changed(router *r, cmap *old, cmap *m)
 
 void router_probe_stats(router *r, kv_stats *l)
 {
-    static const char *const views[] = {"up",       "down",    "catching_up", "needs_repair",
-                                        "no_map",   "removed", "unknown",     NULL};
+    static const char *const views[] = {"up",     "down",    "catching_up", "needs_repair",
+                                        "no_map", "removed", "unknown",     NULL};
     cmap *m = cmap_slot_get(r->maps);
     if (!m || !r->probe) {
         cmap_unref(m);

@@ -123,8 +123,8 @@ static void out_free(scan_out *o)
 /* One round: every node's page after `after` (NULL: from the request's
  * start). Merges what can be decided into o. Returns KV_OK with *done when
  * the scan reached the end, or the failure. */
-static kv_err round_once(router *r, rpc_ctx *c, cmap *m, const Kv__ScanRequest *req,
-                         size_t limit, const ProtobufCBinaryData *after, scan_out *o, bool *done)
+static kv_err round_once(router *r, rpc_ctx *c, cmap *m, const Kv__ScanRequest *req, size_t limit,
+                         const ProtobufCBinaryData *after, scan_out *o, bool *done)
 {
     size_t nn = cmap_node_count(m);
     Kv__ScanRequest q = KV__SCAN_REQUEST__INIT;
@@ -149,8 +149,8 @@ static kv_err round_once(router *r, rpc_ctx *c, cmap *m, const Kv__ScanRequest *
     }
     uint32_t dl = repl_forward_deadline(c);
     for (size_t i = 0; i < nn; i++)
-        fan_send_ctr(f, router_chan(r, cmap_node_at(m, i)->addr), "kv.Scan", cmap_epoch(m),
-                     &q.base, dl, router_target_ctr(r, cmap_node_at(m, i)->id));
+        fan_send_ctr(f, router_chan(r, cmap_node_at(m, i)->addr), "kv.Scan", cmap_epoch(m), &q.base,
+                     dl, router_target_ctr(r, cmap_node_at(m, i)->id));
     fan_wait(f, (int)nn, dl);
     fan_take(f, reps, have);
     fan_release(f);
@@ -164,15 +164,14 @@ static kv_err round_once(router *r, rpc_ctx *c, cmap *m, const Kv__ScanRequest *
         if (!pages[i]) {
             failed++;
             snprintf(why, sizeof(why), "node %s: %s", cmap_node_at(m, i)->id,
-                     have[i] && reps[i].message ? reps[i].message
-                                                : kv_strerror(have[i] ? reps[i].status
-                                                                      : KV_UNAVAILABLE));
+                     have[i] && reps[i].message
+                         ? reps[i].message
+                         : kv_strerror(have[i] ? reps[i].status : KV_UNAVAILABLE));
             continue;
         }
         total += pages[i]->n_items;
-        if (!pages[i]->done &&
-            (!bound || key_cmp(pages[i]->cursor.data, pages[i]->cursor.len, bound->data,
-                               bound->len) < 0))
+        if (!pages[i]->done && (!bound || key_cmp(pages[i]->cursor.data, pages[i]->cursor.len,
+                                                  bound->data, bound->len) < 0))
             bound = &pages[i]->cursor;
     }
     if (failed && failed >= cmap_rf(m))

@@ -183,11 +183,10 @@ Test(scan, node_router_pages_and_live_keys, .timeout = 240)
     cr_assert_eq(kvt_kvctl(&cl, "scan --prefix k --limit 2 --cursor 6b30303032 --keys-only", out,
                            sizeof(out)),
                  0, "%s", out);
-    cr_expect(strncmp(out, "k0004\nk0006\n", 12) == 0, "k0003 is deleted, k0005 expired: %s",
-              out);
+    cr_expect(strncmp(out, "k0004\nk0006\n", 12) == 0, "k0003 is deleted, k0005 expired: %s", out);
     cr_assert_eq(kvt_kvctl(&cl, "--json scan --start y", out, sizeof(out)), 0, "%s", out);
-    cr_expect(strstr(out, "{\"items\":[{\"key\":\"z\",\"value\":\"x\",\"version\":\"") == out,
-              "%s", out);
+    cr_expect(strstr(out, "{\"items\":[{\"key\":\"z\",\"value\":\"x\",\"version\":\"") == out, "%s",
+              out);
     cr_expect(strstr(out, "\"cursor\":null,\"done\":true}") != NULL, "%s", out);
 
     /* kvctl status: live keys only, per node, summing to live x rf */

@@ -16,7 +16,7 @@
 #include "tests/kv_testclock.h"
 #include "node/engine.h"
 #include "node/engine_int.h" /* e->db, to have HotRAP promote now */
-#include "node/node.h"        /* node_engine_nhc_stats */
+#include "node/node.h"       /* node_engine_nhc_stats */
 #include "node/lsm/lsm_int.h"
 
 #define KEYS 6000
