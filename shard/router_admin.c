@@ -208,7 +208,10 @@ static void env_learn_map(void *user, const uint8_t *body, size_t len)
     router_learn_map(user, body, len);
 }
 
-kv_err router_start(router *r, char *err, size_t errlen)
+/* What the handlers need, without threads or a listener: the channel pool,
+ * the map slot, the replication environment and the prober's table (the
+ * fuzz harness builds its router with this alone). */
+static kv_err router_core_init(router *r, char *err, size_t errlen)
 {
     kv_err rv;
     r->started_ns = kv_now_ns();
@@ -228,10 +231,16 @@ kv_err router_start(router *r, char *err, size_t errlen)
     if (!(r->targets = calloc(ROUTER_MAX_TARGETS, sizeof(*r->targets))))
         return KV_RESOURCE_EXHAUSTED;
     /* the prober's table exists before the refresher, which uses it */
-    if ((rv = router_probe_start(r)) != KV_OK) {
+    if ((rv = router_probe_start(r)) != KV_OK)
         snprintf(err, errlen, "cannot start the failure detector");
+    return rv;
+}
+
+kv_err router_start(router *r, char *err, size_t errlen)
+{
+    kv_err rv = router_core_init(r, err, errlen);
+    if (rv != KV_OK)
         return rv;
-    }
     if (pthread_create(&r->refresher, NULL, refresher_main, r) != 0) {
         snprintf(err, errlen, "cannot start the map refresher thread");
         return KV_RESOURCE_EXHAUSTED;

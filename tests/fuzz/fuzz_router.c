@@ -53,10 +53,8 @@ static void setup(router *r, uint8_t flags)
                           .probe_ms = 0,
                           .probe_fails = 2}};
     r->cfg.limits.max_value = 64 << 10;
-    r->started_ns = kv_now_ns();
-    pthread_mutex_init(&r->peers_mu, NULL);
-    FZ_CHECK(cmap_slot_create(&r->maps) == KV_OK, "cmap_slot_create");
-    FZ_CHECK(router_probe_start(r) == KV_OK, "probe table");
+    char err[256];
+    FZ_CHECK(router_core_init(r, err, sizeof(err)) == KV_OK, "router_core_init: %s", err);
     if (flags & 4) {
         FZ_CHECK(router_mit_create(&r->mit, true, r->cfg.hot_cache_ms, r->cfg.hot_flag_rate) ==
                      KV_OK,

@@ -225,7 +225,18 @@ void fz_run_calls(const fz_calls *t, fz_in *in, int max_calls)
                      .deadline_ns =
                          kv_now_ns() + (t->deadline_ms ? t->deadline_ms : 2000) * 1000000ull,
                      .user = t->user};
-        kv_err rv = m->fn(&c, copy, len);
+        /* split handlers as rpc_server.c runs them; both forms when a
+         * method has both (the split one for coordinate calls) */
+        kv_err rv;
+        if (m->start && (!m->fn || (sel & 0x80))) {
+            void *state = NULL;
+            c.coordinate = m->fn != NULL;
+            rv = m->start(&c, copy, len, &state);
+            if (rv == KV_OK && state)
+                rv = m->finish(&c, state);
+        } else {
+            rv = m->fn(&c, copy, len);
+        }
         fz_check_reply(&c, rv, t->node, t->relayed);
         free(c.reply);
         free(copy);

@@ -5,11 +5,11 @@
  * u16-length chunk. Flags bit 0 frames each segment's contents as
  * [u16 length][payload] frames with correct checksums (so the record decoder
  * sees arbitrary payloads), a trailing partial frame staying raw (a torn
- * tail); bits 1-2 give the segment count; bit 3 reads through io_uring.
- * Properties: every replayed record is valid and newer than the flushed
- * seqno; a successful recovery leaves a log that a second recovery replays
- * identically and to which an append lands after the recovered records,
- * whatever the first recovery had to cut. A fresh directory per input.
+ * tail); bits 1-2 give the segment count; bit 3 reads through io_uring; bit 4 recovers
+ * point-in-time instead of absolute (where corruption before the tail is DATA_LOSS). Properties:
+ * every replayed record is valid and newer than the flushed seqno; a successful recovery leaves a
+ * log that a second recovery replays identically and to which an append lands after the recovered
+ * records, whatever the first recovery had to cut. A fresh directory per input.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,10 +65,17 @@ typedef struct recovered {
     uint64_t max_seq, max_num;
 } recovered;
 
+/* Recovers in the mode the input chose: absolute (the default: corruption
+ * before the tail is DATA_LOSS) or point-in-time (truncate there). */
+static lsm_wal_recovery mode;
+
 static kv_err recover(lsm_vol *v, uint64_t flushed, recovered *out)
 {
     *out = (recovered){.rp = {.flushed = flushed}};
-    return lsm_wal_recover(v, flushed, on_rec, &out->rp, &out->segs, &out->nsegs, &out->max_seq,
+    lsm_opts o;
+    lsm_opts_default(&o);
+    o.wal_recovery = mode;
+    return lsm_wal_recover(v, &o, flushed, on_rec, &out->rp, &out->segs, &out->nsegs, &out->max_seq,
                            &out->max_num);
 }
 
@@ -102,6 +109,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t flushed = fz_u8(&in);
     char dir[512];
     fz_fresh_dir(dir, sizeof(dir), "wal");
+    mode = flags & 16 ? LSM_WAL_POINT_IN_TIME : LSM_WAL_ABSOLUTE;
     int nseg = 1 + (flags >> 1) % 3;
     for (int i = 0; i < nseg; i++)
         write_segment(dir, &in, flags & 1, (uint64_t)i + 1);
