@@ -111,6 +111,7 @@ def cluster(tmp):
         rpc, http = free_port(), free_port()
         start([os.path.join(BUILD, "node/kvnode"), "--id", f"n{i}", "--listen",
                f"tcp://127.0.0.1:{rpc}", "--data-dir", f"{tmp}/n{i}", "--mem-mb", "64",
+               "--slow-dir", f"{tmp}/n{i}-slow",  # HotRAP and NHC run: their metrics too
                "--http-listen", f"http://127.0.0.1:{http}"], f"{tmp}/n{i}.log")
         nodes.append(f"http://127.0.0.1:{http}")
         specs.append(f"n{i}=tcp://127.0.0.1:{rpc}")
@@ -263,7 +264,18 @@ def metrics_mode(tmp):
         check(v and v > 0, f"{who}: fast-volume writes counted: {v}")
         s = value(b, "hotkv_node_serving_state", "hotkv_node_serving_state", state="serving")
         check(s == 1, f"{who}: serving state gauge: {s}")
-    # admin.Stats comes from the same list: the router's counters agree
+    # every metric the Grafana dashboard charts exists in a real scrape
+    import re
+    bodies = http_get(rhttp + "/metrics")[1] + "".join(http_get(n + "/metrics")[1] for n in nodes)
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    board = json.load(open(os.path.join(src, "deploy/grafana-dashboard.json")))
+    names = {n for p in board["panels"] for t in p["targets"]
+             for n in re.findall(r"hotkv_[a-z0-9_]+", t["expr"])}
+    check(len(names) > 20, f"the dashboard charts {len(names)} metrics")
+    names.discard("hotkv_node_hints_records")  # a series per target, only while hints are held
+    for n in sorted(names):
+        check(re.search(r"^" + n + r"[{ ]", bodies, re.M) is not None,
+              f"grafana-dashboard.json's {n} is exported")
     out = kvctl(router, "--json", "status")
     check(out.returncode == 0 and '"live_keys":' in out.stdout, "kvctl status: live_keys")
 
