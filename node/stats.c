@@ -346,21 +346,11 @@ static void h_metrics(void *arg, const char *path, const char *query, kv_http_re
     engine_thread_register(); /* nng's thread: the engine wants registered readers */
     node_collect_stats(n, &l, true);
     engine_thread_unregister();
-    prom_buf b;
-    prom_init(&b);
-    kv_stats_to_prom(&l, &b);
-    char up[128];
-    kv_stat_label(up, sizeof(up), "id", n->cfg.id);
-    prom_sample(&b, "hotkv_node_info", "gauge", "The node's id (value 1).", up, 1);
+    char id[128];
+    kv_stat_label(id, sizeof(id), "id", n->cfg.id);
+    kv_stat_gauge(&l, NULL, "hotkv_node_info", id, "The node's id (value 1).", 1);
+    kv_http_metrics_res(res, &l);
     kv_stats_free(&l);
-    if (b.oom || l.oom) {
-        prom_free(&b);
-        res->status = 500;
-        return;
-    }
-    res->content_type = "text/plain; version=0.0.4; charset=utf-8";
-    res->body = b.p;
-    res->len = b.len;
 }
 
 /* s JSON-escaped into out (quotes, backslashes, control characters). */

@@ -128,19 +128,8 @@ static void h_metrics(void *arg, const char *path, const char *query, kv_http_re
     kv_stats l;
     kv_stats_init(&l);
     router_collect_stats(r, &l);
-    prom_buf b;
-    prom_init(&b);
-    kv_stats_to_prom(&l, &b);
-    bool oom = l.oom || b.oom;
+    kv_http_metrics_res(res, &l);
     kv_stats_free(&l);
-    if (oom) {
-        prom_free(&b);
-        res->status = 500;
-        return;
-    }
-    res->content_type = "text/plain; version=0.0.4; charset=utf-8";
-    res->body = b.p;
-    res->len = b.len;
 }
 
 static void h_health(void *arg, const char *path, const char *query, kv_http_res *res)
