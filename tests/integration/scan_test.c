@@ -90,6 +90,10 @@ static int key_index(const ProtobufCBinaryData *k)
 
 Test(scan, node_router_pages_and_live_keys, .timeout = 240)
 {
+    /* a small write buffer: the nodes flush as the keys come in, so scans
+     * merge the memory tier's dirty records with SSTs */
+    static const char *const small_buffer[] = {"--write-buffer-kb", "4", NULL};
+    kvt_node_extra = small_buffer;
     cr_assert_eq(kvt_cluster_start(&cl, 3, 2, NULL), KV_OK, "logs in %s", cl.dir);
     load();
     int live = 0;
@@ -117,6 +121,12 @@ Test(scan, node_router_pages_and_live_keys, .timeout = 240)
     }
     cr_expect_eq(node_total, (size_t)NKEYS * 2, "rf 2: every record twice over the nodes");
     cr_expect(node_tombs > 0);
+    char out[65536];
+    cr_assert_eq(kvt_kvctl(&cl, "--json status --verbose", out, sizeof(out)), 0, "%s", out);
+    long flushes = 0;
+    for (const char *p = out; (p = strstr(p, "\"lsm.flushes\":")) != NULL; p++)
+        flushes += strtol(p + strlen("\"lsm.flushes\":"), NULL, 10);
+    cr_expect_gt(flushes, 0, "the nodes flushed to SSTs: %s", out);
 
     /* the router: live keys only, each once, in order */
     Kv__ScanReply *r = scan_call(cl.router_url, NULL, "k", NULL, 10000);
@@ -177,7 +187,6 @@ Test(scan, node_router_pages_and_live_keys, .timeout = 240)
     }
 
     /* kvctl scan: text, JSON, cursor continuation */
-    char out[65536];
     cr_assert_eq(kvt_kvctl(&cl, "scan --prefix k --limit 3", out, sizeof(out)), 0, "%s", out);
     cr_expect(strncmp(out, "k0000\tv0\nk0001\tv1\nk0002\tv2\ncursor: ", 35) == 0, "%s", out);
     cr_assert_eq(kvt_kvctl(&cl, "scan --prefix k --limit 2 --cursor 6b30303032 --keys-only", out,
