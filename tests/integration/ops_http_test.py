@@ -130,7 +130,7 @@ def cluster(tmp):
     end = time.time() + 20
     while time.time() < end and http_get(f"http://127.0.0.1:{rhttp}/health", 1)[0] != 200:
         time.sleep(0.2)
-    return router, f"http://127.0.0.1:{rhttp}", nodes
+    return router, f"http://127.0.0.1:{rhttp}", nodes, specs
 
 
 def kvbench(tmp, router, seconds, name):
@@ -190,7 +190,7 @@ def check_families(fams, body, who):
 
 
 def metrics_mode(tmp):
-    router, rhttp, nodes = cluster(tmp)
+    router, rhttp, nodes, _ = cluster(tmp)
     st, body = http_get(rhttp + "/health")
     check(st == 200 and json.loads(body)["status"] == "serving",
           f"router /health 200 serving: {st} {body}")
@@ -295,7 +295,7 @@ def dashboard_mode(tmp):
     if not browser:
         print("FAIL: no chromium (deploy/deps.sh installs Debian's chromium package)")
         sys.exit(1)
-    router, rhttp, nodes = cluster(tmp)
+    router, rhttp, nodes, specs = cluster(tmp)
     bench = kvbench(tmp, router, 30, "bench")
     time.sleep(9)  # loaded, then a few seconds of the timed run: samples and hot keys
     st, api = http_get(rhttp + "/api/hotkeys")
@@ -331,6 +331,34 @@ def dashboard_mode(tmp):
           f"kvbench's hottest key {top} is shown (API had {[k['key'] for k in hot_api][:5]})")
     check("<polyline" in dom, "charts drawn")
     check(os.path.exists(shot) and os.path.getsize(shot) > 10000, f"screenshot kept: {shot}")
+
+    # a membership change: its streams show up in /api/cluster and on the page
+    rpc4 = free_port()
+    start([os.path.join(BUILD, "node/kvnode"), "--id", "n4", "--listen", f"tcp://127.0.0.1:{rpc4}",
+           "--data-dir", f"{tmp}/n4", "--mem-mb", "64"], f"{tmp}/n4.log")
+    end = time.time() + 20
+    while time.time() < end and kvctl(f"tcp://127.0.0.1:{rpc4}", "ping").returncode != 0:
+        time.sleep(0.2)
+    add = kvctl(router, "node", "add", f"n4=tcp://127.0.0.1:{rpc4}", "--no-wait")
+    check(add.returncode == 0, f"kvctl node add --no-wait: {add.stdout} {add.stderr}")
+    trans = None
+    end = time.time() + 30
+    while time.time() < end:
+        st, body = http_get(rhttp + "/api/cluster")
+        c = json.loads(body) if st == 200 else {}
+        if c.get("transition") and c["transition"]["streams"] and \
+                all(x["state"] != "unknown" for x in c["transition"]["streams"]):
+            trans = c["transition"]
+            break
+        time.sleep(0.5)
+    check(trans is not None and trans["kind"] == "add" and trans["nodes"][0] == "n4",
+          f"/api/cluster shows the transition with its streams' progress: {trans}")
+    check(trans is not None and all(x["target"] == "n4" for x in trans["streams"]),
+          "every stream of an add targets the new node")
+    dom = subprocess.run([browser, *flags, "--virtual-time-budget=6000", "--dump-dom", rhttp + "/"],
+                         capture_output=True, text=True, timeout=120).stdout
+    check('class="stream-row"' in dom and "add n4" in dom, "the page shows the migration's streams")
+    check('data-node="n4"' in dom, "and the new node's row")
 
 
 def main():
