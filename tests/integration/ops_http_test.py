@@ -54,6 +54,7 @@ def free_port():
 
 def start(args, log):
     p = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    p.log = log
     procs.append(p)
     return p
 
@@ -90,9 +91,13 @@ def cleanup(tmp):
             p.send_signal(signal.SIGTERM)
     for p in procs:
         try:
-            p.wait(timeout=10)
+            p.wait(timeout=20)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
+        # a clean exit: no sanitizer report (leak, overflow) at shutdown
+        check(p.returncode == 0, f"{os.path.basename(p.args[0])} exited {p.returncode} "
+                                 f"(see {p.log})")
     if failed and not os.environ.get("KV_KEEP_TEST_DATA"):
         print("logs:", tmp)
         for f in sorted(os.listdir(tmp)):

@@ -85,7 +85,10 @@ static int key_index(const ProtobufCBinaryData *k)
 {
     if (k->len != 5 || k->data[0] != 'k')
         return -1;
-    return atoi((const char *)k->data + 1);
+    char digits[5];
+    memcpy(digits, k->data + 1, 4); /* the key is not NUL-terminated */
+    digits[4] = '\0';
+    return atoi(digits);
 }
 
 Test(scan, node_router_pages_and_live_keys, .timeout = 240)
