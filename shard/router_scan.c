@@ -31,6 +31,7 @@
 #define SCAN_DEFAULT_LIMIT 100u
 #define SCAN_MAX_LIMIT 10000u
 #define SCAN_MAX_ROUNDS 64
+#define SCAN_MAX_BYTES (4u << 20) /* keys and values per page, as a node's page */
 
 /* memcmp order, a shorter key first on a common prefix (the engine's). */
 static int key_cmp(const void *a, size_t alen, const void *b, size_t blen)
@@ -70,6 +71,7 @@ typedef struct scan_out {
     size_t n, cap;
     uint8_t *cursor; /* malloc'ed copy */
     size_t cursor_len;
+    size_t bytes; /* keys and values in items */
 } scan_out;
 
 static bool set_cursor(scan_out *o, const void *key, size_t len)
@@ -106,6 +108,7 @@ static bool emit(scan_out *o, const Kv__ScanItem *src, bool keys_only)
     d->version = src->version;
     d->expire_at_ms = src->expire_at_ms;
     o->items[o->n++] = d;
+    o->bytes += src->key.len + vlen;
     return true;
 }
 
@@ -121,8 +124,8 @@ static void out_free(scan_out *o)
 }
 
 /* One round: every node's page after `after` (NULL: from the request's
- * start). Merges what can be decided into o. Returns KV_OK with *done when
- * the scan reached the end, or the failure. */
+ * start). Merges what can be decided into o, up to limit items in all. Returns KV_OK with *done
+ * when the scan reached the end, or the failure. */
 static kv_err round_once(router *r, rpc_ctx *c, cmap *m, const Kv__ScanRequest *req, size_t limit,
                          const ProtobufCBinaryData *after, scan_out *o, bool *done)
 {
@@ -130,7 +133,7 @@ static kv_err round_once(router *r, rpc_ctx *c, cmap *m, const Kv__ScanRequest *
     Kv__ScanRequest q = KV__SCAN_REQUEST__INIT;
     q.prefix = req->prefix;
     q.keys_only = req->keys_only;
-    q.limit = (uint32_t)limit;
+    q.limit = (uint32_t)(limit - o->n); /* what the page still needs */
     if (after)
         q.cursor = *after;
     else
@@ -201,7 +204,7 @@ static kv_err round_once(router *r, rpc_ctx *c, cmap *m, const Kv__ScanRequest *
         bool live = !it->tombstone && (!it->expire_at_ms || it->expire_at_ms > now);
         if (live && (!emit(o, it, req->keys_only) || !set_cursor(o, it->key.data, it->key.len)))
             rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
-        full = o->n == limit;
+        full = o->n == limit || o->bytes >= SCAN_MAX_BYTES;
     }
     *done = false;
     if (rv == KV_OK && !full) { /* every decided key is in: continue from the bound */
@@ -247,10 +250,10 @@ kv_err router_h_scan(rpc_ctx *c, const uint8_t *body, size_t len)
     bool done = false;
     const ProtobufCBinaryData *after = req->cursor.len ? &req->cursor : NULL;
     ProtobufCBinaryData cur;
-    for (int round = 0; rv == KV_OK && !done && o.n < limit; round++) {
+    for (int round = 0; rv == KV_OK && !done && o.n < limit && o.bytes < SCAN_MAX_BYTES; round++) {
         if (round > 0 && (round >= SCAN_MAX_ROUNDS || rpc_ctx_remaining_ms(c) < 200))
             break; /* return what is decided; the cursor goes on from there */
-        rv = round_once(r, c, m, req, limit - o.n, after, &o, &done);
+        rv = round_once(r, c, m, req, limit, after, &o, &done);
         cur = (ProtobufCBinaryData){o.cursor_len, o.cursor};
         after = o.cursor ? &cur : after;
     }
