@@ -72,7 +72,7 @@ static Kv__ScanReply *scan_call(const char *url, const char *start, const char *
         req.cursor = *cursor;
     req.limit = limit;
     rpc_reply rep;
-    kv_err rv = rpc_call(ch, "kv.Scan", 0, &req.base, 5000, &rep);
+    kv_err rv = rpc_call(ch, "kv.Scan", 0, &req.base, 30000, &rep);
     cr_assert_eq(rv, KV_OK, "kv.Scan on %s: %s", url, rep.message ? rep.message : "");
     Kv__ScanReply *r = kv__scan_reply__unpack(NULL, rep.len, rep.body);
     cr_assert(r);
@@ -116,7 +116,11 @@ Test(scan, node_router_pages_and_live_keys, .timeout = 240)
             }
             int k = key_index(&it->key);
             cr_assert(k >= 0, "node %d: prefix honoured", n);
-            cr_expect_eq(it->tombstone, deleted(k), "node %d key %d: tombstone flag", n, k);
+            /* an expired record may have become a tombstone in a compaction */
+            if (expiring(k))
+                cr_expect(it->tombstone || it->expire_at_ms != 0, "node %d key %d: expiry", n, k);
+            else
+                cr_expect_eq(it->tombstone, deleted(k), "node %d key %d: tombstone flag", n, k);
             node_tombs += it->tombstone;
         }
         node_total += r->n_items;
