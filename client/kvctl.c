@@ -46,7 +46,8 @@ static const kvctl_cmd commands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] COMMAND\n"
+    fprintf(f, "usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth-file F] "
+               "[--admin-auth-file F] [--tls-ca F] COMMAND\n"
                "commands:\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(f, "  %s\n", commands[i].usage);
@@ -68,7 +69,9 @@ static bool command_help(int argc, char **argv)
     }
     if (!help || !cmd)
         return false;
-    printf("usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] %s\n", cmd->usage);
+    printf("usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth-file F] "
+           "[--admin-auth-file F] [--tls-ca F] %s\n",
+           cmd->usage);
     return true;
 }
 
@@ -86,7 +89,7 @@ int main(int argc, char **argv)
         {"router", KV_OPT_STR, &env.router, "router (or node) address", NULL, 0, 0},
         {"json", KV_OPT_BOOL, &env.json, "machine-readable output", NULL, 0, 0},
         {"timeout", KV_OPT_INT, &env.timeout_ms, "per-call deadline in ms", NULL, 1, 3600000},
-        {"auth", KV_OPT_STR, &env.auth, "cluster auth token", NULL, 0, 0},
+        RPC_SEC_OPTS(&env.sec),
         {"ttl", KV_OPT_INT, &env.ttl_ms, "put: time to live in ms", NULL, 0, 1L << 40},
         {"verbose", KV_OPT_BOOL, &env.verbose, "status: per-tier detail", NULL, 0, 0},
         {"rf", KV_OPT_INT, &env.rf, "cluster init: replication factor", NULL, 1, 16},
@@ -128,13 +131,19 @@ int main(int argc, char **argv)
             version |= strcmp(argv[i], "--version") == 0;
         if (!version)
             usage(stdout);
+        rpc_sec_free(&env.sec);
         kv_opts_free(&set);
         return 0;
+    }
+    if (rv == KV_OK && npos >= 1 && (rv = rpc_sec_load(&env.sec, err, sizeof(err))) == KV_OK) {
+        env.auth = rpc_sec_token(&env.sec);
+        env.tls = rpc_sec_tls(&env.sec);
     }
     if (rv != KV_OK || npos < 1) {
         if (rv != KV_OK)
             fprintf(stderr, "kvctl: %s\n", err);
         usage(stderr);
+        rpc_sec_free(&env.sec);
         kv_opts_free(&set);
         return KVCTL_USAGE;
     }
@@ -153,6 +162,7 @@ int main(int argc, char **argv)
     } else {
         code = cmd->fn(&env, npos - 1, argv + 2);
     }
+    rpc_sec_free(&env.sec);
     kv_opts_free(&set);
     return code;
 }

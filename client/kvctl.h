@@ -5,9 +5,11 @@
 
 #include <stdbool.h>
 
+#include "kv/kv.h"
 #include "kv/kv_err.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
+#include "proto/rpc_sec.h"
 #include "shard/clustermap.h"
 
 enum {
@@ -20,7 +22,9 @@ enum {
 
 typedef struct kvctl_env {
     char *router;
-    char *auth;
+    rpc_sec sec;      /* --auth*, --admin-auth*, --tls-* */
+    const char *auth; /* the token sent: the admin token when given, else the data token */
+    const rpc_tls *tls;
     bool json;
     bool verbose;
     long timeout_ms;
@@ -74,6 +78,8 @@ void kvctl_print_hex(const uint8_t *p, size_t n);
 bool kvctl_addr_ok(const char *addr);
 
 /* ---- kvctl_rpc.c ---- */
+/* Client options with env's token and TLS files (for kv_client_open). */
+kv_client_opts kvctl_client_opts(const kvctl_env *env);
 /* A channel to addr; NULL (message printed) for a bad address. */
 rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr);
 /* Calls method (deadline 0 = --timeout); on failure prints the status

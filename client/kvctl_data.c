@@ -238,7 +238,7 @@ static kv_client *open_client(kvctl_env *env, int *code)
         return NULL;
     }
     kv_client *c = NULL;
-    kv_client_opts o = {.timeout_ms = (uint32_t)env->timeout_ms, .auth = env->auth};
+    kv_client_opts o = kvctl_client_opts(env);
     kv_err rv = kv_client_open(&c, env->router, &o);
     if (rv != KV_OK) {
         *code = kvctl_fail(rv, kv_last_error());

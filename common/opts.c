@@ -88,7 +88,12 @@ static kv_err set_value(kv_optset *set, int i, const char *val, char *err, size_
                 return KV_OK;
             }
         }
-        snprintf(err, errlen, "--%s: '%s' is not one of the accepted values", o->name, val);
+        {
+            int at = snprintf(err, errlen, "--%s: '%s' is not one of the accepted values:", o->name,
+                              val);
+            for (int k = 0; o->choices[k] && at > 0 && (size_t)at < errlen; k++)
+                at += snprintf(err + at, errlen - (size_t)at, "%s%s", k ? "|" : " ", o->choices[k]);
+        }
         return KV_INVALID_ARGUMENT;
     }
     return KV_INTERNAL;

@@ -25,9 +25,9 @@ static rpc_chan *env_chan(void *user, const char *addr)
     return node_chan(user, addr);
 }
 
-static void env_learn_map(void *user, const uint8_t *body, size_t len)
+static void env_learn_map(void *user, const rpc_reply *r, const char *from)
 {
-    node_map_learn(user, body, len);
+    node_map_learn(user, r, from);
 }
 
 void node_coord_init(node *n)

@@ -172,37 +172,12 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
         snprintf(err, errlen, "cannot create the HotRing index: %s", kv_strerror(rv));
         return rv;
     }
-    lsm_opts lo;
-    lsm_opts_default(&lo);
-    lo.fast_dir = e->o.fast_dir;
-    lo.slow_dir = e->o.slow_dir;
-    lo.fast_mb = e->o.fast_mb ? e->o.fast_mb : 1024;
-    lo.sync = e->o.sync == ENGINE_SYNC_ALWAYS  ? LSM_SYNC_ALWAYS
-              : e->o.sync == ENGINE_SYNC_BATCH ? LSM_SYNC_BATCH
-                                               : LSM_SYNC_NONE;
-    lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
-    lo.disable_io_uring = e->o.disable_io_uring;
-    lo.hotrap = !e->o.no_hotrap;
-    lo.newer = engine_mem_newer;
-    lo.newer_thread = engine_promo_thread;
-    lo.newer_arg = e;
-    lo.tombstone_grace_ms = e->o.tombstone_grace_ms;
-    lo.wal_recovery =
-        e->o.wal_recovery == ENGINE_WAL_POINT_IN_TIME ? LSM_WAL_POINT_IN_TIME : LSM_WAL_ABSOLUTE;
-    lo.clock = e->o.clock;
-    lo.clock_arg = e->o.clock_arg;
-    if ((rv = engine_nhc_create(e, &lo, err, errlen)) != KV_OK) /* NHC */
-        return rv;
     engine_thread_register(); /* the replay callback inserts into the index */
-    rv = lsm_open(&e->db, &lo, replay_one, e);
+    rv = e->st->open(e, replay_one, err, errlen);
     engine_thread_unregister();
-    if (rv != KV_OK) {
-        snprintf(err, errlen, "cannot open the LSM in %s%s%s: %s (see the log for the file)",
-                 e->o.fast_dir, e->o.slow_dir ? " / " : "", e->o.slow_dir ? e->o.slow_dir : "",
-                 kv_err_name(rv));
+    if (rv != KV_OK)
         return rv;
-    }
-    atomic_store(&e->next_seqno, lsm_last_seqno(e->db) + 1);
+    atomic_store(&e->next_seqno, e->st->last_seqno(e->db) + 1);
     return KV_OK;
 }
 
@@ -212,12 +187,16 @@ kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errl
         snprintf(err, errlen, "no fast directory given");
         return KV_INVALID_ARGUMENT;
     }
+    kv_err rv = engine_store_check(opts, err, errlen);
+    if (rv != KV_OK)
+        return rv;
     engine *e = calloc(1, sizeof(*e));
     if (!e || !(e->sketch = calloc(ENGINE_SKETCH_SIZE, 1))) {
         free(e);
         return KV_RESOURCE_EXHAUSTED;
     }
     e->o = *opts;
+    e->st = opts->kind == ENGINE_KALLAX ? &engine_store_kallax : &engine_store_lsm;
     e->mem_limit = (uint64_t)(opts->mem_mb ? opts->mem_mb : 256) << 20;
     e->write_buffer = opts->write_buffer_kb   ? (uint64_t)opts->write_buffer_kb << 10
                       : opts->write_buffer_mb ? (uint64_t)opts->write_buffer_mb << 20
@@ -229,7 +208,7 @@ kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errl
     pthread_mutex_init(&e->bg_mu, NULL);
     pthread_cond_init(&e->bg_cv, NULL);
     pthread_cond_init(&e->done_cv, NULL);
-    kv_err rv = open_tiers(e, err, errlen);
+    rv = open_tiers(e, err, errlen);
     if (rv == KV_OK && (rv = engine_bg_start(e)) != KV_OK)
         snprintf(err, errlen, "cannot start the flush thread");
     if (rv == KV_OK && (rv = engine_nhc_start(e)) != KV_OK)
@@ -238,8 +217,8 @@ kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errl
         engine_close(e);
         return rv;
     }
-    KV_INFO("engine", "recovered %llu unflushed bytes from the WAL, next seqno %llu, sync %s",
-            (unsigned long long)atomic_load(&e->dirty_bytes),
+    KV_INFO("engine", "%s: recovered %llu unflushed bytes from the WAL, next seqno %llu, sync %s",
+            e->st->name, (unsigned long long)atomic_load(&e->dirty_bytes),
             (unsigned long long)atomic_load(&e->next_seqno), sync_names[e->o.sync]);
     *out = e;
     return KV_OK;
@@ -251,7 +230,8 @@ void engine_close(engine *e)
         return;
     engine_bg_stop(e);
     engine_nhc_stop(e);
-    lsm_close(e->db);
+    if (e->db)
+        e->st->close(e->db);
     engine_nhc_destroy(e);
     hr_close(e->idx);
     for (int i = 0; i < ENGINE_STRIPES; i++)
@@ -303,7 +283,7 @@ typedef struct fill_state {
 static kv_err fill_cond(void *arg, const hr_view *cur)
 {
     fill_state *f = arg;
-    if (cur || lsm_flush_generation(f->e->db) != f->gen)
+    if (cur || f->e->st->flush_generation(f->e->db) != f->gen)
         return SKIP;
     return KV_OK;
 }
@@ -332,10 +312,10 @@ static void maybe_fill(engine *e, const lsm_rec *r, lsm_tier tier, uint64_t gen)
 static kv_err get_from_lsm(engine *e, const void *key, size_t klen, engine_result *r,
                            uint64_t now_ms)
 {
-    uint64_t gen = lsm_flush_generation(e->db);
+    uint64_t gen = e->st->flush_generation(e->db);
     lsm_rec rec;
     lsm_tier tier = LSM_TIER_NONE;
-    kv_err rv = lsm_get(e->db, key, klen, &rec, &tier);
+    kv_err rv = e->st->get(e->db, key, klen, &rec, &tier);
     if (rv == KV_NOT_FOUND) {
         atomic_fetch_add_explicit(&e->reads_miss, 1, memory_order_relaxed);
         return KV_OK;
@@ -373,7 +353,7 @@ kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
          * sampled rate (1 in 16) */
         atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
         if (sample_hit()) {
-            lsm_note_access(e->db, key, klen, r.vlen);
+            e->st->note_access(e->db, key, klen, r.vlen);
             engine_touch(e, key, klen);
         }
     } else if (rv == KV_NOT_FOUND) {
@@ -416,7 +396,7 @@ static kv_err get_many_lsm(engine *e, size_t m, const void **mk, size_t *ml, siz
     lsm_rec *recs = calloc(m, sizeof(*recs));
     lsm_tier *tiers = calloc(m, sizeof(*tiers));
     kv_err *lerrs = calloc(m, sizeof(*lerrs));
-    kv_err rv = recs && tiers && lerrs ? lsm_multiget(e->db, m, mk, ml, recs, tiers, lerrs)
+    kv_err rv = recs && tiers && lerrs ? e->st->multiget(e->db, m, mk, ml, recs, tiers, lerrs)
                                        : KV_RESOURCE_EXHAUSTED;
     for (size_t j = 0; rv == KV_OK && j < m; j++) {
         size_t i = pos[j];
@@ -439,7 +419,7 @@ static kv_err get_many_lsm(engine *e, size_t m, const void **mk, size_t *ml, siz
 kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_t *klens,
                        engine_result *out, kv_err *errs)
 {
-    uint64_t now_ms = engine_now_ms(e), gen = lsm_flush_generation(e->db);
+    uint64_t now_ms = engine_now_ms(e), gen = e->st->flush_generation(e->db);
     const void **mk = calloc(n ? n : 1, sizeof(*mk));
     size_t *ml = calloc(n ? n : 1, sizeof(*ml)), *pos = calloc(n ? n : 1, sizeof(*pos)), m = 0;
     kv_err rv = mk && ml && pos ? KV_OK : KV_RESOURCE_EXHAUSTED;
@@ -451,7 +431,7 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
         if (errs[i] == KV_OK) {
             atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
             if (sample_hit()) {
-                lsm_note_access(e->db, keys[i], klens[i], out[i].vlen);
+                e->st->note_access(e->db, keys[i], klens[i], out[i].vlen);
                 engine_touch(e, keys[i], klens[i]);
             }
             errs[i] = g.oom ? KV_RESOURCE_EXHAUSTED : KV_OK;
@@ -491,7 +471,7 @@ static kv_err find_current(engine *e, const engine_write *w, current *c, char *e
     if (hr_get(e->idx, w->key, w->klen, cur_visit, c) == KV_OK)
         return KV_OK;
     lsm_rec rec;
-    kv_err rv = lsm_get(e->db, w->key, w->klen, &rec, NULL);
+    kv_err rv = e->st->get(e->db, w->key, w->klen, &rec, NULL);
     if (rv == KV_NOT_FOUND)
         return KV_OK;
     if (rv != KV_OK) {
@@ -564,7 +544,7 @@ static kv_err apply(engine *e, const engine_write *w, uint64_t version, bool *ap
         snprintf(err, errlen, "memory tier: %s", kv_strerror(rv));
         return rv;
     }
-    rv = lsm_wal_append(e->db, &rec, 1);
+    rv = e->st->wal_append(e->db, &rec, 1);
     if (rv != KV_OK) {
         pthread_rwlock_unlock(&e->apply_lock);
         hr_prep_release(&prep);
@@ -586,13 +566,14 @@ static kv_err apply(engine *e, const engine_write *w, uint64_t version, bool *ap
     return KV_OK;
 }
 
-/* Refuses what the memory tier or the TTL limit cannot take, before any
- * WAL append (a logged record that cannot be replayed stops the restart). */
-static kv_err check_write(const engine_write *w, char *err, size_t errlen)
+/* Refuses what the memory tier, the store or the TTL limit cannot take,
+ * before any WAL append (a logged record that cannot be replayed stops the
+ * restart). */
+static kv_err check_write(const engine *e, const engine_write *w, char *err, size_t errlen)
 {
-    if (!w->key || w->klen == 0 || w->klen > HR_MAX_KEY_BYTES) {
-        snprintf(err, errlen, "key is %zu bytes; the storage engine takes 1..%u", w->klen,
-                 HR_MAX_KEY_BYTES);
+    if (!w->key || w->klen == 0 || w->klen > e->st->max_key) {
+        snprintf(err, errlen, "key is %zu bytes; the storage engine (%s) takes 1..%zu", w->klen,
+                 e->st->name, e->st->max_key);
         return KV_INVALID_ARGUMENT;
     }
     if (!w->is_delete && !w->expire_at)
@@ -603,7 +584,7 @@ static kv_err check_write(const engine_write *w, char *err, size_t errlen)
 kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
                         size_t errlen)
 {
-    kv_err rv = check_write(w, err, errlen);
+    kv_err rv = check_write(e, w, err, errlen);
     if (rv != KV_OK)
         return rv;
     uint64_t version = w->version ? w->version : kv_hlc_now(&e->hlc);
@@ -643,6 +624,24 @@ kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, ch
 const char *engine_durability(const engine *e)
 {
     return sync_names[e->o.sync];
+}
+
+const char *engine_name(const engine *e)
+{
+    return e->st->name;
+}
+
+size_t engine_max_key(const engine *e)
+{
+    return e->st->max_key;
+}
+
+int engine_key_cmp(const engine *e, const void *a, size_t al, const void *b, size_t bl)
+{
+    uint64_t oa = e->st->order(e->db, a, al), ob = e->st->order(e->db, b, bl);
+    if (oa != ob)
+        return oa < ob ? -1 : 1;
+    return lsm_key_cmp(a, al, b, bl);
 }
 
 kv_hlc *engine_hlc(engine *e)
@@ -721,9 +720,9 @@ static void seq_visit(void *arg, const hr_view *v)
 /* Loads key's record from the LSM into memory (clean) when it is absent. */
 static kv_err pin_load(engine *e, const void *key, size_t klen)
 {
-    uint64_t gen = lsm_flush_generation(e->db);
+    uint64_t gen = e->st->flush_generation(e->db);
     lsm_rec rec;
-    kv_err rv = lsm_get(e->db, key, klen, &rec, NULL);
+    kv_err rv = e->st->get(e->db, key, klen, &rec, NULL);
     if (rv != KV_OK)
         return rv;
     hr_meta m = {.version = rec.version, .seqno = rec.seqno, .expire_at = rec.expire_at};

@@ -9,6 +9,14 @@
  *   read:  HotRing -> LSM levels on FD -> LSM levels on SD
  *   flush: dirty items up to a seqno, sorted -> L0 SST on FD -> items clean
  *
+ * The persistent store below the memory tier is the LSM (ENGINE_LSM) or
+ * kallax (ENGINE_KALLAX, node/kallax/kallax.h: a key's hash names the 4 KiB
+ * block that holds it, for drives with transparent compression). With
+ * kallax the same memory tier holds the dirty and the hot records, the WAL
+ * is kallax's, a flush rewrites the blocks of the dirty records, and there
+ * is one volume (fast_dir): HotRAP and NHC do not apply. The store kind is
+ * fixed when fast_dir is created; opening it as the other kind fails.
+ *
  * The memory tier holds every unflushed record (the memtable) plus hot clean
  * records (a cache) within mem_mb; only clean items are evicted. A record
  * read from an SST is admitted to memory only when it is read again within
@@ -40,7 +48,11 @@ typedef enum engine_wal_recovery {
     ENGINE_WAL_POINT_IN_TIME = 1,
 } engine_wal_recovery;
 
+/* The persistent store below the memory tier. */
+typedef enum engine_kind { ENGINE_LSM = 0, ENGINE_KALLAX = 1 } engine_kind;
+
 typedef struct engine_opts {
+    engine_kind kind;       /* ENGINE_LSM (default) or ENGINE_KALLAX */
     const char *fast_dir;   /* FD: WAL, MANIFEST and the upper levels (required) */
     const char *slow_dir;   /* SD: the lower levels; NULL = every level on FD */
     uint64_t fast_mb;       /* FD capacity for the levels */
@@ -53,6 +65,10 @@ typedef struct engine_opts {
     double index_rehash_cost; /* HotRing rehash trigger: items visited per access (0 = 8) */
     bool disable_io_uring;
     bool no_hotrap; /* plain tiering: no read-hot retention/promotion (HotRAP) */
+    /* SST block compression per level or volume (lsm_compression_parse:
+     * "auto" = lz4 on the slow volume's levels, none on the fast one's; kvnode
+     * --compression). NULL = auto. */
+    const char *compression;
     /* NHC scheduler options (borrowed during engine_open), NULL = defaults
      * (nhc_opts_default: enabled). Used only with a slow_dir and HotRAP;
      * enable false keeps it in classic state. twin_entries: twin-map bound,
@@ -72,6 +88,10 @@ typedef struct engine_opts {
      * clock does). Any thread. */
     kv_clock_fn clock;
     void *clock_arg;
+    /* kallax only (slow_dir, fast_mb, no_hotrap, nhc and twin_entries do not
+     * apply): the store's home blocks of 4 KiB, fixed when it is created
+     * (required then; 0 = the existing store's, another count is refused). */
+    uint64_t kallax_blocks;
 } engine_opts;
 
 /* A write. version 0 = the engine assigns one from its HLC (direct writes);
@@ -113,9 +133,12 @@ typedef struct engine_stats {
 void engine_thread_register(void);
 void engine_thread_unregister(void);
 
-/* Opens the engine: the memory tier, then the LSM (recovering the WAL into
- * the memory tier), then the flush/evict thread. On failure writes a message
- * naming the problem (and the damaged file) to err. */
+/* Opens the engine: the memory tier, then the store of opts->kind
+ * (recovering the WAL into the memory tier), then the flush/evict thread.
+ * FAILED_PRECONDITION when fast_dir holds a store of the other kind, and
+ * INVALID_ARGUMENT for kallax with a slow_dir or, creating the store,
+ * without kallax_blocks (both before anything is written). On failure
+ * writes a message naming the problem (and the damaged file) to err. */
 kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errlen);
 /* Stops the background thread and closes the tiers without an extra flush
  * (the WAL holds what is dirty). No other thread may use the engine. NULL is
@@ -141,7 +164,8 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
  * so that an older copy applied later (a stream, a hint) cannot resurrect
  * the key. Returns
  * ALREADY_EXISTS (if_absent), FAILED_PRECONDITION (if_version mismatch),
- * INVALID_ARGUMENT (a key of 0 or over 4096 bytes, the memory tier's limit;
+ * INVALID_ARGUMENT (a key of 0 or over 4096 bytes, the memory tier's limit,
+ * or over 1024 over kallax: engine_max_key;
  * a ttl_ms over KV_MAX_TTL_MS), RESOURCE_EXHAUSTED (volume or memory full,
  * or flush far behind), INTERNAL (an I/O error: the WAL file is logged),
  * DATA_LOSS; err gets a message for every failure. Nothing is acknowledged
@@ -174,7 +198,8 @@ kv_err engine_wal_sync(engine *e);
 /* ---- iteration (engine_iter.c) ----
  *
  * Every key's newest record, the memory tier merged over the LSM, in key
- * order (memcmp, a shorter key first on a common prefix), tombstones and
+ * order (memcmp, a shorter key first on a common prefix; with kallax in
+ * engine_key_cmp's order), tombstones and
  * expired records included (the caller checks tombstone and expire_at).
  * What it returns is a snapshot taken at engine_iter_open, give or take the
  * writes that race the open: a record written before the open and not
@@ -226,7 +251,8 @@ void engine_iter_close(engine_iter *it);
 /* Removes every record whose key keep rejects: flushes the memory tier,
  * removes the clean memory items of rejected keys (dirty ones are writes
  * made since the flush and stay), runs lsm_compact_all_filter (every SST
- * rewritten, no version of a rejected key left), then removes the clean
+ * rewritten, no version of a rejected key left; kallax: kallax_cleanup,
+ * every block read, those holding a rejected key rewritten), then removes the clean
  * items again (a read that filled one meanwhile). *dropped = the record
  * versions removed from the SSTs (memory copies not counted), *kept = the
  * records left (SST entries, plus the dirty items); both may be NULL.
@@ -239,21 +265,35 @@ kv_err engine_cleanup(engine *e, engine_key_filter keep, void *arg, uint64_t *dr
                       uint64_t *kept);
 
 /* A cheap estimate (no I/O) of what the node holds: *keys = SST entries
- * (a key stored at several levels counts once per version) + dirty items,
- * *bytes = SST file sizes + the dirty items' key and value bytes. For a
+ * (a key stored at several levels counts once per version; kallax: its
+ * stored records) + dirty items, *bytes = SST file sizes (kallax: the
+ * bytes its records use in blocks and extents) + the dirty items' key and
+ * value bytes. For a
  * stream's ETA. Any thread. */
 void engine_estimate(engine *e, uint64_t *keys, uint64_t *bytes);
 
 void engine_get_stats(engine *e, engine_stats *out);
-/* The LSM's statistics (levels, volumes, WAL, HotRAP, NHC routing), for
- * node/stats.c, which formats them (admin.Stats, /metrics). Returns KV_OK. */
+/* The store's statistics, for node/stats.c, which formats them (admin.Stats,
+ * /metrics): the LSM's (levels, volumes, WAL, HotRAP, NHC routing) or
+ * kallax's. Each returns KV_OK, or FAILED_PRECONDITION over the other kind
+ * of store. Any thread. */
 struct lsm_stats;
+struct kallax_stats;
 kv_err engine_lsm_get_stats(engine *e, struct lsm_stats *out);
+kv_err engine_kallax_get_stats(engine *e, struct kallax_stats *out);
 /* Whether the engine has a slow volume. */
 bool engine_has_slow(const engine *e);
 /* The engine's scheduler, NULL without one (no slow_dir or no HotRAP);
  * owned by the engine, valid until engine_close. */
 nhc *engine_nhc(engine *e);
+/* The store kind's name: "lsm" or "kallax". */
+const char *engine_name(const engine *e);
+/* The largest key the engine takes (the memory tier's limit, or kallax's). */
+size_t engine_max_key(const engine *e);
+/* The iteration order of engine_iter (<0, 0, >0): key order (lsm_key_cmp)
+ * over the LSM; over kallax (home block, key) (kallax_key_cmp), a total
+ * order too, so a stream resumes after its last key either way. Any thread. */
+int engine_key_cmp(const engine *e, const void *a, size_t al, const void *b, size_t bl);
 /* The WAL sync mode: "always", "batch" or "none". */
 const char *engine_durability(const engine *e);
 /* The node's hybrid logical clock (versions for direct writes). */

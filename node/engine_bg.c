@@ -19,6 +19,7 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "node/engine_int.h"
+#include "node/kallax/kallax.h"
 
 #define SKETCH_AGE_EVERY (8u << 20) /* halve every counter after this many adds */
 #define WAIT_ROOM_MS 10000u
@@ -140,7 +141,7 @@ static kv_err flush_now(engine *e)
     if (rv == KV_OK) {
         if (c.n) /* a forced flush may find nothing dirty: recs is NULL */
             qsort(c.recs, c.n, sizeof(*c.recs), rec_cmp);
-        rv = lsm_flush(e->db, c.recs, c.n, s);
+        rv = e->st->flush(e->db, c.recs, c.n, s);
     }
     for (size_t i = 0; rv == KV_OK && i < c.n; i++) {
         const lsm_rec *r = &c.recs[i];
@@ -410,7 +411,13 @@ void engine_get_stats(engine *e, engine_stats *out)
 
 kv_err engine_lsm_get_stats(engine *e, lsm_stats *out)
 {
-    return lsm_stats_get(e->db, out);
+    lsm_db *db = engine_lsm(e);
+    return db ? lsm_stats_get(db, out) : KV_FAILED_PRECONDITION;
+}
+
+kv_err engine_kallax_get_stats(engine *e, kallax_stats *out)
+{
+    return e->st == &engine_store_kallax ? kallax_stats_get(e->db, out) : KV_FAILED_PRECONDITION;
 }
 
 bool engine_has_slow(const engine *e)

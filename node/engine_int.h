@@ -17,9 +17,47 @@
 #define ENGINE_SKETCH_SIZE (1u << 20)
 #define ENGINE_MAX_PINS 4096u
 
+/* The persistent store below the memory tier (engine_store.c): a table of
+ * functions over an opaque handle, one for the LSM and one for kallax,
+ * with the LSM's semantics (lsm.h) unless a comment says otherwise. */
+typedef struct engine_store {
+    const char *name; /* "lsm", "kallax" */
+    /* Opens e->db in e->o.fast_dir (and slow_dir), replaying the WAL
+     * through fn; err gets a message on failure. */
+    kv_err (*open)(engine *e, lsm_replay_fn fn, char *err, size_t errlen);
+    void (*close)(void *db);
+    uint64_t (*last_seqno)(void *db);
+    kv_err (*wal_append)(void *db, const lsm_rec *recs, size_t n);
+    /* recs sorted by lsm_key_cmp (the LSM needs it; kallax takes any order) */
+    kv_err (*flush)(void *db, const lsm_rec *recs, size_t n, uint64_t max_seqno);
+    uint64_t (*flush_generation)(void *db);
+    kv_err (*get)(void *db, const void *key, size_t klen, lsm_rec *out, lsm_tier *served);
+    kv_err (*multiget)(void *db, size_t n, const void *const *keys, const size_t *klens,
+                       lsm_rec *outs, lsm_tier *tiers, kv_err *errs);
+    /* A memory-tier hit, for HotRAP's tracker (a no-op for kallax). */
+    void (*note_access)(void *db, const void *key, size_t klen, size_t vlen);
+    /* The iteration order is (order(key), lsm_key_cmp): 0 for the LSM (key
+     * order), the home block for kallax (kallax_key_cmp). */
+    uint64_t (*order)(const void *db, const void *key, size_t klen);
+    kv_err (*iter_open)(void *db, void **it);
+    kv_err (*iter_seek)(void *it, const void *after, size_t after_len);
+    kv_err (*iter_next)(void *it);
+    const lsm_rec *(*iter_rec)(const void *it);
+    void (*iter_close)(void *it);
+    /* Removes every record whose key keep rejects (lsm_compact_all_filter,
+     * kallax_cleanup). */
+    kv_err (*cleanup)(void *db, lsm_keep_fn keep, void *arg, uint64_t *dropped);
+    kv_err (*wal_sync)(void *db);
+    void (*estimate)(void *db, uint64_t *records, uint64_t *bytes);
+    size_t max_key;
+} engine_store;
+
+extern const engine_store engine_store_lsm, engine_store_kallax;
+
 struct engine {
     hr_index *idx;
-    lsm_db *db;
+    const engine_store *st;
+    void *db; /* lsm_db or kallax, per st */
     engine_opts o;
     kv_hlc hlc;
     uint64_t mem_limit, write_buffer;
@@ -52,7 +90,16 @@ struct engine {
     kv_ticker *nhc_ticker; /* calls nhc_tick every NHC_TICK_NS; NULL when none */
 };
 
+/* The engine's LSM, NULL over kallax (tests and benchmarks that drive
+ * the LSM's compactions directly). */
+static inline lsm_db *engine_lsm(engine *e)
+{
+    return e->st == &engine_store_lsm ? (lsm_db *)e->db : NULL;
+}
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);
+/* Refuses (FAILED_PRECONDITION, err names both kinds) a fast_dir that holds
+ * the other kind of store, and a new kallax store without its size. */
+kv_err engine_store_check(const engine_opts *o, char *err, size_t errlen);
 /* The engine's wall clock (engine_opts.clock), milliseconds. */
 static inline uint64_t engine_now_ms(const engine *e)
 {

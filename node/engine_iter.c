@@ -22,6 +22,14 @@
  * record with the higher seqno (the dirty one, unless it was flushed and
  * overwritten again, and that newer write flushed, between the scan and the
  * pin).
+ *
+ * Over kallax (engine_store.c) the same order of steps holds with "pins the
+ * version" read as "opens the store's iterator": kallax pins nothing, but a
+ * flush writes its blocks before the dirty bits are cleared, and a record
+ * stored when its iterator opens is returned (kallax.h: records only move
+ * forward in their probe window), so a record the scan did not see as dirty
+ * is found in the blocks (or a newer flushed version of its key). The merge
+ * runs in the store's order, engine_key_cmp: (home block, key) for kallax.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -35,16 +43,18 @@
 typedef struct mem_rec {
     uint8_t *buf;
     size_t klen, vlen;
+    uint64_t order; /* engine_store.order of the key */
     uint64_t version, seqno, expire_at;
     bool tombstone, rejected;
 } mem_rec;
 
 struct engine_iter {
+    engine *e;
     engine_key_filter filter;
     void *filter_arg;
     mem_rec *mem; /* sorted by key, one per key */
     size_t nmem, mi;
-    lsm_iter *li;
+    void *li;              /* the store's iterator */
     bool adv_mem, adv_lsm; /* the record returned last: move past it on the next call */
     uint64_t scanned;
     kv_err err; /* sticky */
@@ -66,6 +76,7 @@ static void *grow(void *p, size_t *cap, size_t n, size_t size)
 }
 
 typedef struct snap {
+    engine *e;
     const engine_iter_opts *o;
     mem_rec *r;
     size_t n, cap;
@@ -78,7 +89,7 @@ static void snap_visit(void *arg, const hr_view *v)
     const engine_iter_opts *o = s->o;
     if (s->oom || !(v->meta.flags & HR_F_DIRTY))
         return;
-    if (o->after && lsm_key_cmp(v->key, v->klen, o->after, o->after_len) <= 0)
+    if (o->after && engine_key_cmp(s->e, v->key, v->klen, o->after, o->after_len) <= 0)
         return;
     mem_rec *r = grow(s->r, &s->cap, s->n, sizeof(*r));
     if (!r) {
@@ -100,6 +111,7 @@ static void snap_visit(void *arg, const hr_view *v)
     s->r[s->n++] = (mem_rec){.buf = buf,
                              .klen = v->klen,
                              .vlen = vlen,
+                             .order = s->e->st->order(s->e->db, v->key, v->klen),
                              .version = v->meta.version,
                              .seqno = v->meta.seqno,
                              .expire_at = v->meta.expire_at,
@@ -107,11 +119,19 @@ static void snap_visit(void *arg, const hr_view *v)
                              .rejected = !keep};
 }
 
-/* Key ascending, then seqno descending. */
+/* (order, key) of two snapshot records. */
+static int mem_key_cmp(const mem_rec *x, const mem_rec *y)
+{
+    if (x->order != y->order)
+        return x->order < y->order ? -1 : 1;
+    return lsm_key_cmp(x->buf, x->klen, y->buf, y->klen);
+}
+
+/* Key ascending (in the store's order), then seqno descending. */
 static int mem_cmp(const void *a, const void *b)
 {
     const mem_rec *x = a, *y = b;
-    int c = lsm_key_cmp(x->buf, x->klen, y->buf, y->klen);
+    int c = mem_key_cmp(x, y);
     if (c)
         return c;
     return x->seqno > y->seqno ? -1 : x->seqno < y->seqno;
@@ -121,7 +141,7 @@ static int mem_cmp(const void *a, const void *b)
  * while a writer replaced its item keeps the newer record). */
 static kv_err snapshot(engine *e, const engine_iter_opts *o, engine_iter *it)
 {
-    snap s = {.o = o};
+    snap s = {.e = e, .o = o};
     hr_iterate(e->idx, snap_visit, &s);
     it->mem = s.r;
     it->nmem = s.n;
@@ -132,7 +152,7 @@ static kv_err snapshot(engine *e, const engine_iter_opts *o, engine_iter *it)
     qsort(s.r, s.n, sizeof(*s.r), mem_cmp);
     size_t m = 0;
     for (size_t i = 0; i < s.n; i++) {
-        if (m && lsm_key_cmp(s.r[m - 1].buf, s.r[m - 1].klen, s.r[i].buf, s.r[i].klen) == 0)
+        if (m && mem_key_cmp(&s.r[m - 1], &s.r[i]) == 0)
             free(s.r[i].buf);
         else
             s.r[m++] = s.r[i];
@@ -150,13 +170,14 @@ kv_err engine_iter_open(engine *e, const engine_iter_opts *o, engine_iter **out)
     engine_iter *it = calloc(1, sizeof(*it));
     if (!it)
         return KV_RESOURCE_EXHAUSTED;
+    it->e = e;
     it->filter = o->filter;
     it->filter_arg = o->filter_arg;
     kv_err rv = snapshot(e, o, it); /* first: see the top of the file */
     if (rv == KV_OK)
-        rv = lsm_iter_open(e->db, &it->li); /* second: pins the version */
+        rv = e->st->iter_open(e->db, &it->li); /* second: pins the version */
     if (rv == KV_OK)
-        rv = lsm_iter_seek(it->li, o->after, o->after_len);
+        rv = e->st->iter_seek(it->li, o->after, o->after_len);
     if (rv != KV_OK) {
         engine_iter_close(it);
         return rv;
@@ -172,7 +193,8 @@ void engine_iter_close(engine_iter *it)
     for (size_t i = 0; i < it->nmem; i++)
         free(it->mem[i].buf);
     free(it->mem);
-    lsm_iter_close(it->li);
+    if (it->li)
+        it->e->st->iter_close(it->li);
     free(it);
 }
 
@@ -207,7 +229,7 @@ static void from_lsm(const lsm_rec *r, engine_rec *out)
 /* Moves past the record returned by the previous call. */
 static kv_err advance(engine_iter *it)
 {
-    kv_err rv = it->adv_lsm ? lsm_iter_next(it->li) : KV_OK;
+    kv_err rv = it->adv_lsm ? it->e->st->iter_next(it->li) : KV_OK;
     it->mi += it->adv_mem;
     it->adv_mem = it->adv_lsm = false;
     return rv;
@@ -218,10 +240,10 @@ static kv_err advance(engine_iter *it)
 static kv_err step(engine_iter *it, engine_rec *out)
 {
     const mem_rec *m = it->mi < it->nmem ? &it->mem[it->mi] : NULL;
-    const lsm_rec *l = lsm_iter_rec(it->li);
+    const lsm_rec *l = it->e->st->iter_rec(it->li);
     if (!m && !l)
         return KV_NOT_FOUND;
-    int c = !m ? 1 : !l ? -1 : lsm_key_cmp(m->buf, m->klen, l->key, l->klen);
+    int c = !m ? 1 : !l ? -1 : engine_key_cmp(it->e, m->buf, m->klen, l->key, l->klen);
     it->scanned++;
     it->adv_mem = c <= 0;
     it->adv_lsm = c >= 0;
@@ -326,14 +348,14 @@ kv_err engine_cleanup(engine *e, engine_key_filter keep, void *arg, uint64_t *dr
     if (rv == KV_OK)
         rv = drop_clean(e, keep, arg);
     if (rv == KV_OK)
-        rv = lsm_compact_all_filter(e->db, keep, arg, &d);
+        rv = e->st->cleanup(e->db, keep, arg, &d);
     if (rv == KV_OK) /* fills that raced the compaction (it bumped the flush generation) */
         rv = drop_clean(e, keep, arg);
     if (rv != KV_OK) {
         KV_WARN("engine", "cleanup failed: %s", kv_strerror(rv));
         return rv;
     }
-    lsm_estimate(e->db, &recs, &bytes);
+    e->st->estimate(e->db, &recs, &bytes);
     KV_INFO("engine", "cleanup: %llu records dropped, %llu kept", (unsigned long long)d,
             (unsigned long long)recs);
     if (dropped)
@@ -347,13 +369,13 @@ kv_err engine_cleanup(engine *e, engine_key_filter keep, void *arg, uint64_t *dr
 
 kv_err engine_wal_sync(engine *e)
 {
-    return lsm_wal_sync(e->db);
+    return e->st->wal_sync(e->db);
 }
 
 void engine_estimate(engine *e, uint64_t *keys, uint64_t *bytes)
 {
     uint64_t recs, sst_bytes;
-    lsm_estimate(e->db, &recs, &sst_bytes);
+    e->st->estimate(e->db, &recs, &sst_bytes);
     uint64_t items = atomic_load(&e->dirty_items), dirty = atomic_load(&e->dirty_bytes);
     uint64_t overhead = items * ENGINE_ITEM_OVERHEAD;
     *keys = recs + items;

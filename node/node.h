@@ -19,6 +19,8 @@
 #include "proto/rpc.h"
 #include "proto/http.h"
 #include "proto/rpc_metrics.h"
+#include "proto/rpc_sec.h"
+#include "proto/statlist.h"
 #include "proto/stats.h"
 #include "shard/clustermap.h"
 #include "shard/repl.h"
@@ -27,7 +29,7 @@ typedef struct node_config {
     char *id;
     char *listen;
     char *data_dir;
-    char *auth;
+    rpc_sec sec;    /* tokens and TLS (--auth*, --admin-auth*, --tls-*) */
     char *fast_dir; /* default DATA_DIR/fast */
     char *slow_dir; /* NULL = every level on the fast volume */
     long fast_mb;
@@ -37,6 +39,7 @@ typedef struct node_config {
     long write_buffer_kb; /* finer, for tests; wins when set */
     bool no_io_uring;
     bool hotrap;
+    char *compression; /* --compression (lsm_compression_parse), NULL = auto */
     nhc_opts nhc;      /* NHC scheduler (--nhc*); used with --slow-dir and HotRAP */
     long twin_entries; /* twin-map bound, 0 = from --fast-mb */
     long mem_mb;
@@ -53,8 +56,14 @@ typedef struct node_config {
     long catchup_timeout_ms; /* a peer silent this long is skipped by the catch-up */
     bool force_stale_start;  /* start even after a downtime longer than the grace */
     int wal_recovery;        /* engine_wal_recovery: WAL corruption before its tail */
+    int engine;              /* engine_kind: lsm or kallax (--engine) */
+    long kallax_blocks;      /* kallax: home blocks (--kallax-blocks, or from --kallax-gb) */
     char *http_listen;       /* --http-listen: /metrics and /health (NULL = off) */
 } node_config;
+
+/* How far ahead of the node's wall clock a write's version may be
+ * (server.c: node_check_version). */
+#define NODE_VERSION_MAX_AHEAD_MS (10u * 60u * 1000u)
 
 typedef struct node_streams node_streams; /* stream.c */
 typedef struct node_handoff node_handoff; /* handoff.c */
@@ -117,10 +126,10 @@ int node_serving(node *n, char *detail, size_t len);
 kv_err node_set_needs_repair(node *n, bool on, const char *why);
 /* True when node index self of m holds key (current or pending replica). */
 bool node_holds(node *n, cmap *m, const void *key, size_t klen);
-/* Installs the map in a replica's FAILED_PRECONDITION reply (body: a
- * kv.ClusterMap) when it is newer and lists the node, as a map fetched from
- * a peer. Any thread. */
-void node_map_learn(node *n, const uint8_t *body, size_t len);
+/* Installs the map in the FAILED_PRECONDITION reply of the replica at from
+ * (body: a kv.ClusterMap) when it is newer, lists the node and is
+ * trustworthy (cmap_vet), as a map fetched from a peer. Any thread. */
+void node_map_learn(node *n, const rpc_reply *rep, const char *from);
 /* Handlers (nodemap.c). */
 kv_err node_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_set_map(rpc_ctx *c, const uint8_t *body, size_t len);
@@ -148,6 +157,9 @@ kv_err node_h_apply(rpc_ctx *c, const uint8_t *body, size_t len);
 /* Applies one versioned record (last-writer-wins); *applied true when it
  * was newer than the local copy. */
 kv_err node_apply_record(node *n, const Kv__Record *r, bool *applied, char *err, size_t errlen);
+/* KV_OK when version is at most NODE_VERSION_MAX_AHEAD_MS ahead of the
+ * wall clock, else INVALID_ARGUMENT with a message in err. */
+kv_err node_check_version(uint64_t version, char *err, size_t errlen);
 
 /* ---- handoff.c: hints and catching up ---- */
 kv_err node_handoff_open(node *n, node_handoff **out, char *err, size_t errlen);
@@ -192,10 +204,14 @@ kv_err node_live_keys(node *n, uint64_t *out);
  * adds the per-tier detail (always on for /metrics). Any thread registered
  * with engine_thread_register. */
 void node_collect_stats(node *n, kv_stats *l, bool verbose);
-/* The engine's LSM/tier figures (levels, volumes, WAL, HotRAP) and the NHC
- * scheduler's (nhc.*, only nhc.state "off" without one). */
-void node_engine_lsm_stats(engine *e, kv_stats *l);
+/* The store's figures (the LSM's levels, volumes, WAL, HotRAP; or
+ * kallax.*) and the NHC scheduler's (nhc.*, only nhc.state "off" without
+ * one). */
+void node_engine_store_stats(engine *e, kv_stats *l);
 void node_engine_nhc_stats(engine *e, kv_stats *l);
+/* node_engine_store_stats as admin.Stats pairs (tests, benchmarks); l is
+ * initialised here, the caller frees it (rpc_stats_free). */
+void node_engine_statlist(engine *e, rpc_statlist *l);
 /* Starts the HTTP server of --http-listen (nothing without it): /metrics,
  * /health. On failure writes a message to err. */
 kv_err node_http_start(node *n, char *err, size_t errlen);

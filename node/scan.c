@@ -9,7 +9,9 @@
  * cursor (or just below start), returns up to limit records (tombstones
  * and expired ones too, flagged: the router needs them to let a newer
  * delete on one replica win over an older value on another) and the last
- * key it examined as the cursor.
+ * key it returned as the cursor. Over kallax, whose iterator runs in home
+ * block order, a page is the limit smallest keys past the cursor, from a
+ * pass over the whole store (scan_unordered).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -50,14 +52,101 @@ static bool has_prefix(const void *key, size_t klen, const ProtobufCBinaryData *
     return klen >= p->len && memcmp(key, p->data, p->len) == 0;
 }
 
+static void item_free(Kv__ScanItem *it);
+
 static void items_free(Kv__ScanItem **items, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        free(items[i]->key.data);
-        free(items[i]->value.data);
-        free(items[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        item_free(items[i]);
     free(items);
+}
+
+/* A copy of r as a scan item (NULL when out of memory). */
+static Kv__ScanItem *item_of(const engine_rec *r, bool keys_only)
+{
+    Kv__ScanItem *it = malloc(sizeof(*it));
+    uint8_t *key = malloc(r->klen ? r->klen : 1);
+    size_t vlen = keys_only || r->tombstone ? 0 : r->vlen;
+    uint8_t *val = vlen ? malloc(vlen) : NULL;
+    if (!it || !key || (vlen && !val)) {
+        free(it);
+        free(key);
+        free(val);
+        return NULL;
+    }
+    kv__scan_item__init(it);
+    memcpy(key, r->key, r->klen);
+    if (vlen)
+        memcpy(val, r->val, vlen);
+    it->key = (ProtobufCBinaryData){r->klen, key};
+    it->value = (ProtobufCBinaryData){vlen, val};
+    it->version = r->version;
+    it->expire_at_ms = r->expire_at;
+    it->tombstone = r->tombstone;
+    return it;
+}
+
+static void item_free(Kv__ScanItem *it)
+{
+    free(it->key.data);
+    free(it->value.data);
+    free(it);
+}
+
+/* A page over a store whose iterator is not in key order (kallax: home
+ * block order): one pass over every record keeps the `limit` smallest keys
+ * past the cursor (a sorted array: binary search, shift), so a page costs a
+ * scan of the whole store. */
+static kv_err scan_unordered(node *n, const Kv__ScanRequest *req, size_t limit,
+                             const ProtobufCBinaryData *from, Kv__ScanItem **items, size_t *k,
+                             bool *done)
+{
+    engine_iter *it = NULL;
+    kv_err rv = engine_iter_open(n->eng, NULL, &it);
+    size_t more = 0; /* qualifying records beyond the page */
+    while (rv == KV_OK) {
+        engine_rec r;
+        kv_err e = engine_iter_next(it, &r);
+        if (e == KV_NOT_FOUND)
+            break;
+        if (e != KV_OK) {
+            rv = e;
+            break;
+        }
+        if (req->cursor.len ? lsm_key_cmp(r.key, r.klen, req->cursor.data, req->cursor.len) <= 0
+                            : from->len && lsm_key_cmp(r.key, r.klen, from->data, from->len) < 0)
+            continue;
+        if (req->prefix.len && !has_prefix(r.key, r.klen, &req->prefix))
+            continue;
+        size_t lo = 0, hi = *k; /* first item with a larger key */
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (lsm_key_cmp(items[mid]->key.data, items[mid]->key.len, r.key, r.klen) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == limit) {
+            more++;
+            continue;
+        }
+        Kv__ScanItem *x = item_of(&r, req->keys_only);
+        if (!x) {
+            rv = KV_RESOURCE_EXHAUSTED;
+            break;
+        }
+        if (*k == limit) { /* the largest leaves the page */
+            item_free(items[limit - 1]);
+            (*k)--;
+            more++;
+        }
+        memmove(&items[lo + 1], &items[lo], (*k - lo) * sizeof(*items));
+        items[lo] = x;
+        (*k)++;
+    }
+    engine_iter_close(it);
+    *done = more == 0;
+    return rv;
 }
 
 /* One page of this node's engine per req (limits applied); fills rep. */
@@ -85,6 +174,29 @@ static kv_err scan_page(node *n, rpc_ctx *c, const Kv__ScanRequest *req, Kv__Sca
     }
     if ((req->cursor.len || from->len) && !after)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    if (strcmp(engine_name(n->eng), "lsm") != 0) { /* iterator not in key order */
+        free(after);
+        Kv__ScanItem **items = calloc(limit, sizeof(*items));
+        size_t k = 0;
+        bool done = false;
+        kv_err rv =
+            items ? scan_unordered(n, req, limit, from, items, &k, &done) : KV_RESOURCE_EXHAUSTED;
+        if (rv == KV_OK && k && !(rep->cursor.data = malloc(items[k - 1]->key.len)))
+            rv = KV_RESOURCE_EXHAUSTED;
+        if (rv != KV_OK) {
+            if (items)
+                items_free(items, k);
+            return rpc_fail(c, rv, "node %s: scan: %s", n->cfg.id, kv_strerror(rv));
+        }
+        if (k) {
+            memcpy(rep->cursor.data, items[k - 1]->key.data, items[k - 1]->key.len);
+            rep->cursor.len = items[k - 1]->key.len;
+        }
+        rep->items = items;
+        rep->n_items = k;
+        rep->done = done;
+        return KV_OK;
+    }
     engine_iter_opts o = {.after = after_len ? after : NULL, .after_len = after_len};
     engine_iter *it = NULL;
     kv_err rv = engine_iter_open(n->eng, &o, &it);
@@ -118,30 +230,15 @@ static kv_err scan_page(node *n, rpc_ctx *c, const Kv__ScanRequest *req, Kv__Sca
             }
             continue;
         }
-        Kv__ScanItem *it_ = malloc(sizeof(*it_));
-        uint8_t *key = malloc(r.klen ? r.klen : 1);
-        size_t vlen = req->keys_only || r.tombstone ? 0 : r.vlen;
-        uint8_t *val = vlen ? malloc(vlen) : NULL;
-        if (!it_ || !key || (vlen && !val)) {
-            free(it_);
-            free(key);
-            free(val);
+        Kv__ScanItem *x = item_of(&r, req->keys_only);
+        if (!x) {
             rv = KV_RESOURCE_EXHAUSTED;
             break;
         }
-        kv__scan_item__init(it_);
-        memcpy(key, r.key, r.klen);
-        if (vlen)
-            memcpy(val, r.val, vlen);
-        it_->key = (ProtobufCBinaryData){r.klen, key};
-        it_->value = (ProtobufCBinaryData){vlen, val};
-        it_->version = r.version;
-        it_->expire_at_ms = r.expire_at;
-        it_->tombstone = r.tombstone;
-        items[k++] = it_;
-        bytes += r.klen + vlen;
-        last = key;
-        last_len = r.klen;
+        items[k++] = x;
+        bytes += x->key.len + x->value.len;
+        last = x->key.data;
+        last_len = x->key.len;
     }
     engine_iter_close(it);
     if (rv != KV_OK) {

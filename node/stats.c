@@ -17,10 +17,12 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "node/kallax/kallax.h"
 #include "node/lsm/lsm.h"
 #include "node/nhc/nhc.h"
 #include "node/node.h"
 #include "proto/prom.h"
+#include "proto/statlist.h"
 
 #define SERIES_PER_STAT 10 /* points per nhc.series.N value (< 512 bytes) */
 
@@ -60,27 +62,85 @@ static void vol_stats(kv_stats *l, const char *vol, const lsm_vol_stats *v)
 #undef VOL_KEY
 }
 
-void node_engine_lsm_stats(engine *e, kv_stats *l)
+/* kallax.* (and fast.* for its one volume, hotrap off). */
+static void kallax_stats_add(engine *e, kv_stats *l)
+{
+    kallax_stats s;
+    if (engine_kallax_get_stats(e, &s) != KV_OK)
+        return;
+    kv_stat_text(l, "hotrap", "%s", "off (kallax)");
+    kv_stat_gauge(l, NULL, "hotkv_node_hotrap_enabled", NULL, "1 when HotRAP is on.", 0);
+    kv_stat_gauge(l, "kallax.blocks", "hotkv_node_kallax_blocks", NULL,
+                  "kallax home blocks (4 KiB).", s.blocks);
+    kv_stat_gauge(l, "kallax.probe", NULL, NULL, NULL, s.probe);
+    kv_stat_gauge(l, "kallax.records", "hotkv_node_kallax_records", NULL,
+                  "Records in the kallax store.", s.records);
+    kv_stat_gauge(l, "kallax.tombstones", "hotkv_node_kallax_tombstones", NULL,
+                  "Tombstones in the kallax store.", s.tombstones);
+    kv_stat_gauge(l, "kallax.used_bytes", "hotkv_node_kallax_used_bytes", NULL,
+                  "Bytes used in kallax's blocks.", s.used_bytes);
+    kv_stat_gauge(l, "kallax.spilled", NULL, NULL, NULL, s.spilled);
+    kv_stat_gauge(l, "kallax.extent_pages", NULL, NULL, NULL, s.extent_pages);
+    kv_stat_gauge(l, "kallax.extent_pages_used", NULL, NULL, NULL, s.extent_pages_used);
+    kv_stat_counter(l, "kallax.block_reads", "hotkv_node_kallax_block_reads_total", NULL,
+                    "kallax block reads.", s.block_reads);
+    kv_stat_counter(l, "kallax.spill_reads", NULL, NULL, NULL, s.spill_reads);
+    kv_stat_counter(l, "kallax.block_writes", "hotkv_node_kallax_block_writes_total", NULL,
+                    "kallax block writes.", s.block_writes);
+    kv_stat_counter(l, "kallax.journal_bytes", "hotkv_node_kallax_journal_bytes_total", NULL,
+                    "Bytes written to kallax's journal.", s.journal_bytes);
+    kv_stat_counter(l, "kallax.flushes", "hotkv_node_kallax_flushes_total", NULL,
+                    "kallax flushes.", s.flushes);
+    kv_stat_counter(l, "kallax.moves", NULL, NULL, NULL, s.moves);
+    kv_stat_counter(l, "kallax.corrupt_blocks", "hotkv_node_kallax_corrupt_blocks_total", NULL,
+                    "Corrupt kallax blocks met.", s.corrupt_blocks);
+    kv_stat_counter(l, "kallax.repaired", NULL, NULL, NULL, s.repaired);
+    kv_stat_counter(l, "kallax.retries", NULL, NULL, NULL, s.retries);
+    kv_stat_gauge(l, "kallax.flushed_seqno", NULL, NULL, NULL, s.flushed_seqno);
+    kv_stat_counter(l, "kallax.wal_bytes", "hotkv_node_wal_written_bytes_total", NULL,
+                    "Bytes appended to the write-ahead log.", s.wal_bytes);
+    kv_stat_counter(l, "kallax.wal_fsyncs", "hotkv_node_wal_fsyncs_total", NULL,
+                    "fsync calls on the write-ahead log.", s.wal_fsyncs);
+    kv_stat_counter(l, "kallax.user_bytes", "hotkv_node_user_written_bytes_total", NULL,
+                    "Key and value bytes of the writes applied.", s.user_bytes);
+    kv_stat_gauge(l, "kallax.index_mem_bytes", NULL, NULL, NULL, s.index_mem_bytes);
+    vol_stats(l, "fast", &s.vol);
+    kv_stat_gaugef(l, "kallax.load", 4, "hotkv_node_kallax_load", NULL,
+                   "kallax's used bytes over its blocks' payload.", s.load, 1);
+    kv_stat_text(l, "kallax.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
+}
+
+void node_engine_store_stats(engine *e, kv_stats *l)
 {
     lsm_stats s;
-    if (engine_lsm_get_stats(e, &s) != KV_OK)
+    if (engine_lsm_get_stats(e, &s) != KV_OK) {
+        kallax_stats_add(e, l);
         return;
+    }
     for (int i = 0; i < LSM_MAX_LEVELS; i++) {
         char key[64], lab[64];
-        if (!s.levels[i].files && i > 1)
+        const lsm_level_stats *v = &s.levels[i];
+        if (!v->files && i > 1)
             continue;
-        const char *vol = s.levels[i].volume == LSM_TIER_SD ? "slow" : "fast";
+        const char *vol = v->volume == LSM_TIER_SD ? "slow" : "fast";
         snprintf(key, sizeof(key), "lsm.L%d", i);
-        kv_stat_text(l, key, "files=%llu bytes=%llu target=%llu volume=%s",
-                     (unsigned long long)s.levels[i].files, (unsigned long long)s.levels[i].bytes,
-                     (unsigned long long)s.levels[i].target_bytes, vol);
+        kv_stat_text(l, key,
+                     "files=%llu bytes=%llu target=%llu volume=%s codec=%s compact_read_above=%llu "
+                     "compact_read_level=%llu compact_written=%llu compact_jobs=%llu moved=%llu",
+                     (unsigned long long)v->files, (unsigned long long)v->bytes,
+                     (unsigned long long)v->target_bytes, vol, lsm_compression_name(v->codec),
+                     (unsigned long long)v->comp_read_above,
+                     (unsigned long long)v->comp_read_level, (unsigned long long)v->comp_written,
+                     (unsigned long long)v->comp_jobs, (unsigned long long)v->comp_moved);
         snprintf(lab, sizeof(lab), "level=\"%d\",volume=\"%s\"", i, vol);
         kv_stat_gauge(l, NULL, "hotkv_node_lsm_level_files", lab, "SST files in an LSM level.",
-                      s.levels[i].files);
+                      v->files);
         kv_stat_gauge(l, NULL, "hotkv_node_lsm_level_bytes", lab, "Bytes of an LSM level.",
-                      s.levels[i].bytes);
+                      v->bytes);
         kv_stat_gauge(l, NULL, "hotkv_node_lsm_level_target_bytes", lab,
-                      "Target size of an LSM level.", s.levels[i].target_bytes);
+                      "Target size of an LSM level.", v->target_bytes);
+        kv_stat_counter(l, NULL, "hotkv_node_lsm_level_compaction_written_bytes_total", lab,
+                        "Bytes compactions wrote into an LSM level.", v->comp_written);
     }
     kv_stat_gaugef(l, "lsm.write_amp", 3, "hotkv_node_write_amplification", NULL,
                    "(WAL + flush + compaction bytes written) / user bytes written.", s.write_amp,
@@ -145,6 +205,16 @@ void node_engine_lsm_stats(engine *e, kv_stats *l)
     vol_stats(l, "fast", &s.fd);
     if (engine_has_slow(e))
         vol_stats(l, "slow", &s.sd);
+}
+
+void node_engine_statlist(engine *e, rpc_statlist *l)
+{
+    kv_stats ks;
+    kv_stats_init(&ks);
+    node_engine_store_stats(e, &ks);
+    rpc_stats_init(l);
+    kv_stats_to_statlist(&ks, l);
+    kv_stats_free(&ks);
 }
 
 static void series_stats(nhc *h, kv_stats *l)
@@ -255,6 +325,9 @@ void node_collect_stats(node *n, kv_stats *l, bool verbose)
     kv_stat_gauge(l, "map_epoch", "hotkv_node_map_epoch", NULL,
                   "Epoch of the node's cluster map (0 = none).", cmap_slot_epoch(n->maps));
     kv_stat_text(l, "durability", "%s", engine_durability(n->eng));
+    static const char *const engines[] = {"lsm", "kallax", NULL};
+    kv_stat_enum(l, "engine", "hotkv_node_engine", NULL,
+                 "The store below the memory tier (--engine).", engine_name(n->eng), engines);
     kv_stat_gauge(l, "keys", "hotkv_node_memory_items", NULL,
                   "Records in the memory tier (live, deleted or expired; see live_keys).",
                   es.items);
@@ -332,7 +405,7 @@ void node_collect_stats(node *n, kv_stats *l, bool verbose)
                     "HotRing lookups found at the ring's head.", es.index_head_hits);
     kv_stat_counter(l, "index.pinned_head_hits", "hotkv_node_hotring_pinned_head_hits_total", NULL,
                     "Lookups of pinned keys found at the head.", es.index_pinned_head_hits);
-    node_engine_lsm_stats(n->eng, l);
+    node_engine_store_stats(n->eng, l);
     rpc_metrics_stats(n->metrics, l, "hotkv_node");
 }
 

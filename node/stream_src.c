@@ -3,7 +3,8 @@
  * The source side of streaming and repair (DESIGN.md §4), all over the
  * engine iterator (memory tier merged over the LSM, newest version per key,
  * tombstones included):
- *   admin.StreamRead  the records of some ring ranges, in key order after a
+ *   admin.StreamRead  the records of some ring ranges, in the engine's order
+ *                     (engine_key_cmp: key order, or kallax's) after a
  *                     resume key, in chunks of at most 4 MiB (or their
  *                     digests: key, version, flags; or given keys);
  *   admin.Digest      Merkle leaves of the records of ranges, for repair;
@@ -113,6 +114,8 @@ kv_err node_apply_record(node *n, const Kv__Record *r, bool *applied, char *err,
         snprintf(err, errlen, "a record needs a version");
         rv = KV_INVALID_ARGUMENT;
     }
+    if (rv == KV_OK)
+        rv = node_check_version(r->version, err, errlen);
     if (rv != KV_OK)
         return rv;
     engine_write w = {.key = r->key.data,

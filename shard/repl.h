@@ -62,7 +62,7 @@ typedef struct repl_env {
     rpc_chan *(*chan)(void *user, const char *addr);
     /* A replica answered FAILED_PRECONDITION with its (newer) map: install it
      * if it is newer and acceptable. Any thread. */
-    void (*learn_map)(void *user, const uint8_t *body, size_t len);
+    void (*learn_map)(void *user, const rpc_reply *r, const char *from);
     /* On a node: its id, and the in-process call to its own replica; calls
      * to that map node go to local instead of the network. NULL on a
      * router. */

@@ -18,6 +18,7 @@
 #include "common/limits.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
+#include "proto/rpc_sec.h"
 #include "shard/clustermap.h"
 #include "proto/http.h"
 #include "proto/rpc_metrics.h"
@@ -32,7 +33,7 @@
 typedef struct router_config {
     char *listen;
     char *seeds; /* comma-separated node RPC addresses */
-    char *auth;
+    rpc_sec sec; /* tokens and TLS (--auth*, --admin-auth*, --tls-*) */
     long workers;
     long refresh_ms;
     long hot_sample;    /* sample one key in N for hot-key detection (0 = off) */
@@ -70,7 +71,7 @@ typedef struct router {
     bool hot_started;
     atomic_bool stopping;
     uint64_t started_ns;
-    _Atomic uint64_t requests, map_refreshes;
+    _Atomic uint64_t requests, map_refreshes, maps_refused;
     repl_stats stats; /* forwards, hints, read repairs (shard/repl.h) */
     repl_env env;     /* how the replication library reaches the nodes */
     /* failure detector (router_probe.c) */
@@ -128,8 +129,9 @@ rpc_chan *router_chan(router *r, const char *addr);
 /* Fetches the map from the nodes of the current map and the seeds, installs
  * it if newer. Returns KV_OK when the router has a map afterwards. */
 kv_err router_refresh_map(router *r);
-/* Installs a map carried in a FAILED_PRECONDITION reply body if newer. */
-void router_learn_map(router *r, const uint8_t *body, size_t len);
+/* Installs a map carried in a FAILED_PRECONDITION reply of the node at from
+ * if newer and trustworthy (cmap_vet). */
+void router_learn_map(router *r, const rpc_reply *rep, const char *from);
 
 /* Handlers (router_kv.c, router_admin.c). */
 /* kv.Get/Put/Delete in two phases (rpc_method.start): the start checks the

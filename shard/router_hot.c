@@ -36,7 +36,8 @@ static void push_node(router *r, cmap *m, size_t j, const hk_report *rep, Kv__Ho
                       Kv__HotKey **ptrs)
 {
     size_t n = 0;
-    for (size_t i = 0; i < rep->n; i++) {
+    /* the hottest first (hk_report's order), at most what a node accepts */
+    for (size_t i = 0; i < rep->n && n < HK_REPORT_MAX_KEYS; i++) {
         uint32_t idx[ROUTER_MAX_RF];
         size_t k = cmap_replicas(m, rep->items[i].key, rep->items[i].klen, idx);
         bool mine = false;

@@ -76,6 +76,9 @@ void router_collect_stats(router *r, kv_stats *l)
                     atomic_load(&r->stats.forward_errors));
     kv_stat_counter(l, "map_refreshes", "hotkv_router_map_installs_total", NULL,
                     "Cluster maps installed.", atomic_load(&r->map_refreshes));
+    kv_stat_counter(l, "maps_refused", "hotkv_router_maps_refused_total", NULL,
+                    "Cluster maps from nodes that the router refused (failed vetting).",
+                    atomic_load(&r->maps_refused));
     kv_stat_text(l, "hot.detection", "%s", r->hot ? "on" : "off");
     kv_stat_gauge(l, "hot.tracked", "hotkv_router_hot_keys_tracked", NULL,
                   "Hot keys in the router's last detection window report.",

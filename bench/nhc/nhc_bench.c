@@ -150,8 +150,9 @@ static kv_err populate(run *r)
         rv = engine_flush(r->e);
     /* every record down to SD: each FD level into the next (nothing is hot
      * yet, so HotRAP retains nothing) */
-    for (int l = 0; rv == KV_OK && l <= r->e->db->last_fd; l++)
-        rv = lsm_compact_level(r->e->db, l);
+    lsm_db *db = engine_lsm(r->e);
+    for (int l = 0; rv == KV_OK && l <= db->last_fd; l++)
+        rv = lsm_compact_level(db, l);
     if (rv != KV_OK)
         return rv;
     double load_s = (double)(kv_now_ns() - t0) / 1e9;

@@ -4,7 +4,7 @@
  * tier (HotRing) over the LSM whose upper levels live on --fast-dir and lower
  * levels on --slow-dir. Point reads per serving tier come from
  * engine_get_stats(); write amplification and the slow volume's read bytes
- * from the engine's LSM statistics (node_engine_lsm_stats: lsm.write_amp,
+ * from the engine's LSM statistics (node_engine_statlist: lsm.write_amp,
  * slow.read_bytes), parsed by name so the engine exposes nothing new.
  *
  * "hotkv" and "hotkv-nohotrap" map to the engine's HotRAP switch
@@ -21,11 +21,12 @@
 
 #include "bench/tier/tier_bench.h"
 #include "node/engine.h"
-#include "node/node.h" /* node_engine_lsm_stats */
+#include "node/node.h" /* node_engine_statlist */
 #include "proto/statlist.h"
 
 typedef struct hk {
     engine *e;
+    bool kallax;             /* engine_opts.kind = ENGINE_KALLAX ("hotkv-kallax") */
     bool hotrap;             /* engine_opts.no_hotrap = !hotrap */
     _Atomic uint64_t stalls; /* writes retried on back-pressure (1 ms each) */
     char levels[512];
@@ -33,7 +34,8 @@ typedef struct hk {
     char hotrap_state[1024]; /* JSON members: HotRAP counters at the last stats call */
 } hk;
 
-static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, size_t errlen)
+static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax, char *err,
+                           size_t errlen)
 {
     hk *k = calloc(1, sizeof(*k));
     if (!k)
@@ -55,10 +57,15 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, s
     eo.sync_ms = (unsigned)o->sync_ms;
     k->hotrap = hotrap;
     eo.no_hotrap = !hotrap;
+    eo.compression = o->compression;
     nhc_opts no;
     nhc_opts_default(&no);
     no.enable = o->nhc_idx == 0;
     eo.nhc = &no;
+    if ((k->kallax = kallax)) {
+        eo.kind = ENGINE_KALLAX;
+        eo.kallax_blocks = tb_kallax_blocks(o);
+    }
     kv_err rv = engine_open(&k->e, &eo, err, errlen);
     if (rv != KV_OK) {
         free(k);
@@ -70,12 +77,29 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, char *err, s
 
 static kv_err hk_open(const tb_opts *o, void **h, char *err, size_t errlen)
 {
-    return hk_open_mode(o, h, true, err, errlen);
+    return hk_open_mode(o, h, true, false, err, errlen);
 }
 
 static kv_err hk_open_nohotrap(const tb_opts *o, void **h, char *err, size_t errlen)
 {
-    return hk_open_mode(o, h, false, err, errlen);
+    return hk_open_mode(o, h, false, false, err, errlen);
+}
+
+static kv_err hk_open_kallax(const tb_opts *o, void **h, char *err, size_t errlen)
+{
+    return hk_open_mode(o, h, false, true, err, errlen);
+}
+
+/* The per-level layout and compaction stats (lsm.L*) to stderr, to set
+ * beside RocksDB's (eng_rocksdb.c prints its cfstats at close). */
+static void hk_dump_levels(hk *k)
+{
+    rpc_statlist l;
+    node_engine_statlist(k->e, &l);
+    for (size_t i = 0; i < l.n; i++)
+        if (strncmp(l.items[i].name, "lsm.", 4) == 0)
+            fprintf(stderr, "tier_bench: hotkv: %s %s\n", l.items[i].name, l.items[i].value);
+    rpc_stats_free(&l);
 }
 
 static void hk_close(void *h)
@@ -83,6 +107,7 @@ static void hk_close(void *h)
     hk *k = h;
     if (!k)
         return;
+    hk_dump_levels(k);
     engine_close(k->e); /* the caller's thread is registered */
     free(k);
 }
@@ -135,17 +160,6 @@ static kv_err hk_get(void *h, const void *key, size_t klen, bool *found)
     return KV_OK;
 }
 
-/* The engine's LSM figures as admin.Stats would show them. */
-static void lsm_statlist(engine *e, rpc_statlist *l)
-{
-    kv_stats ks;
-    kv_stats_init(&ks);
-    node_engine_lsm_stats(e, &ks);
-    rpc_stats_init(l);
-    kv_stats_to_statlist(&ks, l);
-    kv_stats_free(&ks);
-}
-
 static const char *stat_value(const rpc_statlist *l, const char *name)
 {
     for (size_t i = 0; i < l->n; i++)
@@ -154,8 +168,9 @@ static const char *stat_value(const rpc_statlist *l, const char *name)
     return NULL;
 }
 
-/* Keeps "L<n>=<files>/<MiB>/<fast|slow>" of every non-empty level. */
-static void hk_levels(hk *k, const rpc_statlist *l)
+/* Keeps "L<n>=<files>/<MiB>/<fast|slow>" of every non-empty level and sums
+ * the levels' bytes per volume. */
+static void hk_levels(hk *k, const rpc_statlist *l, tb_stats *out)
 {
     size_t off = 0;
     k->levels[0] = '\0';
@@ -168,6 +183,8 @@ static void hk_levels(hk *k, const rpc_statlist *l)
                    &bytes, &target, vol) != 4 ||
             files == 0 || off >= sizeof(k->levels))
             continue;
+        out->have_vol_bytes = true;
+        *(strcmp(vol, "slow") == 0 ? &out->sd_sst_bytes : &out->fd_sst_bytes) += bytes;
         off += (size_t)snprintf(k->levels + off, sizeof(k->levels) - off, "%s%s=%llu/%.0f/%s",
                                 off ? " " : "", n + 4, files, (double)bytes / 1048576.0, vol);
     }
@@ -204,7 +221,7 @@ static void hk_stats(void *h, tb_stats *out)
     out->reads_fd = s.reads_fd;
     out->reads_sd = s.reads_sd;
     out->reads_miss = s.reads_miss;
-    lsm_statlist(k->e, &l);
+    node_engine_statlist(k->e, &l);
     const char *wa = stat_value(&l, "lsm.write_amp"), *sdb = stat_value(&l, "slow.read_bytes");
     const char *user = stat_value(&l, "lsm.user_bytes");
     /* unknown (null) when nothing was written since open (--no-load reads) */
@@ -214,12 +231,22 @@ static void hk_stats(void *h, tb_stats *out)
     const char *ret = stat_value(&l, "hotrap.retained_records");
     out->have_hotrap = prom && ret;
     out->promoted = prom ? strtoull(prom, NULL, 10) : 0;
-    const char *imem = stat_value(&l, "lsm.index_mem_bytes");
+    const char *imem = stat_value(&l, k->kallax ? "kallax.index_mem_bytes" : "lsm.index_mem_bytes");
     out->have_index_mem = imem != NULL;
     out->index_mem = imem ? strtoull(imem, NULL, 10) : 0;
     out->retained = ret ? strtoull(ret, NULL, 10) : 0;
+    if (k->kallax) { /* kallax.*: the WAL, the journal and the blocks rewritten in place */
+        const char *kw = stat_value(&l, "kallax.wal_bytes"),
+                   *kj = stat_value(&l, "kallax.journal_bytes");
+        const char *kb = stat_value(&l, "kallax.block_writes"),
+                   *ku = stat_value(&l, "kallax.user_bytes");
+        double u = ku ? strtod(ku, NULL) : 0;
+        out->write_amp = u > 0 && kw && kj && kb
+                             ? (strtod(kw, NULL) + strtod(kj, NULL) + strtod(kb, NULL) * 4096.0) / u
+                             : -1.0;
+    }
     hk_hotrap(k, &l);
-    hk_levels(k, &l);
+    hk_levels(k, &l, out);
     const char *wal = stat_value(&l, "lsm.wal_bytes"), *fl = stat_value(&l, "lsm.flush_bytes");
     const char *co = stat_value(&l, "lsm.compact_write_bytes");
     const char *pb = stat_value(&l, "hotrap.promoted_bytes");
@@ -237,10 +264,15 @@ static void hk_stats(void *h, tb_stats *out)
 static bool hk_settled(void *h)
 {
     hk *k = h;
+    if (k->kallax) { /* no compactions: settled once the write buffer is flushed */
+        engine_stats s;
+        engine_get_stats(k->e, &s);
+        return s.dirty_bytes == 0 || engine_flush(k->e) == KV_OK;
+    }
     rpc_statlist l;
     bool ok = true;
     unsigned long long l0_bytes = 0, l1_target = 0;
-    lsm_statlist(k->e, &l);
+    node_engine_statlist(k->e, &l);
     for (size_t i = 0; i < l.n; i++) {
         unsigned long long files, bytes, target;
         int level;
@@ -261,16 +293,23 @@ static void hk_json_extra(void *h, char *buf, size_t len)
 {
     hk *k = h;
     snprintf(buf, len,
-             ",\"hotrap_available\":true,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
+             ",\"hotrap_available\":%s,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
              "\"levels\":\"%s\",\"wa_parts\":\"%s\",\"hotrap_state\":{%s},"
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)\"",
-             k->hotrap ? "true" : "false", (unsigned long long)atomic_load(&k->stalls), k->levels,
-             k->wa_parts, k->hotrap_state);
+             k->kallax ? "false" : "true", k->hotrap ? "true" : "false",
+             (unsigned long long)atomic_load(&k->stalls), k->levels, k->wa_parts, k->hotrap_state);
 }
 
 const tb_engine tb_hotkv_engine = {
     "hotkv", hk_open, hk_close, hk_thread_begin, hk_thread_end, hk_noop,
     hk_noop, hk_put,  hk_get,   hk_stats,        hk_settled,    hk_json_extra,
+};
+
+/* The node's engine over kallax (kvnode --engine kallax): HotRing over the
+ * table-less hash store on --fast-dir, HotRAP and NHC off. */
+const tb_engine tb_hotkv_kallax_engine = {
+    "hotkv-kallax", hk_open_kallax, hk_close, hk_thread_begin, hk_thread_end, hk_noop,
+    hk_noop,        hk_put,         hk_get,   hk_stats,        hk_settled,    hk_json_extra,
 };
 
 const tb_engine tb_hotkv_nohotrap_engine = {

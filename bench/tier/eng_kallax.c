@@ -163,8 +163,10 @@ static kv_err kb_replay(void *arg, const lsm_rec *r)
                               : KV_OK;
 }
 
-static uint64_t default_blocks(const tb_opts *o)
+uint64_t tb_kallax_blocks(const tb_opts *o)
 {
+    if (o->kallax_blocks)
+        return (uint64_t)o->kallax_blocks;
     uint64_t rec = 31 + 8 + (uint64_t)(o->value_size < 2018 ? o->value_size : 16);
     uint64_t b = (uint64_t)o->records * rec * 4 / 4080 + 64; /* ~25% load: kallax.h */
     return b;
@@ -180,7 +182,7 @@ static kv_err kb_open(const tb_opts *o, void **h, char *err, size_t errlen)
     kallax_opts ko;
     kallax_opts_default(&ko);
     ko.dir = o->fast_dir;
-    ko.blocks = o->kallax_blocks ? (uint64_t)o->kallax_blocks : default_blocks(o);
+    ko.blocks = tb_kallax_blocks(o);
     ko.sync = o->sync_idx == TB_SYNC_ALWAYS  ? LSM_SYNC_ALWAYS
               : o->sync_idx == TB_SYNC_BATCH ? LSM_SYNC_BATCH
                                              : LSM_SYNC_NONE;

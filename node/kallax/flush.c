@@ -337,7 +337,7 @@ kv_err kallax_flush(kallax *kx, const lsm_rec *recs, size_t n, uint64_t max_seqn
         return max_seqno < kx->flushed_seq ? KV_INVALID_ARGUMENT : KV_OK;
     }
     rv = lsm_wal_rotate(kx->wal, kx->wal_number++);
-    kx_tab t = {.kx = kx, .now = kv_wall_ms()};
+    kx_tab t = {.kx = kx, .now = kv_clock_ms(kx->o.clock, kx->o.clock_arg)};
     if (rv == KV_OK)
         rv = apply_run(&t, o, n);
     if (rv == KV_OK)
@@ -398,7 +398,7 @@ kv_err kallax_cleanup(kallax *kx, lsm_keep_fn keep, void *arg, uint64_t *dropped
     uint64_t d = 0;
     kv_err rv = KV_OK;
     kx_flush_lock(kx);
-    kx_tab t = {.kx = kx, .now = kv_wall_ms()};
+    kx_tab t = {.kx = kx, .now = kv_clock_ms(kx->o.clock, kx->o.clock_arg)};
     for (uint64_t b = 0; b < kx->nblocks && rv == KV_OK; b++) {
         rv = kx_read_block(kx, b, img);
         if (rv == KV_OK)
@@ -406,7 +406,7 @@ kv_err kallax_cleanup(kallax *kx, lsm_keep_fn keep, void *arg, uint64_t *dropped
         if (rv == KV_OK && (t.n >= kx->o.journal_blocks || b + 1 == kx->nblocks)) {
             rv = kx_commit(&t, kx->flushed_seq);
             kx_tab_free(&t);
-            t = (kx_tab){.kx = kx, .now = kv_wall_ms()};
+            t = (kx_tab){.kx = kx, .now = kv_clock_ms(kx->o.clock, kx->o.clock_arg)};
         }
     }
     kx_tab_free(&t);

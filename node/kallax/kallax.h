@@ -130,9 +130,13 @@ typedef struct kallax_opts {
     lsm_sync sync;       /* WAL sync mode, as lsm_opts */
     unsigned sync_ms;    /* LSM_SYNC_BATCH period, default 5 */
     bool disable_io_uring;
-    uint64_t tombstone_grace_ms; /* as lsm_opts */
-    unsigned journal_blocks;     /* block images per journal round (its size), default 1024 */
+    uint64_t tombstone_grace_ms;   /* as lsm_opts */
+    unsigned journal_blocks;       /* block images per journal round (its size), default 1024 */
     lsm_wal_recovery wal_recovery; /* WAL corruption before its tail, as lsm_opts */
+    /* The wall clock for expiry and the tombstone grace, as lsm_opts.clock;
+     * NULL = kv_wall_ms. */
+    kv_clock_fn clock;
+    void *clock_arg;
 } kallax_opts;
 
 /* Fills o with the defaults above (dir NULL, blocks 0). */

@@ -74,6 +74,8 @@ static void size_levels(lsm_db *db)
         bool fd = !db->has_sd || (db->level_tier[l - 1] == LSM_TIER_FD && cum <= fast / 100 * 95);
         db->level_tier[l] = fd ? LSM_TIER_FD : LSM_TIER_SD;
     }
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        db->codec[l] = lsm_compression_for(&db->o.compression, l, db->level_tier[l]);
     db->last_fd = 0;
     for (int l = 1; l < LSM_MAX_LEVELS && db->level_tier[l] == LSM_TIER_FD; l++)
         db->last_fd = l;
@@ -360,6 +362,12 @@ static kv_err check_opts(const lsm_opts *o)
         return KV_INVALID_ARGUMENT;
     if (o->sync > LSM_SYNC_NONE)
         return KV_INVALID_ARGUMENT;
+    const lsm_compression_spec *c = &o->compression;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        if ((unsigned)c->level[l] > LSM_COMPRESS_ZSTD)
+            return KV_INVALID_ARGUMENT;
+    if ((unsigned)c->fast > LSM_COMPRESS_ZSTD || (unsigned)c->slow > LSM_COMPRESS_ZSTD)
+        return KV_INVALID_ARGUMENT;
     return KV_OK;
 }
 
@@ -402,7 +410,7 @@ kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg)
 {
     kv_err rv = check_opts(o);
     if (rv != KV_OK || !out) {
-        KV_ERROR(LSM_LOG, "lsm_open: invalid options (fast_dir, block_size or sync)");
+        KV_ERROR(LSM_LOG, "lsm_open: invalid options (fast_dir, block_size, sync or compression)");
         return KV_INVALID_ARGUMENT;
     }
     lsm_db *db = calloc(1, sizeof(*db));
@@ -533,10 +541,19 @@ static kv_err check_run(const lsm_rec *r, size_t n, uint64_t max_seqno)
     return KV_OK;
 }
 
+kv_err lsm_db_builder(lsm_db *db, int level, uint64_t number, lsm_sst_builder **out)
+{
+    lsm_vol *v = &db->vols[db->level_tier[level] == LSM_TIER_SD ? 1 : 0];
+    kv_err rv = lsm_sst_builder_open(out, v, number, db->o.block_size);
+    if (rv == KV_OK)
+        lsm_sst_builder_compress(*out, db->codec[level], &db->comp_in, &db->comp_out);
+    return rv;
+}
+
 static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, lsm_file **out)
 {
     lsm_sst_builder *b = NULL; /* not written when the open fails */
-    kv_err rv = lsm_sst_builder_open(&b, &db->vols[0], number, db->o.block_size);
+    kv_err rv = lsm_db_builder(db, 0, number, &b);
     for (size_t i = 0; rv == KV_OK && i < n; i++)
         if (!i || lsm_key_cmp(r[i - 1].key, r[i - 1].klen, r[i].key, r[i].klen) != 0)
             rv = lsm_sst_builder_add(b, &r[i]);
@@ -679,7 +696,7 @@ static void take_probe(lookup *lk, size_t i)
     kv_err rv = lsm_sst_block_check(p->f->sst, p->blk, &lk->io[i]);
     lsm_rec r;
     if (rv == KV_OK)
-        rv = lsm_block_search(lk->io[i].buf, lk->io[i].len - 4, lk->keys[k], lk->klens[k], &r);
+        rv = lsm_block_search(lk->io[i].buf, lk->io[i].len, lk->keys[k], lk->klens[k], &r);
     if (rv == KV_NOT_FOUND)
         return;
     if (rv == KV_DATA_LOSS)
@@ -952,6 +969,12 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
         out->levels[l].bytes = lsm_level_bytes(v, l);
         out->levels[l].target_bytes = l ? db->target[l] : 0;
         out->levels[l].volume = db->level_tier[l];
+        out->levels[l].codec = db->codec[l];
+        out->levels[l].comp_read_above = atomic_load(&db->lc_above[l]);
+        out->levels[l].comp_read_level = atomic_load(&db->lc_level[l]);
+        out->levels[l].comp_written = atomic_load(&db->lc_written[l]);
+        out->levels[l].comp_jobs = atomic_load(&db->lc_jobs[l]);
+        out->levels[l].comp_moved = atomic_load(&db->lc_moved[l]);
         for (size_t i = 0; i < v->nfiles[l]; i++)
             out->index_mem_bytes += lsm_sst_mem(v->files[l][i]->sst);
     }
@@ -968,6 +991,8 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
     out->compact_read_bytes = atomic_load(&db->c_read);
     out->compact_write_bytes = atomic_load(&db->c_write);
     out->compactions = atomic_load(&db->compactions);
+    out->compress_in_bytes = atomic_load(&db->comp_in);
+    out->compress_out_bytes = atomic_load(&db->comp_out);
     uint64_t written = out->wal_bytes + out->flush_bytes + out->compact_write_bytes;
     out->write_amp = out->user_bytes ? (double)written / (double)out->user_bytes : 0.0;
     pthread_mutex_lock(&db->mu);

@@ -1,6 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# Checks deploy/docker-compose.yml with `docker-compose config -q` (no Docker
+# Checks deploy/docker-compose.yml and deploy/docker-compose.tls.yml with `docker-compose config -q` (no Docker
 # engine needed). Exits 77 (ctest SKIP_RETURN_CODE) when docker-compose is not
 # installed. Usage: compose_config_test.sh SOURCE_DIR
 set -eu
@@ -29,3 +29,18 @@ esac
 # the monitoring profile (Prometheus, Grafana) resolves too
 docker-compose -f "$file" --profile monitoring config -q
 echo "ok: $file"
+# The TLS variant: every address tls+tcp://, certificates and the admin token.
+tls="$src/deploy/docker-compose.tls.yml"
+docker-compose -f "$tls" config -q
+out="$(docker-compose -f "$tls" config)"
+for want in "tls+tcp://0.0.0.0:7001" "tls+tcp://node1:7001" "tls+tcp://127.0.0.1:7000" \
+    "/tls/ca.crt" "/tls/router.key" "--admin-auth-file" "127.0.0.1:7000:7000"; do
+    case "$out" in
+    *"$want"*) ;;
+    *) echo "docker-compose config of $tls lacks '$want'" >&2; exit 1 ;;
+    esac
+done
+case "$out" in
+*'"tcp://'*|*" tcp://"*) echo "$tls has a plaintext tcp:// address" >&2; exit 1 ;;
+esac
+echo "ok: $tls"
