@@ -54,11 +54,12 @@ typedef struct dash_node {
 
 struct router_dash {
     router *r;
-    pthread_mutex_t mu; /* protects nodes, nnodes, hot_json, mig_json */
+    pthread_mutex_t mu; /* protects nodes, nnodes, hot_json, hot_at_ms, mig_json */
     dash_node *nodes;
     size_t nnodes;
-    char *hot_json; /* the hot keys as a JSON array (malloc'ed) */
-    char *mig_json; /* the transition's streams as a JSON array, NULL = none */
+    char *hot_json;     /* the hot keys as a JSON array (malloc'ed) */
+    uint64_t hot_at_ms; /* when hot_json was taken (wall ms) */
+    char *mig_json;     /* the transition's streams as a JSON array, NULL = none */
     pthread_t thread;
     bool started;
     _Atomic bool stop;
@@ -200,7 +201,8 @@ static void sample_hot(router_dash *d)
                  .user = d->r};
     jbuf b = {0};
     jput(&b, "[");
-    if (router_h_hot_keys(&c, body, len) == KV_OK) {
+    kv_err rv = router_h_hot_keys(&c, body, len);
+    if (rv == KV_OK) {
         Kv__HotKeysReply *rep = kv__hot_keys_reply__unpack(NULL, c.reply_len, c.reply);
         for (size_t i = 0; rep && i < rep->n_keys; i++) {
             const Kv__HotKeyInfo *k = rep->keys[i];
@@ -219,12 +221,15 @@ static void sample_hot(router_dash *d)
     }
     free(c.reply);
     jput(&b, "]");
+    if (rv != KV_OK || b.oom) { /* keep the last view (the page shows its age) */
+        free(b.p);
+        return;
+    }
     pthread_mutex_lock(&d->mu);
     free(d->hot_json);
-    d->hot_json = b.oom ? NULL : b.p;
+    d->hot_json = b.p;
+    d->hot_at_ms = kv_wall_ms();
     pthread_mutex_unlock(&d->mu);
-    if (b.oom)
-        free(b.p);
 }
 
 /* The transition's streams and their progress (admin.StreamStatus to each
@@ -483,7 +488,8 @@ static void h_api(void *arg, const char *path, const char *query, kv_http_res *r
         api_series(d, &b);
     } else if (strcmp(path, "/api/hotkeys") == 0) {
         pthread_mutex_lock(&d->mu);
-        jput(&b, "{\"keys\":%s}", d->hot_json ? d->hot_json : "[]");
+        jput(&b, "{\"at_ms\":%llu,\"keys\":%s}", (unsigned long long)d->hot_at_ms,
+             d->hot_json ? d->hot_json : "[]");
         pthread_mutex_unlock(&d->mu);
     } else {
         res->status = 404;
