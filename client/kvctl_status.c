@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvctl status: one row per node (id, address, state, keys, memory,
+ * kvctl status: one row per node (id, address, state, live keys, memory,
  * durability, and the engine when it is kallax) from admin.Stats. Through a router the stats of
  * each node are fetched by the router (StatsRequest.node_id), so status works wherever the router
  * is reachable; against a node, the other nodes are asked directly at their map addresses.
@@ -50,6 +50,7 @@ static Kv__StatsReply *node_stats(status_ctx *sc, const char *id, const char *ad
 {
     Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
     req.verbose = sc->env->verbose;
+    req.count_keys = true; /* live_keys: exact (the node scans, reusing a count for 5 s) */
     rpc_chan *ch = sc->target, *own = NULL;
     if (sc->target_is_router) {
         req.node_id = (char *)id;
@@ -112,7 +113,7 @@ static void print_row(status_ctx *sc, const char *id, const char *addr, const ch
     }
     char memcol[80];
     snprintf(memcol, sizeof(memcol), "%s / %s", mem, lim);
-    const char *keys = s ? stat_of(s, "keys") : NULL;
+    const char *keys = s ? stat_of(s, "live_keys") : NULL;
     const char *dur = s ? stat_of(s, "durability") : NULL;
     /* a node over kallax says so: its one volume has no HotRAP and no NHC */
     const char *eng = s ? stat_of(s, "engine") : NULL;
@@ -247,7 +248,7 @@ int kvctl_status(kvctl_env *env, int argc, char **argv)
             printf("\"nodes\":[");
         else
             printf("%-12s %-26s %-12s %-13s %-13s %10s  %-22s %s\n", "ID", "ADDRESS", "STATE",
-                   "SERVING", "ROUTER VIEW", "KEYS", "MEMORY", "DURABILITY");
+                   "SERVING", "ROUTER VIEW", "LIVE KEYS", "MEMORY", "DURABILITY");
         for (size_t i = 0; m && i < cmap_node_count(m); i++)
             one_node(&sc, cmap_node_at(m, i)->id, cmap_node_at(m, i)->addr,
                      cmap_node_at(m, i)->state);

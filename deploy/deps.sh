@@ -12,10 +12,12 @@ KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev proto
 # and the tests and benchmarks (./test.sh): Criterion, the slow-volume
 # emulator (FUSE), RocksDB
 # for the tier benchmark, docker-compose to check
-# the compose file, openssl to make the TLS tests' CA and certificates.
+# the compose file, openssl to make the TLS tests' CA and certificates,
+# Prometheus' Python client (its text-format parser checks /metrics) and
+# Chromium (the dashboard test loads the page headless).
 if [ "${1:-}" != --runtime ]; then
   KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 librocksdb-dev
-    docker-compose openssl)
+    docker-compose openssl python3-prometheus-client chromium)
 fi
 # ./test.sh --fuzz: clang and its runtimes (libFuzzer, ASan, UBSan).
 if [ "${1:-}" = --fuzz ]; then

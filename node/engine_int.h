@@ -53,8 +53,6 @@ typedef struct engine_store {
     kv_err (*cleanup)(void *db, lsm_keep_fn keep, void *arg, uint64_t *dropped);
     kv_err (*wal_sync)(void *db);
     void (*estimate)(void *db, uint64_t *records, uint64_t *bytes);
-    /* Appends the store's statistics (engine_lsm_stats). */
-    void (*stats)(engine *e, rpc_statlist *l);
     size_t max_key;
 } engine_store;
 
@@ -106,8 +104,6 @@ uint64_t engine_rec_bytes(size_t klen, size_t vlen);
 /* Refuses (FAILED_PRECONDITION, err names both kinds) a fast_dir that holds
  * the other kind of store, and a new kallax store without its size. */
 kv_err engine_store_check(const engine_opts *o, char *err, size_t errlen);
-/* The LSM's statistics (engine_bg.c), for engine_store_lsm.stats. */
-void engine_lsm_store_stats(engine *e, rpc_statlist *l);
 /* The engine's wall clock (engine_opts.clock), milliseconds. */
 static inline uint64_t engine_now_ms(const engine *e)
 {

@@ -186,7 +186,6 @@ const engine_store engine_store_lsm = {
     .cleanup = lsm_store_cleanup,
     .wal_sync = lsm_store_wal_sync,
     .estimate = lsm_store_estimate,
-    .stats = engine_lsm_store_stats,
     .max_key = HR_MAX_KEY_BYTES,
 };
 
@@ -327,49 +326,6 @@ static void kx_store_estimate(void *db, uint64_t *records, uint64_t *bytes)
     kallax_estimate(db, records, bytes);
 }
 
-/* kallax.* (and fast.* for its volume, hotrap off) in admin.Stats. */
-static void kx_store_stats(engine *e, rpc_statlist *l)
-{
-    kallax_stats s;
-    if (kallax_stats_get(e->db, &s) != KV_OK)
-        return;
-    rpc_stats_add(l, "hotrap", "%s", "off (kallax)");
-    const struct {
-        const char *name;
-        uint64_t v;
-    } u[] = {{"kallax.blocks", s.blocks},
-             {"kallax.probe", s.probe},
-             {"kallax.records", s.records},
-             {"kallax.tombstones", s.tombstones},
-             {"kallax.used_bytes", s.used_bytes},
-             {"kallax.spilled", s.spilled},
-             {"kallax.extent_pages", s.extent_pages},
-             {"kallax.extent_pages_used", s.extent_pages_used},
-             {"kallax.block_reads", s.block_reads},
-             {"kallax.spill_reads", s.spill_reads},
-             {"kallax.block_writes", s.block_writes},
-             {"kallax.journal_bytes", s.journal_bytes},
-             {"kallax.flushes", s.flushes},
-             {"kallax.moves", s.moves},
-             {"kallax.corrupt_blocks", s.corrupt_blocks},
-             {"kallax.repaired", s.repaired},
-             {"kallax.retries", s.retries},
-             {"kallax.flushed_seqno", s.flushed_seqno},
-             {"kallax.wal_bytes", s.wal_bytes},
-             {"kallax.wal_fsyncs", s.wal_fsyncs},
-             {"kallax.user_bytes", s.user_bytes},
-             {"kallax.index_mem_bytes", s.index_mem_bytes},
-             {"fast.reads", s.vol.reads},
-             {"fast.read_bytes", s.vol.read_bytes},
-             {"fast.writes", s.vol.writes},
-             {"fast.write_bytes", s.vol.write_bytes},
-             {"fast.fsyncs", s.vol.fsyncs}};
-    for (size_t i = 0; i < sizeof(u) / sizeof(u[0]); i++)
-        rpc_stats_add(l, u[i].name, "%llu", (unsigned long long)u[i].v);
-    rpc_stats_add(l, "kallax.load", "%.4f", s.load);
-    rpc_stats_add(l, "kallax.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
-}
-
 const engine_store engine_store_kallax = {
     .name = "kallax",
     .open = kx_store_open,
@@ -391,7 +347,6 @@ const engine_store engine_store_kallax = {
     .cleanup = kx_store_cleanup,
     .wal_sync = kx_store_wal_sync,
     .estimate = kx_store_estimate,
-    .stats = kx_store_stats,
     .max_key = KALLAX_MAX_KEY < HR_MAX_KEY_BYTES ? KALLAX_MAX_KEY : HR_MAX_KEY_BYTES,
 };
 
@@ -433,9 +388,4 @@ kv_err engine_store_check(const engine_opts *o, char *err, size_t errlen)
         return KV_INVALID_ARGUMENT;
     }
     return KV_OK;
-}
-
-void engine_lsm_stats(engine *e, rpc_statlist *l)
-{
-    e->st->stats(e, l);
 }

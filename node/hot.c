@@ -351,6 +351,14 @@ void node_hot_view_free(node_hot_item *items, size_t n)
     free(items);
 }
 
+size_t node_hot_tracked(node_hot *h)
+{
+    pthread_mutex_lock(&h->mu);
+    size_t n = h->used;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
 size_t node_hot_pinned(node_hot *h)
 {
     size_t n = 0;

@@ -53,6 +53,8 @@ void node_hot_report(node_hot *h, const Kv__HotKeysRequest *req, uint64_t now_ns
  * node_hot_view_free(*out, n). Returns n. */
 size_t node_hot_view(node_hot *h, uint64_t now_ns, node_hot_item **out);
 void node_hot_view_free(node_hot_item *items, size_t n);
+/* Number of keys in the view (reported hot by some router). */
+size_t node_hot_tracked(node_hot *h);
 /* Number of keys pinned by hints. */
 size_t node_hot_pinned(node_hot *h);
 

@@ -249,6 +249,8 @@ int main(int argc, char **argv)
          1L << 40},
         {"kallax-gb", KV_OPT_INT, &kallax_gb, "kallax: the store's size in GiB instead", NULL, 1,
          1L << 20},
+        {"http-listen", KV_OPT_STR, &n.cfg.http_listen,
+         "serve /metrics (Prometheus) and /health on http://HOST:PORT (default: off)", NULL, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};

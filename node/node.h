@@ -17,8 +17,11 @@
 #include "node/engine.h"
 #include "node/hot.h"
 #include "proto/rpc.h"
+#include "proto/http.h"
+#include "proto/rpc_metrics.h"
 #include "proto/rpc_sec.h"
 #include "proto/statlist.h"
+#include "proto/stats.h"
 #include "shard/clustermap.h"
 #include "shard/repl.h"
 
@@ -55,6 +58,7 @@ typedef struct node_config {
     int wal_recovery;        /* engine_wal_recovery: WAL corruption before its tail */
     int engine;              /* engine_kind: lsm or kallax (--engine) */
     long kallax_blocks;      /* kallax: home blocks (--kallax-blocks, or from --kallax-gb) */
+    char *http_listen;       /* --http-listen: /metrics and /health (NULL = off) */
 } node_config;
 
 /* How far ahead of the node's wall clock a write's version may be
@@ -90,6 +94,9 @@ typedef struct node {
     repl_stats coord;
     _Atomic uint64_t coord_requests;
     _Atomic bool stopping; /* node_stop began: no more side writes */
+    rpc_metrics *metrics;  /* per-method requests and latency (stats.c) */
+    kv_http *http;         /* --http-listen (stats.c) */
+    kv_http_route http_routes[2];
 } node;
 
 /* ---- nodemap.c: the map, the serving state, peers ---- */
@@ -142,7 +149,7 @@ kv_err node_h_stream_read(rpc_ctx *c, const uint8_t *body, size_t len);
  * the engine closes). */
 void node_stream_src_close(node *n);
 /* stream.chunks_continued / stream.iterators_opened (admin.Stats). */
-void node_stream_src_stats(rpc_statlist *l);
+void node_stream_src_stats(kv_stats *l);
 kv_err node_h_stream_start(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_stream_status(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_digest(rpc_ctx *c, const uint8_t *body, size_t len);
@@ -159,7 +166,7 @@ kv_err node_handoff_open(node *n, node_handoff **out, char *err, size_t errlen);
 void node_handoff_close(node_handoff *h);
 kv_err node_h_hint(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_hint_status(rpc_ctx *c, const uint8_t *body, size_t len);
-void node_handoff_stats(node *n, rpc_statlist *l);
+void node_handoff_stats(node *n, kv_stats *l);
 /* kvctl repair rebuilt target: clear its lost-hints mark. */
 kv_err node_handoff_repaired(node *n, const char *target);
 
@@ -175,7 +182,7 @@ kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **
 kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 kv_err node_coord_finish(rpc_ctx *c, void *state);
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len);
-void node_coord_stats(node *n, rpc_statlist *l);
+void node_coord_stats(node *n, kv_stats *l);
 /* The replication library's in-process call to this node's own replica
  * (repl_local_fn; server.c): runs the handler of method as a replica call
  * from a coordinator with map epoch epoch. user is the node. */
@@ -185,9 +192,30 @@ void node_local_call(void *user, const char *method, uint64_t epoch, const uint8
 /* Creates the data directory, loads a persisted map, opens the engine and
  * starts serving on cfg->listen. On failure writes a message to err. */
 kv_err node_start(node *n, char *err, size_t errlen);
-/* Appends the node's statistics to l (admin.Stats); verbose adds the
- * per-tier detail. */
-void node_collect_stats(node *n, rpc_statlist *l, bool verbose);
+/* ---- scan.c: kv.Scan on the node's engine, live keys ---- */
+kv_err node_h_scan(rpc_ctx *c, const uint8_t *body, size_t len);
+/* The node's live keys (not deleted, not expired, in ranges it replicates):
+ * an exact count by a scan of the engine, reused for 5 s. Any registered
+ * thread; one count runs at a time. */
+kv_err node_live_keys(node *n, uint64_t *out);
+
+/* ---- stats.c: statistics, /metrics, /health ---- */
+/* Appends the node's statistics to l (admin.Stats and /metrics); verbose
+ * adds the per-tier detail (always on for /metrics). Any thread registered
+ * with engine_thread_register. */
+void node_collect_stats(node *n, kv_stats *l, bool verbose);
+/* The store's figures (the LSM's levels, volumes, WAL, HotRAP; or
+ * kallax.*) and the NHC scheduler's (nhc.*, only nhc.state "off" without
+ * one). */
+void node_engine_store_stats(engine *e, kv_stats *l);
+void node_engine_nhc_stats(engine *e, kv_stats *l);
+/* node_engine_store_stats as admin.Stats pairs (tests, benchmarks); l is
+ * initialised here, the caller frees it (rpc_stats_free). */
+void node_engine_statlist(engine *e, rpc_statlist *l);
+/* Starts the HTTP server of --http-listen (nothing without it): /metrics,
+ * /health. On failure writes a message to err. */
+kv_err node_http_start(node *n, char *err, size_t errlen);
+void node_http_stop(node *n);
 
 /* Stops serving (in-flight calls finish) and closes everything. */
 void node_stop(node *n);

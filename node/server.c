@@ -376,9 +376,16 @@ static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
         return rpc_fail(c, KV_FAILED_PRECONDITION,
                         "this is node %s; ask a router for another node's stats", n->cfg.id);
     }
+    kv_stats ks;
+    kv_stats_init(&ks);
+    node_collect_stats(n, &ks, req->verbose);
+    uint64_t live = 0;
+    if (req->count_keys && node_live_keys(n, &live) == KV_OK)
+        kv_stat_gauge(&ks, "live_keys", NULL, NULL, NULL, live);
     rpc_statlist sl;
     rpc_stats_init(&sl);
-    node_collect_stats(n, &sl, req->verbose);
+    kv_stats_to_statlist(&ks, &sl);
+    kv_stats_free(&ks);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = n->cfg.id;
     rep.role = "node";
@@ -442,6 +449,7 @@ static const rpc_method node_methods[] = {
     {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA},
     {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA},
     {"kv.Batch", h_batch, .access = RPC_DATA},
+    {"kv.Scan", node_h_scan, .access = RPC_DATA},
     {"admin.Ping", h_ping, .access = RPC_DATA},
     {"admin.GetMap", node_h_get_map, .access = RPC_DATA},
     /* the rest need admin credentials (rpc.h): internal and operator calls */
@@ -577,14 +585,23 @@ kv_err node_start(node *n, char *err, size_t errlen)
                           .user = n,
                           .thread_start = worker_start,
                           .thread_stop = worker_stop};
-    return rpc_server_open(&n->rpc, &ro, err, errlen);
+    if ((rv = rpc_metrics_create(&n->metrics, ro.methods, ro.nmethods)) != KV_OK)
+        return rv;
+    ro.observe = rpc_metrics_observe;
+    ro.observe_arg = n->metrics;
+    if ((rv = rpc_server_open(&n->rpc, &ro, err, errlen)) != KV_OK)
+        return rv;
+    return node_http_start(n, err, errlen);
 }
 
 void node_stop(node *n)
 {
     atomic_store(&n->stopping, true);
+    node_http_stop(n);
     rpc_server_close(n->rpc);
     n->rpc = NULL;
+    rpc_metrics_destroy(n->metrics);
+    n->metrics = NULL;
     node_map_stop(n);
     node_handoff_close(n->handoff);
     n->handoff = NULL;

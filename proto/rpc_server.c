@@ -305,10 +305,23 @@ static kv_err run_call_init(rpc_server *s, int w, const Kv__Envelope *env, rpc_c
     return KV_OK;
 }
 
+/* Reports a finished call of a known method to opts.observe. */
+static void observe(rpc_server *s, const rpc_ctx *c, kv_err rv, uint64_t t0)
+{
+    const rpc_method *m = s->opts.observe && c->method ? find_method(s, c->method) : NULL;
+    if (m)
+        s->opts.observe(s->opts.observe_arg, (size_t)(m - s->opts.methods), rv, kv_now_ns() - t0);
+}
+
 static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, bool verified, rpc_ctx *c)
 {
+    uint64_t t0 = kv_now_ns();
     kv_err rv = run_call_init(s, w, env, c);
-    return rv == KV_OK ? serve(s, c, env, verified) : rv;
+    if (rv != KV_OK)
+        return rv;
+    rv = serve(s, c, env, verified);
+    observe(s, c, rv, t0);
+    return rv;
 }
 
 /* ---- lanes ------------------------------------------------------------- */
@@ -476,6 +489,7 @@ static bool group_split(rpc_server *s, const rpc_group *g)
 static void group_split_run(rpc_server *s, int w, rpc_group *g)
 {
     size_t n = g->calls->n_calls;
+    uint64_t t0 = kv_now_ns();
     void **state = calloc(n, sizeof(*state));
     const rpc_method **ms = calloc(n, sizeof(*ms));
     kv_err *st = calloc(n, sizeof(*st));
@@ -495,8 +509,10 @@ static void group_split_run(rpc_server *s, int w, rpc_group *g)
     for (size_t i = 0; i < n; i++) {
         if (st[i] == KV_OK && state[i])
             st[i] = ms[i]->finish(&g->ctx[i], state[i]);
-        if (ms[i])
+        if (ms[i]) {
             st[i] = past_deadline(&g->ctx[i], ms[i], st[i]);
+            observe(s, &g->ctx[i], st[i], t0);
+        }
         group_keep(g, i, st[i], &g->ctx[i]);
     }
     free(state);

@@ -34,6 +34,7 @@
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
 #include "shard/clustermap.h"
+#include "shard/fan.h"
 
 #define REPL_MAX_RF CMAP_MAX_RF
 
@@ -67,6 +68,10 @@ typedef struct repl_env {
      * router. */
     const char *self_id;
     repl_local_fn local;
+    /* Optional: the counters of forwards to a map node (a router's per-node
+     * figures); NULL or a NULL result = not counted. Any thread, must not
+     * block. */
+    fan_ctr *(*target_ctr)(void *user, const char *node_id);
 } repl_env;
 
 /* ---- the data path (repl_kv.c, repl_batch.c) ----

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "proto/statlist.h"
+#include "proto/stats.h"
 #include "shard/router.h"
 
 rpc_chan *router_chan(router *r, const char *addr)
@@ -183,27 +184,13 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
         return rv;
     }
     kv__stats_request__free_unpacked(req, NULL);
+    kv_stats ks;
+    kv_stats_init(&ks);
+    router_collect_stats(r, &ks);
     rpc_statlist l;
     rpc_stats_init(&l);
-    rpc_stats_add(&l, "uptime_ms", "%llu",
-                  (unsigned long long)((kv_now_ns() - r->started_ns) / 1000000ull));
-    rpc_stats_add(&l, "map_epoch", "%llu", (unsigned long long)cmap_slot_epoch(r->maps));
-    rpc_stats_add(&l, "requests", "%llu", (unsigned long long)atomic_load(&r->requests));
-    rpc_stats_add(&l, "forwards", "%llu", (unsigned long long)atomic_load(&r->stats.forwards));
-    rpc_stats_add(&l, "forward_errors", "%llu",
-                  (unsigned long long)atomic_load(&r->stats.forward_errors));
-    rpc_stats_add(&l, "map_refreshes", "%llu", (unsigned long long)atomic_load(&r->map_refreshes));
-    rpc_stats_add(&l, "maps_refused", "%llu", (unsigned long long)atomic_load(&r->maps_refused));
-    rpc_stats_add(&l, "hot.detection", "%s", r->hot ? "on" : "off");
-    rpc_stats_add(&l, "hot.cache_hits", "%llu", (unsigned long long)router_mit_hits(r->mit));
-    rpc_stats_add(&l, "hints_sent", "%llu", (unsigned long long)atomic_load(&r->stats.hints_sent));
-    rpc_stats_add(&l, "hint_errors", "%llu",
-                  (unsigned long long)atomic_load(&r->stats.hint_errors));
-    rpc_stats_add(&l, "read_repairs", "%llu",
-                  (unsigned long long)atomic_load(&r->stats.read_repairs));
-    rpc_stats_add(&l, "writes_skipped_down", "%llu",
-                  (unsigned long long)atomic_load(&r->stats.skipped_down));
-    router_probe_stats(r, &l);
+    kv_stats_to_statlist(&ks, &l);
+    kv_stats_free(&ks);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = "router";
     rep.role = "router";
@@ -220,6 +207,7 @@ static const rpc_method router_methods[] = {
     {"kv.Put", NULL, router_put_start, router_finish, RPC_DATA},
     {"kv.Delete", NULL, router_delete_start, router_finish, RPC_DATA},
     {"kv.Batch", router_h_batch, .access = RPC_DATA},
+    {"kv.Scan", router_h_scan, .access = RPC_DATA},
     {"admin.Ping", router_h_ping, .access = RPC_DATA},
     {"admin.GetMap", router_h_get_map, .access = RPC_DATA},
     {"admin.Stats", router_h_stats}, /* admin credentials (rpc.h) */
@@ -255,7 +243,11 @@ static kv_err router_core_init(router *r, char *err, size_t errlen)
                         .stats = &r->stats,
                         .stopping = &r->stopping,
                         .chan = env_chan,
-                        .learn_map = env_learn_map};
+                        .learn_map = env_learn_map,
+                        .target_ctr = router_target_ctr};
+    pthread_mutex_init(&r->targets_mu, NULL);
+    if (!(r->targets = calloc(ROUTER_MAX_TARGETS, sizeof(*r->targets))))
+        return KV_RESOURCE_EXHAUSTED;
     /* the prober's table exists before the refresher, which uses it */
     if ((rv = router_probe_start(r)) != KV_OK)
         snprintf(err, errlen, "cannot start the failure detector");
@@ -286,11 +278,18 @@ kv_err router_start(router *r, char *err, size_t errlen)
                           .tls = rpc_sec_tls(&r->cfg.sec),
                           .recv_max = kv_limits_recv_max(&r->cfg.limits),
                           .user = r};
-    return rpc_server_open(&r->rpc, &ro, err, errlen);
+    if ((rv = rpc_metrics_create(&r->metrics, ro.methods, ro.nmethods)) != KV_OK)
+        return rv;
+    ro.observe = rpc_metrics_observe;
+    ro.observe_arg = r->metrics;
+    if ((rv = rpc_server_open(&r->rpc, &ro, err, errlen)) != KV_OK)
+        return rv;
+    return router_http_start(r, err, errlen);
 }
 
 void router_stop(router *r)
 {
+    router_http_stop(r);
     rpc_server_close(r->rpc);
     r->rpc = NULL;
     atomic_store(&r->stopping, true);
@@ -302,4 +301,8 @@ void router_stop(router *r)
     r->peers = NULL;
     cmap_slot_destroy(r->maps);
     r->maps = NULL;
+    rpc_metrics_destroy(r->metrics);
+    r->metrics = NULL;
+    free(r->targets);
+    r->targets = NULL;
 }

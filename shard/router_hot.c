@@ -87,6 +87,7 @@ static void *hot_main(void *arg)
         hk_report rep = {0};
         if (hk_window_rotate(r->hot, kv_now_ns(), (size_t)r->cfg.hot_k, &rep) != KV_OK)
             continue;
+        atomic_store(&r->hot_reported, rep.n);
         push_report(r, &rep);
         if (r->mit)
             router_mit_update(r->mit, &rep);

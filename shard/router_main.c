@@ -55,6 +55,10 @@ int main(int argc, char **argv)
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},
         {"max-batch-bytes", KV_OPT_INT, &max_batch, "batch size limit", NULL, 1, 1L << 30},
+        {"http-listen", KV_OPT_STR, &r.cfg.http_listen,
+         "serve /metrics (Prometheus), /health and the dashboard (/) on http://HOST:PORT "
+         "(default: off)",
+         NULL, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvrouter", NULL};

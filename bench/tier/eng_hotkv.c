@@ -4,7 +4,7 @@
  * tier (HotRing) over the LSM whose upper levels live on --fast-dir and lower
  * levels on --slow-dir. Point reads per serving tier come from
  * engine_get_stats(); write amplification and the slow volume's read bytes
- * from the engine's LSM statistics (engine_lsm_stats: lsm.write_amp,
+ * from the engine's LSM statistics (node_engine_statlist: lsm.write_amp,
  * slow.read_bytes), parsed by name so the engine exposes nothing new.
  *
  * "hotkv" and "hotkv-nohotrap" map to the engine's HotRAP switch
@@ -21,6 +21,8 @@
 
 #include "bench/tier/tier_bench.h"
 #include "node/engine.h"
+#include "node/node.h" /* node_engine_statlist */
+#include "proto/statlist.h"
 
 typedef struct hk {
     engine *e;
@@ -93,8 +95,7 @@ static kv_err hk_open_kallax(const tb_opts *o, void **h, char *err, size_t errle
 static void hk_dump_levels(hk *k)
 {
     rpc_statlist l;
-    rpc_stats_init(&l);
-    engine_lsm_stats(k->e, &l);
+    node_engine_statlist(k->e, &l);
     for (size_t i = 0; i < l.n; i++)
         if (strncmp(l.items[i].name, "lsm.", 4) == 0)
             fprintf(stderr, "tier_bench: hotkv: %s %s\n", l.items[i].name, l.items[i].value);
@@ -220,8 +221,7 @@ static void hk_stats(void *h, tb_stats *out)
     out->reads_fd = s.reads_fd;
     out->reads_sd = s.reads_sd;
     out->reads_miss = s.reads_miss;
-    rpc_stats_init(&l);
-    engine_lsm_stats(k->e, &l);
+    node_engine_statlist(k->e, &l);
     const char *wa = stat_value(&l, "lsm.write_amp"), *sdb = stat_value(&l, "slow.read_bytes");
     const char *user = stat_value(&l, "lsm.user_bytes");
     /* unknown (null) when nothing was written since open (--no-load reads) */
@@ -272,8 +272,7 @@ static bool hk_settled(void *h)
     rpc_statlist l;
     bool ok = true;
     unsigned long long l0_bytes = 0, l1_target = 0;
-    rpc_stats_init(&l);
-    engine_lsm_stats(k->e, &l);
+    node_engine_statlist(k->e, &l);
     for (size_t i = 0; i < l.n; i++) {
         unsigned long long files, bytes, target;
         int level;
