@@ -67,7 +67,13 @@ kv_err kv_client_open(kv_client **out, const char *routers, const kv_client_opts
     }
     c->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : RPC_DEFAULT_DEADLINE_MS;
     c->limits = kv_default_limits;
-    rpc_chan_opts co = {.auth = opts ? opts->auth : NULL};
+    rpc_tls tls = {0};
+    rpc_chan_opts co = {0};
+    if (opts) {
+        tls = (rpc_tls){opts->tls_cert, opts->tls_key, opts->tls_ca, false};
+        co.auth = opts->admin_auth && *opts->admin_auth ? opts->admin_auth : opts->auth;
+        co.tls = opts->tls_cert || opts->tls_ca ? &tls : NULL;
+    }
     kv_err rv = KV_OK;
     char *save = NULL;
     for (char *a = strtok_r(list, ",", &save); a && rv == KV_OK; a = strtok_r(NULL, ",", &save)) {
@@ -78,7 +84,11 @@ kv_err kv_client_open(kv_client **out, const char *routers, const kv_client_opts
         else if ((rv = rpc_chan_open(&c->chans[c->n], a, &co)) == KV_OK)
             c->n++;
         else
-            snprintf(last_error, sizeof(last_error), "bad router address '%s'", a);
+            snprintf(last_error, sizeof(last_error), "%s '%s'",
+                     !rpc_url_tls(a)          ? "bad router address"
+                     : !co.tls || !co.tls->ca ? "tls+tcp:// needs a CA (tls_ca, --tls-ca) for"
+                                              : "cannot set up TLS (see the log) for",
+                     a);
     }
     free(list);
     if (rv == KV_OK && c->n == 0)

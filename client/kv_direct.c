@@ -50,10 +50,17 @@ static rpc_chan *peer_chan(kvd *d, const char *addr)
 }
 
 /* Installs m if newer and dials its nodes (so the first requests find
- * connections). */
-static void install(kvd *d, cmap *m)
+ * connections). An unverified map (no TLS with a CA) may not jump the
+ * epoch by more than CMAP_MAX_EPOCH_JUMP (docs/protocol.md "Cluster maps
+ * from peers"; the client cannot tell which node a router's map came
+ * from, so the sender check is the routers' and nodes' own). */
+static void install(kvd *d, cmap *m, bool verified)
 {
-    if (cmap_slot_install(d->maps, m) != KV_OK)
+    cmap *cur = cmap_slot_get(d->maps);
+    char why[160];
+    kv_err rv = cmap_vet(cur, m, NULL, verified, why, sizeof(why));
+    cmap_unref(cur);
+    if (rv != KV_OK || cmap_slot_install(d->maps, m) != KV_OK)
         return;
     for (size_t i = 0; i < cmap_node_count(m); i++)
         peer_chan(d, cmap_node_at(m, i)->addr);
@@ -71,7 +78,7 @@ static bool fetch_from(kvd *d, rpc_chan *ch)
         char err[256];
         if (g && g->has_map && g->map && cmap_from_pb(g->map, &m, err, sizeof(err)) == KV_OK) {
             got = true;
-            install(d, m);
+            install(d, m, rep.verified);
             cmap_unref(m);
         }
         if (g)
@@ -166,7 +173,7 @@ bool kvd_saw_reply(kvd *d, const rpc_reply *r, uint64_t sent_epoch)
         cmap *m = NULL;
         if (cmap_decode(r->body, r->len, &m, NULL, 0) == KV_OK) {
             bool newer = cmap_epoch(m) > sent_epoch;
-            install(d, m);
+            install(d, m, r->verified);
             cmap_unref(m);
             return newer;
         }

@@ -25,7 +25,10 @@ static const kvctl_cmd commands[] = {
     {"ttl", kvctl_ttl, 1, 1, "ttl KEY   remaining time to live in ms, or none"},
     {"batch", kvctl_batch, 0, 1,
      "batch [FILE|-]   one operation a line: get KEY | put KEY VALUE | del KEY"},
-    {"status", kvctl_status, 0, 0, "status [--verbose]"},
+    {"scan", kvctl_scan, 0, 0,
+     "scan [--prefix P] [--start K] [--limit N] [--cursor C] [--keys-only] [--hex]   live keys "
+     "in order (key TAB value); prints the cursor to continue from on stderr"},
+    {"status", kvctl_status, 0, 0, "status [--verbose]   LIVE KEYS: exact, per node"},
     {"ring", kvctl_ring, 0, 0, "ring"},
     {"ping", kvctl_ping, 0, 0, "ping"},
     {"cluster", kvctl_cluster, 1, 1000, "cluster init --rf N ID=ADDR..."},
@@ -43,7 +46,8 @@ static const kvctl_cmd commands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] COMMAND\n"
+    fprintf(f, "usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth-file F] "
+               "[--admin-auth-file F] [--tls-ca F] COMMAND\n"
                "commands:\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(f, "  %s\n", commands[i].usage);
@@ -65,7 +69,9 @@ static bool command_help(int argc, char **argv)
     }
     if (!help || !cmd)
         return false;
-    printf("usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] %s\n", cmd->usage);
+    printf("usage: kvctl [--router ADDR] [--json] [--timeout MS] [--auth-file F] "
+           "[--admin-auth-file F] [--tls-ca F] %s\n",
+           cmd->usage);
     return true;
 }
 
@@ -83,7 +89,7 @@ int main(int argc, char **argv)
         {"router", KV_OPT_STR, &env.router, "router (or node) address", NULL, 0, 0},
         {"json", KV_OPT_BOOL, &env.json, "machine-readable output", NULL, 0, 0},
         {"timeout", KV_OPT_INT, &env.timeout_ms, "per-call deadline in ms", NULL, 1, 3600000},
-        {"auth", KV_OPT_STR, &env.auth, "cluster auth token", NULL, 0, 0},
+        RPC_SEC_OPTS(&env.sec),
         {"ttl", KV_OPT_INT, &env.ttl_ms, "put: time to live in ms", NULL, 0, 1L << 40},
         {"verbose", KV_OPT_BOOL, &env.verbose, "status: per-tier detail", NULL, 0, 0},
         {"rf", KV_OPT_INT, &env.rf, "cluster init: replication factor", NULL, 1, 16},
@@ -106,6 +112,12 @@ int main(int argc, char **argv)
          0, 0},
         {"if-absent", KV_OPT_BOOL, &env.if_absent, "put: only if the key does not exist", NULL, 0,
          0},
+        {"prefix", KV_OPT_STR, &env.prefix, "scan: keys beginning with this", NULL, 0, 0},
+        {"start", KV_OPT_STR, &env.start, "scan: keys from this one on", NULL, 0, 0},
+        {"cursor", KV_OPT_STR, &env.cursor, "scan: continue after this cursor (as printed)", NULL,
+         0, 0},
+        {"limit", KV_OPT_INT, &env.limit, "scan: keys to print (default 100)", NULL, 1, 1L << 40},
+        {"keys-only", KV_OPT_BOOL, &env.keys_only, "scan: keys without values", NULL, 0, 0},
         {"no-wait", KV_OPT_BOOL, &env.no_wait,
          "node, repair: start the streams and return (rerun the command to finish)", NULL, 0, 0},
     };
@@ -119,13 +131,19 @@ int main(int argc, char **argv)
             version |= strcmp(argv[i], "--version") == 0;
         if (!version)
             usage(stdout);
+        rpc_sec_free(&env.sec);
         kv_opts_free(&set);
         return 0;
+    }
+    if (rv == KV_OK && npos >= 1 && (rv = rpc_sec_load(&env.sec, err, sizeof(err))) == KV_OK) {
+        env.auth = rpc_sec_token(&env.sec);
+        env.tls = rpc_sec_tls(&env.sec);
     }
     if (rv != KV_OK || npos < 1) {
         if (rv != KV_OK)
             fprintf(stderr, "kvctl: %s\n", err);
         usage(stderr);
+        rpc_sec_free(&env.sec);
         kv_opts_free(&set);
         return KVCTL_USAGE;
     }
@@ -144,6 +162,7 @@ int main(int argc, char **argv)
     } else {
         code = cmd->fn(&env, npos - 1, argv + 2);
     }
+    rpc_sec_free(&env.sec);
     kv_opts_free(&set);
     return code;
 }

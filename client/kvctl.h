@@ -5,9 +5,11 @@
 
 #include <stdbool.h>
 
+#include "kv/kv.h"
 #include "kv/kv_err.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
+#include "proto/rpc_sec.h"
 #include "shard/clustermap.h"
 
 enum {
@@ -20,7 +22,9 @@ enum {
 
 typedef struct kvctl_env {
     char *router;
-    char *auth;
+    rpc_sec sec;      /* --auth*, --admin-auth*, --tls-* */
+    const char *auth; /* the token sent: the admin token when given, else the data token */
+    const rpc_tls *tls;
     bool json;
     bool verbose;
     long timeout_ms;
@@ -37,6 +41,11 @@ typedef struct kvctl_env {
     char *output;     /* get: write the value to this file */
     char *file;       /* put: read the value from this file */
     char *if_version; /* put/del: compare-and-set version (decimal) */
+    char *prefix;     /* scan: keys beginning with this */
+    char *start;      /* scan: keys from this one on */
+    char *cursor;     /* scan: continue after this cursor (hex, as printed) */
+    long limit;       /* scan: keys to print (0 = 100) */
+    bool keys_only;   /* scan: no values */
 } kvctl_env;
 
 typedef int (*kvctl_fn)(kvctl_env *env, int argc, char **argv);
@@ -58,10 +67,19 @@ void kvctl_json_bytes(const char *field, const void *data, size_t len);
 /* True when data is valid UTF-8 without control characters (tab and
  * newline allowed). */
 bool kvctl_utf8_text(const void *data, size_t len);
+/* A key given on the command line (hex-decoded with --hex); *out malloc'ed. */
+int kvctl_key_arg(kvctl_env *env, const char *s, uint8_t **out, size_t *len);
+/* Hex text s decoded into *out (malloc'ed); prints a usage error naming what. */
+int kvctl_unhex(const char *what, const char *s, uint8_t **out, size_t *len);
+/* Bytes to stdout as they are, or in hex with --hex. */
+void kvctl_print_bytes(const kvctl_env *env, const uint8_t *p, size_t n);
+void kvctl_print_hex(const uint8_t *p, size_t n);
 /* False (with a hint printed) when addr lacks a scheme (tcp://). */
 bool kvctl_addr_ok(const char *addr);
 
 /* ---- kvctl_rpc.c ---- */
+/* Client options with env's token and TLS files (for kv_client_open). */
+kv_client_opts kvctl_client_opts(const kvctl_env *env);
 /* A channel to addr; NULL (message printed) for a bad address. */
 rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr);
 /* Calls method (deadline 0 = --timeout); on failure prints the status
@@ -84,6 +102,7 @@ int kvctl_put(kvctl_env *env, int argc, char **argv);
 int kvctl_del(kvctl_env *env, int argc, char **argv);
 int kvctl_ttl(kvctl_env *env, int argc, char **argv);
 int kvctl_batch(kvctl_env *env, int argc, char **argv);
+int kvctl_scan(kvctl_env *env, int argc, char **argv);
 int kvctl_status(kvctl_env *env, int argc, char **argv);
 int kvctl_ring(kvctl_env *env, int argc, char **argv);
 int kvctl_ping(kvctl_env *env, int argc, char **argv);

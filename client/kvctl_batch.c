@@ -151,7 +151,7 @@ int kvctl_batch(kvctl_env *env, int argc, char **argv)
         return KVCTL_USAGE;
     }
     kv_client *c = NULL;
-    kv_client_opts o = {.timeout_ms = (uint32_t)env->timeout_ms, .auth = env->auth};
+    kv_client_opts o = kvctl_client_opts(env);
     int code = kvctl_addr_ok(env->router) ? KVCTL_OK : KVCTL_USAGE;
     if (code == KVCTL_OK && kv_client_open(&c, env->router, &o) != KV_OK)
         code = kvctl_fail(KV_UNAVAILABLE, kv_last_error());

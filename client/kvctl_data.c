@@ -195,6 +195,29 @@ static void print_hex(const uint8_t *p, size_t n)
         printf("%02x", p[i]);
 }
 
+int kvctl_key_arg(kvctl_env *env, const char *s, uint8_t **out, size_t *len)
+{
+    return key_arg(env, s, out, len);
+}
+
+int kvctl_unhex(const char *what, const char *s, uint8_t **out, size_t *len)
+{
+    return unhex(what, s, strlen(s), out, len);
+}
+
+void kvctl_print_bytes(const kvctl_env *env, const uint8_t *p, size_t n)
+{
+    if (env->hex)
+        print_hex(p, n);
+    else
+        fwrite(p, 1, n, stdout);
+}
+
+void kvctl_print_hex(const uint8_t *p, size_t n)
+{
+    print_hex(p, n);
+}
+
 /* ---- commands ---------------------------------------------------------- */
 
 bool kvctl_addr_ok(const char *addr)
@@ -215,7 +238,7 @@ static kv_client *open_client(kvctl_env *env, int *code)
         return NULL;
     }
     kv_client *c = NULL;
-    kv_client_opts o = {.timeout_ms = (uint32_t)env->timeout_ms, .auth = env->auth};
+    kv_client_opts o = kvctl_client_opts(env);
     kv_err rv = kv_client_open(&c, env->router, &o);
     if (rv != KV_OK) {
         *code = kvctl_fail(rv, kv_last_error());

@@ -92,7 +92,7 @@ static void print_table(const Kv__HotKeysReply *r)
 int kvctl_hotkeys(kvctl_env *env, int argc, char **argv)
 {
     rpc_chan *ch = NULL;
-    rpc_chan_opts o = {.auth = env->auth, .connect_wait_ms = 1000};
+    rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = 1000};
     if (rpc_chan_open(&ch, env->router, &o) != KV_OK)
         return kvctl_fail(KV_INVALID_ARGUMENT, "bad --router address");
     int code = KVCTL_OK;

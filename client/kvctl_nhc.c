@@ -59,7 +59,7 @@ static Kv__StatsReply *fetch(nhc_ctx *c, const char *id, const char *addr)
     if (c->target_is_router) {
         req.node_id = (char *)id;
     } else if (!c->target_id || strcmp(id, c->target_id) != 0) {
-        rpc_chan_opts o = {.auth = c->env->auth};
+        rpc_chan_opts o = {.auth = c->env->auth, .tls = c->env->tls};
         if (rpc_chan_open(&own, addr, &o) != KV_OK)
             return NULL;
         ch = own;
@@ -277,7 +277,7 @@ static int round_once(nhc_ctx *c, const Kv__PingReply *p, const cmap *m, const c
 int kvctl_nhc(kvctl_env *env, int argc, char **argv)
 {
     nhc_ctx c = {.env = env};
-    rpc_chan_opts o = {.auth = env->auth, .connect_wait_ms = 1000};
+    rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = 1000};
     if (rpc_chan_open(&c.target, env->router, &o) != KV_OK)
         return kvctl_fail(KV_INVALID_ARGUMENT, "bad --router address");
     Kv__PingReply *p = NULL;

@@ -10,12 +10,27 @@
 #include "client/kvctl.h"
 #include "common/clock.h"
 
+kv_client_opts kvctl_client_opts(const kvctl_env *env)
+{
+    return (kv_client_opts){.timeout_ms = (uint32_t)env->timeout_ms,
+                            .auth = env->auth,
+                            .tls_cert = env->sec.tls.cert,
+                            .tls_key = env->sec.tls.key,
+                            .tls_ca = env->sec.tls.ca};
+}
+
 rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr)
 {
     rpc_chan *ch = NULL;
-    rpc_chan_opts o = {.auth = env->auth, .connect_wait_ms = 1000};
+    rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = 1000};
     if (rpc_chan_open(&ch, addr, &o) != KV_OK) {
-        fprintf(stderr, "kvctl: INVALID_ARGUMENT: bad address '%s'\n", addr);
+        if (rpc_url_tls(addr))
+            fprintf(stderr,
+                    "kvctl: INVALID_ARGUMENT: cannot dial '%s': tls+tcp:// needs --tls-ca "
+                    "(and readable --tls-cert/--tls-key)\n",
+                    addr);
+        else
+            fprintf(stderr, "kvctl: INVALID_ARGUMENT: bad address '%s'\n", addr);
         return NULL;
     }
     return ch;

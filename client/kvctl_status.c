@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvctl status: one row per node (id, address, state, keys, memory,
+ * kvctl status: one row per node (id, address, state, live keys, memory,
  * durability, and the engine when it is kallax) from admin.Stats. Through a router the stats of
  * each node are fetched by the router (StatsRequest.node_id), so status works wherever the router
  * is reachable; against a node, the other nodes are asked directly at their map addresses.
@@ -50,19 +50,26 @@ static Kv__StatsReply *node_stats(status_ctx *sc, const char *id, const char *ad
 {
     Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
     req.verbose = sc->env->verbose;
+    req.count_keys = true; /* live_keys: exact (the node scans, reusing a count for 5 s) */
     rpc_chan *ch = sc->target, *own = NULL;
     if (sc->target_is_router) {
         req.node_id = (char *)id;
     } else if (!sc->target_id || strcmp(id, sc->target_id) != 0) {
-        rpc_chan_opts o = {.auth = sc->env->auth};
+        rpc_chan_opts o = {.auth = sc->env->auth, .tls = sc->env->tls};
         if (rpc_chan_open(&own, addr, &o) != KV_OK)
             return NULL;
         ch = own;
     }
     rpc_reply rep;
     Kv__StatsReply *s = NULL;
-    if (rpc_call(ch, "admin.Stats", 0, &req.base, (uint32_t)sc->env->timeout_ms, &rep) == KV_OK)
+    kv_err rv = rpc_call(ch, "admin.Stats", 0, &req.base, (uint32_t)sc->env->timeout_ms, &rep);
+    if (rv == KV_OK)
         s = kv__stats_reply__unpack(NULL, rep.len, rep.body);
+    static bool told; /* credentials: say so once, not as "did not answer" per node */
+    if ((rv == KV_PERMISSION_DENIED || rv == KV_UNAUTHENTICATED) && !told) {
+        told = true;
+        fprintf(stderr, "kvctl: %s: %s\n", kv_err_name(rv), rep.message ? rep.message : "");
+    }
     rpc_reply_free(&rep);
     rpc_chan_close(own);
     return s;
@@ -106,7 +113,7 @@ static void print_row(status_ctx *sc, const char *id, const char *addr, const ch
     }
     char memcol[80];
     snprintf(memcol, sizeof(memcol), "%s / %s", mem, lim);
-    const char *keys = s ? stat_of(s, "keys") : NULL;
+    const char *keys = s ? stat_of(s, "live_keys") : NULL;
     const char *dur = s ? stat_of(s, "durability") : NULL;
     /* a node over kallax says so: its one volume has no HotRAP and no NHC */
     const char *eng = s ? stat_of(s, "engine") : NULL;
@@ -212,7 +219,7 @@ static void print_transition(status_ctx *sc, const cmap *m)
 int kvctl_status(kvctl_env *env, int argc, char **argv)
 {
     status_ctx sc = {.env = env};
-    rpc_chan_opts o = {.auth = env->auth, .connect_wait_ms = 1000};
+    rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = 1000};
     if (rpc_chan_open(&sc.target, env->router, &o) != KV_OK)
         return kvctl_fail(KV_INVALID_ARGUMENT, "bad --router address");
     int code = KVCTL_OK;
@@ -241,7 +248,7 @@ int kvctl_status(kvctl_env *env, int argc, char **argv)
             printf("\"nodes\":[");
         else
             printf("%-12s %-26s %-12s %-13s %-13s %10s  %-22s %s\n", "ID", "ADDRESS", "STATE",
-                   "SERVING", "ROUTER VIEW", "KEYS", "MEMORY", "DURABILITY");
+                   "SERVING", "ROUTER VIEW", "LIVE KEYS", "MEMORY", "DURABILITY");
         for (size_t i = 0; m && i < cmap_node_count(m); i++)
             one_node(&sc, cmap_node_at(m, i)->id, cmap_node_at(m, i)->addr,
                      cmap_node_at(m, i)->state);

@@ -7,14 +7,17 @@
 set -euo pipefail
 # Building and running the cluster (./run.sh, ./deps.sh --runtime):
 KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler
-  liburing-dev liburcu-dev libxxhash-dev libinih-dev)
+  liburing-dev liburcu-dev libxxhash-dev libinih-dev liblz4-dev libzstd-dev)
+# (LZ4 and zstd: the LSM's block compression, also slowfs's compression model)
 # and the tests and benchmarks (./test.sh): Criterion, the slow-volume
-# emulator (FUSE; LZ4 and zstd for its transparent-compression model), RocksDB
+# emulator (FUSE), RocksDB
 # for the tier benchmark, docker-compose to check
-# the compose file.
+# the compose file, openssl to make the TLS tests' CA and certificates,
+# Prometheus' Python client (its text-format parser checks /metrics) and
+# Chromium (the dashboard test loads the page headless).
 if [ "${1:-}" != --runtime ]; then
-  KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 liblz4-dev libzstd-dev librocksdb-dev
-    docker-compose)
+  KV_PACKAGES+=(libcriterion-dev libfuse3-dev fuse3 librocksdb-dev
+    docker-compose openssl python3-prometheus-client chromium)
 fi
 # ./test.sh --fuzz: clang and its runtimes (libFuzzer, ASan, UBSan).
 if [ "${1:-}" = --fuzz ]; then

@@ -7,7 +7,9 @@
 #                           [--bin DIR] [--foreground] [--auth TOKEN]
 #   deploy/local-cluster.sh stop [--data DIR]
 #
-# The router listens on BASE (default 7000), node i on BASE+i. Data and logs
+# The router listens on BASE (default 7000), node i on BASE+i; their HTTP
+# listeners (/metrics, /health, the router's dashboard at /) on BASE+2000
+# and BASE+2000+i. Data and logs
 # go under DIR (default ./data): DIR/nI/ for node data, DIR/logs/*.log, and
 # DIR/pids. With --foreground the script waits until Ctrl-C (or SIGTERM),
 # then stops every process it started.
@@ -77,6 +79,7 @@ for i in $(seq 1 "$nodes"); do
   # each node gets a fast and a slow volume (here two folders of one disk)
   "$bin/node/kvnode" --id "n$i" --listen "$addr" --data-dir "$data/n$i" \
     --fast-dir "$data/n$i/fast" --slow-dir "$data/n$i/slow" "${authflag[@]}" \
+    --http-listen "http://127.0.0.1:$((port + 2000 + i))" \
     >> "$data/logs/n$i.log" 2>&1 &
   echo "$! n$i" >> "$pids"
   specs+=("n$i=$addr")
@@ -101,7 +104,7 @@ fi
 router="tcp://127.0.0.1:$port"
 seedlist=$(IFS=,; echo "${seeds[*]}")
 "$bin/shard/kvrouter" --listen "$router" --seeds "$seedlist" "${authflag[@]}" \
-  >> "$data/logs/router.log" 2>&1 &
+  --http-listen "http://127.0.0.1:$((port + 2000))" >> "$data/logs/router.log" 2>&1 &
 echo "$! router" >> "$pids"
 wait_ping "$router" || { stop_all; exit 1; }
 for _ in $(seq 100); do # until the router has learned the map
@@ -109,6 +112,7 @@ for _ in $(seq 100); do # until the router has learned the map
   sleep 0.1
 done
 echo "hotkv: $nodes nodes + router on $router (rf $rf, data $data)"
+echo "dashboard: http://127.0.0.1:$((port + 2000))/ (metrics at /metrics; node i's at port $((port + 2000)) + i)"
 
 if [ $fg -eq 1 ]; then
   trap 'echo; echo "stopping..."; stop_all; exit 0' INT TERM

@@ -25,9 +25,9 @@ static rpc_chan *env_chan(void *user, const char *addr)
     return node_chan(user, addr);
 }
 
-static void env_learn_map(void *user, const uint8_t *body, size_t len)
+static void env_learn_map(void *user, const rpc_reply *r, const char *from)
 {
-    node_map_learn(user, body, len);
+    node_map_learn(user, r, from);
 }
 
 void node_coord_init(node *n)
@@ -154,15 +154,21 @@ kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len)
     return rv;
 }
 
-void node_coord_stats(node *n, rpc_statlist *l)
+void node_coord_stats(node *n, kv_stats *l)
 {
     const repl_stats *s = &n->coord;
-    rpc_stats_add(l, "coord.requests", "%llu", (unsigned long long)atomic_load(&n->coord_requests));
-    rpc_stats_add(l, "coord.forwards", "%llu", (unsigned long long)atomic_load(&s->forwards));
-    rpc_stats_add(l, "coord.forward_errors", "%llu",
-                  (unsigned long long)atomic_load(&s->forward_errors));
-    rpc_stats_add(l, "coord.hints_sent", "%llu", (unsigned long long)atomic_load(&s->hints_sent));
-    rpc_stats_add(l, "coord.hint_errors", "%llu", (unsigned long long)atomic_load(&s->hint_errors));
-    rpc_stats_add(l, "coord.read_repairs", "%llu",
-                  (unsigned long long)atomic_load(&s->read_repairs));
+    kv_stat_counter(l, "coord.requests", "hotkv_node_coord_requests_total", NULL,
+                    "Requests this node coordinated for smart clients.",
+                    atomic_load(&n->coord_requests));
+    kv_stat_counter(l, "coord.forwards", "hotkv_node_coord_forwards_total", NULL,
+                    "Replica calls sent while coordinating.", atomic_load(&s->forwards));
+    kv_stat_counter(l, "coord.forward_errors", "hotkv_node_coord_forward_errors_total", NULL,
+                    "Coordinated requests that failed for want of replicas.",
+                    atomic_load(&s->forward_errors));
+    kv_stat_counter(l, "coord.hints_sent", "hotkv_node_coord_hints_sent_total", NULL,
+                    "Hinted records sent while coordinating.", atomic_load(&s->hints_sent));
+    kv_stat_counter(l, "coord.hint_errors", "hotkv_node_coord_hint_errors_total", NULL,
+                    "Hints that could not be stored.", atomic_load(&s->hint_errors));
+    kv_stat_counter(l, "coord.read_repairs", "hotkv_node_coord_read_repairs_total", NULL,
+                    "Read repairs sent while coordinating.", atomic_load(&s->read_repairs));
 }

@@ -470,8 +470,8 @@ static kv_err find_current(engine *e, const engine_write *w, current *c, char *e
     *c = (current){.now_ms = engine_now_ms(e)};
     if (hr_get(e->idx, w->key, w->klen, cur_visit, c) == KV_OK)
         return KV_OK;
-    lsm_rec rec;
-    kv_err rv = e->st->get(e->db, w->key, w->klen, &rec, NULL);
+    lsm_rec rec; /* metadata only, and not a read for HotRAP (lsm_get_meta) */
+    kv_err rv = e->st->get_meta(e->db, w->key, w->klen, &rec);
     if (rv == KV_NOT_FOUND)
         return KV_OK;
     if (rv != KV_OK) {
@@ -481,7 +481,6 @@ static kv_err find_current(engine *e, const engine_write *w, current *c, char *e
     c->exists = true;
     c->version = rec.version;
     c->live = rec.type == LSM_PUT && (rec.expire_at == 0 || rec.expire_at > c->now_ms);
-    lsm_rec_free(&rec);
     return KV_OK;
 }
 

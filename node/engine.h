@@ -36,7 +36,6 @@
 #include "common/clock.h"
 #include "kv/kv_err.h"
 #include "node/nhc/nhc.h"
-#include "proto/statlist.h"
 
 typedef struct engine engine;
 
@@ -66,6 +65,10 @@ typedef struct engine_opts {
     double index_rehash_cost; /* HotRing rehash trigger: items visited per access (0 = 8) */
     bool disable_io_uring;
     bool no_hotrap; /* plain tiering: no read-hot retention/promotion (HotRAP) */
+    /* SST block compression per level or volume (lsm_compression_parse:
+     * "auto" = lz4 on the slow volume's levels, none on the fast one's; kvnode
+     * --compression). NULL = auto. */
+    const char *compression;
     /* NHC scheduler options (borrowed during engine_open), NULL = defaults
      * (nhc_opts_default: enabled). Used only with a slow_dir and HotRAP;
      * enable false keeps it in classic state. twin_entries: twin-map bound,
@@ -270,13 +273,16 @@ kv_err engine_cleanup(engine *e, engine_key_filter keep, void *arg, uint64_t *dr
 void engine_estimate(engine *e, uint64_t *keys, uint64_t *bytes);
 
 void engine_get_stats(engine *e, engine_stats *out);
-/* Appends the LSM/tier statistics (levels, volumes, WAL) to l. */
-void engine_lsm_stats(engine *e, rpc_statlist *l);
-/* Appends the NHC scheduler's state to l: nhc.state, nhc.data_admit,
- * nhc.load_admit, nhc.miss_ratio, per-volume reads/s and latency, twin-map
- * size and the last minute (nhc.series.N). Only nhc.state ("off") without a
- * scheduler. Any registered thread. */
-void engine_nhc_stats(engine *e, rpc_statlist *l);
+/* The store's statistics, for node/stats.c, which formats them (admin.Stats,
+ * /metrics): the LSM's (levels, volumes, WAL, HotRAP, NHC routing) or
+ * kallax's. Each returns KV_OK, or FAILED_PRECONDITION over the other kind
+ * of store. Any thread. */
+struct lsm_stats;
+struct kallax_stats;
+kv_err engine_lsm_get_stats(engine *e, struct lsm_stats *out);
+kv_err engine_kallax_get_stats(engine *e, struct kallax_stats *out);
+/* Whether the engine has a slow volume. */
+bool engine_has_slow(const engine *e);
 /* The engine's scheduler, NULL without one (no slow_dir or no HotRAP);
  * owned by the engine, valid until engine_close. */
 nhc *engine_nhc(engine *e);

@@ -19,6 +19,7 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "node/engine_int.h"
+#include "node/kallax/kallax.h"
 
 #define SKETCH_AGE_EVERY (8u << 20) /* halve every counter after this many adds */
 #define WAIT_ROOM_MS 10000u
@@ -408,72 +409,18 @@ void engine_get_stats(engine *e, engine_stats *out)
     *out = s;
 }
 
-static void vol_stats(rpc_statlist *l, const char *vol, const lsm_vol_stats *v)
+kv_err engine_lsm_get_stats(engine *e, lsm_stats *out)
 {
-    char name[64];
-#define VOL_STAT(field)                                                                            \
-    snprintf(name, sizeof(name), "%s." #field, vol);                                               \
-    rpc_stats_add(l, name, "%llu", (unsigned long long)v->field);
-    VOL_STAT(reads)
-    VOL_STAT(read_bytes)
-    VOL_STAT(writes)
-    VOL_STAT(write_bytes)
-    VOL_STAT(fsyncs)
-    VOL_STAT(read_lat_ewma_ns)
-    VOL_STAT(write_lat_ewma_ns)
-#undef VOL_STAT
+    lsm_db *db = engine_lsm(e);
+    return db ? lsm_stats_get(db, out) : KV_FAILED_PRECONDITION;
 }
 
-void engine_lsm_store_stats(engine *e, rpc_statlist *l)
+kv_err engine_kallax_get_stats(engine *e, kallax_stats *out)
 {
-    lsm_stats s;
-    if (lsm_stats_get(e->db, &s) != KV_OK)
-        return;
-    for (int i = 0; i < LSM_MAX_LEVELS; i++) {
-        char name[64];
-        if (!s.levels[i].files && i > 1)
-            continue;
-        snprintf(name, sizeof(name), "lsm.L%d", i);
-        rpc_stats_add(l, name, "files=%llu bytes=%llu target=%llu volume=%s",
-                      (unsigned long long)s.levels[i].files, (unsigned long long)s.levels[i].bytes,
-                      (unsigned long long)s.levels[i].target_bytes,
-                      s.levels[i].volume == LSM_TIER_SD ? "slow" : "fast");
-    }
-    rpc_stats_add(l, "lsm.write_amp", "%.3f", s.write_amp);
-    rpc_stats_add(l, "lsm.user_bytes", "%llu", (unsigned long long)s.user_bytes);
-    rpc_stats_add(l, "lsm.wal_bytes", "%llu", (unsigned long long)s.wal_bytes);
-    rpc_stats_add(l, "lsm.wal_fsyncs", "%llu", (unsigned long long)s.wal_fsyncs);
-    rpc_stats_add(l, "lsm.flushes", "%llu", (unsigned long long)s.flushes);
-    rpc_stats_add(l, "lsm.flush_bytes", "%llu", (unsigned long long)s.flush_bytes);
-    rpc_stats_add(l, "lsm.compactions", "%llu", (unsigned long long)s.compactions);
-    rpc_stats_add(l, "lsm.compact_read_bytes", "%llu", (unsigned long long)s.compact_read_bytes);
-    rpc_stats_add(l, "lsm.compact_write_bytes", "%llu", (unsigned long long)s.compact_write_bytes);
-    rpc_stats_add(l, "lsm.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
-    rpc_stats_add(l, "lsm.index_mem_bytes", "%llu", (unsigned long long)s.index_mem_bytes);
-    uint64_t lsm_reads = s.reads_fd + s.reads_sd;
-    rpc_stats_add(l, "hotrap", "%s", s.hotrap ? "on" : "off");
-    rpc_stats_add(l, "hotrap.fd_hit_rate", "%.4f",
-                  lsm_reads ? (double)s.reads_fd / (double)lsm_reads : 0.0);
-    rpc_stats_add(l, "hotrap.promoted_records", "%llu", (unsigned long long)s.promoted_recs);
-    rpc_stats_add(l, "hotrap.promoted_bytes", "%llu", (unsigned long long)s.promoted_bytes);
-    rpc_stats_add(l, "hotrap.retained_records", "%llu", (unsigned long long)s.retained_recs);
-    rpc_stats_add(l, "hotrap.retained_bytes", "%llu", (unsigned long long)s.retained_bytes);
-    rpc_stats_add(l, "hotrap.ralt_entries", "%llu", (unsigned long long)s.ralt_entries);
-    rpc_stats_add(l, "hotrap.ralt_bytes", "%llu", (unsigned long long)s.ralt_bytes);
-    rpc_stats_add(l, "hotrap.hot_set_limit", "%llu", (unsigned long long)s.hot_set_limit);
-    rpc_stats_add(l, "hotrap.checker_backlog", "%llu", (unsigned long long)s.promo_backlog);
-    rpc_stats_add(l, "hotrap.promo_dropped", "%llu", (unsigned long long)s.promo_dropped);
-    rpc_stats_add(l, "hotrap.promo_drop_dup", "%llu", (unsigned long long)s.promo_drop_dup);
-    rpc_stats_add(l, "hotrap.promo_drop_cold", "%llu", (unsigned long long)s.promo_drop_cold);
-    rpc_stats_add(l, "hotrap.promo_drop_newer", "%llu", (unsigned long long)s.promo_drop_newer);
-    rpc_stats_add(l, "hotrap.promo_drop_on_fd", "%llu", (unsigned long long)s.promo_drop_on_fd);
-    rpc_stats_add(l, "hotrap.promo_drop_full", "%llu", (unsigned long long)s.promo_drop_full);
-    rpc_stats_add(l, "hotrap.ralt_stable", "%llu", (unsigned long long)s.ralt_stable);
-    rpc_stats_add(l, "hotrap.ralt_hot_bytes", "%llu", (unsigned long long)s.ralt_hot_bytes);
-    rpc_stats_add(l, "hotrap.ralt_file_bytes", "%llu", (unsigned long long)s.ralt_file_bytes);
-    rpc_stats_add(l, "hotrap.ralt_errors", "%llu", (unsigned long long)s.ralt_errors);
-    rpc_stats_add(l, "hotrap.ralt_mem_bytes", "%llu", (unsigned long long)s.ralt_mem_bytes);
-    vol_stats(l, "fast", &s.fd);
-    if (e->o.slow_dir)
-        vol_stats(l, "slow", &s.sd);
+    return e->st == &engine_store_kallax ? kallax_stats_get(e->db, out) : KV_FAILED_PRECONDITION;
+}
+
+bool engine_has_slow(const engine *e)
+{
+    return e->o.slow_dir != NULL;
 }

@@ -34,6 +34,10 @@ typedef struct engine_store {
     kv_err (*get)(void *db, const void *key, size_t klen, lsm_rec *out, lsm_tier *served);
     kv_err (*multiget)(void *db, size_t n, const void *const *keys, const size_t *klens,
                        lsm_rec *outs, lsm_tier *tiers, kv_err *errs);
+    /* The writer's check before a write: the key's newest record, metadata
+     * only (key and value NULL: nothing to free), not counted as a read
+     * (lsm_get_meta). */
+    kv_err (*get_meta)(void *db, const void *key, size_t klen, lsm_rec *out);
     /* A memory-tier hit, for HotRAP's tracker (a no-op for kallax). */
     void (*note_access)(void *db, const void *key, size_t klen, size_t vlen);
     /* The iteration order is (order(key), lsm_key_cmp): 0 for the LSM (key
@@ -49,8 +53,6 @@ typedef struct engine_store {
     kv_err (*cleanup)(void *db, lsm_keep_fn keep, void *arg, uint64_t *dropped);
     kv_err (*wal_sync)(void *db);
     void (*estimate)(void *db, uint64_t *records, uint64_t *bytes);
-    /* Appends the store's statistics (engine_lsm_stats). */
-    void (*stats)(engine *e, rpc_statlist *l);
     size_t max_key;
 } engine_store;
 
@@ -102,8 +104,6 @@ uint64_t engine_rec_bytes(size_t klen, size_t vlen);
 /* Refuses (FAILED_PRECONDITION, err names both kinds) a fast_dir that holds
  * the other kind of store, and a new kallax store without its size. */
 kv_err engine_store_check(const engine_opts *o, char *err, size_t errlen);
-/* The LSM's statistics (engine_bg.c), for engine_store_lsm.stats. */
-void engine_lsm_store_stats(engine *e, rpc_statlist *l);
 /* The engine's wall clock (engine_opts.clock), milliseconds. */
 static inline uint64_t engine_now_ms(const engine *e)
 {

@@ -5,21 +5,17 @@
  * promotion with it and reports every read below the memory tier to it),
  * ticked every 10 ms by a small thread of its own (the monitor interval of
  * Orthus-KV's code, see nhc_ctl.c; the flush thread sleeps up to a second),
- * and reported in admin.Stats as the nhc.* names, including the last minute
- * as nhc.series.N chunks. There is one only when the node has a slow volume
- * and HotRAP (twins come from HotRAP promotion); --nhc off keeps it in
- * classic state (data_admit on, load_admit 1) so that its per-volume
- * figures stay visible.
+ * and reported by node/stats.c (admin.Stats nhc.* names, including the
+ * last minute as nhc.series.N chunks, and /metrics). There is one only when the node has a slow
+ * volume and HotRAP (twins come from HotRAP promotion); --nhc off keeps it in classic state
+ * (data_admit on, load_admit 1) so that its per-volume figures stay visible.
  */
-#include <inttypes.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "common/log.h"
 #include "node/engine_int.h"
 
 #define NHC_TICK_NS 10000000ull
-#define SERIES_PER_STAT 10 /* points per nhc.series.N value (< 512 bytes) */
 
 kv_err engine_nhc_create(engine *e, lsm_opts *lo, char *err, size_t errlen)
 {
@@ -76,68 +72,4 @@ bool engine_nhc_admit_sd(engine *e)
 nhc *engine_nhc(engine *e)
 {
     return e->nhc;
-}
-
-static void series_stats(engine *e, rpc_statlist *l)
-{
-    nhc_point pts[NHC_SERIES_LEN];
-    size_t n = nhc_get_series(e->nhc, pts, NHC_SERIES_LEN);
-    uint64_t now = kv_now_ns();
-    rpc_stats_add(l, "nhc.series_points", "%zu", n);
-    for (size_t c = 0; c * SERIES_PER_STAT < n; c++) {
-        char buf[512], name[32];
-        size_t at = 0;
-        for (size_t i = c * SERIES_PER_STAT; i < n && i < (c + 1) * SERIES_PER_STAT; i++) {
-            const nhc_point *p = &pts[i];
-            double age = p->t_ns <= now ? (double)(now - p->t_ns) / 1e9 : 0.0;
-            int w = snprintf(buf + at, sizeof(buf) - at, "%s-%.1f,%d,%.3f,%.4f,%.0f", at ? " " : "",
-                             age, (int)p->state, p->load_admit, p->miss_ratio, p->ops_per_sec);
-            if (w < 0 || (size_t)w >= sizeof(buf) - at)
-                break;
-            at += (size_t)w;
-        }
-        snprintf(name, sizeof(name), "nhc.series.%zu", c);
-        rpc_stats_add(l, name, "%s", buf);
-    }
-}
-
-void engine_nhc_stats(engine *e, rpc_statlist *l)
-{
-    if (!e->nhc) {
-        rpc_stats_add(l, "nhc.state", "%s", "off");
-        return;
-    }
-    nhc_stats s;
-    nhc_get_stats(e->nhc, &s);
-    rpc_stats_add(l, "nhc.enabled", "%s", s.enabled ? "on" : "off");
-    rpc_stats_add(l, "nhc.state", "%s", s.state == NHC_STATE_TUNING ? "tuning" : "classic");
-    rpc_stats_add(l, "nhc.data_admit", "%s", s.data_admit ? "on" : "off");
-    rpc_stats_add(l, "nhc.load_admit", "%.3f", s.load_admit);
-    rpc_stats_add(l, "nhc.miss_ratio", "%.4f", s.miss_ratio);
-    rpc_stats_add(l, "nhc.reads_per_s", "%.1f", s.ops_per_sec);
-    rpc_stats_add(l, "nhc.p99_us", "%.1f", (double)s.p99_ns / 1e3);
-    rpc_stats_add(l, "nhc.window_ms", "%.1f", (double)s.window_ns / 1e6);
-    rpc_stats_add(l, "nhc.windows", "%" PRIu64, s.windows);
-    rpc_stats_add(l, "nhc.tuning_entries", "%" PRIu64, s.tuning_entries);
-    rpc_stats_add(l, "nhc.data_admit_off_s", "%.3f", (double)s.data_admit_off_ns / 1e9);
-    rpc_stats_add(l, "nhc.load_admit_below_1_s", "%.3f", (double)s.load_admit_below_one_ns / 1e9);
-    static const char *const dev[2] = {"fd", "sd"};
-    for (int d = 0; d < 2; d++) {
-        char name[48];
-        snprintf(name, sizeof(name), "nhc.%s_reads_per_s", dev[d]);
-        rpc_stats_add(l, name, "%.1f", s.dev[d].ops_per_sec);
-        snprintf(name, sizeof(name), "nhc.%s_lat_us", dev[d]);
-        rpc_stats_add(l, name, "%.1f", (double)s.dev[d].mean_ns / 1e3);
-        snprintf(name, sizeof(name), "nhc.%s_p99_us", dev[d]);
-        rpc_stats_add(l, name, "%.1f", (double)s.dev[d].p99_ns / 1e3);
-    }
-    lsm_stats ls;
-    if (lsm_stats_get(e->db, &ls) == KV_OK) {
-        rpc_stats_add(l, "nhc.twin_entries", "%" PRIu64, ls.twin_entries);
-        rpc_stats_add(l, "nhc.twin_capacity", "%" PRIu64, ls.twin_capacity);
-        rpc_stats_add(l, "nhc.twin_evicted", "%" PRIu64, ls.twin_evicted);
-        rpc_stats_add(l, "nhc.routed_sd", "%" PRIu64, ls.nhc_routed_sd);
-        rpc_stats_add(l, "nhc.fallbacks", "%" PRIu64, ls.nhc_fallbacks);
-    }
-    series_stats(e, l);
 }

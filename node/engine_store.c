@@ -43,6 +43,11 @@ static kv_err lsm_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errl
     lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     lo.disable_io_uring = e->o.disable_io_uring;
     lo.hotrap = !e->o.no_hotrap;
+    char cerr[256];
+    if (lsm_compression_parse(e->o.compression, &lo.compression, cerr, sizeof(cerr)) != KV_OK) {
+        snprintf(err, errlen, "--compression: %s", cerr);
+        return KV_INVALID_ARGUMENT;
+    }
     lo.newer = engine_mem_newer;
     lo.newer_thread = engine_promo_thread;
     lo.newer_arg = e;
@@ -92,6 +97,11 @@ static uint64_t lsm_store_flush_gen(void *db)
 static kv_err lsm_store_get(void *db, const void *key, size_t klen, lsm_rec *out, lsm_tier *served)
 {
     return lsm_get(db, key, klen, out, served);
+}
+
+static kv_err lsm_store_get_meta(void *db, const void *key, size_t klen, lsm_rec *out)
+{
+    return lsm_get_meta(db, key, klen, out);
 }
 
 static kv_err lsm_store_multiget(void *db, size_t n, const void *const *keys, const size_t *klens,
@@ -164,6 +174,7 @@ const engine_store engine_store_lsm = {
     .flush = lsm_store_flush,
     .flush_generation = lsm_store_flush_gen,
     .get = lsm_store_get,
+    .get_meta = lsm_store_get_meta,
     .multiget = lsm_store_multiget,
     .note_access = lsm_store_note_access,
     .order = lsm_store_order,
@@ -175,7 +186,6 @@ const engine_store engine_store_lsm = {
     .cleanup = lsm_store_cleanup,
     .wal_sync = lsm_store_wal_sync,
     .estimate = lsm_store_estimate,
-    .stats = engine_lsm_store_stats,
     .max_key = HR_MAX_KEY_BYTES,
 };
 
@@ -238,6 +248,18 @@ static kv_err kx_store_get(void *db, const void *key, size_t klen, lsm_rec *out,
     kv_err rv = kallax_get(db, key, klen, out);
     if (rv == KV_OK && served)
         *served = LSM_TIER_FD;
+    return rv;
+}
+
+/* kallax has no read tracking: its get, without the key and value. */
+static kv_err kx_store_get_meta(void *db, const void *key, size_t klen, lsm_rec *out)
+{
+    kv_err rv = kallax_get(db, key, klen, out);
+    if (rv == KV_OK) {
+        size_t vlen = out->vlen;
+        lsm_rec_free(out);
+        out->vlen = vlen;
+    }
     return rv;
 }
 
@@ -304,49 +326,6 @@ static void kx_store_estimate(void *db, uint64_t *records, uint64_t *bytes)
     kallax_estimate(db, records, bytes);
 }
 
-/* kallax.* (and fast.* for its volume, hotrap off) in admin.Stats. */
-static void kx_store_stats(engine *e, rpc_statlist *l)
-{
-    kallax_stats s;
-    if (kallax_stats_get(e->db, &s) != KV_OK)
-        return;
-    rpc_stats_add(l, "hotrap", "%s", "off (kallax)");
-    const struct {
-        const char *name;
-        uint64_t v;
-    } u[] = {{"kallax.blocks", s.blocks},
-             {"kallax.probe", s.probe},
-             {"kallax.records", s.records},
-             {"kallax.tombstones", s.tombstones},
-             {"kallax.used_bytes", s.used_bytes},
-             {"kallax.spilled", s.spilled},
-             {"kallax.extent_pages", s.extent_pages},
-             {"kallax.extent_pages_used", s.extent_pages_used},
-             {"kallax.block_reads", s.block_reads},
-             {"kallax.spill_reads", s.spill_reads},
-             {"kallax.block_writes", s.block_writes},
-             {"kallax.journal_bytes", s.journal_bytes},
-             {"kallax.flushes", s.flushes},
-             {"kallax.moves", s.moves},
-             {"kallax.corrupt_blocks", s.corrupt_blocks},
-             {"kallax.repaired", s.repaired},
-             {"kallax.retries", s.retries},
-             {"kallax.flushed_seqno", s.flushed_seqno},
-             {"kallax.wal_bytes", s.wal_bytes},
-             {"kallax.wal_fsyncs", s.wal_fsyncs},
-             {"kallax.user_bytes", s.user_bytes},
-             {"kallax.index_mem_bytes", s.index_mem_bytes},
-             {"fast.reads", s.vol.reads},
-             {"fast.read_bytes", s.vol.read_bytes},
-             {"fast.writes", s.vol.writes},
-             {"fast.write_bytes", s.vol.write_bytes},
-             {"fast.fsyncs", s.vol.fsyncs}};
-    for (size_t i = 0; i < sizeof(u) / sizeof(u[0]); i++)
-        rpc_stats_add(l, u[i].name, "%llu", (unsigned long long)u[i].v);
-    rpc_stats_add(l, "kallax.load", "%.4f", s.load);
-    rpc_stats_add(l, "kallax.io_uring", "%s", s.io_uring ? "on" : "off (pread fallback)");
-}
-
 const engine_store engine_store_kallax = {
     .name = "kallax",
     .open = kx_store_open,
@@ -356,6 +335,7 @@ const engine_store engine_store_kallax = {
     .flush = kx_store_flush,
     .flush_generation = kx_store_flush_gen,
     .get = kx_store_get,
+    .get_meta = kx_store_get_meta,
     .multiget = kx_store_multiget,
     .note_access = kx_store_note_access,
     .order = kx_store_order,
@@ -367,7 +347,6 @@ const engine_store engine_store_kallax = {
     .cleanup = kx_store_cleanup,
     .wal_sync = kx_store_wal_sync,
     .estimate = kx_store_estimate,
-    .stats = kx_store_stats,
     .max_key = KALLAX_MAX_KEY < HR_MAX_KEY_BYTES ? KALLAX_MAX_KEY : HR_MAX_KEY_BYTES,
 };
 
@@ -409,9 +388,4 @@ kv_err engine_store_check(const engine_opts *o, char *err, size_t errlen)
         return KV_INVALID_ARGUMENT;
     }
     return KV_OK;
-}
-
-void engine_lsm_stats(engine *e, rpc_statlist *l)
-{
-    e->st->stats(e, l);
 }

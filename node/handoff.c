@@ -373,7 +373,7 @@ kv_err node_handoff_repaired(node *n, const char *target)
     return rv == KV_NOT_FOUND ? KV_OK : rv;
 }
 
-void node_handoff_stats(node *n, rpc_statlist *l)
+void node_handoff_stats(node *n, kv_stats *l)
 {
     hint_target_info *ts = NULL;
     size_t nt = 0;
@@ -381,22 +381,30 @@ void node_handoff_stats(node *n, rpc_statlist *l)
         return;
     uint64_t records = 0;
     for (size_t i = 0; i < nt; i++) {
-        char name[HINT_TARGET_MAX + 32];
+        char name[HINT_TARGET_MAX + 32], lab[HINT_TARGET_MAX + 64];
         records += ts[i].records;
+        kv_stat_label(lab, sizeof(lab), "target", ts[i].target);
         snprintf(name, sizeof(name), "hints.%s.records", ts[i].target);
-        rpc_stats_add(l, name, "%llu", (unsigned long long)ts[i].records);
+        kv_stat_gauge(l, name, "hotkv_node_hints_records", lab,
+                      "Hinted records held for an unreachable replica.", ts[i].records);
         snprintf(name, sizeof(name), "hints.%s.bytes", ts[i].target);
-        rpc_stats_add(l, name, "%llu", (unsigned long long)ts[i].bytes);
+        kv_stat_gauge(l, name, "hotkv_node_hints_bytes", lab, "Bytes of hints held for a replica.",
+                      ts[i].bytes);
         snprintf(name, sizeof(name), "hints.%s.dropped", ts[i].target);
-        rpc_stats_add(l, name, "%llu", (unsigned long long)ts[i].dropped);
+        kv_stat_counter(l, name, "hotkv_node_hints_dropped_total", lab,
+                        "Hints dropped (window or bound passed): the replica needs repair.",
+                        ts[i].dropped);
         snprintf(name, sizeof(name), "hints.%s.replayed", ts[i].target);
-        rpc_stats_add(l, name, "%llu", (unsigned long long)ts[i].replayed);
+        kv_stat_counter(l, name, "hotkv_node_hints_replayed_total", lab,
+                        "Hinted records delivered to their replica.", ts[i].replayed);
         snprintf(name, sizeof(name), "hints.%s.needs_repair", ts[i].target);
-        rpc_stats_add(l, name, "%d", ts[i].lost ? 1 : 0);
+        kv_stat_gauge(l, name, "hotkv_node_hints_target_needs_repair", lab,
+                      "1 when hints for the replica were lost (kvctl repair needed).",
+                      ts[i].lost ? 1 : 0);
     }
-    rpc_stats_add(l, "hints.records", "%llu", (unsigned long long)records);
-    rpc_stats_add(l, "hints.bytes", "%llu",
-                  (unsigned long long)hint_store_total_bytes(n->handoff->hs));
+    kv_stat_gauge(l, "hints.records", NULL, NULL, NULL, records);
+    kv_stat_gauge(l, "hints.bytes", "hotkv_node_hints_total_bytes", NULL,
+                  "Bytes of all hints held.", hint_store_total_bytes(n->handoff->hs));
     free(ts);
 }
 

@@ -254,8 +254,14 @@ static void sweep(node_hot *h, uint64_t router, uint64_t now)
     }
 }
 
-kv_err node_hot_check(const Kv__HotKeysRequest *req, char *err, size_t errlen)
+kv_err node_hot_check(const Kv__HotKeysRequest *req, size_t max_key, char *err, size_t errlen)
 {
+    if (max_key > NODE_HOT_MAX_KEY)
+        max_key = NODE_HOT_MAX_KEY;
+    if (req->n_keys && (!req->router_id || !req->router_id[0])) {
+        snprintf(err, errlen, "a hot-key report needs the reporting router's id");
+        return KV_INVALID_ARGUMENT;
+    }
     if (req->n_keys > NODE_HOT_MAX_REPORT_KEYS) {
         snprintf(err, errlen, "hot-key report of %zu keys, over the limit of %u", req->n_keys,
                  NODE_HOT_MAX_REPORT_KEYS);
@@ -268,10 +274,11 @@ kv_err node_hot_check(const Kv__HotKeysRequest *req, char *err, size_t errlen)
     }
     for (size_t i = 0; i < req->n_keys; i++) {
         const Kv__HotKey *k = req->keys[i];
-        if (usable_rate(k) < 0) {
+        if (usable_rate(k) < 0 || k->key.len > max_key) {
             snprintf(err, errlen,
-                     "hot key %zu: a key of 1..%u bytes and a finite rate >= 0 are required", i,
-                     NODE_HOT_MAX_KEY);
+                     "hot key %zu: a key of 1..%zu bytes (--max-key-bytes) and a finite rate >= 0 "
+                     "are required",
+                     i, max_key);
             return KV_INVALID_ARGUMENT;
         }
     }
@@ -342,6 +349,14 @@ void node_hot_view_free(node_hot_item *items, size_t n)
     for (size_t i = 0; items && i < n; i++)
         free(items[i].key);
     free(items);
+}
+
+size_t node_hot_tracked(node_hot *h)
+{
+    pthread_mutex_lock(&h->mu);
+    size_t n = h->used;
+    pthread_mutex_unlock(&h->mu);
+    return n;
 }
 
 size_t node_hot_pinned(node_hot *h)

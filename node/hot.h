@@ -13,15 +13,16 @@
 
 #include "node/engine.h"
 #include "proto/kv.pb-c.h"
+#include "shard/hotkeys.h"
 
 typedef struct node_hot node_hot;
 
 /* Bounds on what reports can make the view hold (see hot.c). */
-#define NODE_HOT_MAX_KEY 4096u         /* the memory tier's key limit */
-#define NODE_HOT_MAX_RATE 1e9          /* ops/s; higher rates are clamped */
-#define NODE_HOT_MAX_WINDOW_MS 300000u /* 5 minutes; longer windows are clamped */
-#define NODE_HOT_MAX_REPORT_KEYS 8192u /* keys taken from one report (the table's size) */
-#define NODE_HOT_MAX_BYTES (8u << 20)  /* key bytes held over all entries */
+#define NODE_HOT_MAX_KEY 4096u                      /* the memory tier's key limit */
+#define NODE_HOT_MAX_RATE 1e9                       /* ops/s; higher rates are clamped */
+#define NODE_HOT_MAX_WINDOW_MS HK_MAX_WINDOW_MS     /* 1 minute; longer windows are clamped */
+#define NODE_HOT_MAX_REPORT_KEYS HK_REPORT_MAX_KEYS /* keys taken from one report */
+#define NODE_HOT_MAX_BYTES (8u << 20)               /* key bytes held over all entries */
 
 typedef struct node_hot_item {
     uint8_t *key; /* owned by the view */
@@ -35,11 +36,13 @@ typedef struct node_hot_item {
 kv_err node_hot_create(node_hot **out, engine *e, double threshold);
 /* Unpins nothing (the engine is closing too); NULL is a no-op. */
 void node_hot_destroy(node_hot *h);
-/* Checks a report against the bounds above: KV_OK, or INVALID_ARGUMENT
- * with a message naming the limit (too many keys, window_ms over the
- * limit, a key empty or too long, a rate not finite or negative). For a
- * handler that refuses bad reports; node_hot_report does not need it. */
-kv_err node_hot_check(const Kv__HotKeysRequest *req, char *err, size_t errlen);
+/* Checks a report against the bounds above, keys also against max_key
+ * (the node's --max-key-bytes): KV_OK, or INVALID_ARGUMENT with a message
+ * naming the limit (too many keys, window_ms over the limit, a key empty or
+ * too long, a rate not finite or negative, keys without a router id). The
+ * node's admin.HotKeys refuses such reports whole; node_hot_report does not
+ * need it. */
+kv_err node_hot_check(const Kv__HotKeysRequest *req, size_t max_key, char *err, size_t errlen);
 /* Merges one router's report (req->router_id, window_ms, keys) and pins or
  * unpins keys whose summed fresh rate crossed the threshold. Whatever the
  * report holds, the view stays within the bounds above: unusable keys are
@@ -50,6 +53,8 @@ void node_hot_report(node_hot *h, const Kv__HotKeysRequest *req, uint64_t now_ns
  * node_hot_view_free(*out, n). Returns n. */
 size_t node_hot_view(node_hot *h, uint64_t now_ns, node_hot_item **out);
 void node_hot_view_free(node_hot_item *items, size_t n);
+/* Number of keys in the view (reported hot by some router). */
+size_t node_hot_tracked(node_hot *h);
 /* Number of keys pinned by hints. */
 size_t node_hot_pinned(node_hot *h);
 

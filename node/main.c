@@ -13,6 +13,7 @@
 #include "common/opts.h"
 #include "node/kallax/kallax.h"
 #include "node/node.h"
+#include "node/lsm/lsm.h"
 
 /* The NHC flags (node/nhc/nhc.h; defaults from nhc_opts_default, whose
  * comment says where each number comes from). */
@@ -163,6 +164,11 @@ int main(int argc, char **argv)
          0},
         {"hotrap", KV_OPT_BOOL, &n.cfg.hotrap,
          "keep read-hot records on the fast volume (HotRAP; needs --slow-dir)", NULL, 0, 0},
+        {"compression", KV_OPT_STR, &n.cfg.compression,
+         "SST block compression: auto (lz4 on the slow volume's levels, none on the fast "
+         "one's), a codec for every level (none|lz4|zstd), codecs by level from L0 "
+         "(none,none,none,zstd: the last repeats) or by volume (fast=none,slow=zstd)",
+         NULL, 0, 0},
         {"nhc", KV_OPT_ENUM, &nf.on,
          "NHC scheduler (Orthus): offload reads of records held on both volumes to the "
          "slow one when the fast one saturates, on|off (needs --slow-dir and HotRAP)",
@@ -198,7 +204,7 @@ int main(int argc, char **argv)
         {"workers", KV_OPT_INT, &n.cfg.workers, "RPC worker threads", NULL, 1, 1024},
         {"coord-workers", KV_OPT_INT, &n.cfg.coord_workers,
          "RPC worker threads for requests the node coordinates for smart clients", NULL, 1, 1024},
-        {"auth", KV_OPT_STR, &n.cfg.auth, "cluster auth token (empty = off)", NULL, 0, 0},
+        RPC_SEC_SERVER_OPTS(&n.cfg.sec),
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},
@@ -243,12 +249,15 @@ int main(int argc, char **argv)
          1L << 40},
         {"kallax-gb", KV_OPT_INT, &kallax_gb, "kallax: the store's size in GiB instead", NULL, 1,
          1L << 20},
+        {"http-listen", KV_OPT_STR, &n.cfg.http_listen,
+         "serve /metrics (Prometheus) and /health on http://HOST:PORT (default: off)", NULL, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};
     char err[512];
     kv_err rv = kv_opts_parse(&set, argc, argv, NULL, err, sizeof(err));
     if (rv == KV_CANCELLED) {
+        rpc_sec_free(&n.cfg.sec);
         kv_opts_free(&set);
         return 0;
     }
@@ -260,16 +269,26 @@ int main(int argc, char **argv)
         rv = nhc_flags_apply(&nf, &n.cfg.nhc, err, sizeof(err));
     if (rv == KV_OK)
         rv = engine_flags_apply(&n.cfg, kallax_gb, &max_key, err, sizeof(err));
+    if (rv == KV_OK)
+        rv = rpc_sec_load(&n.cfg.sec, err, sizeof(err));
+    lsm_compression_spec cs;
+    char cerr[256];
+    if (rv == KV_OK && lsm_compression_parse(n.cfg.compression, &cs, cerr, sizeof(cerr)) != KV_OK) {
+        snprintf(err, sizeof(err), "--compression: %s", cerr);
+        rv = KV_INVALID_ARGUMENT;
+    }
     if (rv == KV_OK && kv_log_parse_level(log_level) < 0) {
         snprintf(err, sizeof(err), "--log-level: '%s' is not debug|info|warn|error", log_level);
         rv = KV_INVALID_ARGUMENT;
     }
     if (rv != KV_OK) {
         fprintf(stderr, "kvnode: %s\n", err);
+        rpc_sec_free(&n.cfg.sec);
         kv_opts_free(&set);
         return 2;
     }
     kv_log_set_level((kv_log_level)kv_log_parse_level(log_level));
+    rpc_sec_warn(&n.cfg.sec, "kvnode", n.cfg.listen);
     n.cfg.limits =
         (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
     char dflt_dir[1024];
@@ -287,6 +306,7 @@ int main(int argc, char **argv)
     if ((rv = node_start(&n, err, sizeof(err))) != KV_OK) {
         KV_ERROR("node", "cannot start: %s (%s)", err, kv_err_name(rv));
         node_stop(&n);
+        rpc_sec_free(&n.cfg.sec);
         kv_opts_free(&set);
         return 1;
     }
@@ -296,6 +316,7 @@ int main(int argc, char **argv)
     sigwait(&sigs, &sig);
     KV_INFO("node", "%s: shutting down", strsignal(sig));
     node_stop(&n);
+    rpc_sec_free(&n.cfg.sec);
     kv_opts_free(&set);
     return 0;
 }

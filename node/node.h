@@ -17,7 +17,11 @@
 #include "node/engine.h"
 #include "node/hot.h"
 #include "proto/rpc.h"
+#include "proto/http.h"
+#include "proto/rpc_metrics.h"
+#include "proto/rpc_sec.h"
 #include "proto/statlist.h"
+#include "proto/stats.h"
 #include "shard/clustermap.h"
 #include "shard/repl.h"
 
@@ -25,7 +29,7 @@ typedef struct node_config {
     char *id;
     char *listen;
     char *data_dir;
-    char *auth;
+    rpc_sec sec;    /* tokens and TLS (--auth*, --admin-auth*, --tls-*) */
     char *fast_dir; /* default DATA_DIR/fast */
     char *slow_dir; /* NULL = every level on the fast volume */
     long fast_mb;
@@ -35,6 +39,7 @@ typedef struct node_config {
     long write_buffer_kb; /* finer, for tests; wins when set */
     bool no_io_uring;
     bool hotrap;
+    char *compression; /* --compression (lsm_compression_parse), NULL = auto */
     nhc_opts nhc;      /* NHC scheduler (--nhc*); used with --slow-dir and HotRAP */
     long twin_entries; /* twin-map bound, 0 = from --fast-mb */
     long mem_mb;
@@ -53,7 +58,12 @@ typedef struct node_config {
     int wal_recovery;        /* engine_wal_recovery: WAL corruption before its tail */
     int engine;              /* engine_kind: lsm or kallax (--engine) */
     long kallax_blocks;      /* kallax: home blocks (--kallax-blocks, or from --kallax-gb) */
+    char *http_listen;       /* --http-listen: /metrics and /health (NULL = off) */
 } node_config;
+
+/* How far ahead of the node's wall clock a write's version may be
+ * (server.c: node_check_version). */
+#define NODE_VERSION_MAX_AHEAD_MS (10u * 60u * 1000u)
 
 typedef struct node_streams node_streams; /* stream.c */
 typedef struct node_handoff node_handoff; /* handoff.c */
@@ -84,6 +94,9 @@ typedef struct node {
     repl_stats coord;
     _Atomic uint64_t coord_requests;
     _Atomic bool stopping; /* node_stop began: no more side writes */
+    rpc_metrics *metrics;  /* per-method requests and latency (stats.c) */
+    kv_http *http;         /* --http-listen (stats.c) */
+    kv_http_route http_routes[2];
 } node;
 
 /* ---- nodemap.c: the map, the serving state, peers ---- */
@@ -113,10 +126,10 @@ int node_serving(node *n, char *detail, size_t len);
 kv_err node_set_needs_repair(node *n, bool on, const char *why);
 /* True when node index self of m holds key (current or pending replica). */
 bool node_holds(node *n, cmap *m, const void *key, size_t klen);
-/* Installs the map in a replica's FAILED_PRECONDITION reply (body: a
- * kv.ClusterMap) when it is newer and lists the node, as a map fetched from
- * a peer. Any thread. */
-void node_map_learn(node *n, const uint8_t *body, size_t len);
+/* Installs the map in the FAILED_PRECONDITION reply of the replica at from
+ * (body: a kv.ClusterMap) when it is newer, lists the node and is
+ * trustworthy (cmap_vet), as a map fetched from a peer. Any thread. */
+void node_map_learn(node *n, const rpc_reply *rep, const char *from);
 /* Handlers (nodemap.c). */
 kv_err node_h_get_map(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_set_map(rpc_ctx *c, const uint8_t *body, size_t len);
@@ -136,7 +149,7 @@ kv_err node_h_stream_read(rpc_ctx *c, const uint8_t *body, size_t len);
  * the engine closes). */
 void node_stream_src_close(node *n);
 /* stream.chunks_continued / stream.iterators_opened (admin.Stats). */
-void node_stream_src_stats(rpc_statlist *l);
+void node_stream_src_stats(kv_stats *l);
 kv_err node_h_stream_start(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_stream_status(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_digest(rpc_ctx *c, const uint8_t *body, size_t len);
@@ -144,13 +157,16 @@ kv_err node_h_apply(rpc_ctx *c, const uint8_t *body, size_t len);
 /* Applies one versioned record (last-writer-wins); *applied true when it
  * was newer than the local copy. */
 kv_err node_apply_record(node *n, const Kv__Record *r, bool *applied, char *err, size_t errlen);
+/* KV_OK when version is at most NODE_VERSION_MAX_AHEAD_MS ahead of the
+ * wall clock, else INVALID_ARGUMENT with a message in err. */
+kv_err node_check_version(uint64_t version, char *err, size_t errlen);
 
 /* ---- handoff.c: hints and catching up ---- */
 kv_err node_handoff_open(node *n, node_handoff **out, char *err, size_t errlen);
 void node_handoff_close(node_handoff *h);
 kv_err node_h_hint(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_h_hint_status(rpc_ctx *c, const uint8_t *body, size_t len);
-void node_handoff_stats(node *n, rpc_statlist *l);
+void node_handoff_stats(node *n, kv_stats *l);
 /* kvctl repair rebuilt target: clear its lost-hints mark. */
 kv_err node_handoff_repaired(node *n, const char *target);
 
@@ -166,7 +182,7 @@ kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **
 kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 kv_err node_coord_finish(rpc_ctx *c, void *state);
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len);
-void node_coord_stats(node *n, rpc_statlist *l);
+void node_coord_stats(node *n, kv_stats *l);
 /* The replication library's in-process call to this node's own replica
  * (repl_local_fn; server.c): runs the handler of method as a replica call
  * from a coordinator with map epoch epoch. user is the node. */
@@ -176,9 +192,30 @@ void node_local_call(void *user, const char *method, uint64_t epoch, const uint8
 /* Creates the data directory, loads a persisted map, opens the engine and
  * starts serving on cfg->listen. On failure writes a message to err. */
 kv_err node_start(node *n, char *err, size_t errlen);
-/* Appends the node's statistics to l (admin.Stats); verbose adds the
- * per-tier detail. */
-void node_collect_stats(node *n, rpc_statlist *l, bool verbose);
+/* ---- scan.c: kv.Scan on the node's engine, live keys ---- */
+kv_err node_h_scan(rpc_ctx *c, const uint8_t *body, size_t len);
+/* The node's live keys (not deleted, not expired, in ranges it replicates):
+ * an exact count by a scan of the engine, reused for 5 s. Any registered
+ * thread; one count runs at a time. */
+kv_err node_live_keys(node *n, uint64_t *out);
+
+/* ---- stats.c: statistics, /metrics, /health ---- */
+/* Appends the node's statistics to l (admin.Stats and /metrics); verbose
+ * adds the per-tier detail (always on for /metrics). Any thread registered
+ * with engine_thread_register. */
+void node_collect_stats(node *n, kv_stats *l, bool verbose);
+/* The store's figures (the LSM's levels, volumes, WAL, HotRAP; or
+ * kallax.*) and the NHC scheduler's (nhc.*, only nhc.state "off" without
+ * one). */
+void node_engine_store_stats(engine *e, kv_stats *l);
+void node_engine_nhc_stats(engine *e, kv_stats *l);
+/* node_engine_store_stats as admin.Stats pairs (tests, benchmarks); l is
+ * initialised here, the caller frees it (rpc_stats_free). */
+void node_engine_statlist(engine *e, rpc_statlist *l);
+/* Starts the HTTP server of --http-listen (nothing without it): /metrics,
+ * /health. On failure writes a message to err. */
+kv_err node_http_start(node *n, char *err, size_t errlen);
+void node_http_stop(node *n);
 
 /* Stops serving (in-flight calls finish) and closes everything. */
 void node_stop(node *n);

@@ -356,6 +356,14 @@ kv_err node_h_set_map(rpc_ctx *c, const uint8_t *body, size_t len)
     cmap *m = NULL;
     kv_err rv = req->map ? cmap_from_pb(req->map, &m, c->message, sizeof(c->message))
                          : rpc_fail(c, KV_INVALID_ARGUMENT, "SetMap without a map");
+    if (rv == KV_OK && c->anonymous) {
+        /* authentication is off, so anyone may call this: at least no
+         * absurd epoch jump, which would hold the node (and through it the
+         * cluster) on a map no later change could replace */
+        cmap *cur = cmap_slot_get(n->maps);
+        rv = cmap_vet(cur, m, NULL, false, c->message, sizeof(c->message));
+        cmap_unref(cur);
+    }
     if (rv == KV_OK)
         rv = install_map(n, m, req->expected_epoch, req->only_if_empty, "from admin.SetMap",
                          c->message, sizeof(c->message));
@@ -381,16 +389,34 @@ void node_map_saw_epoch(node *n, uint64_t e)
         ;
 }
 
-void node_map_learn(node *n, const uint8_t *body, size_t len)
+/* Installs m, from the peer at from, when newer and trustworthy
+ * (cmap_vet: a verified peer, or a plausible map). */
+static void install_from_peer(node *n, cmap *m, const char *from, bool verified, const char *how)
+{
+    cmap *cur = cmap_slot_get(n->maps);
+    char why[256];
+    kv_err rv = !cur || cmap_epoch(m) > cmap_epoch(cur)
+                    ? cmap_vet(cur, m, from, verified, why, sizeof(why))
+                    : KV_FAILED_PRECONDITION;
+    cmap_unref(cur);
+    if (rv == KV_PERMISSION_DENIED)
+        KV_WARN("node",
+                "refused cluster map epoch %llu %s %s: %s (TLS with --tls-ca makes maps "
+                "from peers verifiable)",
+                (unsigned long long)cmap_epoch(m), how, from, why);
+    if (rv == KV_OK)
+        install_map(n, m, 0, false, how, why, sizeof(why));
+}
+
+void node_map_learn(node *n, const rpc_reply *rep, const char *from)
 {
     cmap *m = NULL;
     char err[256];
-    if (cmap_decode(body, len, &m, err, sizeof(err)) != KV_OK) {
-        KV_WARN("node", "a replica sent an undecodable map: %s", err);
+    if (cmap_decode(rep->body, rep->len, &m, err, sizeof(err)) != KV_OK) {
+        KV_WARN("node", "replica %s sent an undecodable map: %s", from, err);
         return;
     }
-    if (cmap_epoch(m) > cmap_slot_epoch(n->maps))
-        install_map(n, m, 0, false, "from a replica's reply", err, sizeof(err));
+    install_from_peer(n, m, from, rep->verified, "from the reply of");
     cmap_unref(m);
 }
 
@@ -408,8 +434,7 @@ static bool fetch_from(node *n, const char *addr)
         char err[256];
         if (g && g->has_map && g->map && cmap_from_pb(g->map, &m, err, sizeof(err)) == KV_OK) {
             got = true;
-            if (cmap_epoch(m) > cmap_slot_epoch(n->maps))
-                install_map(n, m, 0, false, "from a peer", err, sizeof(err));
+            install_from_peer(n, m, addr, rep.verified, "from peer");
             cmap_unref(m);
         }
         if (g)

@@ -100,6 +100,35 @@ static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData 
 
 /* ---- kv.* -------------------------------------------------------------- */
 
+kv_err node_check_version(uint64_t version, char *err, size_t errlen)
+{
+    uint64_t now = kv_wall_ms();
+    if (KV_HLC_MS(version) <= now + NODE_VERSION_MAX_AHEAD_MS)
+        return KV_OK;
+    snprintf(err, errlen,
+             "version %llu is %llu s ahead of this node's clock (at most %u s allowed): a "
+             "version that far ahead would hide every later write of the key",
+             (unsigned long long)version, (unsigned long long)((KV_HLC_MS(version) - now) / 1000),
+             NODE_VERSION_MAX_AHEAD_MS / 1000);
+    return KV_INVALID_ARGUMENT;
+}
+
+/* A replica write's version (0 = the node gives one): only a coordinator
+ * (admin credentials: a router, a coordinating node) may set it, never a
+ * client, and never far ahead of the clock (docs/protocol.md "Versions"). */
+static kv_err check_write_version(rpc_ctx *c, uint64_t version, char *err, size_t errlen)
+{
+    if (!version)
+        return KV_OK;
+    if (!c->admin) {
+        snprintf(err, errlen,
+                 "a write's version is set by coordinators (routers, nodes), not "
+                 "clients: leave it 0, or call with the admin token");
+        return KV_INVALID_ARGUMENT;
+    }
+    return node_check_version(version, err, errlen);
+}
+
 #define UNPACK_OR_FAIL(var, type, fn, c, body, len)                                                \
     type *var = fn(NULL, len, body);                                                               \
     if (!var)                                                                                      \
@@ -137,8 +166,10 @@ static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
     UNPACK_OR_FAIL(req, Kv__PutRequest, kv__put_request__unpack, c, body, len);
-    cmap *m;
-    kv_err rv = call_map(n, c, &m);
+    kv_err rv = check_write_version(c, req->version, c->message, sizeof(c->message));
+    cmap *m = NULL;
+    if (rv == KV_OK)
+        rv = call_map(n, c, &m);
     if (rv == KV_OK)
         rv = check_key(n, c, m, &req->key);
     if (rv == KV_OK)
@@ -169,8 +200,10 @@ static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
     UNPACK_OR_FAIL(req, Kv__DeleteRequest, kv__delete_request__unpack, c, body, len);
-    cmap *m;
-    kv_err rv = call_map(n, c, &m);
+    kv_err rv = check_write_version(c, req->version, c->message, sizeof(c->message));
+    cmap *m = NULL;
+    if (rv == KV_OK)
+        rv = call_map(n, c, &m);
     if (rv == KV_OK)
         rv = check_key(n, c, m, &req->key);
     engine_result r = {0};
@@ -194,13 +227,15 @@ static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
 
 /* Runs one batch op into res (its status, found, value, version). The
  * batch-level map check already happened; per-op errors stay per op. */
-static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__Status *st,
-                     const engine_result *pre, kv_err pre_err)
+static void batch_op(node *n, rpc_ctx *c, cmap *m, const Kv__Op *op, Kv__OpResult *res,
+                     Kv__Status *st, const engine_result *pre, kv_err pre_err)
 {
     static char *const none = "";
-    rpc_ctx tmp = {0};
+    rpc_ctx tmp = {.admin = c->admin};
     engine_result r = {0};
     kv_err rv = check_key(n, &tmp, m, &op->key);
+    if (rv == KV_OK && op->type != KV__OP_TYPE__GET)
+        rv = check_write_version(&tmp, op->version, tmp.message, sizeof(tmp.message));
     free(tmp.reply);
     if (rv == KV_OK && op->type == KV__OP_TYPE__GET) {
         rv = pre_err; /* read together with its neighbours (read_run) */
@@ -275,7 +310,7 @@ static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *
         ptrs[i] = &res[i];
         if (i >= run_end && req->ops[i]->type == KV__OP_TYPE__GET)
             run_end = read_run(n, req, i, pre, pre_err);
-        batch_op(n, m, req->ops[i], &res[i], &sts[i], &pre[i], pre_err[i]);
+        batch_op(n, c, m, req->ops[i], &res[i], &sts[i], &pre[i], pre_err[i]);
         if (res[i].value.data != pre[i].val) /* the op did not take the pre-read value */
             free(pre[i].val);
     }
@@ -341,9 +376,16 @@ static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
         return rpc_fail(c, KV_FAILED_PRECONDITION,
                         "this is node %s; ask a router for another node's stats", n->cfg.id);
     }
+    kv_stats ks;
+    kv_stats_init(&ks);
+    node_collect_stats(n, &ks, req->verbose);
+    uint64_t live = 0;
+    if (req->count_keys && node_live_keys(n, &live) == KV_OK)
+        kv_stat_gauge(&ks, "live_keys", NULL, NULL, NULL, live);
     rpc_statlist sl;
     rpc_stats_init(&sl);
-    node_collect_stats(n, &sl, req->verbose);
+    kv_stats_to_statlist(&ks, &sl);
+    kv_stats_free(&ks);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = n->cfg.id;
     rep.role = "node";
@@ -361,6 +403,13 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
     UNPACK_OR_FAIL(req, Kv__HotKeysRequest, kv__hot_keys_request__unpack, c, body, len);
+    /* a report is refused whole when it breaks a bound (hot.h), so nothing
+     * of it is kept; only admin credentials get here (a router) */
+    kv_err rv = node_hot_check(req, n->cfg.limits.max_key, c->message, sizeof(c->message));
+    if (rv != KV_OK) {
+        kv__hot_keys_request__free_unpacked(req, NULL);
+        return rv;
+    }
     uint64_t now = kv_now_ns();
     if (req->n_keys || (req->router_id && req->router_id[0])) /* a router's report, maybe empty */
         node_hot_report(n->hot, req, now);
@@ -371,7 +420,7 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
     Kv__HotKeyInfo *info = calloc(k ? k : 1, sizeof(*info));
     Kv__HotKeyInfo **ptrs = calloc(k ? k : 1, sizeof(*ptrs));
     char *self[1] = {n->cfg.id};
-    kv_err rv = info && ptrs ? KV_OK : rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+    rv = info && ptrs ? KV_OK : rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     for (size_t i = 0; rv == KV_OK && i < k; i++) {
         kv__hot_key_info__init(&info[i]);
         info[i].key = (ProtobufCBinaryData){items[i].klen, items[i].key};
@@ -396,14 +445,16 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
 
 static const rpc_method node_methods[] = {
     /* coordinate calls (smart clients) take the two-phase form */
-    {"kv.Get", h_get, node_coord_get_start, node_coord_finish},
-    {"kv.Put", h_put, node_coord_put_start, node_coord_finish},
-    {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish},
-    {"kv.Batch", h_batch},
-    {"admin.Ping", h_ping},
+    {"kv.Get", h_get, node_coord_get_start, node_coord_finish, RPC_DATA},
+    {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA},
+    {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA},
+    {"kv.Batch", h_batch, .access = RPC_DATA},
+    {"kv.Scan", node_h_scan, .access = RPC_DATA},
+    {"admin.Ping", h_ping, .access = RPC_DATA},
+    {"admin.GetMap", node_h_get_map, .access = RPC_DATA},
+    /* the rest need admin credentials (rpc.h): internal and operator calls */
     {"admin.Stats", h_stats},
     {"admin.HotKeys", h_hot_keys},
-    {"admin.GetMap", node_h_get_map},
     {"admin.SetMap", node_h_set_map},
     {"admin.StreamRead", node_h_stream_read},
     {"admin.StreamStart", node_h_stream_start},
@@ -420,6 +471,7 @@ void node_local_call(void *user, const char *method, uint64_t epoch, const uint8
                      size_t len, uint32_t deadline_ms, rpc_reply *out)
 {
     rpc_ctx c = {.method = method,
+                 .admin = true, /* the node calling itself */
                  .map_epoch = epoch,
                  .deadline_ns = kv_now_ns() + (uint64_t)deadline_ms * 1000000ull,
                  .worker = -1,
@@ -473,7 +525,9 @@ kv_err node_start(node *n, char *err, size_t errlen)
         return KV_INVALID_ARGUMENT;
     }
     pthread_mutex_init(&n->map_mu, NULL);
-    rpc_chan_opts co = {.auth = n->cfg.auth, .recv_max = kv_limits_recv_max(&n->cfg.limits)};
+    rpc_chan_opts co = {.auth = rpc_sec_token(&n->cfg.sec),
+                        .tls = rpc_sec_tls(&n->cfg.sec),
+                        .recv_max = kv_limits_recv_max(&n->cfg.limits)};
     if ((rv = rpc_pool_create(&n->peers, &co)) != KV_OK ||
         (rv = cmap_slot_create(&n->maps)) != KV_OK ||
         (rv = node_map_load(n, err, errlen)) != KV_OK ||
@@ -494,6 +548,7 @@ kv_err node_start(node *n, char *err, size_t errlen)
                       .sync_ms = (unsigned)n->cfg.sync_ms,
                       .disable_io_uring = n->cfg.no_io_uring,
                       .no_hotrap = !n->cfg.hotrap,
+                      .compression = n->cfg.compression,
                       .nhc = &n->cfg.nhc,
                       .twin_entries = (uint64_t)n->cfg.twin_entries,
                       .tombstone_grace_ms = (uint64_t)n->cfg.tombstone_grace_s * 1000u,
@@ -523,19 +578,30 @@ kv_err node_start(node *n, char *err, size_t errlen)
                           /* with --sync always a write waits for the group commit: the
                            * writes of one rpc.Calls message must wait together */
                           .handlers_wait = n->cfg.sync == ENGINE_SYNC_ALWAYS,
-                          .auth = n->cfg.auth,
+                          .auth = n->cfg.sec.data_token,
+                          .admin_auth = n->cfg.sec.admin_token,
+                          .tls = rpc_sec_tls(&n->cfg.sec),
                           .recv_max = kv_limits_recv_max(&n->cfg.limits),
                           .user = n,
                           .thread_start = worker_start,
                           .thread_stop = worker_stop};
-    return rpc_server_open(&n->rpc, &ro, err, errlen);
+    if ((rv = rpc_metrics_create(&n->metrics, ro.methods, ro.nmethods)) != KV_OK)
+        return rv;
+    ro.observe = rpc_metrics_observe;
+    ro.observe_arg = n->metrics;
+    if ((rv = rpc_server_open(&n->rpc, &ro, err, errlen)) != KV_OK)
+        return rv;
+    return node_http_start(n, err, errlen);
 }
 
 void node_stop(node *n)
 {
     atomic_store(&n->stopping, true);
+    node_http_stop(n);
     rpc_server_close(n->rpc);
     n->rpc = NULL;
+    rpc_metrics_destroy(n->metrics);
+    n->metrics = NULL;
     node_map_stop(n);
     node_handoff_close(n->handoff);
     n->handoff = NULL;

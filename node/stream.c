@@ -528,8 +528,10 @@ static kv_err check_job(node *n, const Kv__StreamJob *jb, char *err, size_t errl
         snprintf(err, errlen, "a stream job needs an id of 1..200 bytes");
         return KV_INVALID_ARGUMENT;
     }
-    if (!jb->source_addr || strncmp(jb->source_addr, "tcp://", 6) != 0 || !jb->source_id) {
-        snprintf(err, errlen, "job %.100s: source address must be tcp://host:port", jb->id);
+    if (!jb->source_addr || !jb->source_id ||
+        (strncmp(jb->source_addr, "tcp://", 6) != 0 && !rpc_url_tls(jb->source_addr))) {
+        snprintf(err, errlen, "job %.100s: source address must be tcp:// or tls+tcp://host:port",
+                 jb->id);
         return KV_INVALID_ARGUMENT;
     }
     if (strcmp(jb->source_id, n->cfg.id) == 0) {

@@ -114,6 +114,8 @@ kv_err node_apply_record(node *n, const Kv__Record *r, bool *applied, char *err,
         snprintf(err, errlen, "a record needs a version");
         rv = KV_INVALID_ARGUMENT;
     }
+    if (rv == KV_OK)
+        rv = node_check_version(r->version, err, errlen);
     if (rv != KV_OK)
         return rv;
     engine_write w = {.key = r->key.data,
@@ -233,12 +235,13 @@ static pthread_mutex_t cursors_mu = PTHREAD_MUTEX_INITIALIZER; /* protects curso
 static cursor cursors[CURSORS];
 static _Atomic uint64_t cursor_hits, cursor_opens;
 
-void node_stream_src_stats(rpc_statlist *l)
+void node_stream_src_stats(kv_stats *l)
 {
-    rpc_stats_add(l, "stream.chunks_continued", "%llu",
-                  (unsigned long long)atomic_load(&cursor_hits));
-    rpc_stats_add(l, "stream.iterators_opened", "%llu",
-                  (unsigned long long)atomic_load(&cursor_opens));
+    kv_stat_counter(l, "stream.chunks_continued", "hotkv_node_stream_chunks_continued_total", NULL,
+                    "Stream chunks served from an iterator kept since the previous chunk.",
+                    atomic_load(&cursor_hits));
+    kv_stat_counter(l, "stream.iterators_opened", "hotkv_node_stream_iterators_opened_total", NULL,
+                    "Engine iterators opened for streams.", atomic_load(&cursor_opens));
 }
 
 static void cursor_free(cursor *c)

@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/prom.h"
+#include "proto/stats.h"
+
 struct kv_http {
     nng_url *url;
     nng_http_server *srv;
@@ -139,4 +142,19 @@ void kv_http_close(kv_http *h)
         nng_url_free(h->url);
     free(h->handlers);
     free(h);
+}
+
+void kv_http_metrics_res(kv_http_res *res, const kv_stats *l)
+{
+    prom_buf b;
+    prom_init(&b);
+    kv_stats_to_prom(l, &b);
+    if (b.oom || l->oom) {
+        prom_free(&b);
+        res->status = 500;
+        return;
+    }
+    res->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    res->body = b.p;
+    res->len = b.len;
 }

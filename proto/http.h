@@ -39,6 +39,11 @@ typedef struct kv_http_route {
  * The routes array and its strings must outlive the server. */
 kv_err kv_http_open(kv_http **out, const char *url, const kv_http_route *routes, size_t n,
                     char *err, size_t errlen);
+/* Fills res with l's metrics as a /metrics page (Prometheus text 0.0.4);
+ * 500 when out of memory. l stays the caller's. */
+struct kv_stats;
+void kv_http_metrics_res(kv_http_res *res, const struct kv_stats *l);
+
 /* The bound TCP port. */
 int kv_http_port(const kv_http *h);
 /* Stops serving and frees; NULL is a no-op. Not from a route callback. */

@@ -33,9 +33,7 @@ void prom_free(prom_buf *b)
     memset(b, 0, sizeof(*b));
 }
 
-static void put(prom_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void put(prom_buf *b, const char *fmt, ...)
+void prom_appendf(prom_buf *b, const char *fmt, ...)
 {
     if (b->oom)
         return;
@@ -70,19 +68,19 @@ static void header(prom_buf *b, const char *name, const char *type, const char *
     if (strcmp(b->last, name) == 0)
         return;
     snprintf(b->last, sizeof(b->last), "%s", name);
-    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    prom_appendf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static void value(prom_buf *b, double v)
 {
     if (isnan(v))
-        put(b, " NaN\n");
+        prom_appendf(b, " NaN\n");
     else if (isinf(v))
-        put(b, v > 0 ? " +Inf\n" : " -Inf\n");
+        prom_appendf(b, v > 0 ? " +Inf\n" : " -Inf\n");
     else if (v == floor(v) && fabs(v) < 9e15)
-        put(b, " %.0f\n", v);
+        prom_appendf(b, " %.0f\n", v);
     else
-        put(b, " %.9g\n", v);
+        prom_appendf(b, " %.9g\n", v);
 }
 
 void prom_sample(prom_buf *b, const char *name, const char *type, const char *help,
@@ -90,9 +88,9 @@ void prom_sample(prom_buf *b, const char *name, const char *type, const char *he
 {
     header(b, name, type, help);
     if (labels && *labels)
-        put(b, "%s{%s}", name, labels);
+        prom_appendf(b, "%s{%s}", name, labels);
     else
-        put(b, "%s", name);
+        prom_appendf(b, "%s", name);
     value(b, v);
 }
 
@@ -106,17 +104,18 @@ void prom_histogram(prom_buf *b, const char *name, const char *help, const char 
     for (size_t i = 0; i <= PROM_BUCKETS; i++) {
         cum += atomic_load_explicit(&h->bucket[i], memory_order_relaxed);
         if (i < PROM_BUCKETS)
-            put(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, prom_bucket_le[i],
-                (unsigned long long)cum);
+            prom_appendf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, prom_bucket_le[i],
+                         (unsigned long long)cum);
         else
-            put(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, (unsigned long long)cum);
+            prom_appendf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+                         (unsigned long long)cum);
     }
     double sum = (double)atomic_load_explicit(&h->sum_ns, memory_order_relaxed) / 1e9;
     if (*labels)
-        put(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, labels, sum, name, labels,
-            (unsigned long long)cum);
+        prom_appendf(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, labels, sum, name, labels,
+                     (unsigned long long)cum);
     else
-        put(b, "%s_sum %.9g\n%s_count %llu\n", name, sum, name, (unsigned long long)cum);
+        prom_appendf(b, "%s_sum %.9g\n%s_count %llu\n", name, sum, name, (unsigned long long)cum);
 }
 
 void prom_label_escape(const char *in, char *out, size_t outlen)

@@ -43,6 +43,9 @@ typedef struct prom_buf {
 } prom_buf;
 
 void prom_init(prom_buf *b);
+/* Appends printf(fmt, ...) to b (any text: the dashboard's JSON uses it
+ * too); on allocation failure sets b->oom. */
+void prom_appendf(prom_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void prom_free(prom_buf *b);
 /* One sample: name{labels} value. type is "counter" or "gauge"; labels is
  * NULL or `key="value",...` (values escaped by the caller with

@@ -11,7 +11,14 @@
  * are relative on the wire and absolute (CLOCK_MONOTONIC) in handlers; a
  * handler that finishes past its deadline is answered DEADLINE_EXCEEDED.
  * Malformed envelopes get INVALID_ARGUMENT, unknown methods UNIMPLEMENTED,
- * wrong tokens UNAUTHENTICATED; the connection keeps serving in every case.
+ * wrong tokens UNAUTHENTICATED, admin methods called without admin
+ * credentials PERMISSION_DENIED; the connection keeps serving in every case.
+ *
+ * Authentication (docs/protocol.md "Authentication"): a data token (kv.*,
+ * admin.Ping, admin.GetMap) and an admin token (every other method, and the
+ * internal calls between routers and nodes); a peer whose TLS certificate
+ * verified against the listener's CA counts as admin. Tokens are compared
+ * in constant time over their full length.
  *
  * Client: one REQ socket per peer (rpc_chan) with a pool of contexts for
  * concurrency; nng's resend timer is off, so a call is sent at most once and
@@ -39,6 +46,11 @@ typedef struct rpc_server rpc_server;
  * rpc_reply_msg() (or leaves it empty) and returns the status. */
 typedef struct rpc_ctx {
     const char *method;
+    /* The caller may use admin methods and carry internal fields (write
+     * versions): it showed the admin token or a verified certificate, or
+     * authentication is off altogether (then anonymous is set too). */
+    bool admin;
+    bool anonymous;       /* admin only because no credential is configured: nothing was proven */
     uint64_t map_epoch;   /* the caller's cluster-map epoch (0 = unknown) */
     bool coordinate;      /* Envelope.coordinate: a smart client asks the node to coordinate */
     uint64_t deadline_ns; /* absolute, kv_now_ns() clock */
@@ -58,6 +70,10 @@ typedef kv_err (*rpc_handler_fn)(rpc_ctx *c, const uint8_t *body, size_t len);
 typedef kv_err (*rpc_start_fn)(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 typedef kv_err (*rpc_finish_fn)(rpc_ctx *c, void *state);
 
+/* Who may call a method: admin credentials (the default: admin.*, internal
+ * calls) or the data token too (kv.*, admin.Ping, admin.GetMap). */
+typedef enum rpc_access { RPC_ADMIN = 0, RPC_DATA = 1 } rpc_access;
+
 typedef struct rpc_method {
     const char *name; /* "kv.Get", "admin.Ping", ... */
     rpc_handler_fn fn;
@@ -68,7 +84,24 @@ typedef struct rpc_method {
      * keeps all their forwards in flight at once. */
     rpc_start_fn start;
     rpc_finish_fn finish;
+    rpc_access access;
 } rpc_method;
+
+/* TLS settings of a listener or a dialer (--tls-cert, --tls-key, --tls-ca),
+ * used for tls+tcp:// URLs (nng's TLS transport over mbedTLS). PEM files. */
+typedef struct rpc_tls {
+    const char *cert; /* own certificate (chain): a listener needs one; a dialer presents it */
+    const char *key;  /* its private key (unencrypted) */
+    /* CA certificate(s) peers must chain to. A dialer needs it (the server
+     * is always verified). A listener given one requires a client
+     * certificate that verifies (mutual TLS), or with client_optional
+     * accepts clients without one; a verified client is an admin peer. */
+    const char *ca;
+    bool client_optional;
+} rpc_tls;
+
+/* Whether url uses the TLS transport ("tls+tcp://"). */
+bool rpc_url_tls(const char *url);
 
 typedef struct rpc_server_opts {
     const char *url; /* "tcp://127.0.0.1:7001" */
@@ -82,12 +115,23 @@ typedef struct rpc_server_opts {
     bool handlers_wait;     /* handlers wait for other processes (a router's forwards): the calls
                                of an rpc.Calls message run on workers of their own, in parallel
                                (else one after another on one worker) */
-    const char *auth;       /* required token, NULL or "" = auth off */
+    const char *auth;       /* data token, NULL or "" = data methods open */
+    /* admin token, NULL or "" = none: then the data token grants admin too
+     * when no tls->ca is set (one shared token), and with neither token nor
+     * CA authentication is off (every caller is an anonymous admin) */
+    const char *admin_auth;
+    const rpc_tls *tls;                           /* for a tls+tcp:// url (read at open) */
     uint32_t default_deadline_ms;                 /* for requests with deadline_ms = 0 */
     size_t recv_max;                              /* NNG_OPT_RECVMAXSZ (0 = from default limits) */
     void *user;                                   /* handed to handlers and thread hooks */
     void (*thread_start)(int worker, void *user); /* e.g. rcu_register_thread */
     void (*thread_stop)(int worker, void *user);
+    /* Called after each call with a known method ran (any worker thread;
+     * must not block): method = its index in methods, the reply's status,
+     * and the time from the call's start on a worker to its reply being
+     * ready. NULL = none (proto/rpc_metrics.h counts them). */
+    void (*observe)(void *arg, size_t method, kv_err status, uint64_t ns);
+    void *observe_arg;
 } rpc_server_opts;
 
 /* Listens on opts->url and starts the workers. On failure writes a message
@@ -116,6 +160,7 @@ typedef struct rpc_chan rpc_chan;
 
 typedef struct rpc_chan_opts {
     const char *auth;         /* token sent with every call (NULL = none) */
+    const rpc_tls *tls;       /* for tls+tcp:// urls (files read at open; ca required) */
     size_t recv_max;          /* 0 = from default limits */
     uint32_t connect_wait_ms; /* how long a call right after open waits for the first connection
                                  (default 1000) */
@@ -136,17 +181,25 @@ typedef struct rpc_reply {
     size_t len;
     uint64_t map_epoch; /* the replier's map epoch */
     bool local;         /* the status was produced here (transport), not by the peer */
+    /* the peer proved who it is: the reply came over TLS from a server whose
+     * certificate verified against the channel's CA (or from the process
+     * itself); maps in unverified replies are only hints (shard/cmap_trust.c) */
+    bool verified;
 } rpc_reply;
 
 void rpc_reply_free(rpc_reply *r);
 
 /* Opens a REQ socket dialing url (asynchronously; reconnects forever). The
- * opts strings are copied. Returns INVALID_ARGUMENT for a bad URL. */
+ * opts strings are copied. Returns INVALID_ARGUMENT for a bad URL, or a
+ * tls+tcp:// URL without a usable opts->tls (no CA, unreadable files; the
+ * reason is logged). */
 kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts);
 /* Closes the socket; pending async calls complete with CANCELLED before it
  * returns. NULL is a no-op. Not from a completion callback. */
 void rpc_chan_close(rpc_chan *ch);
 const char *rpc_chan_url(const rpc_chan *ch);
+/* Whether replies on ch are verified (TLS with a CA: see rpc_reply.verified). */
+bool rpc_chan_verified(const rpc_chan *ch);
 /* Number of live connections (0 = peer unreachable right now). */
 int rpc_chan_connected(const rpc_chan *ch);
 

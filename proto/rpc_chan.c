@@ -32,6 +32,7 @@
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc_timer.h"
+#include "proto/rpc_tls.h"
 
 #define DEFAULT_CONNECT_WAIT_MS 1000u
 #define DEFAULT_COALESCE_AFTER 4u
@@ -76,6 +77,7 @@ struct rpc_chan {
     size_t recv_max;
     uint32_t connect_wait_ms;
     bool coordinate;
+    bool verified; /* TLS with a CA: every connection's server certificate verified */
     uint64_t opened_ns;
     pthread_mutex_t mu; /* protects free_slots, all, nall, the queue; pairs with cv */
     pthread_cond_t cv;  /* signalled when a connection comes up */
@@ -110,6 +112,11 @@ void rpc_reply_free(rpc_reply *r)
 const char *rpc_chan_url(const rpc_chan *ch)
 {
     return ch->url;
+}
+
+bool rpc_chan_verified(const rpc_chan *ch)
+{
+    return ch->verified;
 }
 
 int rpc_chan_connected(const rpc_chan *ch)
@@ -157,14 +164,15 @@ static void slot_finish(rpc_slot *s, rpc_reply *r)
     done(arg, r);
 }
 
-/* Fills r from a reply envelope (body and message copied). */
-static void reply_from(const Kv__Envelope *env, rpc_reply *r)
+/* Fills r from a reply envelope of ch's peer (body and message copied). */
+static void reply_from(const rpc_chan *ch, const Kv__Envelope *env, rpc_reply *r)
 {
     int code = env->status ? env->status->code : 0;
     reply_set(r, (code >= 0 && code < KV_ERR_COUNT_) ? (kv_err)code : KV_UNKNOWN,
               env->status && env->status->message && *env->status->message ? env->status->message
                                                                            : NULL);
     r->map_epoch = env->map_epoch;
+    r->verified = ch->verified;
     if (env->body.len) {
         r->body = malloc(env->body.len);
         if (r->body) {
@@ -185,7 +193,7 @@ static void parse_reply(rpc_slot *s, nng_msg *m, rpc_reply *r)
         reply_set(r, KV_INTERNAL, "malformed reply envelope");
         return;
     }
-    reply_from(env, r);
+    reply_from(s->ch, env, r);
     if (env->id != s->id && r->status == KV_OK) {
         rpc_reply_free(r);
         reply_set(r, KV_INTERNAL, "reply id does not match the request");
@@ -253,7 +261,7 @@ static Kv__Calls *calls_reply(rpc_slot *s, int rv, nng_msg *m, rpc_reply *outer)
     } else if (!(env = kv__envelope__unpack(NULL, nng_msg_len(m), nng_msg_body(m)))) {
         reply_set(outer, KV_INTERNAL, "malformed reply envelope");
     } else if (env->status && env->status->code != KV_OK) {
-        reply_from(env, outer);
+        reply_from(s->ch, env, outer);
     } else if (env->id != s->id || !(cs = kv__calls__unpack(NULL, env->body.len, env->body.data))) {
         reply_set(outer, KV_INTERNAL, "malformed rpc.Calls reply");
     }
@@ -298,7 +306,7 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
         if (!p->done)
             memset(&r, 0, sizeof(r));
         else if (cs && i < cs->n_calls && cs->calls[i]->id == p->id)
-            reply_from(cs->calls[i], &r);
+            reply_from(ch, cs->calls[i], &r);
         else if (cs)
             reply_set(&r, KV_INTERNAL, "rpc.Calls reply does not match its calls");
         else {
@@ -460,7 +468,15 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
     ch->coalesce_after = coalesce_after(opts);
     ch->opened_ns = kv_now_ns();
     ch->tick = (rpc_timer_ent){.fn = chan_tick, .arg = ch};
-    int rv = nng_req0_open(&ch->sock);
+    nng_tls_config *tls = NULL;
+    char why[512];
+    int rv = 0;
+    if (rpc_url_tls(url) &&
+        (rv = rpc_tls_config(opts ? opts->tls : NULL, false, &tls, why, sizeof(why))) != 0)
+        KV_ERROR("rpc", "cannot dial %s: %s", url, why);
+    ch->verified = tls != NULL;
+    if (rv == 0)
+        rv = nng_req0_open(&ch->sock);
     if (rv == 0) {
         nng_socket_set_ms(ch->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
         nng_socket_set_size(ch->sock, NNG_OPT_RECVMAXSZ, ch->recv_max);
@@ -470,6 +486,10 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
         nng_pipe_notify(ch->sock, NNG_PIPE_EV_REM_POST, pipe_cb, ch);
         rv = nng_dialer_create(&ch->dialer, ch->sock, url);
     }
+    if (rv == 0 && tls)
+        rv = nng_dialer_set_ptr(ch->dialer, NNG_OPT_TLS_CONFIG, tls);
+    if (tls)
+        nng_tls_config_free(tls); /* the dialer holds it */
     if (rv == 0) {
         nng_dialer_set_size(ch->dialer, NNG_OPT_RECVMAXSZ, ch->recv_max);
         rv = nng_dialer_start(ch->dialer, NNG_FLAG_NONBLOCK);
@@ -536,7 +556,7 @@ static void call_env(rpc_chan *ch, const rpc_pend *p, uint32_t deadline_ms, Kv__
     env->id = p->id;
     env->method = (char *)p->method;
     env->deadline_ms = deadline_ms;
-    env->auth = ch->auth;
+    env->auth = (ProtobufCBinaryData){strlen(ch->auth), (uint8_t *)ch->auth};
     env->map_epoch = p->epoch;
     env->coordinate = ch->coordinate;
     env->body.data = p->body;
@@ -653,7 +673,7 @@ static void send_calls(rpc_chan *ch, rpc_pend *q)
         env.id = id;
         env.method = "rpc.Calls";
         env.deadline_ms = (uint32_t)((last - now) / 1000000ull);
-        env.auth = ch->auth;
+        env.auth = (ProtobufCBinaryData){strlen(ch->auth), (uint8_t *)ch->auth};
         env.coordinate = ch->coordinate;
         env.body.data = body;
         env.body.len = blen;

@@ -18,7 +18,9 @@ typedef struct pool_ent {
 
 struct rpc_pool {
     rpc_chan_opts opts;
-    char *auth;         /* opts.auth's copy */
+    char *auth;  /* opts.auth's copy */
+    rpc_tls tls; /* *opts.tls's copy (strings below) */
+    char *tls_str[3];
     pthread_mutex_t mu; /* protects ents, n, cap */
     pool_ent *ents;
     size_t n, cap;
@@ -35,6 +37,22 @@ kv_err rpc_pool_create(rpc_pool **out, const rpc_chan_opts *opts)
         return KV_RESOURCE_EXHAUSTED;
     }
     p->opts.auth = p->auth;
+    if (p->opts.tls) {
+        const char *src[3] = {p->opts.tls->cert, p->opts.tls->key, p->opts.tls->ca};
+        bool oom = false;
+        for (int i = 0; i < 3; i++)
+            oom |= src[i] && !(p->tls_str[i] = strdup(src[i]));
+        if (oom) {
+            for (int i = 0; i < 3; i++)
+                free(p->tls_str[i]);
+            free(p->auth);
+            free(p);
+            return KV_RESOURCE_EXHAUSTED;
+        }
+        p->tls =
+            (rpc_tls){p->tls_str[0], p->tls_str[1], p->tls_str[2], p->opts.tls->client_optional};
+        p->opts.tls = &p->tls;
+    }
     pthread_mutex_init(&p->mu, NULL);
     *out = p;
     return KV_OK;
@@ -82,6 +100,8 @@ void rpc_pool_destroy(rpc_pool *p)
     }
     free(p->ents);
     free(p->auth);
+    for (int i = 0; i < 3; i++)
+        free(p->tls_str[i]);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }

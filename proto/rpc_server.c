@@ -35,6 +35,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
+#include "proto/rpc_tls.h"
 
 #define DRAIN_WAIT_NS (3ull * 1000000000ull)
 
@@ -57,6 +58,7 @@ typedef struct rpc_scall {
     nng_msg *req;
     Kv__Envelope *env; /* the decoded request, NULL when malformed */
     int lane;
+    bool verified; /* it came over TLS with a client certificate that verified */
 } rpc_scall;
 
 typedef struct rpc_group rpc_group;
@@ -102,6 +104,7 @@ struct rpc_server {
     nng_socket sock;
     nng_listener listener;
     bool listening;
+    bool tls_verify; /* a TLS listener with a CA: look up each request's pipe */
     rpc_scall *calls;
     unsigned ncalls;
     rpc_lane lanes[2]; /* [0] every call, [1] coordinate calls when coord_workers > 0 */
@@ -182,18 +185,46 @@ static const rpc_method *find_method(const rpc_server *s, const char *name)
     return NULL;
 }
 
-/* The method of a call whose token is right; NULL with *rv (and c's
- * message) otherwise. */
-static const rpc_method *dispatch(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, kv_err *rv)
+/* Sets c->admin and c->anonymous from the call's credentials (its token,
+ * its pipe's verified certificate); returns false with c's message when
+ * the token is wrong (rpc.h: data token, admin token, certificate). */
+static bool authenticate(const rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, bool verified)
 {
-    const char *want = s->opts.auth;
-    if (want && *want && (!env->auth || strcmp(env->auth, want) != 0)) {
-        *rv = rpc_fail(c, KV_UNAUTHENTICATED, "missing or wrong auth token");
+    const char *data = s->opts.auth && *s->opts.auth ? s->opts.auth : NULL;
+    const char *admin = s->opts.admin_auth && *s->opts.admin_auth ? s->opts.admin_auth : NULL;
+    bool ca = s->tls_verify;
+    const ProtobufCBinaryData *tok = &env->auth;
+    bool is_admin = admin && rpc_token_eq(tok->data, tok->len, admin);
+    bool is_data = data && rpc_token_eq(tok->data, tok->len, data);
+    c->anonymous = !admin && !data && !ca; /* authentication off */
+    c->admin = verified || is_admin || c->anonymous || (is_data && !admin && !ca);
+    if (c->admin || is_data || (!data && tok->len == 0))
+        return true;
+    if (!data && !admin) /* a certificate is the only admin credential: tokens do not matter */
+        return true;
+    rpc_fail(c, KV_UNAUTHENTICATED, tok->len ? "wrong auth token" : "missing auth token");
+    return false;
+}
+
+/* The method of a call whose credentials allow it; NULL with *rv (and c's
+ * message) otherwise. */
+static const rpc_method *dispatch(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, bool verified,
+                                  kv_err *rv)
+{
+    if (!authenticate(s, c, env, verified)) {
+        *rv = KV_UNAUTHENTICATED;
         return NULL;
     }
     const rpc_method *m = find_method(s, env->method ? env->method : "");
-    if (!m)
+    if (!m) {
         *rv = rpc_fail(c, KV_UNIMPLEMENTED, "unknown method '%.100s'", env->method);
+    } else if (m->access != RPC_DATA && !c->admin) {
+        *rv = rpc_fail(c, KV_PERMISSION_DENIED,
+                       "%s needs admin credentials: the admin token (--admin-auth) or a "
+                       "certificate of the cluster's CA; the data token is not enough",
+                       m->name);
+        m = NULL;
+    }
     return m;
 }
 
@@ -216,10 +247,10 @@ static kv_err past_deadline(rpc_ctx *c, const rpc_method *m, kv_err rv)
 
 /* Runs one request through auth, dispatch and deadline checks; fills c and
  * returns the status for the reply. */
-static kv_err serve(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env)
+static kv_err serve(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, bool verified)
 {
     kv_err rv = KV_OK;
-    const rpc_method *m = dispatch(s, c, env, &rv);
+    const rpc_method *m = dispatch(s, c, env, verified, &rv);
     if (!m)
         return rv;
     if (!split(m, c->coordinate)) {
@@ -274,10 +305,23 @@ static kv_err run_call_init(rpc_server *s, int w, const Kv__Envelope *env, rpc_c
     return KV_OK;
 }
 
-static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c)
+/* Reports a finished call of a known method to opts.observe. */
+static void observe(rpc_server *s, const rpc_ctx *c, kv_err rv, uint64_t t0)
 {
+    const rpc_method *m = s->opts.observe && c->method ? find_method(s, c->method) : NULL;
+    if (m)
+        s->opts.observe(s->opts.observe_arg, (size_t)(m - s->opts.methods), rv, kv_now_ns() - t0);
+}
+
+static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, bool verified, rpc_ctx *c)
+{
+    uint64_t t0 = kv_now_ns();
     kv_err rv = run_call_init(s, w, env, c);
-    return rv == KV_OK ? serve(s, c, env) : rv;
+    if (rv != KV_OK)
+        return rv;
+    rv = serve(s, c, env, verified);
+    observe(s, c, rv, t0);
+    return rv;
 }
 
 /* ---- lanes ------------------------------------------------------------- */
@@ -349,6 +393,10 @@ static void call_cb(void *arg)
     }
     k->req = nng_aio_get_msg(k->aio);
     nng_aio_set_msg(k->aio, NULL);
+    k->verified = false;
+    if (s->tls_verify &&
+        nng_pipe_get_bool(nng_msg_get_pipe(k->req), NNG_OPT_TLS_VERIFIED, &k->verified) != 0)
+        k->verified = false;
     k->env = kv__envelope__unpack(NULL, nng_msg_len(k->req), nng_msg_body(k->req));
     k->lane = k->env && k->env->coordinate && s->opts.coord_workers > 0 ? 1 : 0;
     atomic_fetch_add(&s->busy, 1);
@@ -380,7 +428,7 @@ static void send_reply(rpc_scall *k, nng_msg *msg)
 static void handle_one(rpc_worker *w, rpc_scall *k)
 {
     rpc_ctx c;
-    kv_err status = run_call(w->srv, w->index, k->env, &c);
+    kv_err status = run_call(w->srv, w->index, k->env, k->verified, &c);
     Kv__Envelope env;
     Kv__Status st;
     reply_env(&env, &st, k->env ? k->env->id : 0, status, &c);
@@ -420,7 +468,7 @@ static void group_keep(rpc_group *g, size_t i, kv_err status, rpc_ctx *c)
 static void group_run(rpc_server *s, int w, rpc_group *g, size_t i)
 {
     rpc_ctx c;
-    kv_err status = run_call(s, w, g->calls->calls[i], &c);
+    kv_err status = run_call(s, w, g->calls->calls[i], g->k->verified, &c);
     group_keep(g, i, status, &c);
 }
 
@@ -441,6 +489,7 @@ static bool group_split(rpc_server *s, const rpc_group *g)
 static void group_split_run(rpc_server *s, int w, rpc_group *g)
 {
     size_t n = g->calls->n_calls;
+    uint64_t t0 = kv_now_ns();
     void **state = calloc(n, sizeof(*state));
     const rpc_method **ms = calloc(n, sizeof(*ms));
     kv_err *st = calloc(n, sizeof(*st));
@@ -454,14 +503,16 @@ static void group_split_run(rpc_server *s, int w, rpc_group *g)
         const Kv__Envelope *env = g->calls->calls[i];
         rpc_ctx *c = &g->ctx[i];
         st[i] = run_call_init(s, w, env, c);
-        if (st[i] == KV_OK && (ms[i] = dispatch(s, c, env, &st[i])) != NULL)
+        if (st[i] == KV_OK && (ms[i] = dispatch(s, c, env, g->k->verified, &st[i])) != NULL)
             st[i] = ms[i]->start(c, env->body.data, env->body.len, &state[i]);
     }
     for (size_t i = 0; i < n; i++) {
         if (st[i] == KV_OK && state[i])
             st[i] = ms[i]->finish(&g->ctx[i], state[i]);
-        if (ms[i])
+        if (ms[i]) {
             st[i] = past_deadline(&g->ctx[i], ms[i], st[i]);
+            observe(s, &g->ctx[i], st[i], t0);
+        }
         group_keep(g, i, st[i], &g->ctx[i]);
     }
     free(state);
@@ -538,9 +589,8 @@ static void handle_calls(rpc_worker *w, rpc_scall *k)
     rpc_ctx c = {0};
     kv_err status = KV_OK;
     rpc_group *g = NULL;
-    const char *want = w->srv->opts.auth;
-    if (want && *want && (!k->env->auth || strcmp(k->env->auth, want) != 0))
-        status = rpc_fail(&c, KV_UNAUTHENTICATED, "missing or wrong auth token");
+    if (!authenticate(w->srv, &c, k->env, k->verified))
+        status = KV_UNAUTHENTICATED;
     else
         g = group_new(k, &c, &status);
     if (!g) {
@@ -611,12 +661,25 @@ static kv_err open_socket(rpc_server *s, char *err, size_t errlen)
     }
     size_t recv_max = s->opts.recv_max ? s->opts.recv_max : kv_limits_recv_max(&kv_default_limits);
     nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, recv_max);
+    nng_tls_config *tls = NULL;
+    char why[512];
+    if (rpc_url_tls(s->opts.url) &&
+        rpc_tls_config(s->opts.tls, true, &tls, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", s->opts.url, why);
+        return KV_INVALID_ARGUMENT;
+    }
+    s->tls_verify = tls && s->opts.tls->ca && *s->opts.tls->ca;
     if ((rv = nng_listener_create(&s->listener, s->sock, s->opts.url)) != 0 ||
         (rv = nng_listener_set_size(s->listener, NNG_OPT_RECVMAXSZ, recv_max)) != 0 ||
+        (tls && (rv = nng_listener_set_ptr(s->listener, NNG_OPT_TLS_CONFIG, tls)) != 0) ||
         (rv = nng_listener_start(s->listener, 0)) != 0) {
+        if (tls)
+            nng_tls_config_free(tls);
         snprintf(err, errlen, "cannot listen on %s: %s", s->opts.url, nng_strerror(rv));
         return rv == NNG_EADDRINUSE ? KV_UNAVAILABLE : KV_INVALID_ARGUMENT;
     }
+    if (tls)
+        nng_tls_config_free(tls); /* the listener holds it */
     s->listening = true;
     return KV_OK;
 }

@@ -25,4 +25,9 @@ void rpc_stats_add(rpc_statlist *l, const char *name, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void rpc_stats_free(rpc_statlist *l);
 
+/* Appends every entry of the typed list s that has an admin.Stats key, in
+ * order, formatted (proto/stats.h; defined in proto/stats.c). */
+struct kv_stats;
+void kv_stats_to_statlist(const struct kv_stats *s, rpc_statlist *l);
+
 #endif

@@ -84,12 +84,14 @@ static bool span_ok(const char *p, const char *end, const char *extra)
     return true;
 }
 
-/* tcp://host:port with host a DNS name, IPv4 address or [IPv6] address. */
+/* tcp://host:port or tls+tcp://host:port with host a DNS name, IPv4
+ * address or [IPv6] address. */
 static bool addr_ok(const char *a)
 {
-    if (strlen(a) > CMAP_MAX_ADDR || strncmp(a, "tcp://", 6) != 0)
+    size_t skip = strncmp(a, "tcp://", 6) == 0 ? 6 : strncmp(a, "tls+tcp://", 10) == 0 ? 10 : 0;
+    if (strlen(a) > CMAP_MAX_ADDR || !skip)
         return false;
-    const char *h = a + 6, *colon;
+    const char *h = a + skip, *colon;
     if (*h == '[') {
         const char *rb = strchr(h, ']');
         if (rb == NULL || rb == h + 1 || rb[1] != ':' || !span_ok(h + 1, rb, ":."))
@@ -122,7 +124,8 @@ static kv_err check_node(const Kv__NodeInfo *ni, size_t i, char *err, size_t err
                     shown(ni->id, b1), CMAP_MAX_ID);
     if (!addr_ok(ni->addr))
         return fail(err, errlen,
-                    "node \"%s\": invalid address \"%s\" (want tcp://host:port, port 1..65535)",
+                    "node \"%s\": invalid address \"%s\" (want tcp:// or tls+tcp://host:port, "
+                    "port 1..65535)",
                     ni->id, shown(ni->addr, b2));
     if (ni->weight > RING_MAX_WEIGHT)
         return fail(err, errlen, "node \"%s\": weight %u out of range 1..%u", ni->id, ni->weight,
@@ -509,7 +512,8 @@ static kv_err parse_word(char *w, const char *orig, Kv__NodeInfo *ni, char *err,
     char b[72];
     char *eq = strchr(w, '=');
     if (eq == NULL || eq == w || eq[1] == '\0')
-        return fail(err, errlen, "node spec \"%s\": want ID=tcp://host:port[@WEIGHT]",
+        return fail(err, errlen,
+                    "node spec \"%s\": want ID=tcp://host:port[@WEIGHT] (or tls+tcp://)",
                     shown(orig, b));
     *eq = '\0';
     ni->id = w;
@@ -768,6 +772,26 @@ cmap *cmap_slot_get(cmap_slot *s)
     cmap *m = s->map ? cmap_ref(s->map) : NULL;
     pthread_mutex_unlock(&s->mu);
     return m;
+}
+
+kv_err cmap_vet(const cmap *cur, const cmap *m, const char *addr, bool verified, char *why,
+                size_t len)
+{
+    if (verified || !cur)
+        return KV_OK;
+    if (m->epoch > cur->epoch && m->epoch - cur->epoch > CMAP_MAX_EPOCH_JUMP) {
+        snprintf(why, len, "epoch %llu is over %u past the current %llu",
+                 (unsigned long long)m->epoch, CMAP_MAX_EPOCH_JUMP, (unsigned long long)cur->epoch);
+        return KV_PERMISSION_DENIED;
+    }
+    bool listed = !addr;
+    for (size_t i = 0; !listed && i < m->n; i++)
+        listed = strcmp(m->nodes[i].addr, addr) == 0;
+    if (!listed) {
+        snprintf(why, len, "it does not list its sender %s", addr);
+        return KV_PERMISSION_DENIED;
+    }
+    return KV_OK;
 }
 
 uint64_t cmap_slot_epoch(cmap_slot *s)

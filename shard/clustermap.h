@@ -196,4 +196,19 @@ uint64_t cmap_slot_epoch(cmap_slot *s);
  * keeps its own reference either way. Thread-safe. */
 kv_err cmap_slot_install(cmap_slot *s, cmap *m);
 
+/* How far a map from an unverified peer may move the epoch at once. */
+#define CMAP_MAX_EPOCH_JUMP 64u
+
+/* Whether m may replace cur (NULL = no map yet) when it came from the peer
+ * at addr (NULL = unknown) in a reply (admin.GetMap, a FAILED_PRECONDITION
+ * body); verified: the reply proved its sender (rpc_reply.verified: TLS
+ * with the cluster's CA). docs/protocol.md "Cluster maps from peers":
+ * a verified map is taken; an unverified one only when it is plausible:
+ * it lists a node at addr (the sender is a member where it answered) and
+ * its epoch is at most CMAP_MAX_EPOCH_JUMP past cur's; with no map yet,
+ * the first one is taken (from the operator's seeds). KV_OK, or
+ * PERMISSION_DENIED with the reason in why. */
+kv_err cmap_vet(const cmap *cur, const cmap *m, const char *addr, bool verified, char *why,
+                size_t len);
+
 #endif

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
+
 static void fan_free(fanout *f)
 {
     if (f->late_free)
@@ -45,6 +47,13 @@ static void fan_done(void *arg, rpc_reply *r)
 {
     fan_slot *s = arg;
     fanout *f = s->f;
+    if (s->ctr) {
+        atomic_fetch_add_explicit(&s->ctr->calls, 1, memory_order_relaxed);
+        if (r->status == KV_UNAVAILABLE || r->status == KV_DEADLINE_EXCEEDED ||
+            r->status == KV_CANCELLED)
+            atomic_fetch_add_explicit(&s->ctr->errors, 1, memory_order_relaxed);
+        prom_hist_observe(&s->ctr->lat, kv_now_ns() - s->t0);
+    }
     pthread_mutex_lock(&f->mu);
     if (f->taken && f->late)
         f->late(f->late_arg, s->i, r, f->first_ok);
@@ -72,6 +81,7 @@ int fan_reserve(fanout *f)
     f->refs++;
     f->slots[i].f = f;
     f->slots[i].i = i;
+    f->slots[i].ctr = NULL;
     pthread_mutex_unlock(&f->mu);
     return i;
 }
@@ -84,7 +94,17 @@ void fan_complete(fanout *f, int i, rpc_reply *r)
 void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
               const ProtobufCMessage *msg, uint32_t deadline_ms)
 {
+    fan_send_ctr(f, ch, method, epoch, msg, deadline_ms, NULL);
+}
+
+void fan_send_ctr(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
+                  const ProtobufCMessage *msg, uint32_t deadline_ms, fan_ctr *ctr)
+{
     int i = fan_reserve(f);
+    if (ctr) { /* before the send: the reply may come at once on another thread */
+        f->slots[i].t0 = kv_now_ns();
+        f->slots[i].ctr = ctr;
+    }
     if (!ch) {
         rpc_reply r = {.status = KV_UNAVAILABLE, .message = strdup("no channel to the node")};
         fan_done(&f->slots[i], &r);

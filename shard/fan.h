@@ -12,9 +12,18 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "proto/prom.h"
 #include "proto/rpc.h"
 
 typedef struct fanout fanout;
+/* Per-target counters a send may carry (the router's forwards per node):
+ * every reply counts a call, a transport failure (UNAVAILABLE,
+ * DEADLINE_EXCEEDED, CANCELLED) an error, and the time to the reply goes
+ * into lat. Relaxed atomics; owned by the caller, who keeps it alive. */
+typedef struct fan_ctr {
+    _Atomic uint64_t calls, errors;
+    prom_hist lat;
+} fan_ctr;
 /* Called for a reply that arrives after fan_take (the handler moved on),
  * from an nng thread, with the fanout's lock held: it must not block and
  * must not call into the fanout. first_ok: the first send that answered OK,
@@ -23,6 +32,8 @@ typedef void (*fan_late_fn)(void *arg, int i, const rpc_reply *r, int first_ok);
 typedef struct fan_slot {
     fanout *f;
     int i;
+    fan_ctr *ctr; /* NULL = not counted */
+    uint64_t t0;  /* when it was sent (kv_now_ns), with ctr */
 } fan_slot;
 
 struct fanout {
@@ -45,6 +56,9 @@ fanout *fan_create(int max);
 /* Sends msg to ch (NULL ch = UNAVAILABLE reply) as send number f->sent. */
 void fan_send(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
               const ProtobufCMessage *msg, uint32_t deadline_ms);
+/* fan_send, counting the send and its reply in ctr (NULL = not counted). */
+void fan_send_ctr(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
+                  const ProtobufCMessage *msg, uint32_t deadline_ms, fan_ctr *ctr);
 /* Reserves send number f->sent for a reply made here (a coordinating
  * node's own replica): the fanout waits for it like for a sent call until
  * fan_complete(f, i, r) records it (ownership of r's contents moves to the

@@ -33,6 +33,11 @@
 #define HK_DEFAULT_K 1024u
 #define HK_MAX_K (1u << 20)
 #define HK_MAX_KEY 4096u /* longer keys are rejected, like on the wire */
+/* What one admin.HotKeys report may hold (a node refuses more, node/hot.h):
+ * a router sends each node at most its HK_REPORT_MAX_KEYS hottest keys,
+ * with a window of at most HK_MAX_WINDOW_MS (--hot-window-ms). */
+#define HK_REPORT_MAX_KEYS 8192u
+#define HK_MAX_WINDOW_MS 60000u
 
 typedef struct hk_sketch hk_sketch;
 

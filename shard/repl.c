@@ -102,8 +102,9 @@ void repl_send(const repl_env *env, fanout *f, cmap *m, uint32_t i, const char *
         *lc = (repl_local_call){fan_reserve(f), method, msg, cmap_epoch(m), deadline_ms};
         return;
     }
-    fan_send(f, env->chan(env->user, cmap_node_at(m, i)->addr), method, cmap_epoch(m), msg,
-             deadline_ms);
+    const cmap_node *node = cmap_node_at(m, i);
+    fan_send_ctr(f, env->chan(env->user, node->addr), method, cmap_epoch(m), msg, deadline_ms,
+                 env->target_ctr ? env->target_ctr(env->user, node->id) : NULL);
 }
 
 /* Runs method(msg) on the coordinator's own replica into *out. */

@@ -34,6 +34,7 @@
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
 #include "shard/clustermap.h"
+#include "shard/fan.h"
 
 #define REPL_MAX_RF CMAP_MAX_RF
 
@@ -61,12 +62,16 @@ typedef struct repl_env {
     rpc_chan *(*chan)(void *user, const char *addr);
     /* A replica answered FAILED_PRECONDITION with its (newer) map: install it
      * if it is newer and acceptable. Any thread. */
-    void (*learn_map)(void *user, const uint8_t *body, size_t len);
+    void (*learn_map)(void *user, const rpc_reply *r, const char *from);
     /* On a node: its id, and the in-process call to its own replica; calls
      * to that map node go to local instead of the network. NULL on a
      * router. */
     const char *self_id;
     repl_local_fn local;
+    /* Optional: the counters of forwards to a map node (a router's per-node
+     * figures); NULL or a NULL result = not counted. Any thread, must not
+     * block. */
+    fan_ctr *(*target_ctr)(void *user, const char *node_id);
 } repl_env;
 
 /* ---- the data path (repl_kv.c, repl_batch.c) ----

@@ -265,7 +265,7 @@ static kv_err batch_collect(const repl_env *env, rpc_ctx *c, cmap *m, batch_plan
     for (int s = 0; s < nsent; s++) {
         rpc_reply none = {.status = KV_UNAVAILABLE, .message = "node did not answer in time"};
         if (have[s] && repl_carries_map(&reps[s])) {
-            env->learn_map(env->user, reps[s].body, reps[s].len);
+            env->learn_map(env->user, &reps[s], cmap_node_at(m, sent_node[s])->addr);
             *stale = true;
         }
         merge_node(p, sent_node[s], have[s] ? &reps[s] : &none, mg);

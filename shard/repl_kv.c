@@ -295,7 +295,7 @@ static kv_err key_verdict(const repl_env *env, rpc_ctx *c, cmap *m, const key_ca
         ok += good && i < t->ncur;
         pend_ok += good && i >= t->ncur;
         if (have[i] && repl_carries_map(&reps[i])) {
-            env->learn_map(env->user, reps[i].body, reps[i].len);
+            env->learn_map(env->user, &reps[i], cmap_node_at(m, t->idx[i])->addr);
             *stale = true;
         }
     }

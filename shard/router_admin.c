@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "proto/statlist.h"
+#include "proto/stats.h"
 #include "shard/router.h"
 
 rpc_chan *router_chan(router *r, const char *addr)
@@ -18,19 +19,41 @@ rpc_chan *router_chan(router *r, const char *addr)
     return rpc_pool_get(r->peers, addr);
 }
 
-void router_learn_map(router *r, const uint8_t *body, size_t len)
+/* Installs m, from the peer at from, if newer and trustworthy (cmap_vet);
+ * true when the peer's map is usable (installed or not newer). */
+static bool install_from(router *r, cmap *m, const char *from, bool verified)
+{
+    cmap *cur = cmap_slot_get(r->maps);
+    char why[200];
+    bool newer = !cur || cmap_epoch(m) > cmap_epoch(cur);
+    kv_err rv = newer ? cmap_vet(cur, m, from, verified, why, sizeof(why)) : KV_OK;
+    cmap_unref(cur);
+    if (rv != KV_OK) {
+        atomic_fetch_add(&r->maps_refused, 1);
+        KV_WARN("router",
+                "refused cluster map epoch %llu from %s: %s (TLS with --tls-ca makes "
+                "maps from peers verifiable)",
+                (unsigned long long)cmap_epoch(m), from, why);
+        return false;
+    }
+    if (newer && cmap_slot_install(r->maps, m) == KV_OK) {
+        router_probe_map_changed(r, NULL, m);
+        atomic_fetch_add(&r->map_refreshes, 1);
+        KV_INFO("router", "cluster map epoch %llu from %s (%zu nodes, rf %u)",
+                (unsigned long long)cmap_epoch(m), from, cmap_node_count(m), cmap_rf(m));
+    }
+    return true;
+}
+
+void router_learn_map(router *r, const rpc_reply *rep, const char *from)
 {
     cmap *m = NULL;
     char err[256];
-    if (cmap_decode(body, len, &m, err, sizeof(err)) != KV_OK) {
-        KV_WARN("router", "a node sent an undecodable map: %s", err);
+    if (cmap_decode(rep->body, rep->len, &m, err, sizeof(err)) != KV_OK) {
+        KV_WARN("router", "node %s sent an undecodable map: %s", from, err);
         return;
     }
-    if (cmap_slot_install(r->maps, m) == KV_OK) {
-        router_probe_map_changed(r, NULL, m);
-        atomic_fetch_add(&r->map_refreshes, 1);
-        KV_INFO("router", "learned cluster map epoch %llu", (unsigned long long)cmap_epoch(m));
-    }
+    install_from(r, m, from, rep->verified);
     cmap_unref(m);
 }
 
@@ -48,13 +71,7 @@ static bool fetch_from(router *r, const char *addr)
         cmap *m = NULL;
         char err[256];
         if (g && g->has_map && g->map && cmap_from_pb(g->map, &m, err, sizeof(err)) == KV_OK) {
-            got = true;
-            if (cmap_slot_install(r->maps, m) == KV_OK) {
-                router_probe_map_changed(r, NULL, m);
-                atomic_fetch_add(&r->map_refreshes, 1);
-                KV_INFO("router", "cluster map epoch %llu from %s (%zu nodes, rf %u)",
-                        (unsigned long long)cmap_epoch(m), addr, cmap_node_count(m), cmap_rf(m));
-            }
+            got = install_from(r, m, addr, rep.verified);
             cmap_unref(m);
         }
         if (g)
@@ -167,26 +184,13 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
         return rv;
     }
     kv__stats_request__free_unpacked(req, NULL);
+    kv_stats ks;
+    kv_stats_init(&ks);
+    router_collect_stats(r, &ks);
     rpc_statlist l;
     rpc_stats_init(&l);
-    rpc_stats_add(&l, "uptime_ms", "%llu",
-                  (unsigned long long)((kv_now_ns() - r->started_ns) / 1000000ull));
-    rpc_stats_add(&l, "map_epoch", "%llu", (unsigned long long)cmap_slot_epoch(r->maps));
-    rpc_stats_add(&l, "requests", "%llu", (unsigned long long)atomic_load(&r->requests));
-    rpc_stats_add(&l, "forwards", "%llu", (unsigned long long)atomic_load(&r->stats.forwards));
-    rpc_stats_add(&l, "forward_errors", "%llu",
-                  (unsigned long long)atomic_load(&r->stats.forward_errors));
-    rpc_stats_add(&l, "map_refreshes", "%llu", (unsigned long long)atomic_load(&r->map_refreshes));
-    rpc_stats_add(&l, "hot.detection", "%s", r->hot ? "on" : "off");
-    rpc_stats_add(&l, "hot.cache_hits", "%llu", (unsigned long long)router_mit_hits(r->mit));
-    rpc_stats_add(&l, "hints_sent", "%llu", (unsigned long long)atomic_load(&r->stats.hints_sent));
-    rpc_stats_add(&l, "hint_errors", "%llu",
-                  (unsigned long long)atomic_load(&r->stats.hint_errors));
-    rpc_stats_add(&l, "read_repairs", "%llu",
-                  (unsigned long long)atomic_load(&r->stats.read_repairs));
-    rpc_stats_add(&l, "writes_skipped_down", "%llu",
-                  (unsigned long long)atomic_load(&r->stats.skipped_down));
-    router_probe_stats(r, &l);
+    kv_stats_to_statlist(&ks, &l);
+    kv_stats_free(&ks);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = "router";
     rep.role = "router";
@@ -199,13 +203,14 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
 }
 
 static const rpc_method router_methods[] = {
-    {"kv.Get", NULL, router_get_start, router_finish},
-    {"kv.Put", NULL, router_put_start, router_finish},
-    {"kv.Delete", NULL, router_delete_start, router_finish},
-    {"kv.Batch", router_h_batch},
-    {"admin.Ping", router_h_ping},
-    {"admin.Stats", router_h_stats},
-    {"admin.GetMap", router_h_get_map},
+    {"kv.Get", NULL, router_get_start, router_finish, RPC_DATA},
+    {"kv.Put", NULL, router_put_start, router_finish, RPC_DATA},
+    {"kv.Delete", NULL, router_delete_start, router_finish, RPC_DATA},
+    {"kv.Batch", router_h_batch, .access = RPC_DATA},
+    {"kv.Scan", router_h_scan, .access = RPC_DATA},
+    {"admin.Ping", router_h_ping, .access = RPC_DATA},
+    {"admin.GetMap", router_h_get_map, .access = RPC_DATA},
+    {"admin.Stats", router_h_stats}, /* admin credentials (rpc.h) */
     {"admin.HotKeys", router_h_hot_keys},
 };
 
@@ -214,9 +219,9 @@ static rpc_chan *env_chan(void *user, const char *addr)
     return router_chan(user, addr);
 }
 
-static void env_learn_map(void *user, const uint8_t *body, size_t len)
+static void env_learn_map(void *user, const rpc_reply *r, const char *from)
 {
-    router_learn_map(user, body, len);
+    router_learn_map(user, r, from);
 }
 
 /* What the handlers need, without threads or a listener: the channel pool,
@@ -226,7 +231,9 @@ static kv_err router_core_init(router *r, char *err, size_t errlen)
 {
     kv_err rv;
     r->started_ns = kv_now_ns();
-    rpc_chan_opts co = {.auth = r->cfg.auth, .recv_max = kv_limits_recv_max(&r->cfg.limits)};
+    rpc_chan_opts co = {.auth = rpc_sec_token(&r->cfg.sec),
+                        .tls = rpc_sec_tls(&r->cfg.sec),
+                        .recv_max = kv_limits_recv_max(&r->cfg.limits)};
     if ((rv = rpc_pool_create(&r->peers, &co)) != KV_OK ||
         (rv = cmap_slot_create(&r->maps)) != KV_OK)
         return rv;
@@ -236,7 +243,11 @@ static kv_err router_core_init(router *r, char *err, size_t errlen)
                         .stats = &r->stats,
                         .stopping = &r->stopping,
                         .chan = env_chan,
-                        .learn_map = env_learn_map};
+                        .learn_map = env_learn_map,
+                        .target_ctr = router_target_ctr};
+    pthread_mutex_init(&r->targets_mu, NULL);
+    if (!(r->targets = calloc(ROUTER_MAX_TARGETS, sizeof(*r->targets))))
+        return KV_RESOURCE_EXHAUSTED;
     /* the prober's table exists before the refresher, which uses it */
     if ((rv = router_probe_start(r)) != KV_OK)
         snprintf(err, errlen, "cannot start the failure detector");
@@ -262,14 +273,23 @@ kv_err router_start(router *r, char *err, size_t errlen)
                           .nmethods = sizeof(router_methods) / sizeof(router_methods[0]),
                           .workers = (unsigned)r->cfg.workers,
                           .handlers_wait = true, /* forwards wait for the nodes */
-                          .auth = r->cfg.auth,
+                          .auth = r->cfg.sec.data_token,
+                          .admin_auth = r->cfg.sec.admin_token,
+                          .tls = rpc_sec_tls(&r->cfg.sec),
                           .recv_max = kv_limits_recv_max(&r->cfg.limits),
                           .user = r};
-    return rpc_server_open(&r->rpc, &ro, err, errlen);
+    if ((rv = rpc_metrics_create(&r->metrics, ro.methods, ro.nmethods)) != KV_OK)
+        return rv;
+    ro.observe = rpc_metrics_observe;
+    ro.observe_arg = r->metrics;
+    if ((rv = rpc_server_open(&r->rpc, &ro, err, errlen)) != KV_OK)
+        return rv;
+    return router_http_start(r, err, errlen);
 }
 
 void router_stop(router *r)
 {
+    router_http_stop(r);
     rpc_server_close(r->rpc);
     r->rpc = NULL;
     atomic_store(&r->stopping, true);
@@ -281,4 +301,8 @@ void router_stop(router *r)
     r->peers = NULL;
     cmap_slot_destroy(r->maps);
     r->maps = NULL;
+    rpc_metrics_destroy(r->metrics);
+    r->metrics = NULL;
+    free(r->targets);
+    r->targets = NULL;
 }

@@ -36,7 +36,8 @@ static void push_node(router *r, cmap *m, size_t j, const hk_report *rep, Kv__Ho
                       Kv__HotKey **ptrs)
 {
     size_t n = 0;
-    for (size_t i = 0; i < rep->n; i++) {
+    /* the hottest first (hk_report's order), at most what a node accepts */
+    for (size_t i = 0; i < rep->n && n < HK_REPORT_MAX_KEYS; i++) {
         uint32_t idx[ROUTER_MAX_RF];
         size_t k = cmap_replicas(m, rep->items[i].key, rep->items[i].klen, idx);
         bool mine = false;
@@ -86,6 +87,7 @@ static void *hot_main(void *arg)
         hk_report rep = {0};
         if (hk_window_rotate(r->hot, kv_now_ns(), (size_t)r->cfg.hot_k, &rep) != KV_OK)
             continue;
+        atomic_store(&r->hot_reported, rep.n);
         push_report(r, &rep);
         if (r->mit)
             router_mit_update(r->mit, &rep);

@@ -135,6 +135,7 @@ kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **stat
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
     if (rv == KV_OK)
         rv = kv_check_value(&r->cfg.limits, req->value.len, c->message, sizeof(c->message));
+    req->version = 0; /* a client's version is ignored: the router's clock gives it */
     return call_start(r, c, rv, &req->base, &req->key, state);
 }
 
@@ -148,6 +149,7 @@ kv_err router_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **s
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
+    req->version = 0; /* a client's version is ignored: the router's clock gives it */
     return call_start(r, c, rv, &req->base, &req->key, state);
 }
 
@@ -159,8 +161,10 @@ kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__BatchRequest body");
     kv_err rv = repl_check_ops(&r->cfg.limits, c, req, len);
-    for (size_t i = 0; rv == KV_OK && i < req->n_ops; i++)
+    for (size_t i = 0; rv == KV_OK && i < req->n_ops; i++) {
         router_hot_sample(r, c->worker, req->ops[i]->key.data, req->ops[i]->key.len);
+        req->ops[i]->version = 0; /* the router's clock gives them, never a client */
+    }
     if (rv == KV_OK)
         rv = repl_batch(&r->env, c, req);
     for (size_t i = 0; r->mit && i < req->n_ops; i++)

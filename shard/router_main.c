@@ -33,11 +33,11 @@ int main(int argc, char **argv)
          0},
         {"workers", KV_OPT_INT, &r.cfg.workers, "RPC worker threads", NULL, 1, 4096},
         {"refresh-ms", KV_OPT_INT, &r.cfg.refresh_ms, "cluster map poll period", NULL, 50, 3600000},
-        {"auth", KV_OPT_STR, &r.cfg.auth, "cluster auth token (empty = off)", NULL, 0, 0},
+        RPC_SEC_SERVER_OPTS(&r.cfg.sec),
         {"hot-sample", KV_OPT_INT, &r.cfg.hot_sample,
          "hot-key detection samples one key in N (0 = off)", NULL, 0, 1 << 20},
         {"hot-window-ms", KV_OPT_INT, &r.cfg.hot_window_ms, "hot-key detection window", NULL, 50,
-         3600000},
+         HK_MAX_WINDOW_MS},
         {"hot-replica-reads", KV_OPT_BOOL, &r.cfg.hot_replica_reads,
          "spread ONE reads of hot keys over their replicas (may read older replicas)", NULL, 0, 0},
         {"hot-cache-ms", KV_OPT_INT, &r.cfg.hot_cache_ms,
@@ -55,12 +55,17 @@ int main(int argc, char **argv)
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},
         {"max-batch-bytes", KV_OPT_INT, &max_batch, "batch size limit", NULL, 1, 1L << 30},
+        {"http-listen", KV_OPT_STR, &r.cfg.http_listen,
+         "serve /metrics (Prometheus), /health and the dashboard (/) on http://HOST:PORT "
+         "(default: off)",
+         NULL, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvrouter", NULL};
     char err[512];
     kv_err rv = kv_opts_parse(&set, argc, argv, NULL, err, sizeof(err));
     if (rv == KV_CANCELLED) {
+        rpc_sec_free(&r.cfg.sec);
         kv_opts_free(&set);
         return 0;
     }
@@ -68,16 +73,20 @@ int main(int argc, char **argv)
         snprintf(err, sizeof(err), "--seeds is required (comma-separated node addresses)");
         rv = KV_INVALID_ARGUMENT;
     }
+    if (rv == KV_OK)
+        rv = rpc_sec_load(&r.cfg.sec, err, sizeof(err));
     if (rv == KV_OK && kv_log_parse_level(log_level) < 0) {
         snprintf(err, sizeof(err), "--log-level: '%s' is not debug|info|warn|error", log_level);
         rv = KV_INVALID_ARGUMENT;
     }
     if (rv != KV_OK) {
         fprintf(stderr, "kvrouter: %s\n", err);
+        rpc_sec_free(&r.cfg.sec);
         kv_opts_free(&set);
         return 2;
     }
     kv_log_set_level((kv_log_level)kv_log_parse_level(log_level));
+    rpc_sec_warn(&r.cfg.sec, "kvrouter", r.cfg.listen);
     r.cfg.limits =
         (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
     rpc_runtime_init();
@@ -90,6 +99,7 @@ int main(int argc, char **argv)
     if ((rv = router_start(&r, err, sizeof(err))) != KV_OK) {
         KV_ERROR("router", "cannot start: %s (%s)", err, kv_err_name(rv));
         router_stop(&r);
+        rpc_sec_free(&r.cfg.sec);
         kv_opts_free(&set);
         return 1;
     }
@@ -98,6 +108,7 @@ int main(int argc, char **argv)
     sigwait(&sigs, &sig);
     KV_INFO("router", "%s: shutting down", strsignal(sig));
     router_stop(&r);
+    rpc_sec_free(&r.cfg.sec);
     kv_opts_free(&set);
     return 0;
 }

@@ -259,8 +259,10 @@ void router_probe_map_changed(router *r, cmap *old, cmap *m)
     pthread_mutex_unlock(&r->probe->mu);
 }
 
-void router_probe_stats(router *r, rpc_statlist *l)
+void router_probe_stats(router *r, kv_stats *l)
 {
+    static const char *const views[] = {"up",     "down",    "catching_up", "needs_repair",
+                                        "no_map", "removed", "unknown",     NULL};
     cmap *m = cmap_slot_get(r->maps);
     if (!m || !r->probe) {
         cmap_unref(m);
@@ -273,12 +275,36 @@ void router_probe_stats(router *r, rpc_statlist *l)
         for (size_t k = 0; k < r->probe->n && !e; k++)
             if (strcmp(r->probe->nodes[k].id, id) == 0)
                 e = &r->probe->nodes[k];
-        char name[CMAP_MAX_ID + 16];
+        char name[CMAP_MAX_ID + 16], lab[CMAP_MAX_ID + 32];
+        kv_stat_label(lab, sizeof(lab), "node", id);
         snprintf(name, sizeof(name), "view.%s", id);
-        rpc_stats_add(l, name, "%s", e ? view_name(e->h, e->serving) : "unknown");
+        kv_stat_enum(l, name, "hotkv_router_node_state", lab,
+                     "The router's view of a node (failure detector and serving state).",
+                     e ? view_name(e->h, e->serving) : "unknown", views);
         snprintf(name, sizeof(name), "view.%s.since_ms", id);
-        rpc_stats_add(l, name, "%llu", (unsigned long long)(e ? e->since_ms : 0));
+        kv_stat_gauge(l, name, NULL, NULL, NULL, e ? e->since_ms : 0);
+        if (e)
+            kv_stat_gaugef(l, NULL, 0, "hotkv_router_node_ping_seconds", lab,
+                           "Round trip of the last failure-detector ping.", e->rtt_ms, 1e-3);
     }
     pthread_mutex_unlock(&r->probe->mu);
     cmap_unref(m);
+}
+
+const char *router_probe_view(router *r, const char *id, uint64_t *since_ms, double *rtt_ms)
+{
+    const char *v = "unknown";
+    *since_ms = 0;
+    *rtt_ms = 0;
+    if (!r->probe)
+        return v;
+    pthread_mutex_lock(&r->probe->mu);
+    for (size_t k = 0; k < r->probe->n; k++)
+        if (strcmp(r->probe->nodes[k].id, id) == 0) {
+            v = view_name(r->probe->nodes[k].h, r->probe->nodes[k].serving);
+            *since_ms = r->probe->nodes[k].since_ms;
+            *rtt_ms = r->probe->nodes[k].rtt_ms;
+        }
+    pthread_mutex_unlock(&r->probe->mu);
+    return v;
 }

@@ -118,11 +118,25 @@ static kv_err check_opts(kvb_opts *o, char *err, size_t errlen)
 /* Keeps what outlives the option set (kv_opts_free releases its strings). */
 static kv_err keep_strings(kvb_opts *o, char *err, size_t errlen)
 {
-    if (o->auth && strlen(o->auth) >= sizeof(o->auth_buf))
-        return fail(err, errlen, "--auth: token too long");
+    kv_err rv = rpc_sec_load(&o->sec, err, errlen);
+    const char *tok[2] = {o->sec.data_token, o->sec.admin_token};
+    char *buf[2] = {o->auth_buf, o->admin_buf};
+    for (int i = 0; rv == KV_OK && i < 2; i++)
+        if (tok[i] && strlen(tok[i]) >= sizeof(o->auth_buf))
+            rv = fail(err, errlen, "--auth/--admin-auth: token too long");
+        else
+            snprintf(buf[i], sizeof(o->auth_buf), "%s", tok[i] ? tok[i] : "");
+    const char *tls[3] = {o->sec.tls.cert, o->sec.tls.key, o->sec.tls.ca};
+    for (int i = 0; rv == KV_OK && i < 3; i++)
+        if (tls[i] && strlen(tls[i]) >= sizeof(o->tls_buf[i]))
+            rv = fail(err, errlen, "--tls-*: file name too long");
+        else
+            snprintf(o->tls_buf[i], sizeof(o->tls_buf[i]), "%s", tls[i] ? tls[i] : "");
+    rpc_sec_free(&o->sec);
+    if (rv != KV_OK)
+        return rv;
     if (strlen(o->dist) >= sizeof(o->dist_buf))
         return fail(err, errlen, "--dist: unknown distribution");
-    snprintf(o->auth_buf, sizeof(o->auth_buf), "%s", o->auth ? o->auth : "");
     snprintf(o->dist_buf, sizeof(o->dist_buf), "%s", o->dist);
     if (o->timeline && (!o->timeline[0] || strlen(o->timeline) >= sizeof(o->timeline_buf)))
         return fail(err, errlen, "--timeline: a file name (under 1024 bytes)");
@@ -149,7 +163,7 @@ static kv_err parse_opts(kvb_opts *o, int argc, char **argv)
          10000},
         {"load", KV_OPT_BOOL, &o->load, "write every key before the run"},
         {"load-seconds", KV_OPT_DOUBLE, &o->load_seconds, "time bound of --load"},
-        {"auth", KV_OPT_STR, &o->auth, "cluster token"},
+        RPC_SEC_OPTS(&o->sec),
         {"direct", KV_OPT_BOOL, &o->direct,
          "smart client: learn the map from --router and send to each key's replica"},
         {"timeout-ms", KV_OPT_INT, &o->timeout_ms, "per-request deadline", NULL, 10, 600000},
@@ -173,7 +187,8 @@ static kv_err parse_opts(kvb_opts *o, int argc, char **argv)
         fprintf(stderr, PROG ": %s\n", err);
     kv_opts_free(&set);
     /* copied into router[], dist_buf, auth_buf, timeline_buf */
-    o->routers = o->dist = o->auth = o->timeline = NULL;
+    o->routers = o->dist = o->timeline = NULL;
+    o->sec = (rpc_sec){0};
     return rv;
 }
 
@@ -219,6 +234,10 @@ static kv_err open_worker(const kvb_opts *o, kvb_shared *sh, kvb_worker *w, long
                            : UINT64_MAX;
     kv_client_opts co = {.timeout_ms = (uint32_t)o->timeout_ms,
                          .auth = o->auth_buf[0] ? o->auth_buf : NULL,
+                         .admin_auth = o->admin_buf[0] ? o->admin_buf : NULL,
+                         .tls_cert = o->tls_buf[0][0] ? o->tls_buf[0] : NULL,
+                         .tls_key = o->tls_buf[1][0] ? o->tls_buf[1] : NULL,
+                         .tls_ca = o->tls_buf[2][0] ? o->tls_buf[2] : NULL,
                          .direct = o->direct};
     kv_err rv = kv_client_open(&w->c, o->router[i % o->nrouters], &co);
     if (rv != KV_OK)

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "proto/rpc_sec.h"
 #include "bench/workload.h"
 #include "kv/kv.h"
 
@@ -34,15 +35,17 @@ typedef struct kvb_opts {
     long keys, value_size, threads, concurrency, report_top, timeout_ms, trace_ops, seed, max_ops;
     double theta, seconds, shift_at, load_seconds;
     bool load;
-    bool direct; /* smart client: straight to each key's replica (kv_client_opts.direct) */
-    char *auth;
+    bool direct;    /* smart client: straight to each key's replica (kv_client_opts.direct) */
+    rpc_sec sec;    /* --auth*, --admin-auth*, --tls-* (parsed, then copied below) */
     char *timeline; /* --timeline FILE (NULL = off) */
     long timeline_ms;
     /* derived by check_opts() */
     wl_config wl;
     char router[KVB_MAX_ROUTERS][256];
     int nrouters;
-    char auth_buf[256]; /* "" = no auth */
+    char auth_buf[256];    /* data token, "" = none */
+    char admin_buf[256];   /* admin token, "" = none */
+    char tls_buf[3][1024]; /* --tls-cert, --tls-key, --tls-ca ("" = none) */
     char dist_buf[32];
     char timeline_buf[1024];
 } kvb_opts;

@@ -4,7 +4,7 @@
  * tier (HotRing) over the LSM whose upper levels live on --fast-dir and lower
  * levels on --slow-dir. Point reads per serving tier come from
  * engine_get_stats(); write amplification and the slow volume's read bytes
- * from the engine's LSM statistics (engine_lsm_stats: lsm.write_amp,
+ * from the engine's LSM statistics (node_engine_statlist: lsm.write_amp,
  * slow.read_bytes), parsed by name so the engine exposes nothing new.
  *
  * "hotkv" and "hotkv-nohotrap" map to the engine's HotRAP switch
@@ -21,6 +21,8 @@
 
 #include "bench/tier/tier_bench.h"
 #include "node/engine.h"
+#include "node/node.h" /* node_engine_statlist */
+#include "proto/statlist.h"
 
 typedef struct hk {
     engine *e;
@@ -55,6 +57,7 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax,
     eo.sync_ms = (unsigned)o->sync_ms;
     k->hotrap = hotrap;
     eo.no_hotrap = !hotrap;
+    eo.compression = o->compression;
     nhc_opts no;
     nhc_opts_default(&no);
     no.enable = o->nhc_idx == 0;
@@ -87,11 +90,24 @@ static kv_err hk_open_kallax(const tb_opts *o, void **h, char *err, size_t errle
     return hk_open_mode(o, h, false, true, err, errlen);
 }
 
+/* The per-level layout and compaction stats (lsm.L*) to stderr, to set
+ * beside RocksDB's (eng_rocksdb.c prints its cfstats at close). */
+static void hk_dump_levels(hk *k)
+{
+    rpc_statlist l;
+    node_engine_statlist(k->e, &l);
+    for (size_t i = 0; i < l.n; i++)
+        if (strncmp(l.items[i].name, "lsm.", 4) == 0)
+            fprintf(stderr, "tier_bench: hotkv: %s %s\n", l.items[i].name, l.items[i].value);
+    rpc_stats_free(&l);
+}
+
 static void hk_close(void *h)
 {
     hk *k = h;
     if (!k)
         return;
+    hk_dump_levels(k);
     engine_close(k->e); /* the caller's thread is registered */
     free(k);
 }
@@ -152,8 +168,9 @@ static const char *stat_value(const rpc_statlist *l, const char *name)
     return NULL;
 }
 
-/* Keeps "L<n>=<files>/<MiB>/<fast|slow>" of every non-empty level. */
-static void hk_levels(hk *k, const rpc_statlist *l)
+/* Keeps "L<n>=<files>/<MiB>/<fast|slow>" of every non-empty level and sums
+ * the levels' bytes per volume. */
+static void hk_levels(hk *k, const rpc_statlist *l, tb_stats *out)
 {
     size_t off = 0;
     k->levels[0] = '\0';
@@ -166,6 +183,8 @@ static void hk_levels(hk *k, const rpc_statlist *l)
                    &bytes, &target, vol) != 4 ||
             files == 0 || off >= sizeof(k->levels))
             continue;
+        out->have_vol_bytes = true;
+        *(strcmp(vol, "slow") == 0 ? &out->sd_sst_bytes : &out->fd_sst_bytes) += bytes;
         off += (size_t)snprintf(k->levels + off, sizeof(k->levels) - off, "%s%s=%llu/%.0f/%s",
                                 off ? " " : "", n + 4, files, (double)bytes / 1048576.0, vol);
     }
@@ -202,8 +221,7 @@ static void hk_stats(void *h, tb_stats *out)
     out->reads_fd = s.reads_fd;
     out->reads_sd = s.reads_sd;
     out->reads_miss = s.reads_miss;
-    rpc_stats_init(&l);
-    engine_lsm_stats(k->e, &l);
+    node_engine_statlist(k->e, &l);
     const char *wa = stat_value(&l, "lsm.write_amp"), *sdb = stat_value(&l, "slow.read_bytes");
     const char *user = stat_value(&l, "lsm.user_bytes");
     /* unknown (null) when nothing was written since open (--no-load reads) */
@@ -228,7 +246,7 @@ static void hk_stats(void *h, tb_stats *out)
                              : -1.0;
     }
     hk_hotrap(k, &l);
-    hk_levels(k, &l);
+    hk_levels(k, &l, out);
     const char *wal = stat_value(&l, "lsm.wal_bytes"), *fl = stat_value(&l, "lsm.flush_bytes");
     const char *co = stat_value(&l, "lsm.compact_write_bytes");
     const char *pb = stat_value(&l, "hotrap.promoted_bytes");
@@ -254,8 +272,7 @@ static bool hk_settled(void *h)
     rpc_statlist l;
     bool ok = true;
     unsigned long long l0_bytes = 0, l1_target = 0;
-    rpc_stats_init(&l);
-    engine_lsm_stats(k->e, &l);
+    node_engine_statlist(k->e, &l);
     for (size_t i = 0; i < l.n; i++) {
         unsigned long long files, bytes, target;
         int level;

@@ -9,7 +9,9 @@
  * Settings mirror hotkv's LSM so that only the design differs: leveled
  * compaction, L1 = fast-mb / 12 and x10 per level (hotkv's sizing, which
  * puts L0..L2 on FD), SST files of L1 / 4, 4 KiB blocks, 10-bit bloom
- * filters, no compression, memtable = --write-buffer-mb, block cache =
+ * filters, block compression per level as hotkv's (--compression, resolved
+ * by the volume each level lives on: auto = lz4 on SD, none on FD; RocksDB's
+ * zstd level is the library default, 3, as hotkv's), memtable = --write-buffer-mb, block cache =
  * --mem-mb + --tracker-mb (hotkv's memory tier gets --mem-mb +
  * --write-buffer-mb, as it holds its memtable too: eng_hotkv.c; and its
  * HotRAP tracker, RALT, keeps about --tracker-mb in memory), no manual compaction, two
@@ -38,6 +40,7 @@
 
 #include "bench/tier/rocks_perf.h"
 #include "bench/tier/tier_bench.h"
+#include "node/lsm/lsm.h"
 
 typedef enum rk_layout { RK_TIERING, RK_FD, RK_SD } rk_layout;
 
@@ -93,6 +96,24 @@ static void set_table_options(rk *r, const tb_opts *o)
     rocksdb_options_set_block_based_table_factory(r->opts, r->topts);
 }
 
+/* hotkv's --compression for RocksDB: each level's codec by its index or the
+ * volume place_levels put it on (tier_bench checked the spec). */
+static void set_compression(rk *r, const tb_opts *o)
+{
+    lsm_compression_spec cs;
+    char err[256];
+    lsm_compression_parse(o->compression, &cs, err, sizeof(err));
+    int per[TB_ROCKS_MAX_LEVELS];
+    for (int l = 0; l < TB_ROCKS_MAX_LEVELS; l++) {
+        lsm_compression c = lsm_compression_for(&cs, l < LSM_MAX_LEVELS ? l : LSM_MAX_LEVELS - 1,
+                                                r->fd_level[l] ? LSM_TIER_FD : LSM_TIER_SD);
+        per[l] = c == LSM_COMPRESS_LZ4    ? rocksdb_lz4_compression
+                 : c == LSM_COMPRESS_ZSTD ? rocksdb_zstd_compression
+                                          : rocksdb_no_compression;
+    }
+    rocksdb_options_set_compression_per_level(r->opts, per, TB_ROCKS_MAX_LEVELS);
+}
+
 static void set_options(rk *r, const tb_opts *o)
 {
     uint64_t fast = (uint64_t)o->fast_mb << 20, base = fast / 12;
@@ -100,7 +121,7 @@ static void set_options(rk *r, const tb_opts *o)
         base = 64u << 10;
     r->opts = rocksdb_options_create();
     rocksdb_options_set_create_if_missing(r->opts, 1);
-    rocksdb_options_set_compression(r->opts, rocksdb_no_compression);
+    rocksdb_options_set_compression(r->opts, rocksdb_no_compression); /* per level below */
     rocksdb_options_set_write_buffer_size(r->opts, (size_t)o->write_buffer_mb << 20);
     rocksdb_options_set_max_bytes_for_level_base(r->opts, base);
     rocksdb_options_set_max_bytes_for_level_multiplier(r->opts, 10.0);
@@ -110,6 +131,7 @@ static void set_options(rk *r, const tb_opts *o)
     rocksdb_options_enable_statistics(r->opts);
     set_table_options(r, o);
     place_levels(r, fast, base);
+    set_compression(r, o);
     r->wopts = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(r->wopts, o->sync_idx == TB_SYNC_ALWAYS);
     r->ropts = rocksdb_readoptions_create();
@@ -140,6 +162,10 @@ static void rk_close(void *h)
         atomic_store(&r->stop, true);
         pthread_join(r->syncer, NULL);
     }
+    char *cf = r->db ? rocksdb_property_value(r->db, "rocksdb.cfstats-no-file-histogram") : NULL;
+    if (cf) /* per-level compaction stats, beside hotkv's (eng_hotkv.c) */
+        fprintf(stderr, "tier_bench: rocksdb: cfstats at close:\n%s\n", cf);
+    rocksdb_free(cf);
     if (r->db)
         rocksdb_close(r->db);
     if (r->wopts)
@@ -337,6 +363,15 @@ static void rk_stats(void *h, tb_stats *out)
     out->have_index_mem =
         rocksdb_property_int(r->db, "rocksdb.estimate-table-readers-mem", &imem) == 0;
     out->index_mem = imem;
+    const rocksdb_livefiles_t *lf = rocksdb_livefiles(r->db); /* SST bytes per volume */
+    for (int i = 0; lf && i < rocksdb_livefiles_count(lf); i++) {
+        int l = rocksdb_livefiles_level(lf, i);
+        bool fd = l >= 0 && l < TB_ROCKS_MAX_LEVELS && r->fd_level[l];
+        *(fd ? &out->fd_sst_bytes : &out->sd_sst_bytes) += rocksdb_livefiles_size(lf, i);
+        out->have_vol_bytes = true;
+    }
+    if (lf)
+        rocksdb_livefiles_destroy(lf);
 }
 
 static bool rk_settled(void *h)

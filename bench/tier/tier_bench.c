@@ -22,6 +22,7 @@
 
 #include "bench/tier/tier_bench.h"
 #include "common/opts.h"
+#include "node/lsm/lsm.h"
 
 static const tb_engine *const engines[] = {
     &tb_hotkv_engine,           &tb_hotkv_nohotrap_engine, &tb_kallax_engine,
@@ -80,6 +81,16 @@ static kv_err parse_dist(tb_opts *o, char *err, size_t errlen)
     }
     if (end && *end) {
         snprintf(err, errlen, "--dist: '%s' is not hotspotX, zipfT or uniform", d);
+        return KV_INVALID_ARGUMENT;
+    }
+    lsm_compression_spec cs;
+    char cerr[256];
+    if (lsm_compression_parse(o->compression, &cs, cerr, sizeof(cerr)) != KV_OK) {
+        snprintf(err, errlen, "--compression: %s", cerr);
+        return KV_INVALID_ARGUMENT;
+    }
+    if (!(o->value_ratio > 0 && o->value_ratio <= 1)) {
+        snprintf(err, errlen, "--value-ratio: %g is not in (0, 1]", o->value_ratio);
         return KV_INVALID_ARGUMENT;
     }
     return KV_OK;
@@ -145,6 +156,7 @@ static void default_opts(tb_opts *o)
     o->sync_ms = 5;
     o->progress_s = 2;
     o->settle_s = 600;
+    o->value_ratio = 1.0;
 }
 
 /* Parses argv into o; returns KV_CANCELLED after --help. */
@@ -197,6 +209,12 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
         {"settle", KV_OPT_DOUBLE, &o->settle_s,
          "after the load, wait up to this long for pending compactions (0 = no wait)"},
         {"progress", KV_OPT_DOUBLE, &o->progress_s, "seconds between progress lines"},
+        {"compression", KV_OPT_STR, &o->compression,
+         "hotkv and RocksDB: SST block codecs, auto (lz4 on SD levels, none on FD levels) | "
+         "none|lz4|zstd | per level from L0 (none,none,none,lz4) | fast=X,slow=Y"},
+        {"value-ratio", KV_OPT_DOUBLE, &o->value_ratio,
+         "share of each value's bytes that are random, the rest repeats them (1 = "
+         "incompressible; db_bench's compression_ratio 0.5)"},
     };
     kv_opt *copy = malloc(sizeof(table)); /* the set outlives this frame */
     if (!copy)
@@ -250,6 +268,10 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
                                "\"shift_recovery\":%s,\"recovery_s\":%s",
                                o->shift_at, steady, end, ratio, rec);
     }
+    if (a->have_vol_bytes)
+        off += (size_t)snprintf(
+            extra + off, sizeof(extra) - off, ",\"fd_sst_bytes\":%llu,\"sd_sst_bytes\":%llu",
+            (unsigned long long)a->fd_sst_bytes, (unsigned long long)a->sd_sst_bytes);
     char imem[32], imem_key[32], avg[32], cpu[32];
     jnum(imem, sizeof(imem), a->have_index_mem ? (double)a->index_mem : -1);
     jnum(imem_key, sizeof(imem_key),
@@ -264,7 +286,7 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
     printf(
         "{\"engine\":\"%s\",\"workload\":\"%s\",\"dist\":\"%s\",\"records\":%ld,"
         "\"value_size\":%ld,\"threads\":%ld,\"fast_mb\":%ld,\"mem_mb\":%ld,\"write_buffer_mb\":%ld,"
-        "\"tracker_mb\":%ld,\"sync\":\"%s\","
+        "\"tracker_mb\":%ld,\"sync\":\"%s\",\"compression\":\"%s\",\"value_ratio\":%.3g,"
         "\"load_s\":%.3f,\"load_ops_per_s\":%s,\"settle_s\":%.1f,\"settled\":%s,\"seconds\":%."
         "3f,\"ops\":%llu,\"ops_per_s\":%s,"
         "\"gets\":%llu,\"found_ratio\":%.6g,\"p50_get_us\":%.2f,\"p99_get_us\":%.2f,"
@@ -274,12 +296,12 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
         "\"retained\":%s%s}\n",
         o->engine_name, o->workload_name, o->dist_name, o->records, o->value_size, o->threads,
         o->fast_mb, o->mem_mb, o->write_buffer_mb, o->tracker_mb, sync_choices[o->sync_idx],
-        r->load_s, load, r->settle_s, r->settled ? "true" : "false", r->run_s,
-        (unsigned long long)r->ops, ops, (unsigned long long)r->gets,
-        r->gets ? (double)r->gets_found / (double)r->gets : 0.0, r->p50_get_us, r->p99_get_us,
-        r->p999_get_us, r->p50_put_us, r->p99_put_us, (unsigned long long)mem,
-        (unsigned long long)fd, (unsigned long long)sd, (unsigned long long)miss, hit, sdb, wa,
-        prom, ret, extra);
+        o->compression ? o->compression : "auto", o->value_ratio, r->load_s, load, r->settle_s,
+        r->settled ? "true" : "false", r->run_s, (unsigned long long)r->ops, ops,
+        (unsigned long long)r->gets, r->gets ? (double)r->gets_found / (double)r->gets : 0.0,
+        r->p50_get_us, r->p99_get_us, r->p999_get_us, r->p50_put_us, r->p99_put_us,
+        (unsigned long long)mem, (unsigned long long)fd, (unsigned long long)sd,
+        (unsigned long long)miss, hit, sdb, wa, prom, ret, extra);
     fflush(stdout);
 }
 

@@ -46,6 +46,12 @@ typedef struct tb_opts {
     double seconds, warmup, shift_at, progress_s, settle_s;
     int workload_idx, dist_idx, sync_idx;
     long sync_ms;
+    /* hotkv and RocksDB: SST block compression (lsm_compression_parse: auto
+     * = lz4 on SD levels, none on FD levels); value_ratio: the share of each
+     * value's bytes that are random, the rest repeats them (db_bench's
+     * --compression_ratio; 1 = incompressible, the default). */
+    const char *compression;
+    double value_ratio;
     bool load_only, no_load;
     int nhc_idx;                           /* hotkv: the NHC scheduler (node/nhc) on or off */
     const char *workload_name, *dist_name; /* as given: "RO", "hotspot5", ... */
@@ -63,6 +69,8 @@ typedef struct tb_stats {
     uint64_t promoted, retained;
     bool have_index_mem; /* index_mem is meaningful */
     uint64_t index_mem;  /* memory that grows with the keys: index blocks, filters */
+    bool have_vol_bytes; /* fd_sst_bytes / sd_sst_bytes are meaningful */
+    uint64_t fd_sst_bytes, sd_sst_bytes; /* SST file bytes on each volume (levels) */
 } tb_stats;
 
 /* kallax's home blocks for a run: --kallax-blocks, or four times the
@@ -124,7 +132,9 @@ typedef struct tb_result {
 
 /* The value of record id (vlen bytes, deterministic): the runner writes it
  * and may check it. */
-void tb_fill_value(uint64_t id, uint64_t version, unsigned char *buf, size_t vlen);
+/* The value of id at version: vlen deterministic bytes, of which the first
+ * ratio x vlen are pseudo-random and the rest repeats them. */
+void tb_fill_value(uint64_t id, uint64_t version, unsigned char *buf, size_t vlen, double ratio);
 
 /* Loads o->records records (unless --no-load), then warms up and measures
  * (unless --load-only). Returns KV_OK or the first engine error (printed). */

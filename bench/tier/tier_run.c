@@ -91,10 +91,16 @@ static double hist_quantile_us(const hist *h, double q)
     return bucket_mid(NBUCKETS - 1) / 1000.0;
 }
 
-void tb_fill_value(uint64_t id, uint64_t version, unsigned char *buf, size_t vlen)
+void tb_fill_value(uint64_t id, uint64_t version, unsigned char *buf, size_t vlen, double ratio)
 {
     uint64_t x = id * UINT64_C(0x9e3779b97f4a7c15) ^ version;
+    size_t rnd = ratio >= 1.0 ? vlen : (size_t)((double)vlen * ratio);
+    rnd = rnd ? rnd : 1;
     for (size_t i = 0; i < vlen; i++) {
+        if (i >= rnd) {
+            buf[i] = buf[i % rnd];
+            continue;
+        }
         if ((i & 7) == 0)
             x = x * UINT64_C(6364136223846793005) + UINT64_C(1442695040888963407);
         buf[i] = (unsigned char)(x >> (8 * (i & 7)));
@@ -105,7 +111,7 @@ static kv_err put_id(worker *w, uint64_t id, uint64_t version)
 {
     unsigned char key[WL_KEY8_LEN];
     wl_key8(id, key);
-    tb_fill_value(id, version, w->val, (size_t)w->o->value_size);
+    tb_fill_value(id, version, w->val, (size_t)w->o->value_size, w->o->value_ratio);
     return w->eng->put(w->h, key, sizeof(key), w->val, (size_t)w->o->value_size);
 }
 

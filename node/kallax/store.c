@@ -118,7 +118,9 @@ static int open_file(kallax *kx, const char *name, int flags)
 }
 
 /* A new store: BLOCKS written as empty blocks, EXTENTS and JOURNAL empty,
- * META last (its presence says the store exists). */
+ * META last (its presence says the store exists): written as META.new and
+ * renamed, so a creation cut by a crash leaves no META and the next open
+ * creates the store again instead of finding an empty META corrupt. */
 static kv_err create_store(kallax *kx)
 {
     uint8_t *chunk = malloc((size_t)SCAN_BLOCKS * KALLAX_BLOCK);
@@ -138,7 +140,11 @@ static kv_err create_store(kallax *kx)
     if (rv == KV_OK)
         rv = lsm_vol_fsync(&kx->vol, kx->blocks_fd);
     if (rv == KV_OK)
-        rv = kx_meta_write(kx, 0);
+        rv = kx_meta_write(kx, 0); /* into META.new, synced */
+    if (rv == KV_OK && renameat(kx->vol.dirfd, "META.new", kx->vol.dirfd, "META") < 0) {
+        KV_ERROR(KX_LOG, "%s: rename META.new to META: %s", kx->vol.dir, strerror(errno));
+        rv = lsm_errno(errno);
+    }
     if (rv == KV_OK)
         rv = lsm_vol_syncdir(&kx->vol);
     if (rv != KV_OK)
@@ -165,7 +171,7 @@ static kv_err open_files(kallax *kx)
         return KV_INVALID_ARGUMENT;
     }
     if (fresh)
-        kx->meta_fd = open_file(kx, "META", O_RDWR | O_CREAT);
+        kx->meta_fd = open_file(kx, "META.new", O_RDWR | O_CREAT | O_TRUNC);
     if (kx->meta_fd < 0)
         return lsm_errno(-kx->meta_fd);
     kv_err rv = fresh ? KV_OK : meta_read(kx);

@@ -306,8 +306,7 @@ static kv_err out_add(output *o, int slot, const lsm_rec *r)
         pthread_mutex_lock(&db->mu);
         uint64_t number = lsm_db_new_number(db);
         pthread_mutex_unlock(&db->mu);
-        lsm_vol *v = &db->vols[db->level_tier[level] == LSM_TIER_SD ? 1 : 0];
-        kv_err rv = lsm_sst_builder_open(&o->b[slot], v, number, db->o.block_size);
+        kv_err rv = lsm_db_builder(db, level, number, &o->b[slot]);
         if (rv != KV_OK)
             return rv;
     }
@@ -522,6 +521,15 @@ static kv_err run_job(lsm_db *db, cjob *j)
         KV_ERROR(LSM_LOG, "compaction L%d -> L%d failed: %s", j->from, j->to, kv_strerror(rv));
     } else {
         atomic_fetch_add(&db->compactions, 1);
+        int to = j->to;
+        if (j->trivial) {
+            atomic_fetch_add(&db->lc_moved[to], files_bytes(j->in[0], j->nin[0]));
+        } else {
+            atomic_fetch_add(&db->lc_jobs[to], 1);
+            atomic_fetch_add(&db->lc_above[to], files_bytes(j->in[0], j->nin[0]));
+            atomic_fetch_add(&db->lc_level[to], files_bytes(j->in[1], j->nin[1]));
+            atomic_fetch_add(&db->lc_written[to], files_bytes(e.adds, e.nadd));
+        }
         KV_DEBUG(LSM_LOG,
                  "compaction L%d -> L%d%s: %zu + %zu inputs (%" PRIu64 " + %" PRIu64
                  " bytes), %zu outputs (%" PRIu64 " bytes)",

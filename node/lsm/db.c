@@ -74,6 +74,8 @@ static void size_levels(lsm_db *db)
         bool fd = !db->has_sd || (db->level_tier[l - 1] == LSM_TIER_FD && cum <= fast / 100 * 95);
         db->level_tier[l] = fd ? LSM_TIER_FD : LSM_TIER_SD;
     }
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        db->codec[l] = lsm_compression_for(&db->o.compression, l, db->level_tier[l]);
     db->last_fd = 0;
     for (int l = 1; l < LSM_MAX_LEVELS && db->level_tier[l] == LSM_TIER_FD; l++)
         db->last_fd = l;
@@ -360,6 +362,12 @@ static kv_err check_opts(const lsm_opts *o)
         return KV_INVALID_ARGUMENT;
     if (o->sync > LSM_SYNC_NONE)
         return KV_INVALID_ARGUMENT;
+    const lsm_compression_spec *c = &o->compression;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        if ((unsigned)c->level[l] > LSM_COMPRESS_ZSTD)
+            return KV_INVALID_ARGUMENT;
+    if ((unsigned)c->fast > LSM_COMPRESS_ZSTD || (unsigned)c->slow > LSM_COMPRESS_ZSTD)
+        return KV_INVALID_ARGUMENT;
     return KV_OK;
 }
 
@@ -402,7 +410,7 @@ kv_err lsm_open(lsm_db **out, const lsm_opts *o, lsm_replay_fn fn, void *arg)
 {
     kv_err rv = check_opts(o);
     if (rv != KV_OK || !out) {
-        KV_ERROR(LSM_LOG, "lsm_open: invalid options (fast_dir, block_size or sync)");
+        KV_ERROR(LSM_LOG, "lsm_open: invalid options (fast_dir, block_size, sync or compression)");
         return KV_INVALID_ARGUMENT;
     }
     lsm_db *db = calloc(1, sizeof(*db));
@@ -533,10 +541,19 @@ static kv_err check_run(const lsm_rec *r, size_t n, uint64_t max_seqno)
     return KV_OK;
 }
 
+kv_err lsm_db_builder(lsm_db *db, int level, uint64_t number, lsm_sst_builder **out)
+{
+    lsm_vol *v = &db->vols[db->level_tier[level] == LSM_TIER_SD ? 1 : 0];
+    kv_err rv = lsm_sst_builder_open(out, v, number, db->o.block_size);
+    if (rv == KV_OK)
+        lsm_sst_builder_compress(*out, db->codec[level], &db->comp_in, &db->comp_out);
+    return rv;
+}
+
 static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, lsm_file **out)
 {
     lsm_sst_builder *b = NULL; /* not written when the open fails */
-    kv_err rv = lsm_sst_builder_open(&b, &db->vols[0], number, db->o.block_size);
+    kv_err rv = lsm_db_builder(db, 0, number, &b);
     for (size_t i = 0; rv == KV_OK && i < n; i++)
         if (!i || lsm_key_cmp(r[i - 1].key, r[i - 1].klen, r[i].key, r[i].klen) != 0)
             rv = lsm_sst_builder_add(b, &r[i]);
@@ -639,6 +656,8 @@ typedef struct lookup {
     probe *pr;
     lsm_io *io;
     size_t np, cap;
+    bool meta;          /* lsm_get_meta: metadata only, no read side effects */
+    uint64_t blocks[2]; /* data blocks read from FD, SD */
 } lookup;
 
 static kv_err add_probe(lookup *lk, size_t key, lsm_file *f)
@@ -679,7 +698,7 @@ static void take_probe(lookup *lk, size_t i)
     kv_err rv = lsm_sst_block_check(p->f->sst, p->blk, &lk->io[i]);
     lsm_rec r;
     if (rv == KV_OK)
-        rv = lsm_block_search(lk->io[i].buf, lk->io[i].len - 4, lk->keys[k], lk->klens[k], &r);
+        rv = lsm_block_search(lk->io[i].buf, lk->io[i].len, lk->keys[k], lk->klens[k], &r);
     if (rv == KV_NOT_FOUND)
         return;
     if (rv == KV_DATA_LOSS)
@@ -687,8 +706,10 @@ static void take_probe(lookup *lk, size_t i)
                  (unsigned long long)p->f->number, p->blk);
     if (rv == KV_OK && lk->err[k] == KV_OK && r.seqno <= lk->tmp[k].seqno)
         return; /* an L0 file already gave a newer record */
-    lsm_rec copy;
-    if (rv == KV_OK)
+    lsm_rec copy = r;
+    if (rv == KV_OK && lk->meta)
+        copy.key = copy.value = NULL; /* metadata only: nothing to copy or free */
+    else if (rv == KV_OK)
         rv = lsm_rec_copy(&copy, &r);
     if (lk->err[k] == KV_OK)
         lsm_rec_free(&lk->tmp[k]);
@@ -703,6 +724,7 @@ static void run_probes(lookup *lk)
 {
     lsm_vol_read(lk->io, lk->np);
     for (size_t i = 0; i < lk->np; i++) {
+        lk->blocks[lk->pr[i].f->tier == LSM_TIER_SD]++;
         take_probe(lk, i);
         free(lk->io[i].buf);
     }
@@ -850,6 +872,16 @@ static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_
     }
 }
 
+/* Probes every non-empty level of v, FD levels first. */
+static kv_err lookup_levels(lookup *lk, const lsm_version *v)
+{
+    kv_err rv = KV_OK;
+    for (int l = 0; rv == KV_OK && l < LSM_MAX_LEVELS; l++)
+        if (v->nfiles[l])
+            rv = probe_level(lk, v, l);
+    return rv;
+}
+
 kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t *klens,
                     lsm_rec *outs, lsm_tier *served, kv_err *errs)
 {
@@ -873,9 +905,7 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
     lsm_version *v = rv == KV_OK ? lsm_db_current(db) : NULL;
     if (rv == KV_OK && db->twin && db->o.nhc)
         rv = route_sd(db, &lk, v); /* after pinning: see route_sd */
-    for (int l = 0; rv == KV_OK && l < LSM_MAX_LEVELS; l++)
-        if (v->nfiles[l])
-            rv = probe_level(&lk, v, l);
+    rv = rv == KV_OK ? lookup_levels(&lk, v) : rv;
     lsm_version_unref(v);
     if (rv == KV_OK) {
         publish(db, &lk, outs, served, errs, fread, t0);
@@ -884,6 +914,31 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
             if (lk.err[k] == KV_OK)
                 lsm_rec_free(&lk.tmp[k]);
     }
+    lookup_fini(&lk);
+    return rv;
+}
+
+kv_err lsm_get_meta(lsm_db *db, const void *key, size_t klen, lsm_rec *out)
+{
+    if (!key || klen == 0 || klen > LSM_MAX_KEY || !out)
+        return KV_INVALID_ARGUMENT;
+    lookup lk = {0};
+    kv_err rv = lookup_init(&lk, 1);
+    if (rv != KV_OK)
+        return rv;
+    const void *keys[1] = {key};
+    size_t klens[1] = {klen};
+    lk.keys = keys;
+    lk.klens = klens;
+    lk.meta = true;
+    lsm_version *v = lsm_db_current(db);
+    rv = lookup_levels(&lk, v); /* FD first; NHC's routing is for reads */
+    lsm_version_unref(v);
+    atomic_fetch_add_explicit(&db->check_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&db->check_blocks_fd, lk.blocks[0], memory_order_relaxed);
+    atomic_fetch_add_explicit(&db->check_blocks_sd, lk.blocks[1], memory_order_relaxed);
+    if (rv == KV_OK && (rv = lk.err[0]) == KV_OK)
+        *out = lk.tmp[0];
     lookup_fini(&lk);
     return rv;
 }
@@ -952,6 +1007,12 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
         out->levels[l].bytes = lsm_level_bytes(v, l);
         out->levels[l].target_bytes = l ? db->target[l] : 0;
         out->levels[l].volume = db->level_tier[l];
+        out->levels[l].codec = db->codec[l];
+        out->levels[l].comp_read_above = atomic_load(&db->lc_above[l]);
+        out->levels[l].comp_read_level = atomic_load(&db->lc_level[l]);
+        out->levels[l].comp_written = atomic_load(&db->lc_written[l]);
+        out->levels[l].comp_jobs = atomic_load(&db->lc_jobs[l]);
+        out->levels[l].comp_moved = atomic_load(&db->lc_moved[l]);
         for (size_t i = 0; i < v->nfiles[l]; i++)
             out->index_mem_bytes += lsm_sst_mem(v->files[l][i]->sst);
     }
@@ -961,6 +1022,9 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
         lsm_vol_counters(&db->vols[1], &out->sd);
     out->reads_fd = atomic_load(&db->reads_fd);
     out->reads_sd = atomic_load(&db->reads_sd);
+    out->check_calls = atomic_load(&db->check_calls);
+    out->check_blocks_fd = atomic_load(&db->check_blocks_fd);
+    out->check_blocks_sd = atomic_load(&db->check_blocks_sd);
     out->user_bytes = atomic_load(&db->user_bytes);
     lsm_wal_counters(db->wal, &out->wal_bytes, &out->wal_fsyncs, &out->wal_segments);
     out->flush_bytes = atomic_load(&db->flush_bytes);
@@ -968,6 +1032,8 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
     out->compact_read_bytes = atomic_load(&db->c_read);
     out->compact_write_bytes = atomic_load(&db->c_write);
     out->compactions = atomic_load(&db->compactions);
+    out->compress_in_bytes = atomic_load(&db->comp_in);
+    out->compress_out_bytes = atomic_load(&db->comp_out);
     uint64_t written = out->wal_bytes + out->flush_bytes + out->compact_write_bytes;
     out->write_amp = out->user_bytes ? (double)written / (double)out->user_bytes : 0.0;
     pthread_mutex_lock(&db->mu);

@@ -123,17 +123,49 @@ typedef bool (*lsm_newer_fn)(void *arg, const void *key, size_t klen, uint64_t s
  * there (its newer callback reads HotRing). May be NULL. */
 typedef void (*lsm_thread_fn)(void *arg, bool begin);
 
+/* Block compression of SST data blocks. DEFAULT in a level's slot means "by
+ * the level's volume" (lsm_compression_spec). The codec is recorded per
+ * block (a block that does not shrink by 1/8 is stored raw), so a level's
+ * setting may change at any time: files keep what they were written with. */
+typedef enum lsm_compression {
+    LSM_COMPRESS_DEFAULT = 0,
+    LSM_COMPRESS_NONE = 1,
+    LSM_COMPRESS_LZ4 = 2,  /* LZ4 (fast) */
+    LSM_COMPRESS_ZSTD = 3, /* zstd level 3 (the library's default, as RocksDB's) */
+} lsm_compression;
+
+/* Per level (L0 first), else by volume: a level whose slot is DEFAULT takes
+ * fast (levels on FD) or slow (levels on SD); DEFAULT there means none on FD
+ * and lz4 on SD, RocksDB's common setting. All-zero = that default. */
+typedef struct lsm_compression_spec {
+    lsm_compression level[LSM_MAX_LEVELS];
+    lsm_compression fast, slow;
+} lsm_compression_spec;
+
+/* Parses the --compression flag: "auto" (the default above), or a comma
+ * list of either codecs by level ("none,none,none,lz4": L0..L3, the last
+ * entry repeating for the deeper levels; "zstd" alone: every level) or codecs
+ * by volume ("fast=none,slow=zstd"), each of none|lz4|zstd. Returns KV_OK
+ * and *out, or INVALID_ARGUMENT with a message in err. */
+kv_err lsm_compression_parse(const char *spec, lsm_compression_spec *out, char *err, size_t errlen);
+/* The codec of level `level` (0..LSM_MAX_LEVELS-1) on volume tier under s:
+ * NONE, LZ4 or ZSTD. */
+lsm_compression lsm_compression_for(const lsm_compression_spec *s, int level, lsm_tier tier);
+/* "none", "lz4", "zstd" (DEFAULT: "auto"). */
+const char *lsm_compression_name(lsm_compression c);
+
 typedef struct lsm_opts {
-    const char *fast_dir;        /* FD directory (created if missing); required */
-    const char *slow_dir;        /* SD directory, NULL = every level on FD */
-    uint64_t fast_mb;            /* FD capacity used to size levels; default 1024 */
-    lsm_sync sync;               /* default LSM_SYNC_ALWAYS (0) */
-    unsigned sync_ms;            /* LSM_SYNC_BATCH period, default 5 */
-    unsigned block_size;         /* SST data block bytes, default 4096 */
-    unsigned l0_trigger;         /* L0 file count that triggers compaction, default 4 */
-    unsigned l0_stop;            /* lsm_flush waits while L0 has this many files, default 20 */
-    uint64_t file_mb;            /* target SST size for L1+, 0 = derived from fast_mb */
-    bool disable_io_uring;       /* force the pread/pwrite path (tests, old kernels) */
+    const char *fast_dir;             /* FD directory (created if missing); required */
+    const char *slow_dir;             /* SD directory, NULL = every level on FD */
+    uint64_t fast_mb;                 /* FD capacity used to size levels; default 1024 */
+    lsm_sync sync;                    /* default LSM_SYNC_ALWAYS (0) */
+    unsigned sync_ms;                 /* LSM_SYNC_BATCH period, default 5 */
+    unsigned block_size;              /* SST data block bytes, default 4096 */
+    lsm_compression_spec compression; /* block codec per level (zero: lz4 on SD levels) */
+    unsigned l0_trigger;              /* L0 file count that triggers compaction, default 4 */
+    unsigned l0_stop;                 /* lsm_flush waits while L0 has this many files, default 20 */
+    uint64_t file_mb;                 /* target SST size for L1+, 0 = derived from fast_mb */
+    bool disable_io_uring;            /* force the pread/pwrite path (tests, old kernels) */
     unsigned compaction_threads; /* background compaction threads, default (and 0) = 1, max 16 */
     bool no_auto_compaction;     /* only lsm_compact_all compacts (tests) */
     lsm_route_fn route;          /* NULL = plain leveled compaction, or HotRAP's rule */
@@ -255,6 +287,16 @@ uint64_t lsm_flush_generation(lsm_db *db);
  * NULL. */
 kv_err lsm_get(lsm_db *db, const void *key, size_t klen, lsm_rec *out, lsm_tier *served);
 
+/* The writer's check before a write (last-writer-wins, if_version,
+ * if_absent): as lsm_get, but *out gets only the newest record's metadata
+ * (version, seqno, expire_at, type, flags; key and value NULL, vlen its
+ * value length; nothing to free), and the lookup is not a read: it feeds
+ * neither RALT nor the promotion buffer nor NHC, and counts in
+ * lsm_stats.check_* instead of reads_fd / reads_sd. (Counting it as a read
+ * made every written key look read-hot to HotRAP and offered the old
+ * record of a key being overwritten for promotion.) */
+kv_err lsm_get_meta(lsm_db *db, const void *key, size_t klen, lsm_rec *out);
+
 /* Batch lookup: the block reads of all n keys are submitted together, level
  * by level. For each i, errs[i] is what lsm_get would have returned and, on
  * KV_OK, outs[i]/served[i] are filled as by lsm_get (served may be NULL).
@@ -322,16 +364,29 @@ typedef struct lsm_vol_stats {
 typedef struct lsm_level_stats {
     uint64_t files, bytes, target_bytes;
     lsm_tier volume;
+    lsm_compression codec; /* what new files of the level are written with */
+    /* Compactions into this level since open, filed under their output
+     * level as in RocksDB's compaction stats: bytes read from the level
+     * above (its Rn) and from this level (Rnp1), bytes written (retained
+     * records included), jobs, and bytes moved here by trivial moves. */
+    uint64_t comp_read_above, comp_read_level, comp_written, comp_jobs, comp_moved;
 } lsm_level_stats;
 
 typedef struct lsm_stats {
     lsm_level_stats levels[LSM_MAX_LEVELS];
     lsm_vol_stats fd, sd;        /* sd is zero when there is no slow_dir */
     uint64_t reads_fd, reads_sd; /* records served per volume by get/multiget */
-    uint64_t user_bytes;         /* key+value bytes given to lsm_wal_append */
+    /* lsm_get_meta: calls, and the data blocks they read per volume (a key
+     * found there, or a bloom filter's false positive) */
+    uint64_t check_calls, check_blocks_fd, check_blocks_sd;
+    uint64_t user_bytes; /* key+value bytes given to lsm_wal_append */
     uint64_t wal_bytes, wal_fsyncs, wal_segments;
     uint64_t flush_bytes, flushes;
     uint64_t compact_read_bytes, compact_write_bytes, compactions;
+    /* Data blocks written since open by flushes, compactions and promotion
+     * into levels with a codec: their bytes before and after compression
+     * (raw-stored blocks count in both). */
+    uint64_t compress_in_bytes, compress_out_bytes;
     double write_amp; /* (WAL + flush + compaction bytes written) / user_bytes */
     uint64_t flushed_seqno, last_seqno, flush_generation;
     uint64_t index_mem_bytes; /* memory of the open SSTs' readers: index, bloom, block table */

@@ -74,6 +74,26 @@ kv_err lsm_rec_copy(lsm_rec *out, const lsm_rec *r);
 /* Maps an errno to kv_err: ENOSPC/EDQUOT -> RESOURCE_EXHAUSTED, else INTERNAL. */
 kv_err lsm_errno(int e);
 
+/* ---- block compression (compress.c) ---- */
+
+/* Codec ids as stored in an SST v2 block trailer. */
+#define LSM_CODEC_NONE 0u
+#define LSM_CODEC_LZ4 1u
+#define LSM_CODEC_ZSTD 2u
+/* Largest decompressed block: the block size bound plus one record. */
+#define LSM_MAX_BLOCK_RAW ((uint64_t)LSM_MAX_VALUE + LSM_MAX_KEY + (32u << 20))
+
+/* Compresses src (n bytes) into dst as [u32 n][codec output]. *stored is
+ * true when dst holds it, false when the block is to be stored raw (codec
+ * NONE, tiny, or it would not save 1/8). *zctx: the caller's zstd context,
+ * created on first use, freed with lsm_zctx_free. RESOURCE_EXHAUSTED on OOM. */
+kv_err lsm_block_compress(uint8_t codec, const uint8_t *src, size_t n, lsm_buf *dst, void **zctx,
+                          bool *stored);
+void lsm_zctx_free(void *zctx);
+/* Decompresses a payload written by lsm_block_compress into dst (its len =
+ * the raw size). DATA_LOSS when malformed, RESOURCE_EXHAUSTED on OOM. */
+kv_err lsm_block_decompress(uint8_t codec, const uint8_t *src, size_t n, lsm_buf *dst);
+
 /* ---- volumes (volume.c) ---- */
 
 typedef struct lsm_vol {
@@ -186,11 +206,16 @@ const char *lsm_sst_path(const lsm_sst *s);
 uint64_t lsm_sst_mem(const lsm_sst *s);
 /* Fills io to read block blk (payload + crc) into a new malloc'ed buffer. */
 kv_err lsm_sst_block_io(const lsm_sst *s, int blk, lsm_io *io);
-/* Verifies a read block (io->res, crc); DATA_LOSS is logged with the file. */
-kv_err lsm_sst_block_check(const lsm_sst *s, int blk, const lsm_io *io);
-/* Reads block blk now and verifies it: KV_OK with io->buf (payload + crc,
- * the caller frees it), or the error of lsm_sst_block_io (RESOURCE_EXHAUSTED)
- * or of lsm_sst_block_check, with nothing to free. */
+/* Verifies a read block (io->res, crc) and decodes it: on KV_OK io->buf
+ * holds the block's records (offsets and count at the end), io->len bytes,
+ * decompressed when the block was (io->buf then is a new buffer and the read
+ * one was freed). The caller frees io->buf whatever the result. DATA_LOSS is
+ * logged with the file. */
+kv_err lsm_sst_block_check(const lsm_sst *s, int blk, lsm_io *io);
+/* Reads block blk now and verifies it: KV_OK with io->buf (the records,
+ * io->len bytes, as lsm_sst_block_check; the caller frees it), or the error
+ * of lsm_sst_block_io (RESOURCE_EXHAUSTED) or of lsm_sst_block_check, with
+ * nothing to free. */
 kv_err lsm_sst_read_block(const lsm_sst *s, int blk, lsm_io *io);
 /* Binary search in a verified block: KV_OK + *out (pointing into buf),
  * NOT_FOUND, or DATA_LOSS. */
@@ -201,7 +226,8 @@ typedef struct lsm_sst_iter {
     int blk;
     lsm_buf ra;        /* read-ahead window: consecutive blocks read at once */
     uint64_t ra_off;   /* file offset of ra.p[0] */
-    const uint8_t *bp; /* current block inside ra, NULL before it is loaded */
+    lsm_buf dec;       /* the current block decompressed, when it is compressed */
+    const uint8_t *bp; /* current block's records (in ra or dec), NULL before it is loaded */
     uint32_t n, i;
     size_t payload;
     lsm_rec cur;
@@ -228,6 +254,11 @@ kv_err lsm_sst_builder_open(lsm_sst_builder **out, lsm_vol *v, uint64_t number,
 /* Records must come in strictly ascending key order. */
 kv_err lsm_sst_builder_add(lsm_sst_builder *b, const lsm_rec *r);
 uint64_t lsm_sst_builder_size(const lsm_sst_builder *b);
+/* Data blocks are compressed with c (default none; NONE/DEFAULT = raw);
+ * in/out (may be NULL) count their bytes before and after. Call before the
+ * first add. */
+void lsm_sst_builder_compress(lsm_sst_builder *b, lsm_compression c, _Atomic uint64_t *in,
+                              _Atomic uint64_t *out);
 /* The file needs no durability (RALT's runs, never recovered): finish skips
  * the fsync of the file and of its directory. */
 void lsm_sst_builder_nosync(lsm_sst_builder *b);
@@ -430,6 +461,7 @@ struct lsm_db {
 
     uint64_t target[LSM_MAX_LEVELS];
     lsm_tier level_tier[LSM_MAX_LEVELS];
+    lsm_compression codec[LSM_MAX_LEVELS]; /* resolved o.compression (NONE, LZ4 or ZSTD) */
     uint64_t file_size;
 
     pthread_t *threads;
@@ -441,7 +473,12 @@ struct lsm_db {
     uint64_t retry_at; /* kv_now_ns() before which threads do not compact */
 
     _Atomic uint64_t reads_fd, reads_sd, user_bytes, flush_bytes, flushes;
+    _Atomic uint64_t check_calls, check_blocks_fd, check_blocks_sd; /* lsm_get_meta */
     _Atomic uint64_t c_read, c_write, compactions;
+    _Atomic uint64_t comp_in, comp_out; /* data block bytes before / after compression */
+    /* per output level (lsm_level_stats) */
+    _Atomic uint64_t lc_above[LSM_MAX_LEVELS], lc_level[LSM_MAX_LEVELS], lc_written[LSM_MAX_LEVELS];
+    _Atomic uint64_t lc_jobs[LSM_MAX_LEVELS], lc_moved[LSM_MAX_LEVELS];
 
     /* HotRAP: both NULL when off or without SD */
     ralt *ralt;
@@ -467,6 +504,9 @@ lsm_version *lsm_db_current(lsm_db *db);
 /* With db->mu held: appends e to the manifest, installs cur + e. */
 kv_err lsm_db_install(lsm_db *db, lsm_edit *e);
 uint64_t lsm_db_new_number(lsm_db *db); /* db->mu held */
+/* Opens a builder for SST `number` of level: on the level's volume, with its
+ * block size and codec (counted in the db's compression stats). */
+kv_err lsm_db_builder(lsm_db *db, int level, uint64_t number, lsm_sst_builder **out);
 
 kv_err lsm_compact_start(lsm_db *db);
 /* Compacts every file of level into level + 1 like lsm_compact_all does

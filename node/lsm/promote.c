@@ -199,7 +199,7 @@ static bool file_holds(const lsm_file *f, const void *key, size_t klen)
     if (lsm_sst_read_block(f->sst, blk, &io) != KV_OK)
         return true;
     lsm_rec r;
-    kv_err rv = lsm_block_search(io.buf, io.len - 4, key, klen, &r);
+    kv_err rv = lsm_block_search(io.buf, io.len, key, klen, &r);
     free(io.buf);
     return rv != KV_NOT_FOUND;
 }
@@ -285,7 +285,7 @@ static kv_err build(lsm_db *db, const pbuf *b, lsm_file **out)
     uint64_t number = lsm_db_new_number(db);
     pthread_mutex_unlock(&db->mu);
     lsm_sst_builder *sb = NULL; /* not written when the open fails */
-    kv_err rv = lsm_sst_builder_open(&sb, &db->vols[0], number, db->o.block_size);
+    kv_err rv = lsm_db_builder(db, 0, number, &sb);
     for (size_t i = 0; rv == KV_OK && i < b->n; i++)
         rv = lsm_sst_builder_add(sb, &b->e[i].r);
     if (rv != KV_OK) {

@@ -331,10 +331,10 @@ static kv_err run_get(ralt *r, ralt_run *run, const void *key, size_t klen, ralt
         lsm_io io;
         if ((rv = lsm_sst_read_block(s, b, &io)) != KV_OK) /* no memory, or a bad block */
             return rv == KV_RESOURCE_EXHAUSTED ? rv : run_error(r, run, rv);
-        rv = lsm_block_search(io.buf, io.len - 4, key, klen, &rec);
-        if ((rv == KV_OK || rv == KV_NOT_FOUND) && io.len - 4 <= sizeof(tl_blk.buf)) {
-            memcpy(tl_blk.buf, io.buf, io.len - 4); /* verified: keep it */
-            tl_blk.len = io.len - 4;
+        rv = lsm_block_search(io.buf, io.len, key, klen, &rec);
+        if ((rv == KV_OK || rv == KV_NOT_FOUND) && io.len <= sizeof(tl_blk.buf)) {
+            memcpy(tl_blk.buf, io.buf, io.len); /* verified: keep it */
+            tl_blk.len = io.len;
             tl_blk.id = r->id;
             tl_blk.number = run->f->number;
             tl_blk.blk = b;

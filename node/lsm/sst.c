@@ -2,19 +2,25 @@
 /*
  * SST files: immutable sorted runs with one record per key.
  *
- *   [data block][crc32c] ... [bloom][crc32c] [index][crc32c] [footer 48 B]
+ *   [data block][codec][crc32c] ... [bloom][crc32c] [index][crc32c] [footer 48 B]
  *
- * A data block is a run of encoded records (codec.c) followed by a u32
- * offset per record and a u32 record count, so lookups binary-search it. The
- * index holds, per block, its last key, offset and length; the bloom filter
+ * A data block's records are a run of encoded records (codec.c) followed by
+ * a u32 offset per record and a u32 record count, so lookups binary-search
+ * it. Format version 2 (magic LSMSSST2) stores each data block as written by
+ * its codec (compress.c: none, lz4 or zstd, chosen per block: a block that
+ * does not shrink by 1/8 is stored raw) followed by one codec byte; the CRC
+ * covers both, and the index's block length counts the codec byte. Version 1
+ * (magic LSMSSST1, written before block compression) has no codec byte: its
+ * blocks are raw; readers open both, builders write version 2. The index
+ * holds, per block, its last key, offset and length; the bloom filter
  * uses 10 bits per key and 7 probes derived from one xxh64 by double hashing
  * (Kirsch & Mitzenmacher). The footer (index/bloom position, entry count,
- * magic, its own crc) is read at open together with the index and the bloom,
- * which stay in memory; data blocks are read on demand through the volume
- * layer and verified before use. A corrupt block yields DATA_LOSS and a log
- * line naming the file, never a crash or wrong data. Readers are immutable
- * after open and safe to share between threads; a builder belongs to one
- * thread.
+ * magic, version, its own crc) is read at open together with the index and
+ * the bloom, which stay in memory (uncompressed); data blocks are read on
+ * demand through the volume layer, verified and decompressed before use. A
+ * corrupt block yields DATA_LOSS and a log line naming the file, never a
+ * crash or wrong data. Readers are immutable after open and safe to share
+ * between threads; a builder belongs to one thread.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +33,8 @@
 #include "common/log.h"
 #include "node/lsm/lsm_int.h"
 
-#define SST_MAGIC 0x31545353534d534cull /* "LSMSSST1" */
+#define SST_MAGIC1 0x31545353534d534cull /* "LSMSSST1": version 1, raw blocks */
+#define SST_MAGIC2 0x32545353534d534cull /* "LSMSSST2": version 2, a codec byte per block */
 #define FOOTER_LEN 48u
 #define BLOOM_BITS_PER_KEY 10u
 #define BLOOM_K 7u
@@ -38,6 +45,7 @@ struct lsm_sst {
     lsm_vol *v;
     int fd;
     uint64_t number, size, nentries;
+    uint32_t version; /* 1 or 2 (format, see the top) */
     char path[512];
     uint8_t *index;
     uint32_t nblocks;
@@ -61,7 +69,11 @@ struct lsm_sst_builder {
     uint64_t *hashes;
     size_t nh, hcap;
     uint64_t count, min_seq, max_seq;
-    bool nosync; /* lsm_sst_builder_nosync */
+    bool nosync;                  /* lsm_sst_builder_nosync */
+    uint8_t codec;                /* LSM_CODEC_* for data blocks */
+    lsm_buf cbuf;                 /* compressed block */
+    void *zctx;                   /* zstd context (compress.c) */
+    _Atomic uint64_t *cin, *cout; /* lsm_sst_builder_compress counters, may be NULL */
 };
 
 void lsm_sst_name(char *buf, size_t cap, uint64_t number)
@@ -138,14 +150,38 @@ static kv_err put_checked(lsm_sst_builder *b, const lsm_buf *payload, uint64_t *
     return rv;
 }
 
+/* Appends a data block (stored bytes + codec byte + crc over both); *at =
+ * its file offset, *len = its length without the crc. */
+static kv_err put_block(lsm_sst_builder *b, const uint8_t *p, size_t n, uint8_t codec, uint64_t *at,
+                        uint32_t *len)
+{
+    *at = b->off + b->out.len;
+    *len = (uint32_t)(n + 1);
+    kv_err rv = lsm_buf_reserve(&b->out, n + 5);
+    if (rv != KV_OK)
+        return rv;
+    lsm_buf_put(&b->out, p, n);
+    lsm_buf_put(&b->out, &codec, 1);
+    return lsm_buf_put32(&b->out, lsm_crc32c(0, b->out.p + b->out.len - n - 1, n + 1));
+}
+
 static kv_err flush_block(lsm_sst_builder *b)
 {
     kv_err rv = lsm_buf_put(&b->blk, b->offs.p, b->offs.len);
     if (rv == KV_OK)
         rv = lsm_buf_put32(&b->blk, b->nblk);
-    uint64_t at;
+    bool packed = false;
     if (rv == KV_OK)
-        rv = put_checked(b, &b->blk, &at);
+        rv = lsm_block_compress(b->codec, b->blk.p, b->blk.len, &b->cbuf, &b->zctx, &packed);
+    uint64_t at;
+    uint32_t len = 0;
+    if (rv == KV_OK)
+        rv = packed ? put_block(b, b->cbuf.p, b->cbuf.len, b->codec, &at, &len)
+                    : put_block(b, b->blk.p, b->blk.len, LSM_CODEC_NONE, &at, &len);
+    if (rv == KV_OK && b->cin && b->codec != LSM_CODEC_NONE) {
+        atomic_fetch_add_explicit(b->cin, b->blk.len, memory_order_relaxed);
+        atomic_fetch_add_explicit(b->cout, len - 1, memory_order_relaxed);
+    }
     if (rv == KV_OK)
         rv = lsm_buf_put32(&b->index, (uint32_t)b->last.len);
     if (rv == KV_OK)
@@ -153,12 +189,22 @@ static kv_err flush_block(lsm_sst_builder *b)
     if (rv == KV_OK)
         rv = lsm_buf_put64(&b->index, at);
     if (rv == KV_OK)
-        rv = lsm_buf_put32(&b->index, (uint32_t)b->blk.len);
+        rv = lsm_buf_put32(&b->index, len);
     b->blk.len = b->offs.len = 0;
     b->nblk = 0;
     if (rv == KV_OK && b->out.len >= WRITE_CHUNK)
         rv = write_out(b, false);
     return rv;
+}
+
+void lsm_sst_builder_compress(lsm_sst_builder *b, lsm_compression c, _Atomic uint64_t *in,
+                              _Atomic uint64_t *out)
+{
+    b->codec = c == LSM_COMPRESS_LZ4    ? LSM_CODEC_LZ4
+               : c == LSM_COMPRESS_ZSTD ? LSM_CODEC_ZSTD
+                                        : LSM_CODEC_NONE;
+    b->cin = in;
+    b->cout = out;
 }
 
 kv_err lsm_sst_builder_add(lsm_sst_builder *b, const lsm_rec *r)
@@ -211,6 +257,8 @@ static void builder_free(lsm_sst_builder *b)
     lsm_buf_free(&b->index);
     lsm_buf_free(&b->last);
     lsm_buf_free(&b->first);
+    lsm_buf_free(&b->cbuf);
+    lsm_zctx_free(b->zctx);
     free(b->hashes);
     free(b);
 }
@@ -255,8 +303,8 @@ static kv_err finish_tail(lsm_sst_builder *b)
     lsm_set32(f + 12, (uint32_t)bloom.len);
     lsm_set64(f + 16, bloom_off);
     lsm_set64(f + 24, b->count);
-    lsm_set64(f + 32, SST_MAGIC);
-    lsm_set32(f + 40, 1);
+    lsm_set64(f + 32, SST_MAGIC2);
+    lsm_set32(f + 40, 2);
     lsm_set32(f + 44, lsm_crc32c(0, f, 44));
     lsm_buf_free(&bloom);
     if (rv == KV_OK)
@@ -379,8 +427,12 @@ static kv_err load_meta(lsm_sst *s)
     kv_err rv = lsm_vol_pread(s->v, s->fd, f, FOOTER_LEN, s->size - FOOTER_LEN);
     if (rv != KV_OK)
         return rv;
-    if (lsm_get64(f + 32) != SST_MAGIC || lsm_crc32c(0, f, 44) != lsm_get32(f + 44))
+    if (lsm_crc32c(0, f, 44) != lsm_get32(f + 44))
         return sst_corrupt(s, "bad footer");
+    uint64_t magic = lsm_get64(f + 32);
+    s->version = lsm_get32(f + 40);
+    if (!(magic == SST_MAGIC1 && s->version == 1) && !(magic == SST_MAGIC2 && s->version == 2))
+        return sst_corrupt(s, "bad footer (unknown magic or format version)");
     uint32_t ilen = lsm_get32(f + 8), blen = lsm_get32(f + 12);
     s->nentries = lsm_get64(f + 24);
     if ((rv = read_checked(s, lsm_get64(f), ilen, &s->index)) != KV_OK)
@@ -477,29 +529,77 @@ kv_err lsm_sst_block_io(const lsm_sst *s, int blk, lsm_io *io)
     return KV_OK;
 }
 
-kv_err lsm_sst_block_check(const lsm_sst *s, int blk, const lsm_io *io)
+/* Verifies the bytes of block blk read into p (res: bytes read or -errno,
+ * want: the bytes asked for). */
+static kv_err block_verify(const lsm_sst *s, int blk, const uint8_t *p, long res, size_t want)
 {
     char what[96];
-    if (io->res < 0) {
-        KV_ERROR(LSM_LOG, "read SST %s block %d: %s", s->path, blk, strerror((int)-io->res));
-        return lsm_errno((int)io->res);
+    if (res < 0) {
+        KV_ERROR(LSM_LOG, "read SST %s block %d: %s", s->path, blk, strerror((int)-res));
+        return lsm_errno((int)res);
     }
     uint32_t len = s->blen[blk];
-    if ((size_t)io->res != io->len || len < 4) {
+    if ((size_t)res != want || len < (s->version >= 2 ? 5u : 4u)) {
         snprintf(what, sizeof(what), "block %d truncated", blk);
         return sst_corrupt(s, what);
     }
-    const uint8_t *p = io->buf;
     if (lsm_crc32c(0, p, len) != lsm_get32(p + len)) {
         snprintf(what, sizeof(what), "block %d at offset %" PRIu64 " checksum mismatch", blk,
                  s->boff[blk]);
         return sst_corrupt(s, what);
     }
-    uint32_t n = lsm_get32(p + len - 4);
-    if ((uint64_t)n * 4 + 4 > len) {
+    return KV_OK;
+}
+
+/* The records of verified block blk at p: *out and *len, pointing into p (raw
+ * block) or into scratch (decompressed). */
+static kv_err block_decode(const lsm_sst *s, int blk, const uint8_t *p, lsm_buf *scratch,
+                           const uint8_t **out, size_t *len)
+{
+    char what[96];
+    size_t n = s->blen[blk];
+    const uint8_t *d = p;
+    if (s->version >= 2) {
+        uint8_t codec = p[--n];
+        if (codec != LSM_CODEC_NONE) {
+            kv_err rv = lsm_block_decompress(codec, p, n, scratch);
+            if (rv == KV_RESOURCE_EXHAUSTED)
+                return rv;
+            if (rv != KV_OK) {
+                snprintf(what, sizeof(what), "block %d: bad compressed data (codec %u)", blk,
+                         codec);
+                return sst_corrupt(s, what);
+            }
+            d = scratch->p;
+            n = scratch->len;
+        }
+    }
+    if (n < 4 || (uint64_t)lsm_get32(d + n - 4) * 4 + 4 > n) {
         snprintf(what, sizeof(what), "block %d malformed", blk);
         return sst_corrupt(s, what);
     }
+    *out = d;
+    *len = n;
+    return KV_OK;
+}
+
+kv_err lsm_sst_block_check(const lsm_sst *s, int blk, lsm_io *io)
+{
+    kv_err rv = block_verify(s, blk, io->buf, io->res, io->len);
+    lsm_buf scratch = {0};
+    const uint8_t *p = NULL;
+    size_t len = 0;
+    if (rv == KV_OK)
+        rv = block_decode(s, blk, io->buf, &scratch, &p, &len);
+    if (rv != KV_OK) {
+        lsm_buf_free(&scratch);
+        return rv;
+    }
+    if (p == scratch.p) { /* decompressed: the payload replaces the read buffer */
+        free(io->buf);
+        io->buf = scratch.p;
+    }
+    io->len = len;
     return KV_OK;
 }
 
@@ -561,8 +661,8 @@ static kv_err iter_fill(lsm_sst_iter *it)
         return rv;
     lsm_io io = {.vol = s->v, .fd = s->fd, .buf = it->ra.p, .len = total, .off = s->boff[it->blk]};
     lsm_vol_read(&io, 1);
-    if (io.res < 0 || (uint64_t)io.res != total) /* let block_check name the failure */
-        return lsm_sst_block_check(s, it->blk, &io);
+    if (io.res < 0 || (uint64_t)io.res != total) /* let block_verify name the failure */
+        return block_verify(s, it->blk, io.buf, io.res, total);
     it->ra.len = total;
     it->ra_off = s->boff[it->blk];
     it->bytes_read += total;
@@ -576,19 +676,19 @@ static void iter_load(lsm_sst_iter *it)
     kv_err rv = KV_OK;
     if (off < it->ra_off || off + len > it->ra_off + it->ra.len)
         rv = iter_fill(it);
-    if (rv == KV_OK) {
-        it->bp = it->ra.p + (off - it->ra_off);
-        lsm_io io = {.buf = (void *)it->bp, .len = len, .res = (long)len};
-        rv = lsm_sst_block_check(s, it->blk, &io);
-    }
+    const uint8_t *raw = rv == KV_OK ? it->ra.p + (off - it->ra_off) : NULL;
+    if (rv == KV_OK)
+        rv = block_verify(s, it->blk, raw, (long)len, len);
+    size_t plen = 0;
+    if (rv == KV_OK)
+        rv = block_decode(s, it->blk, raw, &it->dec, &it->bp, &plen);
     if (rv != KV_OK) {
         it->err = rv;
         it->bp = NULL;
         return;
     }
-    uint32_t blen = s->blen[it->blk];
-    it->n = lsm_get32(it->bp + blen - 4);
-    it->payload = blen - 4 - (size_t)it->n * 4;
+    it->n = lsm_get32(it->bp + plen - 4);
+    it->payload = plen - 4 - (size_t)it->n * 4;
     it->i = 0;
 }
 
@@ -649,6 +749,7 @@ void lsm_sst_iter_next(lsm_sst_iter *it)
 void lsm_sst_iter_fini(lsm_sst_iter *it)
 {
     lsm_buf_free(&it->ra);
+    lsm_buf_free(&it->dec);
     it->bp = NULL;
     it->valid = false;
 }

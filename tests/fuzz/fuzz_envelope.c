@@ -100,7 +100,9 @@ static void check_verdict(const Kv__Envelope *req, const Kv__Envelope *rep, bool
     }
     FZ_CHECK(rep->id == req->id, "reply id %llu for request %llu", (unsigned long long)rep->id,
              (unsigned long long)req->id);
-    bool token_ok = !auth || (req->auth && strcmp(req->auth, TOKEN) == 0);
+    /* the token is bytes, compared over its full length (a NUL included) */
+    bool token_ok = !auth || (req->auth.len == strlen(TOKEN) &&
+                              memcmp(req->auth.data, TOKEN, req->auth.len) == 0);
     if (!token_ok)
         FZ_CHECK(code == KV_UNAUTHENTICATED, "wrong token answered %d", code);
     bool known = false;

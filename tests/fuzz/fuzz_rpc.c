@@ -220,7 +220,11 @@ void fz_run_calls(const fz_calls *t, fz_in *in, int max_calls)
         uint8_t *copy = malloc(len ? len : 1);
         FZ_CHECK(copy, "out of memory");
         memcpy(copy, body, len);
+        /* the caller's rights from the selector: a client (data token), an
+         * admin peer (a router: versions, internal methods), auth off */
         rpc_ctx c = {.method = m->name,
+                     .admin = (sel & 0x60) != 0,
+                     .anonymous = (sel & 0x60) == 0x60,
                      .map_epoch = pick_epoch(t, sel),
                      .deadline_ns =
                          kv_now_ns() + (t->deadline_ms ? t->deadline_ms : 2000) * 1000000ull,

@@ -534,7 +534,7 @@ static void envelope_seed(const char *name, uint8_t flags, const char *method, c
     Kv__Envelope env = KV__ENVELOPE__INIT;
     env.id = 7;
     env.method = (char *)method;
-    env.auth = (char *)auth;
+    env.auth = (ProtobufCBinaryData){auth ? strlen(auth) : 0, (uint8_t *)auth};
     env.deadline_ms = 1000;
     env.map_epoch = 3;
     lsm_buf bb = pack(body);

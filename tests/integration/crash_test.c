@@ -34,7 +34,7 @@ typedef struct writer {
     model *m;
     int iteration;
     atomic_bool stop;
-    long acks;
+    _Atomic long acks; /* read by the main thread while the writer runs */
 } writer;
 
 /* The value for key k written as seq: a prefix recording both, padded to a
@@ -79,7 +79,7 @@ static void *write_loop(void *arg)
             break; /* the node died: this write stays in flight */
         snprintf(w->m->acked[k], sizeof(w->m->acked[k]), "%s", tag);
         w->m->has_inflight[k] = false;
-        w->acks++;
+        atomic_fetch_add(&w->acks, 1);
     }
     kv_client_close(c);
     return NULL;
@@ -138,13 +138,17 @@ Test(crash, sigkill_during_writes_flushes_and_compactions, .timeout = 300)
         writer w = {.url = url, .m = m, .iteration = it};
         pthread_t t;
         pthread_create(&t, NULL, write_loop, &w);
+        /* the kill lands at a random point once writes flow (a slow start
+         * on a loaded host would otherwise leave nothing to check) */
+        for (int waited = 0; atomic_load(&w.acks) < 50 && waited < 200; waited++)
+            usleep(50000);
         usleep(150000 + rand_r(&seed) % 900000);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         kvt_forget(pid);
         atomic_store(&w.stop, true);
         pthread_join(t, NULL);
-        total += w.acks;
+        total += atomic_load(&w.acks);
     }
     pid_t pid = kvt_node_start(dir, "crash", url, flags);
     cr_assert_gt(pid, 0);

@@ -20,6 +20,78 @@
 
 const char *const *kvt_router_extra;
 const char *const *kvt_node_extra;
+kvt_security kvt_sec;
+
+static char tls_path[3][300]; /* peer.crt, peer.key, ca.crt of kvt_sec.tls_dir */
+static rpc_tls harness_tls;
+
+const char *kvt_scheme(void)
+{
+    return kvt_sec.tls_dir ? "tls+tcp" : "tcp";
+}
+
+rpc_chan_opts kvt_chan_opts(const char *auth)
+{
+    rpc_chan_opts o = {.auth = kvt_sec.admin_auth ? kvt_sec.admin_auth : auth};
+    if (kvt_sec.tls_dir) {
+        const char *names[3] = {"peer.crt", "peer.key", "ca.crt"};
+        for (int i = 0; i < 3; i++)
+            snprintf(tls_path[i], sizeof(tls_path[i]), "%s/%s", kvt_sec.tls_dir, names[i]);
+        harness_tls = (rpc_tls){tls_path[0], tls_path[1], tls_path[2], false};
+        o.tls = &harness_tls;
+    }
+    return o;
+}
+
+bool kvt_make_certs(const char *dir)
+{
+    char cmd[4096], out[4096];
+    snprintf(
+        cmd, sizeof(cmd),
+        "cd '%s' && for ca in ca evil-ca; do openssl req -x509 -newkey ec -pkeyopt "
+        "ec_paramgen_curve:P-256 -nodes -keyout $ca.key -subj \"/CN=hotkv test $ca\" -days 2 "
+        "-out $ca.crt || exit 1; done && "
+        "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth,"
+        "clientAuth\\n' > ext && "
+        "for c in peer:ca evil:evil-ca; do n=${c%%%%:*}; ca=${c#*:}; openssl req -new -newkey ec "
+        "-pkeyopt ec_paramgen_curve:P-256 -nodes -keyout $n.key -subj \"/CN=hotkv $n\" -out "
+        "$n.csr && openssl x509 -req -in $n.csr -CA $ca.crt -CAkey $ca.key -CAcreateserial "
+        "-days 2 -extfile ext -out $n.crt || exit 1; done 2>&1",
+        dir);
+    return kvt_run(cmd, out, sizeof(out)) == 0;
+}
+
+/* Appends kvt_sec's flags for a node, router or kvctl to argv at *n (room
+ * for 8 more). */
+static void sec_argv(char **argv, int *n)
+{
+    if (kvt_sec.admin_auth) {
+        argv[(*n)++] = "--admin-auth";
+        argv[(*n)++] = (char *)kvt_sec.admin_auth;
+    }
+    if (kvt_sec.tls_dir) {
+        kvt_chan_opts(NULL); /* fills tls_path */
+        argv[(*n)++] = "--tls-cert";
+        argv[(*n)++] = tls_path[0];
+        argv[(*n)++] = "--tls-key";
+        argv[(*n)++] = tls_path[1];
+        argv[(*n)++] = "--tls-ca";
+        argv[(*n)++] = tls_path[2];
+    }
+}
+
+/* The same flags as one shell string (static buffer). */
+static const char *sec_shell(void)
+{
+    static char buf[1200];
+    char *argv[8];
+    int n = 0;
+    sec_argv(argv, &n);
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++)
+        snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), " '%s'", argv[i]);
+    return buf;
+}
 
 int kvt_free_port(void)
 {
@@ -110,7 +182,7 @@ static pid_t spawn(const char *log, char *const argv[])
 bool kvt_wait_ping(const char *url, const char *auth, int timeout_ms)
 {
     rpc_chan *ch;
-    rpc_chan_opts o = {.auth = auth};
+    rpc_chan_opts o = kvt_chan_opts(auth);
     if (rpc_chan_open(&ch, url, &o) != KV_OK)
         return false;
     uint64_t end = kv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
@@ -130,7 +202,7 @@ bool kvt_wait_ping(const char *url, const char *auth, int timeout_ms)
 static bool router_has_map(const char *url, const char *auth, int timeout_ms)
 {
     rpc_chan *ch;
-    rpc_chan_opts o = {.auth = auth};
+    rpc_chan_opts o = kvt_chan_opts(auth);
     if (rpc_chan_open(&ch, url, &o) != KV_OK)
         return false;
     uint64_t end = kv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
@@ -172,6 +244,7 @@ static void spawn_node(kvt_cluster *c, int i)
                       (char *)(c->auth ? c->auth : "")};
     int n = 11;
     engine_args(argv, &n, 40);
+    sec_argv(argv, &n);
     for (int k = 0; kvt_node_extra && kvt_node_extra[k] && n < 40; k++)
         argv[n++] = (char *)kvt_node_extra[k];
     for (int k = 0; c->node_extra[i] && c->node_extra[i][k] && n < 47; k++)
@@ -184,7 +257,8 @@ static void spawn_node(kvt_cluster *c, int i)
 static kv_err start_nodes(kvt_cluster *c)
 {
     for (int i = 0; i < c->nnodes; i++) {
-        snprintf(c->node_url[i], sizeof(c->node_url[i]), "tcp://127.0.0.1:%d", kvt_free_port());
+        snprintf(c->node_url[i], sizeof(c->node_url[i]), "%s://127.0.0.1:%d", kvt_scheme(),
+                 kvt_free_port());
         spawn_node(c, i);
     }
     for (int i = 0; i < c->nnodes; i++)
@@ -196,8 +270,8 @@ static kv_err start_nodes(kvt_cluster *c)
 static kv_err init_cluster(kvt_cluster *c)
 {
     char cmd[2048];
-    int n = snprintf(cmd, sizeof(cmd), "%s --auth '%s' cluster init --rf %d",
-                     kvt_bin("client/kvctl"), c->auth ? c->auth : "", c->rf);
+    int n = snprintf(cmd, sizeof(cmd), "%s --auth '%s'%s cluster init --rf %d",
+                     kvt_bin("client/kvctl"), c->auth ? c->auth : "", sec_shell(), c->rf);
     for (int i = 0; i < c->nnodes; i++)
         n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " n%d=%s", i + 1, c->node_url[i]);
     char out[1024];
@@ -215,6 +289,7 @@ static pid_t start_router(kvt_cluster *c, const char *url, const char *name)
         strdup(kvt_bin("shard/kvrouter")), "--listen", (char *)url, "--seeds", seeds, "--auth",
         (char *)(c->auth ? c->auth : "")};
     int n = 7;
+    sec_argv(argv, &n);
     for (int k = 0; kvt_router_extra && kvt_router_extra[k] && n < 31; k++)
         argv[n++] = (char *)kvt_router_extra[k];
     argv[n] = NULL;
@@ -237,14 +312,16 @@ kv_err kvt_cluster_start(kvt_cluster *c, int nnodes, int rf, const char *auth)
         rv = init_cluster(c);
     if (rv != KV_OK)
         return rv;
-    snprintf(c->router_url, sizeof(c->router_url), "tcp://127.0.0.1:%d", kvt_free_port());
+    snprintf(c->router_url, sizeof(c->router_url), "%s://127.0.0.1:%d", kvt_scheme(),
+             kvt_free_port());
     c->router_pid = start_router(c, c->router_url, "router");
     return router_has_map(c->router_url, auth, 10000) ? KV_OK : KV_UNAVAILABLE;
 }
 
 kv_err kvt_add_router(kvt_cluster *c)
 {
-    snprintf(c->router2_url, sizeof(c->router2_url), "tcp://127.0.0.1:%d", kvt_free_port());
+    snprintf(c->router2_url, sizeof(c->router2_url), "%s://127.0.0.1:%d", kvt_scheme(),
+             kvt_free_port());
     c->router2_pid = start_router(c, c->router2_url, "router2");
     return router_has_map(c->router2_url, c->auth, 10000) ? KV_OK : KV_UNAVAILABLE;
 }
@@ -304,7 +381,7 @@ pid_t kvt_node_start(const char *dir, const char *id, const char *url, const cha
     char data[400], log[400];
     snprintf(data, sizeof(data), "%s/%s", dir, id);
     snprintf(log, sizeof(log), "%s/%s.log", dir, id);
-    char *argv[32] = {strdup(kvt_bin("node/kvnode")),
+    char *argv[40] = {strdup(kvt_bin("node/kvnode")),
                       "--id",
                       (char *)id,
                       "--listen",
@@ -313,6 +390,7 @@ pid_t kvt_node_start(const char *dir, const char *id, const char *url, const cha
                       data};
     int n = 7;
     engine_args(argv, &n, 31);
+    sec_argv(argv, &n);
     for (int i = 0; extra && extra[i] && n < 31; i++)
         argv[n++] = (char *)extra[i];
     argv[n] = NULL;
@@ -332,7 +410,8 @@ kv_err kvt_node_restart(kvt_cluster *c, int i)
     if (i < 0 || i > c->nnodes || i >= KVT_MAX_NODES)
         return KV_INVALID_ARGUMENT;
     if (i == c->nnodes) {
-        snprintf(c->node_url[i], sizeof(c->node_url[i]), "tcp://127.0.0.1:%d", kvt_free_port());
+        snprintf(c->node_url[i], sizeof(c->node_url[i]), "%s://127.0.0.1:%d", kvt_scheme(),
+                 kvt_free_port());
         c->nnodes++;
     }
     spawn_node(c, i);
@@ -349,15 +428,15 @@ void kvt_node_wipe(kvt_cluster *c, int i)
 int kvt_kvctl(const kvt_cluster *c, const char *args, char *out, size_t outlen)
 {
     char cmd[4096];
-    snprintf(cmd, sizeof(cmd), "%s --router %s --auth '%s' --timeout 10000 %s 2>&1",
-             kvt_bin("client/kvctl"), c->router_url, c->auth ? c->auth : "", args);
+    snprintf(cmd, sizeof(cmd), "%s --router %s --auth '%s'%s --timeout 10000 %s 2>&1",
+             kvt_bin("client/kvctl"), c->router_url, c->auth ? c->auth : "", sec_shell(), args);
     return kvt_run(cmd, out, outlen);
 }
 
 kv_err kvt_node_count(const char *url, const char *auth, uint64_t *live, uint64_t *tombs)
 {
     rpc_chan *ch;
-    rpc_chan_opts o = {.auth = auth};
+    rpc_chan_opts o = kvt_chan_opts(auth);
     if (rpc_chan_open(&ch, url, &o) != KV_OK)
         return KV_INVALID_ARGUMENT;
     Kv__Range whole = KV__RANGE__INIT, *rp = &whole;
@@ -385,7 +464,7 @@ kv_err kvt_node_count(const char *url, const char *auth, uint64_t *live, uint64_
 bool kvt_wait_serving(const char *url, const char *auth, int serving, int timeout_ms)
 {
     rpc_chan *ch;
-    rpc_chan_opts o = {.auth = auth};
+    rpc_chan_opts o = kvt_chan_opts(auth);
     if (rpc_chan_open(&ch, url, &o) != KV_OK)
         return false;
     uint64_t end = kv_now_ns() + (uint64_t)timeout_ms * 1000000ull;
@@ -418,6 +497,7 @@ pid_t kvt_kvctl_spawn(const kvt_cluster *c, const char *const *args, const char 
     char *argv[40] = {strdup(kvt_bin("client/kvctl")), "--router", (char *)c->router_url, "--auth",
                       (char *)(c->auth ? c->auth : "")};
     int n = 5;
+    sec_argv(argv, &n);
     for (int i = 0; args[i] && n < 39; i++)
         argv[n++] = (char *)args[i];
     argv[n] = NULL;

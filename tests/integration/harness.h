@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "kv/kv_err.h"
+#include "proto/rpc.h"
 
 #define KVT_MAX_NODES 8
 
@@ -21,6 +22,26 @@
  * (NULL-terminated; NULL = none). Set before starting. */
 extern const char *const *kvt_router_extra;
 extern const char *const *kvt_node_extra;
+
+/* Security of what the harness starts (set before starting; zero = only
+ * the data token given to kvt_cluster_start). */
+typedef struct kvt_security {
+    const char *admin_auth; /* --admin-auth of nodes, routers and kvctl (NULL = none) */
+    const char *tls_dir;    /* kvt_make_certs' directory: tls+tcp:// URLs, and every process
+                               (the harness's own calls too) uses peer.crt with ca.crt */
+} kvt_security;
+extern kvt_security kvt_sec;
+
+/* Makes, with openssl, in dir: ca.crt/ca.key (the cluster's CA), peer.crt/
+ * peer.key (a certificate it signed), evil-ca.crt and evil.crt/evil.key (a
+ * certificate of another CA). False when openssl failed. */
+bool kvt_make_certs(const char *dir);
+/* The options of the harness's own channels: the admin token when kvt_sec
+ * has one (else auth) and kvt_sec's TLS files. The strings live in static
+ * storage. */
+rpc_chan_opts kvt_chan_opts(const char *auth);
+/* "tcp" or "tls+tcp" (kvt_sec.tls_dir). */
+const char *kvt_scheme(void);
 
 typedef struct kvt_cluster {
     int nnodes, rf;

@@ -244,6 +244,39 @@ Test(engine_hotrap, promotion_never_shadows_a_dirty_write)
     t_close(t);
 }
 
+/* A write's check of the key's current record (last-writer-wins, the
+ * conditions) reads its block but is not a read: the LSM counts no read
+ * served by SD, RALT no access, and the record about to be superseded is not
+ * offered for promotion. The check still sees the SD record's version. */
+Test(engine_hotrap, a_write_is_not_a_read_for_hotrap)
+{
+    tenv *t = t_open_on_sd();
+    for (int i = 0; i < 50; i++)
+        put(t, i, 1, false); /* each misses memory: its check finds the record on SD */
+    char k[16], err[256];
+    key_of(k, 100);
+    engine_write w = {.key = k, .klen = strlen(k), .val = "x", .vlen = 1, .version = 1};
+    engine_result r;
+    cr_assert_eq(engine_write_one(t->e, &w, &r, err, sizeof(err)), KV_OK, "%s", err);
+    cr_assert_not(r.applied, "an older version loses to the record on SD");
+    cr_assert_gt(r.version, 1);
+    lsm_promo_sync(t->e->db); /* the checker ran; RALT flushed */
+    lsm_stats s;
+    cr_assert_eq(lsm_stats_get(t->e->db, &s), KV_OK);
+    cr_assert_eq(s.reads_sd + s.reads_fd, 0, "%llu reads counted",
+                 (unsigned long long)(s.reads_sd + s.reads_fd));
+    cr_assert_eq(s.check_calls, 51);
+    cr_assert_geq(s.check_blocks_sd, 51);
+    cr_assert_eq(s.promoted_recs + s.promo_dropped, 0, "%llu records offered for promotion",
+                 (unsigned long long)(s.promoted_recs + s.promo_dropped));
+    cr_assert_eq(s.ralt_entries, 0, "%llu keys tracked as read",
+                 (unsigned long long)s.ralt_entries);
+    for (int i = 0; i < 50; i++)
+        check(t, i, 1);
+    check(t, 100, 0);
+    t_close(t);
+}
+
 Test(engine_hotrap, promotion_never_shadows_a_flushed_and_compacted_write)
 {
     tenv *t = t_open_on_sd();

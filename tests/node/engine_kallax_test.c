@@ -24,6 +24,7 @@
 #include "node/engine.h"
 #include "node/engine_int.h" /* e->db, for the home block of a key */
 #include "node/kallax/kallax.h"
+#include "node/node.h" /* node_engine_statlist */
 
 static char dir[64], fast[128];
 
@@ -175,8 +176,7 @@ Test(ekallax, a_corrupt_block_is_data_loss_never_wrong_data)
     cr_assert_eq(rv, KV_DATA_LOSS, "the iterator after %d records: %s", n, kv_err_name(rv));
     engine_iter_close(it);
     rpc_statlist l;
-    rpc_stats_init(&l);
-    engine_lsm_stats(e, &l);
+    node_engine_statlist(e, &l); /* admin.Stats' kallax.* */
     bool counted = false;
     for (size_t i = 0; i < l.n; i++)
         counted |= !strcmp(l.items[i].name, "kallax.corrupt_blocks") && atoi(l.items[i].value) > 0;

@@ -16,6 +16,7 @@
 #include "tests/kv_testclock.h"
 #include "node/engine.h"
 #include "node/engine_int.h" /* e->db, to have HotRAP promote now */
+#include "node/node.h"       /* node_engine_nhc_stats */
 #include "node/lsm/lsm_int.h"
 #include "tests/node/engine_kind.h"
 
@@ -217,17 +218,16 @@ Test(engine, last_writer_wins_and_ttl)
     cr_assert_eq(system(cmd), 0);
 }
 
-/* A numeric nhc.* stat of e (engine_nhc_stats), -1 when missing. */
+/* A numeric nhc.* stat of e (node_engine_nhc_stats), -1 when missing. */
 static double nhc_stat(engine *e, const char *name)
 {
-    rpc_statlist l;
-    rpc_stats_init(&l);
-    engine_nhc_stats(e, &l);
-    double v = -1;
-    for (size_t i = 0; i < l.n; i++)
-        if (strcmp(l.items[i].name, name) == 0)
-            v = atof(l.items[i].value);
-    rpc_stats_free(&l);
+    kv_stats l;
+    kv_stats_init(&l);
+    node_engine_nhc_stats(e, &l);
+    const kv_stat *s = kv_stats_find(&l, name);
+    char buf[512];
+    double v = s ? atof(kv_stat_format(s, buf, sizeof(buf))) : -1;
+    kv_stats_free(&l);
     return v;
 }
 

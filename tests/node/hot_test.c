@@ -198,7 +198,7 @@ static void report_raw(const char *id, size_t n, size_t klen, double rate, uint3
                           klen <= NODE_HOT_MAX_KEY && isfinite(rate) && rate >= 0
                       ? KV_OK
                       : KV_INVALID_ARGUMENT;
-    cr_assert_eq(node_hot_check(&req, err, sizeof(err)), want, "node_hot_check");
+    cr_assert_eq(node_hot_check(&req, NODE_HOT_MAX_KEY, err, sizeof(err)), want, "node_hot_check");
     node_hot_report(hot, &req, now);
     free(keys);
     free(ptrs);

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
+#include "proto/rpc_tls.h"
 
 static kv_err h_echo(rpc_ctx *c, const uint8_t *body, size_t len)
 {
@@ -155,6 +156,81 @@ Test(rpc, auth_token_checked)
     rpc_chan_close(bad);
     rpc_chan_close(good);
     rpc_server_close(s);
+}
+
+static kv_err h_whoami(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    return rpc_fail(c, KV_OK, "%s%s", c->admin ? "admin" : "data",
+                    c->anonymous ? " anonymous" : "");
+}
+
+static const rpc_method access_methods[] = {{"test.Data", h_whoami, .access = RPC_DATA},
+                                            {"test.Admin", h_whoami}};
+
+/* Status of method called with token on a server with data/admin tokens;
+ * its message in msg. */
+static kv_err access_call(const char *data, const char *admin, const char *token,
+                          const char *method, char *msg, size_t msglen)
+{
+    rpc_server_opts o = {.url = "tcp://127.0.0.1:0",
+                         .methods = access_methods,
+                         .nmethods = 2,
+                         .workers = 2,
+                         .auth = data,
+                         .admin_auth = admin};
+    rpc_server *s;
+    char err[256], url[64];
+    cr_assert_eq(rpc_server_open(&s, &o, err, sizeof(err)), KV_OK, "%s", err);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", rpc_server_port(s));
+    rpc_chan *ch;
+    rpc_chan_opts co = {.auth = token};
+    cr_assert_eq(rpc_chan_open(&ch, url, &co), KV_OK);
+    rpc_reply r;
+    kv_err rv = rpc_call(ch, method, 0, NULL, 5000, &r);
+    snprintf(msg, msglen, "%s", r.message ? r.message : "");
+    rpc_reply_free(&r);
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+    return rv;
+}
+
+/* The access rules of rpc.h: data and admin tokens, one shared token, no
+ * token at all. */
+Test(rpc, data_and_admin_tokens)
+{
+    char m[256];
+    /* two tokens */
+    cr_assert_eq(access_call("d", "a", "d", "test.Data", m, sizeof(m)), KV_OK);
+    cr_assert_str_eq(m, "data");
+    cr_assert_eq(access_call("d", "a", "d", "test.Admin", m, sizeof(m)), KV_PERMISSION_DENIED);
+    cr_assert(strstr(m, "test.Admin needs admin credentials"), "%s", m);
+    cr_assert_eq(access_call("d", "a", "a", "test.Admin", m, sizeof(m)), KV_OK);
+    cr_assert_str_eq(m, "admin");
+    cr_assert_eq(access_call("d", "a", "a", "test.Data", m, sizeof(m)), KV_OK);
+    cr_assert_eq(access_call("d", "a", "x", "test.Data", m, sizeof(m)), KV_UNAUTHENTICATED);
+    cr_assert_eq(access_call("d", "a", NULL, "test.Data", m, sizeof(m)), KV_UNAUTHENTICATED);
+    cr_assert_eq(access_call("d", "a", "dd", "test.Data", m, sizeof(m)), KV_UNAUTHENTICATED);
+    cr_assert_eq(access_call("dd", "a", "d", "test.Data", m, sizeof(m)), KV_UNAUTHENTICATED);
+    /* admin token only: data methods open, admin ones need the token */
+    cr_assert_eq(access_call(NULL, "a", NULL, "test.Data", m, sizeof(m)), KV_OK);
+    cr_assert_eq(access_call(NULL, "a", NULL, "test.Admin", m, sizeof(m)), KV_PERMISSION_DENIED);
+    cr_assert_eq(access_call(NULL, "a", "x", "test.Data", m, sizeof(m)), KV_UNAUTHENTICATED);
+    /* one shared token: it is the admin token too */
+    cr_assert_eq(access_call("d", NULL, "d", "test.Admin", m, sizeof(m)), KV_OK);
+    cr_assert_eq(access_call("d", NULL, "x", "test.Admin", m, sizeof(m)), KV_UNAUTHENTICATED);
+    /* authentication off: everyone is an anonymous admin, tokens ignored */
+    cr_assert_eq(access_call(NULL, NULL, "x", "test.Admin", m, sizeof(m)), KV_OK);
+    cr_assert_str_eq(m, "admin anonymous");
+}
+
+Test(rpc, token_comparison_covers_the_full_length)
+{
+    cr_assert(rpc_token_eq("sesame", 6, "sesame"));
+    cr_assert_not(rpc_token_eq("sesame\0x", 8, "sesame"), "a NUL ended the comparison");
+    cr_assert_not(rpc_token_eq("sesam", 5, "sesame"));
+    cr_assert_not(rpc_token_eq("sesamf", 6, "sesame"));
+    cr_assert_not(rpc_token_eq("", 0, "sesame"));
+    cr_assert(rpc_token_eq("", 0, ""));
 }
 
 /* Raw REQ socket sending garbage: the server answers INVALID_ARGUMENT and

@@ -341,3 +341,32 @@ Test(cmap, references_and_slot)
     cmap_slot_destroy(NULL);
     cmap_destroy(NULL);
 }
+
+/* tls+tcp:// addresses are accepted; cmap_vet takes verified maps and only
+ * plausible unverified ones (issue 16: an impostor's map). */
+Test(cmap, tls_addresses_and_vetting_maps_from_peers)
+{
+    char *specs[2] = {"n1=tls+tcp://10.0.0.1:7001", "n2=tls+tcp://[::1]:7002"};
+    char *bad[1] = {"n1=tls+udp://10.0.0.1:7001"};
+    cmap *cur, *m, *jump, *elsewhere;
+    char err[256];
+    cr_assert_eq(cmap_parse_spec(5, 2, specs, 2, &cur, err, sizeof err), KV_OK, "%s", err);
+    cr_assert_eq(cmap_parse_spec(1, 1, bad, 1, &m, err, sizeof err), KV_INVALID_ARGUMENT);
+    cr_assert_eq(cmap_parse_spec(6, 2, specs, 2, &m, err, sizeof err), KV_OK, "%s", err);
+    cr_assert_eq(cmap_parse_spec(5 + CMAP_MAX_EPOCH_JUMP + 1, 2, specs, 2, &jump, err, sizeof err),
+                 KV_OK);
+    cr_assert_eq(cmap_parse_spec(6, 1, specs + 1, 1, &elsewhere, err, sizeof err), KV_OK);
+    const char *from = "tls+tcp://10.0.0.1:7001";
+    cr_assert_eq(cmap_vet(NULL, jump, from, false, err, sizeof err), KV_OK, "first map: seeds");
+    cr_assert_eq(cmap_vet(cur, m, from, false, err, sizeof err), KV_OK, "%s", err);
+    cr_assert_eq(cmap_vet(cur, jump, from, false, err, sizeof err), KV_PERMISSION_DENIED);
+    cr_assert(strstr(err, "over 64"), "%s", err);
+    cr_assert_eq(cmap_vet(cur, jump, from, true, err, sizeof err), KV_OK, "verified");
+    cr_assert_eq(cmap_vet(cur, elsewhere, from, false, err, sizeof err), KV_PERMISSION_DENIED);
+    cr_assert(strstr(err, "does not list its sender"), "%s", err);
+    cr_assert_eq(cmap_vet(cur, elsewhere, NULL, false, err, sizeof err), KV_OK, "sender unknown");
+    cmap_unref(cur);
+    cmap_unref(m);
+    cmap_unref(jump);
+    cmap_unref(elsewhere);
+}

@@ -38,7 +38,7 @@ typedef enum kv_consistency {
 
 typedef struct kv_client_opts {
     uint32_t timeout_ms; /* per-call deadline (default 5000) */
-    const char *auth;    /* cluster token (NULL = none); copied */
+    const char *auth;    /* data token (NULL = none; $KV_AUTH is not read here); copied */
     /* Smart client: learn the cluster map (from the given routers or nodes,
      * refreshed every few seconds and whenever a reply shows a newer one)
      * and send each request straight to its key's primary replica (the
@@ -47,6 +47,14 @@ typedef struct kv_client_opts {
      * Until the map is known, and when no replica can be reached, requests
      * go to the given addresses. A batch goes to the first op's replica. */
     bool direct;
+    /* The admin token (NULL = none), sent instead of auth when set: only
+     * admin tools need it (admin.* methods). Copied. */
+    const char *admin_auth;
+    /* TLS for tls+tcp:// addresses (PEM file names, read at open): the CA
+     * the servers' certificates must chain to (required for tls+tcp://),
+     * and a client certificate and its key for servers that require one
+     * (mutual TLS). NULL = none. */
+    const char *tls_cert, *tls_key, *tls_ca;
 } kv_client_opts;
 
 /* Opens a client for "tcp://host:port[,tcp://host2:port]". opts may be NULL.

@@ -10,6 +10,9 @@
 #define _GNU_SOURCE
 #include "tests/kv_testfw.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include "common/hash.h"
 #include "kx_test.h"
 
@@ -205,4 +208,32 @@ Test(kallax_fault, corrupt_extent_and_meta, .timeout = 60)
     w.kx = NULL;
     kx_world_fini(&w);
     free(v);
+}
+
+/* A creation that fails part-way (here: BLOCKS outgrows a file size limit,
+ * as a crash or a full disk would cut it) leaves no store: the next open
+ * creates it. META used to be created empty before the blocks were
+ * written, and the next open found it corrupt (DATA_LOSS). */
+Test(kallax_fault, creation_cut_short_is_redone, .timeout = 60)
+{
+    kx_world w;
+    kx_world_init(&w, "kx-create-cut", 1024); /* 4 MiB of blocks */
+    struct rlimit old, small;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    small = old;
+    small.rlim_cur = 256 * 1024;
+    signal(SIGXFSZ, SIG_IGN); /* EFBIG instead of the signal */
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &small), 0);
+    kallax *kx = NULL;
+    kv_err rv = kallax_open(&kx, &w.o, NULL, NULL);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    cr_assert_neq(rv, KV_OK, "the creation was cut short");
+    kx_world_open(&w, NULL, NULL);
+    kallax_close(w.kx);
+    w.kx = NULL;
+    char *p = path_of(&w, "META");
+    cr_assert_eq(access(p, F_OK), 0, "META exists once the store is created");
+    free(p);
+    kx_world_open(&w, NULL, NULL); /* and opens as a store */
+    kx_world_fini(&w);
 }

@@ -579,7 +579,14 @@ Test(hotrap, promotion_never_shadows_a_write_flushed_and_compacted)
 
 Test(hotrap, compaction_inside_sd_promotes_hot_records)
 {
-    tdb *t = t_open("sdcompact", true);
+    tdb *t = calloc(1, sizeof(*t));
+    lt_db_init(t, "sdcompact");
+    t->o.newer = newer_cb;
+    newer_key = NULL;
+    /* uncompressed, so that L3 holds several files and L3 -> L4 merges (one
+     * lz4 file would be moved, and a move promotes nothing) */
+    t->o.compression.slow = LSM_COMPRESS_NONE;
+    lt_db_start(t);
     fill_sd(t, 500); /* L3, on SD */
     char k[KLEN + 1];
     for (int id = 12; id <= 20; id += 8) {
@@ -594,7 +601,11 @@ Test(hotrap, compaction_inside_sd_promotes_hot_records)
     lsm_stats s = stats_of(t);
     cr_assert_eq(s.levels[4].volume, LSM_TIER_SD);
     cr_assert_gt(s.levels[4].files, 0);
-    cr_assert_eq(s.promoted_recs, 1);
+    cr_assert_eq(s.promoted_recs, 1,
+                 "promoted %llu dropped %llu cold %llu newer %llu onfd %llu dup %llu",
+                 (unsigned long long)s.promoted_recs, (unsigned long long)s.promo_dropped,
+                 (unsigned long long)s.promo_drop_cold, (unsigned long long)s.promo_drop_newer,
+                 (unsigned long long)s.promo_drop_on_fd, (unsigned long long)s.promo_drop_dup);
     uint8_t flags;
     uint64_t seq;
     cr_assert_eq(get_id(t, 12, NULL, &flags), LSM_TIER_FD);
