@@ -311,7 +311,12 @@ static kv_err key_verdict(const repl_env *env, rpc_ctx *c, cmap *m, const key_ca
     }
     if (is_read) {
         chosen = newest_read(reps, have, t->n);
-        repl_read_repair(env, m, k->key, t->idx, reps, have, t->n);
+        if (chosen >= 0)
+            repl_read_repair(env, m, k->key, t->idx, reps, have, t->n);
+    }
+    if (chosen < 0) { /* every OK reply was undecodable (newest_read skips those) */
+        atomic_fetch_add_explicit(&env->stats->forward_errors, 1, memory_order_relaxed);
+        return rpc_fail(c, KV_INTERNAL, "no replica's reply to %s could be decoded", k->method);
     }
     c->reply = reps[chosen].body; /* the node's reply body is ours to return */
     c->reply_len = reps[chosen].len;
