@@ -91,6 +91,15 @@ struct rpc_chan {
     size_t qn, qbytes;
     uint64_t q_since; /* when the oldest queued call was queued */
     bool closing;
+    /* Threads between deciding to submit an aio (send or receive) and
+     * having submitted it. nng 1.5 drops a submission to a stopped aio
+     * without running its callback (the message and the call's completion
+     * would be lost), so rpc_chan_close sets closing, waits for this to
+     * reach 0 (closing_cv), and only then stops the aios: every submission
+     * is then either refused here (closing) or cancelled by the stop, which
+     * runs its callback. */
+    unsigned submitting;
+    pthread_cond_t closing_cv;
     unsigned nbatch;    /* rpc.Calls messages in flight */
     rpc_timer_ent tick; /* flushes the queue after COALESCE_WAIT_NS, and completes the
                            calls of rpc.Calls messages that pass their deadline */
@@ -369,6 +378,25 @@ static void chan_tick(void *arg)
         fail_now(due[i].done, due[i].arg, KV_DEADLINE_EXCEEDED, msg);
 }
 
+/* Enters a submission; false when the channel is closing (nothing may be
+ * submitted any more: the caller completes the call with CANCELLED). */
+static bool submit_enter(rpc_chan *ch)
+{
+    pthread_mutex_lock(&ch->mu);
+    bool ok = !ch->closing;
+    ch->submitting += ok;
+    pthread_mutex_unlock(&ch->mu);
+    return ok;
+}
+
+static void submit_leave(rpc_chan *ch)
+{
+    pthread_mutex_lock(&ch->mu);
+    if (--ch->submitting == 0 && ch->closing)
+        pthread_cond_broadcast(&ch->closing_cv);
+    pthread_mutex_unlock(&ch->mu);
+}
+
 static void slot_cb(void *arg)
 {
     rpc_slot *s = arg;
@@ -396,9 +424,19 @@ static void slot_cb(void *arg)
             slot_finish(s, &r);
             return;
         }
+        if (!submit_enter(s->ch)) { /* closing: the reply will not be read */
+            if (s->calls) {
+                calls_finish(s, NNG_ECANCELED, NULL);
+                return;
+            }
+            fail_transport(s, NNG_ECANCELED, &r);
+            slot_finish(s, &r);
+            return;
+        }
         s->receiving = true;
         nng_aio_set_timeout(s->aio, (nng_duration)((s->deadline_ns - now) / 1000000ull + 1));
         nng_ctx_recv(s->ctx, s->aio);
+        submit_leave(s->ch);
         return;
     }
     if (s->calls) {
@@ -459,6 +497,7 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
         return KV_RESOURCE_EXHAUSTED;
     pthread_mutex_init(&ch->mu, NULL);
     pthread_cond_init(&ch->cv, NULL);
+    pthread_cond_init(&ch->closing_cv, NULL);
     ch->url = strdup(url);
     ch->auth = strdup(opts && opts->auth ? opts->auth : "");
     ch->recv_max = opts && opts->recv_max ? opts->recv_max : kv_limits_recv_max(&kv_default_limits);
@@ -511,6 +550,8 @@ void rpc_chan_close(rpc_chan *ch)
      * (or arms the timer) any more. */
     pthread_mutex_lock(&ch->mu);
     ch->closing = true;
+    while (ch->submitting) /* see submitting */
+        pthread_cond_wait(&ch->closing_cv, &ch->mu);
     rpc_pend *q = ch->qhead;
     ch->qhead = ch->qtail = NULL;
     ch->qn = ch->qbytes = 0;
@@ -535,6 +576,7 @@ void rpc_chan_close(rpc_chan *ch)
     free(ch->url);
     free(ch->auth);
     pthread_cond_destroy(&ch->cv);
+    pthread_cond_destroy(&ch->closing_cv);
     pthread_mutex_destroy(&ch->mu);
     free(ch);
 }
@@ -568,20 +610,21 @@ static void call_env(rpc_chan *ch, const rpc_pend *p, uint32_t deadline_ms, Kv__
 static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns, rpc_done_fn done,
                      void *arg, rpc_pend *calls)
 {
-    rpc_slot *s = m ? slot_get(ch) : NULL;
+    bool entered = m && submit_enter(ch);
+    rpc_slot *s = entered ? slot_get(ch) : NULL;
     if (!s) {
+        kv_err why = !m || entered ? KV_RESOURCE_EXHAUSTED : KV_CANCELLED;
+        const char *msg = why == KV_CANCELLED ? "channel closed" : "out of memory for the request";
         nng_msg_free(m);
         msg_done(ch);
+        if (entered)
+            submit_leave(ch);
         for (rpc_pend *next; calls; calls = next) {
             next = calls->next;
-            pend_fail(calls, KV_RESOURCE_EXHAUSTED, "out of memory for the request");
+            pend_fail(calls, why, msg);
         }
-        if (done) {
-            rpc_reply r;
-            reply_set(&r, KV_RESOURCE_EXHAUSTED, NULL);
-            r.local = true;
-            done(arg, &r);
-        }
+        if (done)
+            fail_now(done, arg, why, msg);
         return;
     }
     uint64_t now = kv_now_ns();
@@ -604,6 +647,7 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
         s->aio, (nng_duration)(deadline_ns > now ? (deadline_ns - now) / 1000000ull + 1 : 1));
     nng_aio_set_msg(s->aio, m);
     nng_ctx_send(s->ctx, s->aio);
+    submit_leave(ch);
 }
 
 /* Sends call p in a message of its own and frees it. */
