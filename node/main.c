@@ -82,6 +82,7 @@ int main(int argc, char **argv)
     n.cfg.mem_mb = 256;
     n.cfg.workers = 8;
     n.cfg.coord_workers = 8;
+    n.cfg.max_inflight = RPC_DEFAULT_MAX_INFLIGHT;
     n.cfg.fast_mb = 1024;
     n.cfg.sync = ENGINE_SYNC_BATCH;
     n.cfg.sync_ms = 5;
@@ -165,6 +166,11 @@ int main(int argc, char **argv)
         {"workers", KV_OPT_INT, &n.cfg.workers, "RPC worker threads", NULL, 1, 1024},
         {"coord-workers", KV_OPT_INT, &n.cfg.coord_workers,
          "RPC worker threads for requests the node coordinates for smart clients", NULL, 1, 1024},
+        {"max-inflight", KV_OPT_INT, &n.cfg.max_inflight,
+         "calls admitted and not answered yet, at most; more are refused at once with "
+         "RESOURCE_EXHAUSTED (so are calls arriving while the queue waits more than half of "
+         "their deadline)",
+         NULL, 1, 1 << 20},
         {"auth", KV_OPT_STR, &n.cfg.auth, "cluster auth token (empty = off)", NULL, 0, 0},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},

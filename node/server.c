@@ -100,8 +100,13 @@ static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData 
 
 /* ---- kv.* -------------------------------------------------------------- */
 
+/* Unpacks body as type into var, with an allocation budget (issue 16 item
+ * 4: a request may not make the node allocate much more than its size and
+ * its limits allow); INVALID_ARGUMENT when it does not parse or would. */
+#define NODE_BUDGET(c, len) rpc_unpack_budget(len, ((node *)(c)->user)->cfg.limits.max_batch_ops)
 #define UNPACK_OR_FAIL(var, type, fn, c, body, len)                                                \
-    type *var = fn(NULL, len, body);                                                               \
+    rpc_budget var##_budget;                                                                       \
+    type *var = fn(rpc_budget_init(&var##_budget, NODE_BUDGET(c, len)), len, body);                \
     if (!var)                                                                                      \
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed " #type " body");
 
@@ -192,12 +197,14 @@ static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
     return rv;
 }
 
+/* The status message of a batch op that succeeded (not malloc'ed). */
+static char *const op_ok = "";
+
 /* Runs one batch op into res (its status, found, value, version). The
  * batch-level map check already happened; per-op errors stay per op. */
 static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__Status *st,
                      const engine_result *pre, kv_err pre_err)
 {
-    static char *const none = "";
     rpc_ctx tmp = {0};
     engine_result r = {0};
     kv_err rv = check_key(n, &tmp, m, &op->key);
@@ -222,7 +229,11 @@ static void batch_op(node *n, cmap *m, const Kv__Op *op, Kv__OpResult *res, Kv__
             rv = engine_write_one(n->eng, &w, &r, tmp.message, sizeof(tmp.message));
     }
     st->code = (int32_t)rv;
-    st->message = rv == KV_OK ? none : strdup(tmp.message);
+    if (rv != KV_OK && !tmp.message[0]) /* a failed read says nothing more */
+        snprintf(tmp.message, sizeof(tmp.message), "%s", kv_strerror(rv));
+    st->message = rv == KV_OK ? op_ok : rpc_utf8_dup(tmp.message);
+    if (!st->message)
+        st->message = op_ok;
     res->status = st;
     res->found = r.found;
     res->value.data = r.val;
@@ -289,7 +300,7 @@ static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *
     }
     for (size_t i = 0; res && sts && i < k; i++) {
         free(res[i].value.data);
-        if (sts[i].message && *sts[i].message)
+        if (sts[i].message != op_ok) /* malloc'ed, an empty one included */
             free(sts[i].message);
     }
     free(res);
@@ -303,8 +314,13 @@ static kv_err h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
     node *n = c->user;
     if (c->coordinate)
         return node_coord_batch(c, body, len);
+    kv_err rv = repl_check_batch_wire(&n->cfg.limits, c, body, len); /* before unpacking */
+    if (rv != KV_OK)
+        return rv;
     UNPACK_OR_FAIL(req, Kv__BatchRequest, kv__batch_request__unpack, c, body, len);
-    kv_err rv = kv_check_batch(&n->cfg.limits, req->n_ops, len, c->message, sizeof(c->message));
+    rv = kv_check_batch(&n->cfg.limits, req->n_ops, len, c->message, sizeof(c->message));
+    if (rv == KV_OK)
+        rv = repl_check_op_types(c, req);
     cmap *m = NULL;
     if (rv == KV_OK)
         rv = call_map(n, c, &m);
@@ -344,6 +360,7 @@ static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     rpc_statlist sl;
     rpc_stats_init(&sl);
     node_collect_stats(n, &sl, req->verbose);
+    rpc_server_add_stats(c->server, &sl);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = n->cfg.id;
     rep.role = "node";
@@ -522,6 +539,7 @@ kv_err node_start(node *n, char *err, size_t errlen)
                            * writes of one rpc.Calls message must wait together */
                           .handlers_wait = n->cfg.sync == ENGINE_SYNC_ALWAYS,
                           .auth = n->cfg.auth,
+                          .max_inflight = (unsigned)n->cfg.max_inflight,
                           .recv_max = kv_limits_recv_max(&n->cfg.limits),
                           .user = n,
                           .thread_start = worker_start,
@@ -532,7 +550,13 @@ kv_err node_start(node *n, char *err, size_t errlen)
 void node_stop(node *n)
 {
     atomic_store(&n->stopping, true);
-    rpc_server_close(n->rpc);
+    if (!rpc_server_close(n->rpc)) {
+        /* a handler still runs and uses all of it: leave it to the exit
+         * (what was acknowledged is in the WAL, as after a crash) */
+        KV_ERROR("node", "a request handler did not finish; exiting without closing the engine");
+        n->rpc = NULL;
+        return;
+    }
     n->rpc = NULL;
     node_map_stop(n);
     node_handoff_close(n->handoff);

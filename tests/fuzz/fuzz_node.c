@@ -111,6 +111,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_run_calls(&t, &in, MAX_CALLS);
     node_stop(&n);
     pthread_mutex_destroy(&n.map_mu);
-    pthread_mutex_destroy(&n.peers_mu);
     return 0;
 }

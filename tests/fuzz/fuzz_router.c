@@ -54,8 +54,16 @@ static void setup(router *r, uint8_t flags)
                           .probe_fails = 2}};
     r->cfg.limits.max_value = 64 << 10;
     r->started_ns = kv_now_ns();
-    pthread_mutex_init(&r->peers_mu, NULL);
+    rpc_chan_opts co = {.recv_max = kv_limits_recv_max(&r->cfg.limits)};
+    FZ_CHECK(rpc_pool_create(&r->peers, &co) == KV_OK, "rpc_pool_create");
     FZ_CHECK(cmap_slot_create(&r->maps) == KV_OK, "cmap_slot_create");
+    r->env = (repl_env){.user = r, /* as router_start */
+                        .maps = r->maps,
+                        .hlc = &r->hlc,
+                        .stats = &r->stats,
+                        .stopping = &r->stopping,
+                        .chan = env_chan,
+                        .learn_map = env_learn_map};
     FZ_CHECK(router_probe_start(r) == KV_OK, "probe table");
     if (flags & 4) {
         FZ_CHECK(router_mit_create(&r->mit, true, r->cfg.hot_cache_ms, r->cfg.hot_flag_rate) ==

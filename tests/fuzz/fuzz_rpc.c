@@ -225,7 +225,15 @@ void fz_run_calls(const fz_calls *t, fz_in *in, int max_calls)
                      .deadline_ns =
                          kv_now_ns() + (t->deadline_ms ? t->deadline_ms : 2000) * 1000000ull,
                      .user = t->user};
-        kv_err rv = m->fn(&c, copy, len);
+        kv_err rv;
+        if (m->fn) {
+            rv = m->fn(&c, copy, len);
+        } else { /* a two-phase handler (a router's forwards) */
+            void *state = NULL;
+            rv = m->start(&c, copy, len, &state);
+            if (rv == KV_OK && state)
+                rv = m->finish(&c, state);
+        }
         fz_check_reply(&c, rv, t->node, t->relayed);
         free(c.reply);
         free(copy);
