@@ -84,6 +84,21 @@ static const char *view_of(status_ctx *sc, const char *id)
     return v ? v : "-";
 }
 
+/* s's stats as the members of a JSON object (numbers as numbers). */
+static void print_stats_json(const Kv__StatsReply *s)
+{
+    for (size_t i = 0; s && i < s->n_stats; i++) {
+        printf("%s\"%s\":", i ? "," : "", s->stats[i]->name);
+        const char *v = s->stats[i]->value;
+        char *end = NULL;
+        strtod(v, &end);
+        if (*v && end && !*end && strspn(v, "0123456789.-e+") == strlen(v))
+            fputs(v, stdout); /* numbers as numbers */
+        else
+            kvctl_json_str(v, strlen(v));
+    }
+}
+
 static void print_row(status_ctx *sc, const char *id, const char *addr, const char *state,
                       const Kv__StatsReply *s)
 {
@@ -93,16 +108,7 @@ static void print_row(status_ctx *sc, const char *id, const char *addr, const ch
         printf("%s{\"id\":\"%s\",\"address\":\"%s\",\"state\":\"%s\",\"serving\":\"%s\","
                "\"view\":\"%s\",\"stats\":{",
                sc->printed++ ? "," : "", id, addr, state, serving ? serving : "-", view_of(sc, id));
-        for (size_t i = 0; s && i < s->n_stats; i++) {
-            printf("%s\"%s\":", i ? "," : "", s->stats[i]->name);
-            const char *v = s->stats[i]->value;
-            char *end = NULL;
-            strtod(v, &end);
-            if (*v && end && !*end && strspn(v, "0123456789.-e+") == strlen(v))
-                fputs(v, stdout); /* numbers as numbers */
-            else
-                kvctl_json_str(v, strlen(v));
-        }
+        print_stats_json(s);
         printf("}}");
         return;
     }
@@ -254,8 +260,13 @@ int kvctl_status(kvctl_env *env, int argc, char **argv)
                      cmap_node_at(m, i)->state);
         if (!m) /* a node before cluster init serves alone */
             one_node(&sc, p->id, env->router, CMAP_UP);
-        if (env->json)
+        if (env->json && sc.router) { /* the router's own stats too */
+            printf("],\"router\":{");
+            print_stats_json(sc.router);
+            printf("}}\n");
+        } else if (env->json) {
             printf("]}\n");
+        }
         if (sc.unreachable) {
             fprintf(stderr, "kvctl: UNAVAILABLE: %d node%s did not answer\n", sc.unreachable,
                     sc.unreachable > 1 ? "s" : "");

@@ -43,6 +43,12 @@ void node_coord_init(node *n)
                         .local = node_local_call};
 }
 
+/* What unpacking a len-byte request may allocate (issue 16 item 4). */
+static size_t coord_budget(const node *n, size_t len)
+{
+    return rpc_unpack_budget(len, n->cfg.limits.max_batch_ops);
+}
+
 /* The map checks of a coordinate call: the node needs a map (a client that
  * knows one is talking to a cluster); a newer epoch from the client makes
  * the node fetch its map. An older one is fine: the node coordinates with
@@ -108,7 +114,9 @@ kv_err node_coord_finish(rpc_ctx *c, void *state)
 kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     node *n = c->user;
-    Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
+    rpc_budget b;
+    Kv__GetRequest *req =
+        kv__get_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
@@ -118,19 +126,25 @@ kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **
 kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     node *n = c->user;
-    Kv__PutRequest *req = kv__put_request__unpack(NULL, len, body);
+    rpc_budget b;
+    Kv__PutRequest *req =
+        kv__put_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__PutRequest body");
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         rv = kv_check_value(&n->cfg.limits, req->value.len, c->message, sizeof(c->message));
+    if (rv == KV_OK) /* before now + ttl_ms is computed for hints */
+        rv = kv_check_ttl(req->ttl_ms, c->message, sizeof(c->message));
     return coord_start(n, c, rv, &req->base, state);
 }
 
 kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     node *n = c->user;
-    Kv__DeleteRequest *req = kv__delete_request__unpack(NULL, len, body);
+    rpc_budget b;
+    Kv__DeleteRequest *req =
+        kv__delete_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
@@ -140,10 +154,15 @@ kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
-    Kv__BatchRequest *req = kv__batch_request__unpack(NULL, len, body);
+    kv_err rv = repl_check_batch_wire(&n->cfg.limits, c, body, len); /* before unpacking */
+    if (rv != KV_OK)
+        return rv;
+    rpc_budget b;
+    Kv__BatchRequest *req =
+        kv__batch_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__BatchRequest body");
-    kv_err rv = repl_check_ops(&n->cfg.limits, c, req, len);
+    rv = repl_check_ops(&n->cfg.limits, c, req, len);
     for (size_t i = 0; i < req->n_ops; i++)
         req->ops[i]->version = 0; /* the coordinator's clock gives them */
     if (rv == KV_OK)

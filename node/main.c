@@ -114,6 +114,7 @@ int main(int argc, char **argv)
     n.cfg.mem_mb = 256;
     n.cfg.workers = 8;
     n.cfg.coord_workers = 8;
+    n.cfg.max_inflight = RPC_DEFAULT_MAX_INFLIGHT;
     n.cfg.fast_mb = 1024;
     n.cfg.sync = ENGINE_SYNC_BATCH;
     n.cfg.sync_ms = 5;
@@ -205,6 +206,11 @@ int main(int argc, char **argv)
         {"coord-workers", KV_OPT_INT, &n.cfg.coord_workers,
          "RPC worker threads for requests the node coordinates for smart clients", NULL, 1, 1024},
         RPC_SEC_SERVER_OPTS(&n.cfg.sec),
+        {"max-inflight", KV_OPT_INT, &n.cfg.max_inflight,
+         "calls admitted and not answered yet, at most; more are refused at once with "
+         "RESOURCE_EXHAUSTED (so are calls arriving while the queue waits more than half of "
+         "their deadline)",
+         NULL, 1, 1 << 20},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},

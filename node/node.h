@@ -45,6 +45,7 @@ typedef struct node_config {
     long mem_mb;
     long workers;
     long coord_workers;   /* workers for calls the node coordinates (smart clients) */
+    long max_inflight;    /* calls admitted at once before refusing (0 = RPC default) */
     double hot_threshold; /* ops/s summed over routers that pins a key */
     kv_limits limits;
     long stream_mbps;        /* default throttle of stream jobs, MiB/s */

@@ -129,8 +129,13 @@ static kv_err check_write_version(rpc_ctx *c, uint64_t version, char *err, size_
     return node_check_version(version, err, errlen);
 }
 
+/* Unpacks body as type into var, with an allocation budget (issue 16 item
+ * 4: a request may not make the node allocate much more than its size and
+ * its limits allow); INVALID_ARGUMENT when it does not parse or would. */
+#define NODE_BUDGET(c, len) rpc_unpack_budget(len, ((node *)(c)->user)->cfg.limits.max_batch_ops)
 #define UNPACK_OR_FAIL(var, type, fn, c, body, len)                                                \
-    type *var = fn(NULL, len, body);                                                               \
+    rpc_budget var##_budget;                                                                       \
+    type *var = fn(rpc_budget_init(&var##_budget, NODE_BUDGET(c, len)), len, body);                \
     if (!var)                                                                                      \
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed " #type " body");
 
@@ -225,12 +230,14 @@ static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
     return rv;
 }
 
+/* The status message of a batch op that succeeded (not malloc'ed). */
+static char *const op_ok = "";
+
 /* Runs one batch op into res (its status, found, value, version). The
  * batch-level map check already happened; per-op errors stay per op. */
 static void batch_op(node *n, rpc_ctx *c, cmap *m, const Kv__Op *op, Kv__OpResult *res,
                      Kv__Status *st, const engine_result *pre, kv_err pre_err)
 {
-    static char *const none = "";
     rpc_ctx tmp = {.admin = c->admin};
     engine_result r = {0};
     kv_err rv = check_key(n, &tmp, m, &op->key);
@@ -257,7 +264,11 @@ static void batch_op(node *n, rpc_ctx *c, cmap *m, const Kv__Op *op, Kv__OpResul
             rv = engine_write_one(n->eng, &w, &r, tmp.message, sizeof(tmp.message));
     }
     st->code = (int32_t)rv;
-    st->message = rv == KV_OK ? none : strdup(tmp.message);
+    if (rv != KV_OK && !tmp.message[0]) /* a failed read says nothing more */
+        snprintf(tmp.message, sizeof(tmp.message), "%s", kv_strerror(rv));
+    st->message = rv == KV_OK ? op_ok : rpc_utf8_dup(tmp.message);
+    if (!st->message)
+        st->message = op_ok;
     res->status = st;
     res->found = r.found;
     res->value.data = r.val;
@@ -324,7 +335,7 @@ static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *
     }
     for (size_t i = 0; res && sts && i < k; i++) {
         free(res[i].value.data);
-        if (sts[i].message && *sts[i].message)
+        if (sts[i].message != op_ok) /* malloc'ed, an empty one included */
             free(sts[i].message);
     }
     free(res);
@@ -338,8 +349,13 @@ static kv_err h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
     node *n = c->user;
     if (c->coordinate)
         return node_coord_batch(c, body, len);
+    kv_err rv = repl_check_batch_wire(&n->cfg.limits, c, body, len); /* before unpacking */
+    if (rv != KV_OK)
+        return rv;
     UNPACK_OR_FAIL(req, Kv__BatchRequest, kv__batch_request__unpack, c, body, len);
-    kv_err rv = kv_check_batch(&n->cfg.limits, req->n_ops, len, c->message, sizeof(c->message));
+    rv = kv_check_batch(&n->cfg.limits, req->n_ops, len, c->message, sizeof(c->message));
+    if (rv == KV_OK)
+        rv = repl_check_op_types(c, req);
     cmap *m = NULL;
     if (rv == KV_OK)
         rv = call_map(n, c, &m);
@@ -386,6 +402,7 @@ static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     rpc_stats_init(&sl);
     kv_stats_to_statlist(&ks, &sl);
     kv_stats_free(&ks);
+    rpc_server_add_stats(c->server, &sl);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = n->cfg.id;
     rep.role = "node";
@@ -581,6 +598,7 @@ kv_err node_start(node *n, char *err, size_t errlen)
                           .auth = n->cfg.sec.data_token,
                           .admin_auth = n->cfg.sec.admin_token,
                           .tls = rpc_sec_tls(&n->cfg.sec),
+                          .max_inflight = (unsigned)n->cfg.max_inflight,
                           .recv_max = kv_limits_recv_max(&n->cfg.limits),
                           .user = n,
                           .thread_start = worker_start,
@@ -598,7 +616,13 @@ void node_stop(node *n)
 {
     atomic_store(&n->stopping, true);
     node_http_stop(n);
-    rpc_server_close(n->rpc);
+    if (!rpc_server_close(n->rpc)) {
+        /* a handler still runs and uses all of it: leave it to the exit
+         * (what was acknowledged is in the WAL, as after a crash) */
+        KV_ERROR("node", "a request handler did not finish; exiting without closing the engine");
+        n->rpc = NULL;
+        return;
+    }
     n->rpc = NULL;
     rpc_metrics_destroy(n->metrics);
     n->metrics = NULL;

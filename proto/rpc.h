@@ -8,8 +8,11 @@
  * pool of worker threads, which run handlers synchronously and send the
  * reply; methods are dispatched through a table by name. Calls that ask a
  * node to coordinate (Envelope.coordinate) may have workers of their own. Deadlines
- * are relative on the wire and absolute (CLOCK_MONOTONIC) in handlers; a
- * handler that finishes past its deadline is answered DEADLINE_EXCEEDED.
+ * are relative on the wire, counted from the request's arrival, and
+ * absolute (CLOCK_MONOTONIC) in handlers; a call whose deadline passed in
+ * the queue is not run, and a handler that finishes past its deadline is
+ * answered DEADLINE_EXCEEDED. Under overload calls are refused on arrival
+ * with RESOURCE_EXHAUSTED (rpc_server_opts.max_inflight).
  * Malformed envelopes get INVALID_ARGUMENT, unknown methods UNIMPLEMENTED,
  * wrong tokens UNAUTHENTICATED, admin methods called without admin
  * credentials PERMISSION_DENIED; the connection keeps serving in every case.
@@ -36,6 +39,14 @@
 #include "kv/kv_err.h"
 
 #define RPC_DEFAULT_DEADLINE_MS 5000u
+/* The longest deadline a call may carry: longer ones (up to 2^32 - 1 ms on
+ * the wire) are cut to this, on arrival and when a call is made, so that
+ * every deadline fits nng's signed 32-bit millisecond durations. */
+#define RPC_MAX_DEADLINE_MS 3600000u
+/* Calls one rpc.Calls message may hold (a client coalesces at most 64). */
+#define RPC_MAX_CALLS 1024u
+/* Default rpc_server_opts.max_inflight. */
+#define RPC_DEFAULT_MAX_INFLIGHT 4096u
 #define RPC_MAX_MESSAGE 256
 
 /* ---- server ------------------------------------------------------------ */
@@ -55,6 +66,7 @@ typedef struct rpc_ctx {
     bool coordinate;      /* Envelope.coordinate: a smart client asks the node to coordinate */
     uint64_t deadline_ns; /* absolute, kv_now_ns() clock */
     int worker;           /* index of the worker thread running the call */
+    rpc_server *server;   /* the server running the call (NULL for an in-process call) */
     void *user;           /* rpc_server_opts.user */
     uint64_t reply_epoch; /* the replier's map epoch, stamped on the reply */
     uint8_t *reply;       /* packed reply body (malloc'ed; the runtime frees it) */
@@ -122,6 +134,12 @@ typedef struct rpc_server_opts {
     const char *admin_auth;
     const rpc_tls *tls;                           /* for a tls+tcp:// url (read at open) */
     uint32_t default_deadline_ms;                 /* for requests with deadline_ms = 0 */
+    /* Overload (issue 16 item 5): calls (each call of an rpc.Calls message
+     * counts) admitted and not yet answered, at most; a call beyond it, or
+     * one arriving while the oldest queued call has waited more than half
+     * of the new call's deadline, is refused at once with
+     * RESOURCE_EXHAUSTED. 0 = RPC_DEFAULT_MAX_INFLIGHT. */
+    unsigned max_inflight;
     size_t recv_max;                              /* NNG_OPT_RECVMAXSZ (0 = from default limits) */
     void *user;                                   /* handed to handlers and thread hooks */
     void (*thread_start)(int worker, void *user); /* e.g. rcu_register_thread */
@@ -139,9 +157,28 @@ typedef struct rpc_server_opts {
  * Call from one thread; the opts strings must outlive the server. */
 kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err, size_t errlen);
 /* Stops accepting new calls, lets calls in handlers finish and answer
- * (bounded wait), then closes the socket and joins the workers. NULL is a
- * no-op. Must not be called from a handler. */
-void rpc_server_close(rpc_server *s);
+ * (bounded wait), then joins the workers and closes the socket. NULL is a
+ * no-op. Must not be called from a handler. Every wait is bounded (issue
+ * 16 item 6): a socket whose close does not finish (an nng 1.5 defect,
+ * rpc_util.c) is left open and the server's memory allocated, and a worker
+ * still inside a handler 10 s after the drain is left running; then false
+ * is returned: the caller must not free what handlers use (and should
+ * exit). */
+bool rpc_server_close(rpc_server *s);
+
+/* Counters of a server's admission control (monotonic but inflight). */
+typedef struct rpc_server_counters {
+    uint64_t calls;    /* calls received (each call of an rpc.Calls message) */
+    uint64_t expired;  /* dropped before their handler: the deadline passed in the queue */
+    uint64_t shed;     /* refused on arrival with RESOURCE_EXHAUSTED (overload) */
+    unsigned inflight; /* admitted and not answered yet */
+    unsigned max_inflight;
+} rpc_server_counters;
+void rpc_server_counters_get(const rpc_server *s, rpc_server_counters *out);
+/* Appends the counters to an admin.Stats list as rpc.calls, rpc.expired,
+ * rpc.shed, rpc.inflight and rpc.max_inflight (nothing for s NULL). */
+struct rpc_statlist;
+void rpc_server_add_stats(const rpc_server *s, struct rpc_statlist *l);
 
 /* The TCP port the server listens on (useful with "tcp://127.0.0.1:0"). */
 int rpc_server_port(const rpc_server *s);
@@ -153,6 +190,39 @@ kv_err rpc_fail(rpc_ctx *c, kv_err code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Milliseconds left before c's deadline (0 when past it). */
 uint32_t rpc_ctx_remaining_ms(const rpc_ctx *c);
+
+/* ---- input bounds and output hygiene (rpc_util.c) -------------------------- */
+
+/* Allocation budget for unpacking a len-byte message with at most max_elems
+ * elements in its repeated fields (a request's limit, e.g. max_batch_ops). */
+size_t rpc_unpack_budget(size_t len, size_t max_elems);
+/* An allocator for protobuf-c's unpack functions that fails once budget
+ * bytes are allocated: kv__x__unpack(rpc_budget_init(&b, budget), len, p)
+ * then returns NULL. Free what it unpacked with the default allocator
+ * (kv__x__free_unpacked(m, NULL)); b may go once the unpack returned. */
+typedef struct rpc_budget {
+    ProtobufCAllocator a;
+    size_t left;
+} rpc_budget;
+ProtobufCAllocator *rpc_budget_init(rpc_budget *b, size_t budget);
+/* protobuf_c_message_unpack with such a budget. */
+ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *d, size_t len, const uint8_t *data,
+                             size_t budget);
+/* Counts the occurrences of top-level field number `field` in the
+ * wire-format bytes p[0..len) without allocating: elements of a repeated
+ * field, before unpacking. False when the bytes are not wire format. */
+bool rpc_pb_count(const uint8_t *p, size_t len, uint32_t field, size_t *count);
+/* Status messages are proto3 strings, which strict protobuf libraries
+ * refuse unless they are valid UTF-8 (issue 16 item 9). */
+bool rpc_utf8_valid(const char *s);
+/* Copies in to out (outlen bytes, NUL included), whole valid characters
+ * as they are and every other byte as "\xNN", cut at a character
+ * boundary; returns the length written. */
+size_t rpc_utf8_escape(const char *in, char *out, size_t outlen);
+/* Escapes s in place (its buffer holds size bytes) when it is not UTF-8. */
+void rpc_utf8_fix(char *s, size_t size);
+/* A malloc'ed copy of s with invalid bytes escaped (NULL when out of memory). */
+char *rpc_utf8_dup(const char *s);
 
 /* ---- client ------------------------------------------------------------ */
 

@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
+#include "proto/rpc_int.h"
 #include "proto/rpc_timer.h"
 #include "proto/rpc_tls.h"
 
@@ -91,15 +92,7 @@ struct rpc_chan {
     size_t qn, qbytes;
     uint64_t q_since; /* when the oldest queued call was queued */
     bool closing;
-    /* Threads between deciding to submit an aio (send or receive) and
-     * having submitted it. nng 1.5 drops a submission to a stopped aio
-     * without running its callback (the message and the call's completion
-     * would be lost), so rpc_chan_close sets closing, waits for this to
-     * reach 0 (closing_cv), and only then stops the aios: every submission
-     * is then either refused here (closing) or cancelled by the stop, which
-     * runs its callback. */
-    unsigned submitting;
-    pthread_cond_t closing_cv;
+    bool stopped;       /* rpc_chan_shutdown ran (the closing thread only) */
     unsigned nbatch;    /* rpc.Calls messages in flight */
     rpc_timer_ent tick; /* flushes the queue after COALESCE_WAIT_NS, and completes the
                            calls of rpc.Calls messages that pass their deadline */
@@ -378,25 +371,6 @@ static void chan_tick(void *arg)
         fail_now(due[i].done, due[i].arg, KV_DEADLINE_EXCEEDED, msg);
 }
 
-/* Enters a submission; false when the channel is closing (nothing may be
- * submitted any more: the caller completes the call with CANCELLED). */
-static bool submit_enter(rpc_chan *ch)
-{
-    pthread_mutex_lock(&ch->mu);
-    bool ok = !ch->closing;
-    ch->submitting += ok;
-    pthread_mutex_unlock(&ch->mu);
-    return ok;
-}
-
-static void submit_leave(rpc_chan *ch)
-{
-    pthread_mutex_lock(&ch->mu);
-    if (--ch->submitting == 0 && ch->closing)
-        pthread_cond_broadcast(&ch->closing_cv);
-    pthread_mutex_unlock(&ch->mu);
-}
-
 static void slot_cb(void *arg)
 {
     rpc_slot *s = arg;
@@ -424,19 +398,26 @@ static void slot_cb(void *arg)
             slot_finish(s, &r);
             return;
         }
-        if (!submit_enter(s->ch)) { /* closing: the reply will not be read */
-            if (s->calls) {
-                calls_finish(s, NNG_ECANCELED, NULL);
-                return;
-            }
-            fail_transport(s, NNG_ECANCELED, &r);
-            slot_finish(s, &r);
+        /* Under ch->mu, against rpc_chan_close: a receive submitted on an aio
+         * that the close has stopped is dropped by nng without a completion,
+         * and the call would never complete (its caller waiting forever). */
+        rpc_chan *ch = s->ch;
+        pthread_mutex_lock(&ch->mu);
+        bool closing = ch->closing;
+        if (!closing) {
+            s->receiving = true;
+            nng_aio_set_timeout(s->aio, (nng_duration)((s->deadline_ns - now) / 1000000ull + 1));
+            nng_ctx_recv(s->ctx, s->aio);
+        }
+        pthread_mutex_unlock(&ch->mu);
+        if (!closing)
+            return;
+        if (s->calls) {
+            calls_finish(s, NNG_ECLOSED, NULL);
             return;
         }
-        s->receiving = true;
-        nng_aio_set_timeout(s->aio, (nng_duration)((s->deadline_ns - now) / 1000000ull + 1));
-        nng_ctx_recv(s->ctx, s->aio);
-        submit_leave(s->ch);
+        fail_transport(s, NNG_ECLOSED, &r);
+        slot_finish(s, &r);
         return;
     }
     if (s->calls) {
@@ -447,22 +428,19 @@ static void slot_cb(void *arg)
     slot_finish(s, &r);
 }
 
-static rpc_slot *slot_get(rpc_chan *ch)
+/* A free slot (mu held); NULL when out of memory. */
+static rpc_slot *slot_get_locked(rpc_chan *ch)
 {
-    pthread_mutex_lock(&ch->mu);
     rpc_slot *s = ch->free_slots;
     if (s) {
         ch->free_slots = s->next_free;
-        pthread_mutex_unlock(&ch->mu);
         return s;
     }
     if (ch->nall == ch->cap) {
         size_t ncap = ch->cap ? ch->cap * 2 : 16;
         rpc_slot **n = realloc(ch->all, ncap * sizeof(*n));
-        if (!n) {
-            pthread_mutex_unlock(&ch->mu);
+        if (!n)
             return NULL;
-        }
         ch->all = n;
         ch->cap = ncap;
     }
@@ -475,7 +453,6 @@ static rpc_slot *slot_get(rpc_chan *ch)
         s->ch = ch;
         ch->all[ch->nall++] = s;
     }
-    pthread_mutex_unlock(&ch->mu);
     return s;
 }
 
@@ -497,7 +474,6 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
         return KV_RESOURCE_EXHAUSTED;
     pthread_mutex_init(&ch->mu, NULL);
     pthread_cond_init(&ch->cv, NULL);
-    pthread_cond_init(&ch->closing_cv, NULL);
     ch->url = strdup(url);
     ch->auth = strdup(opts && opts->auth ? opts->auth : "");
     ch->recv_max = opts && opts->recv_max ? opts->recv_max : kv_limits_recv_max(&kv_default_limits);
@@ -542,16 +518,15 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
     return KV_OK;
 }
 
-void rpc_chan_close(rpc_chan *ch)
+void rpc_chan_shutdown(rpc_chan *ch)
 {
-    if (!ch)
+    if (!ch || ch->stopped)
         return;
+    ch->stopped = true;
     /* Queued calls complete with CANCELLED; no completion sends the queue
      * (or arms the timer) any more. */
     pthread_mutex_lock(&ch->mu);
     ch->closing = true;
-    while (ch->submitting) /* see submitting */
-        pthread_cond_wait(&ch->closing_cv, &ch->mu);
     rpc_pend *q = ch->qhead;
     ch->qhead = ch->qtail = NULL;
     ch->qn = ch->qbytes = 0;
@@ -560,14 +535,26 @@ void rpc_chan_close(rpc_chan *ch)
         next = q->next;
         pend_fail(q, KV_CANCELLED, "channel closed");
     }
-    rpc_timer_cancel(&ch->tick);
-    /* Stop every context's aio before closing the socket: a completion that
-     * is running may submit the receive phase, and nng (1.5) must not see
-     * that race with the socket tearing its contexts down. A stopped aio
-     * fails new submissions, so pending calls complete with CANCELLED. */
+    /* Stop every context's aio before closing the socket: nng (1.5) must
+     * not see a completion's submission race with the socket tearing its
+     * contexts down. Stopping cancels what is pending (its call completes
+     * with CANCELLED) and waits for a running completion; since closing is
+     * set, no completion submits anything after that (nng would drop a
+     * submission on a stopped aio without ever completing it). */
     for (size_t i = 0; i < ch->nall; i++)
         nng_aio_stop(ch->all[i]->aio);
-    nng_close(ch->sock);
+    /* after the stops: a completion that sent a message before closing was
+     * set may have armed the timer since */
+    rpc_timer_cancel(&ch->tick);
+}
+
+void rpc_chan_close(rpc_chan *ch)
+{
+    if (!ch)
+        return;
+    rpc_chan_shutdown(ch);
+    if (!rpc_socket_close(ch->sock, RPC_CLOSE_WAIT_MS, ch->url))
+        return; /* nng may still call pipe_cb with ch: leave it allocated */
     for (size_t i = 0; i < ch->nall; i++) {
         nng_aio_free(ch->all[i]->aio); /* waits for a running callback */
         free(ch->all[i]);
@@ -576,7 +563,6 @@ void rpc_chan_close(rpc_chan *ch)
     free(ch->url);
     free(ch->auth);
     pthread_cond_destroy(&ch->cv);
-    pthread_cond_destroy(&ch->closing_cv);
     pthread_mutex_destroy(&ch->mu);
     free(ch);
 }
@@ -610,44 +596,48 @@ static void call_env(rpc_chan *ch, const rpc_pend *p, uint32_t deadline_ms, Kv__
 static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns, rpc_done_fn done,
                      void *arg, rpc_pend *calls)
 {
-    bool entered = m && submit_enter(ch);
-    rpc_slot *s = entered ? slot_get(ch) : NULL;
-    if (!s) {
-        kv_err why = !m || entered ? KV_RESOURCE_EXHAUSTED : KV_CANCELLED;
-        const char *msg = why == KV_CANCELLED ? "channel closed" : "out of memory for the request";
-        nng_msg_free(m);
-        msg_done(ch);
-        if (entered)
-            submit_leave(ch);
-        for (rpc_pend *next; calls; calls = next) {
-            next = calls->next;
-            pend_fail(calls, why, msg);
-        }
-        if (done)
-            fail_now(done, arg, why, msg);
-        return;
-    }
-    uint64_t now = kv_now_ns();
-    s->id = id;
-    s->done = done;
-    s->arg = arg;
-    s->receiving = false;
-    s->deadline_ns = deadline_ns;
     uint64_t first = UINT64_MAX; /* the earliest deadline among the calls */
     for (rpc_pend *p = calls; p; p = p->next)
         first = p->deadline_ns < first ? p->deadline_ns : first;
-    if (calls) {
-        pthread_mutex_lock(&ch->mu);
+    /* The send is submitted under mu, against rpc_chan_close (see slot_cb):
+     * once closing is set, no operation starts on an aio the close stops. */
+    pthread_mutex_lock(&ch->mu);
+    bool closing = ch->closing;
+    rpc_slot *s = m && !closing ? slot_get_locked(ch) : NULL;
+    if (s) {
+        uint64_t now = kv_now_ns();
+        s->id = id;
+        s->done = done;
+        s->arg = arg;
+        s->receiving = false;
+        s->deadline_ns = deadline_ns;
         s->calls = calls;
-        ch->nbatch++;
-        pthread_mutex_unlock(&ch->mu);
-        rpc_timer_arm(&ch->tick, first);
+        ch->nbatch += calls != NULL;
+        nng_aio_set_timeout(
+            s->aio, (nng_duration)(deadline_ns > now ? (deadline_ns - now) / 1000000ull + 1 : 1));
+        nng_aio_set_msg(s->aio, m);
+        nng_ctx_send(s->ctx, s->aio);
     }
-    nng_aio_set_timeout(
-        s->aio, (nng_duration)(deadline_ns > now ? (deadline_ns - now) / 1000000ull + 1 : 1));
-    nng_aio_set_msg(s->aio, m);
-    nng_ctx_send(s->ctx, s->aio);
-    submit_leave(ch);
+    pthread_mutex_unlock(&ch->mu);
+    if (s) {
+        if (calls)
+            rpc_timer_arm(&ch->tick, first);
+        return;
+    }
+    kv_err st = closing ? KV_CANCELLED : KV_RESOURCE_EXHAUSTED;
+    const char *why = closing ? "channel closed" : "out of memory for the request";
+    nng_msg_free(m);
+    msg_done(ch);
+    for (rpc_pend *next; calls; calls = next) {
+        next = calls->next;
+        pend_fail(calls, st, why);
+    }
+    if (done) {
+        rpc_reply r;
+        reply_set(&r, st, closing ? why : NULL);
+        r.local = true;
+        done(arg, &r);
+    }
 }
 
 /* Sends call p in a message of its own and frees it. */
@@ -791,6 +781,8 @@ void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
     char msg[160];
     if (!deadline_ms)
         deadline_ms = RPC_DEFAULT_DEADLINE_MS;
+    if (deadline_ms > RPC_MAX_DEADLINE_MS) /* nng durations are signed 32-bit ms */
+        deadline_ms = RPC_MAX_DEADLINE_MS;
     uint64_t now = kv_now_ns();
     if (atomic_load(&ch->pipes) == 0 &&
         now - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "proto/rpc.h"
+#include "proto/rpc_int.h"
 
 typedef struct pool_ent {
     char *addr;
@@ -21,7 +22,8 @@ struct rpc_pool {
     char *auth;  /* opts.auth's copy */
     rpc_tls tls; /* *opts.tls's copy (strings below) */
     char *tls_str[3];
-    pthread_mutex_t mu; /* protects ents, n, cap */
+    pthread_mutex_t mu; /* protects ents, n, cap, closed */
+    bool closed;        /* rpc_pool_destroy began: no channel is opened */
     pool_ent *ents;
     size_t n, cap;
 };
@@ -85,7 +87,7 @@ static rpc_chan *get_locked(rpc_pool *p, const char *addr)
 rpc_chan *rpc_pool_get(rpc_pool *p, const char *addr)
 {
     pthread_mutex_lock(&p->mu);
-    rpc_chan *ch = get_locked(p, addr);
+    rpc_chan *ch = p->closed ? NULL : get_locked(p, addr);
     pthread_mutex_unlock(&p->mu);
     return ch;
 }
@@ -94,6 +96,15 @@ void rpc_pool_destroy(rpc_pool *p)
 {
     if (!p)
         return;
+    pthread_mutex_lock(&p->mu);
+    p->closed = true;
+    pthread_mutex_unlock(&p->mu);
+    /* Every channel stops before any is freed: a completion of one (a
+     * coordinator's late reply) may send a hint on another; on a channel
+     * shut down that fails at once, on a freed one it would crash (nng
+     * panicked in the fuzz harnesses, tests/fuzz/crashes). */
+    for (size_t i = 0; i < p->n; i++)
+        rpc_chan_shutdown(p->ents[i].chan);
     for (size_t i = 0; i < p->n; i++) {
         rpc_chan_close(p->ents[i].chan);
         free(p->ents[i].addr);

@@ -19,7 +19,25 @@
  * Every failure before the handler (garbage bytes, unknown method, bad
  * token) is answered, never dropped, so the caller's context is not left
  * waiting and the connection keeps serving.
+ *
+ * Overload (issue 16 item 5): a call's deadline counts from its arrival
+ * (the receive's completion), not from when a worker takes it; a call whose
+ * deadline passed while it was queued is answered DEADLINE_EXCEEDED without
+ * running its handler (counted: expired); and a call is refused on arrival
+ * with RESOURCE_EXHAUSTED (counted: shed) when max_inflight calls are
+ * admitted and unanswered already, when the oldest call queued on its lane
+ * has waited more than half of the new call's deadline (or a second): it
+ * would likely expire in the queue; or, at random, when the calls answered
+ * lately took more than a quarter of their deadlines from arrival to reply
+ * ("slowness", a moving average): always at half. The last one is what
+ * keeps a router's goodput up: its calls wait on the nodes, not in its own
+ * queue, so its queue stays short while the nodes fall behind; what it
+ * measures is the whole path. Refusing costs the server almost nothing and
+ * tells the caller to back off, and the calls admitted complete in time:
+ * under overload the workers run calls that still can, instead of calls
+ * whose callers have given up. A server with nothing in flight admits.
  */
+#define _GNU_SOURCE /* pthread_timedjoin_np */
 #include "proto/rpc.h"
 
 #include <nng/nng.h>
@@ -31,13 +49,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc_tls.h"
+#include "proto/rpc_int.h"
+#include "proto/statlist.h"
 
 #define DRAIN_WAIT_NS (3ull * 1000000000ull)
+/* Admission (issue 16 item 5), defaults of $KV_RPC_SHED_QUEUE_PCT and
+ * $KV_RPC_SHED_SLOW_PCT: a call is refused when the oldest queued call has
+ * waited more than this percent of the new call's deadline; and, with a
+ * probability growing from 0 to 1, when answered calls have lately taken
+ * from one to two times this percent of their deadlines (0 = off). */
+#define RPC_SHED_QUEUE_PCT 50u
+#define RPC_SHED_SLOW_PCT 25u
+/* The longest a queue may make calls wait before new ones are refused
+ * (whatever their deadlines): a second is never a useful wait. */
+#define RPC_MAX_QUEUE_WAIT_NS (1000ull * 1000000ull)
+/* How long rpc_server_close waits for the workers once the lanes stopped
+ * (a handler waiting for another process ends by its deadline). */
+#define JOIN_WAIT_NS (10ull * 1000000000ull)
 
 /* An entry of a lane's queue: a call (rpc_scall) or one call of an
  * rpc.Calls message run on its own (rpc_sub). */
@@ -45,6 +79,7 @@ typedef struct rpc_job rpc_job;
 struct rpc_job {
     rpc_job *next;
     bool sub;
+    uint64_t queued_ns; /* when it was queued (kv_now_ns) */
 };
 
 /* One REP context and the call it holds between its receive and its reply. */
@@ -56,7 +91,10 @@ typedef struct rpc_scall {
     bool open;    /* ctx and aio were created */
     bool sending; /* the aio's operation is the reply (else a receive) */
     nng_msg *req;
-    Kv__Envelope *env; /* the decoded request, NULL when malformed */
+    Kv__Envelope *env;    /* the decoded request, NULL when malformed */
+    uint64_t arrival_ns;  /* when the request came in: deadlines count from here */
+    unsigned admitted;    /* calls it counts in rpc_server.inflight */
+    uint32_t deadline_ms; /* its relative deadline (admitted requests) */
     int lane;
     bool verified; /* it came over TLS with a client certificate that verified */
 } rpc_scall;
@@ -112,6 +150,16 @@ struct rpc_server {
     unsigned nworkers;
     atomic_bool stopping;
     atomic_int busy; /* calls queued or inside a handler */
+    unsigned max_inflight;
+    _Atomic unsigned inflight; /* calls admitted and not answered */
+    _Atomic uint64_t n_calls, n_expired, n_shed;
+    /* admission: the longest queue wait, in percent of a call's deadline;
+     * the slowness (per mille) over which calls are refused (0 = never) */
+    unsigned shed_queue_pct, shed_slow_pct;
+    /* moving average of how much of its deadline an answered call took,
+     * per mille (arrival to reply): the server's own latency and, for a
+     * router or a coordinating node, the replicas' */
+    _Atomic unsigned slowness;
 };
 
 kv_err rpc_nng_err(int rv)
@@ -160,6 +208,7 @@ kv_err rpc_fail(rpc_ctx *c, kv_err code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->message, sizeof(c->message), fmt, ap);
     va_end(ap);
+    rpc_utf8_fix(c->message, sizeof(c->message)); /* request bytes echoed, a cut character */
     return code;
 }
 
@@ -245,13 +294,29 @@ static kv_err past_deadline(rpc_ctx *c, const rpc_method *m, kv_err rv)
     return rpc_fail(c, KV_DEADLINE_EXCEEDED, "%s finished past its deadline", m->name);
 }
 
+/* A call whose deadline passed before its handler started (it waited in
+ * the queue): DEADLINE_EXCEEDED, and the handler is not run. */
+static bool expired(rpc_server *s, rpc_ctx *c, uint64_t arrival_ns, kv_err *rv)
+{
+    uint64_t now = kv_now_ns();
+    if (now < c->deadline_ns)
+        return false;
+    atomic_fetch_add_explicit(&s->n_expired, 1, memory_order_relaxed);
+    *rv = rpc_fail(c, KV_DEADLINE_EXCEEDED,
+                   "%s not run: its deadline passed after %llu ms in the server's queue",
+                   c->method ? c->method : "call",
+                   (unsigned long long)((now - arrival_ns) / 1000000ull));
+    return true;
+}
+
 /* Runs one request through auth, dispatch and deadline checks; fills c and
  * returns the status for the reply. */
-static kv_err serve(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, bool verified)
+static kv_err serve(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, bool verified,
+                    uint64_t arrival_ns)
 {
     kv_err rv = KV_OK;
     const rpc_method *m = dispatch(s, c, env, verified, &rv);
-    if (!m)
+    if (!m || expired(s, c, arrival_ns, &rv))
         return rv;
     if (!split(m, c->coordinate)) {
         rv = m->fn(c, env->body.data, env->body.len);
@@ -267,6 +332,9 @@ static kv_err serve(rpc_server *s, rpc_ctx *c, const Kv__Envelope *env, bool ver
 /* Fills env (and st) as the reply to a call with this id and status. */
 static void reply_env(Kv__Envelope *env, Kv__Status *st, uint64_t id, kv_err status, rpc_ctx *c)
 {
+    /* one place for every status this server sends: a handler may have
+     * written request bytes into the message itself */
+    rpc_utf8_fix(c->message, sizeof(c->message));
     kv__envelope__init(env);
     kv__status__init(st);
     env->id = id;
@@ -288,20 +356,29 @@ static nng_msg *pack_msg(const ProtobufCMessage *env)
     return msg;
 }
 
-/* Runs one decoded call (env NULL: malformed) with worker index w; fills c
- * and returns its status. */
-static kv_err run_call_init(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c)
+/* The relative deadline of a call: its own, the server's default for 0,
+ * at most RPC_MAX_DEADLINE_MS. */
+static uint32_t call_deadline_ms(const rpc_server *s, const Kv__Envelope *env)
+{
+    uint32_t dl = env->deadline_ms ? env->deadline_ms : s->opts.default_deadline_ms;
+    return dl < RPC_MAX_DEADLINE_MS ? dl : RPC_MAX_DEADLINE_MS;
+}
+
+/* Runs one decoded call (env NULL: malformed) that arrived at arrival_ns,
+ * with worker index w; fills c and returns its status. */
+static kv_err run_call_init(rpc_server *s, int w, const Kv__Envelope *env, rpc_ctx *c,
+                            uint64_t arrival_ns)
 {
     memset(c, 0, sizeof(*c));
     c->worker = w;
+    c->server = s;
     c->user = s->opts.user;
     if (!env)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed request: not a kv.Envelope");
-    uint32_t dl = env->deadline_ms ? env->deadline_ms : s->opts.default_deadline_ms;
     c->method = env->method;
     c->map_epoch = env->map_epoch;
     c->coordinate = env->coordinate;
-    c->deadline_ns = kv_now_ns() + (uint64_t)dl * 1000000ull;
+    c->deadline_ns = arrival_ns + (uint64_t)call_deadline_ms(s, env) * 1000000ull;
     return KV_OK;
 }
 
@@ -313,22 +390,35 @@ static void observe(rpc_server *s, const rpc_ctx *c, kv_err rv, uint64_t t0)
         s->opts.observe(s->opts.observe_arg, (size_t)(m - s->opts.methods), rv, kv_now_ns() - t0);
 }
 
-static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, bool verified, rpc_ctx *c)
+static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, bool verified, rpc_ctx *c,
+                       uint64_t arrival_ns)
 {
     uint64_t t0 = kv_now_ns();
-    kv_err rv = run_call_init(s, w, env, c);
+    kv_err rv = run_call_init(s, w, env, c, arrival_ns);
     if (rv != KV_OK)
         return rv;
-    rv = serve(s, c, env, verified);
+    rv = serve(s, c, env, verified, arrival_ns);
     observe(s, c, rv, t0);
     return rv;
 }
 
 /* ---- lanes ------------------------------------------------------------- */
 
+/* How long the oldest job queued on l has waited (0: none queued). */
+static uint64_t lane_wait_ns(rpc_lane *l, uint64_t now)
+{
+    pthread_mutex_lock(&l->mu);
+    uint64_t since = l->head ? l->head->queued_ns : now;
+    pthread_mutex_unlock(&l->mu);
+    return now > since ? now - since : 0;
+}
+
 /* Queues jobs first..last (linked) and wakes up to n idle workers. */
 static void lane_push(rpc_lane *l, rpc_job *first, rpc_job *last, unsigned n)
 {
+    uint64_t now = kv_now_ns();
+    for (rpc_job *j = first; j; j = j == last ? NULL : j->next)
+        j->queued_ns = now;
     pthread_mutex_lock(&l->mu);
     last->next = NULL;
     if (l->tail)
@@ -371,8 +461,81 @@ static void post_recv(rpc_scall *k)
         nng_ctx_recv(k->ctx, k->aio);
 }
 
+static void send_msg(rpc_scall *k, nng_msg *msg);
+
+/* Answers k at once with status and c's message, from the receive's
+ * completion: no worker is involved. */
+static void answer_now(rpc_scall *k, kv_err status, rpc_ctx *c)
+{
+    Kv__Envelope env;
+    Kv__Status st;
+    reply_env(&env, &st, k->env ? k->env->id : 0, status, c);
+    send_msg(k, pack_msg(&env.base));
+}
+
+/* Admission of the request k just received (issue 16 item 5): KV_OK with
+ * k->admitted set (its calls, counted in flight), or the status to answer
+ * at once (c's message says why): INVALID_ARGUMENT for a request that is
+ * not an envelope or an rpc.Calls message over RPC_MAX_CALLS,
+ * RESOURCE_EXHAUSTED when max_inflight calls are in flight or the queue is
+ * too slow for the call's deadline. */
+static kv_err admit(rpc_server *s, rpc_scall *k, rpc_ctx *c)
+{
+    const Kv__Envelope *env = k->env;
+    if (!env)
+        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed request: not a kv.Envelope");
+    size_t n = 1;
+    if (env->method && strcmp(env->method, "rpc.Calls") == 0 &&
+        rpc_pb_count(env->body.data, env->body.len, 1, &n) && n > RPC_MAX_CALLS)
+        return rpc_fail(c, KV_INVALID_ARGUMENT, "rpc.Calls message of %zu calls, over the %u limit",
+                        n, RPC_MAX_CALLS);
+    n = n ? n : 1; /* an empty or malformed Calls body is answered by a worker */
+    atomic_fetch_add_explicit(&s->n_calls, n, memory_order_relaxed);
+    unsigned before = atomic_fetch_add(&s->inflight, (unsigned)n);
+    if (before && before + n > s->max_inflight) {
+        atomic_fetch_sub(&s->inflight, (unsigned)n);
+        atomic_fetch_add_explicit(&s->n_shed, n, memory_order_relaxed);
+        return rpc_fail(c, KV_RESOURCE_EXHAUSTED,
+                        "server overloaded: %u calls in flight, the limit is %u (--max-inflight)",
+                        before, s->max_inflight);
+    }
+    k->admitted = (unsigned)n;
+    uint32_t dl = call_deadline_ms(s, env);
+    k->deadline_ms = dl;
+    uint64_t waited = lane_wait_ns(&s->lanes[k->lane], k->arrival_ns);
+    uint64_t max_wait = (uint64_t)dl * 10000ull * s->shed_queue_pct;
+    if (max_wait > RPC_MAX_QUEUE_WAIT_NS) /* calls with long deadlines make no long queue */
+        max_wait = RPC_MAX_QUEUE_WAIT_NS;
+    unsigned slow = atomic_load_explicit(&s->slowness, memory_order_relaxed);
+    unsigned lo = s->shed_slow_pct * 10u; /* per mille */
+    if (before && lo && slow > lo) {
+        /* refused with a probability growing from 0 at lo to 1 at 2 lo */
+        uint64_t x = k->arrival_ns ^ (uint64_t)(uintptr_t)k;
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdull;
+        x ^= x >> 33;
+        if (x % lo < slow - lo) {
+            atomic_fetch_sub(&s->inflight, k->admitted);
+            k->admitted = 0;
+            atomic_fetch_add_explicit(&s->n_shed, n, memory_order_relaxed);
+            return rpc_fail(c, KV_RESOURCE_EXHAUSTED,
+                            "server overloaded: its calls take %u%% of their deadlines", slow / 10);
+        }
+    }
+    if (waited > max_wait) {
+        atomic_fetch_sub(&s->inflight, k->admitted);
+        k->admitted = 0;
+        atomic_fetch_add_explicit(&s->n_shed, n, memory_order_relaxed);
+        return rpc_fail(c, KV_RESOURCE_EXHAUSTED,
+                        "server overloaded: calls wait %llu ms in its queue, over half of this "
+                        "call's %u ms deadline",
+                        (unsigned long long)(waited / 1000000ull), dl);
+    }
+    return KV_OK;
+}
+
 /* The context's aio completion, on an nng thread: a reply went out (post
- * the next receive) or a request came in (decode it, queue it). */
+ * the next receive) or a request came in (decode it, admit it, queue it). */
 static void call_cb(void *arg)
 {
     rpc_scall *k = arg;
@@ -397,8 +560,19 @@ static void call_cb(void *arg)
     if (s->tls_verify &&
         nng_pipe_get_bool(nng_msg_get_pipe(k->req), NNG_OPT_TLS_VERIFIED, &k->verified) != 0)
         k->verified = false;
-    k->env = kv__envelope__unpack(NULL, nng_msg_len(k->req), nng_msg_body(k->req));
+    k->arrival_ns = kv_now_ns();
+    size_t len = nng_msg_len(k->req);
+    /* unknown fields cost memory too: what an envelope may make us allocate is bounded */
+    k->env = (Kv__Envelope *)rpc_unpack(&kv__envelope__descriptor, len, nng_msg_body(k->req),
+                                        rpc_unpack_budget(len, 0));
     k->lane = k->env && k->env->coordinate && s->opts.coord_workers > 0 ? 1 : 0;
+    k->admitted = 0;
+    rpc_ctx c = {0};
+    kv_err verdict = admit(s, k, &c);
+    if (verdict != KV_OK) {
+        answer_now(k, verdict, &c);
+        return;
+    }
     atomic_fetch_add(&s->busy, 1);
     lane_push(&s->lanes[k->lane], &k->job, &k->job, 1);
 }
@@ -409,12 +583,29 @@ static void call_cb(void *arg)
 static void send_reply(rpc_scall *k, nng_msg *msg)
 {
     rpc_server *s = k->srv;
+    atomic_fetch_sub(&s->busy, 1);
+    send_msg(k, msg);
+}
+
+/* Sends msg as k's reply (NULL: out of memory, no reply), frees the request
+ * and releases its admission. */
+static void send_msg(rpc_scall *k, nng_msg *msg)
+{
+    rpc_server *s = k->srv;
     nng_msg_free(k->req);
     k->req = NULL;
     if (k->env)
         kv__envelope__free_unpacked(k->env, NULL);
     k->env = NULL;
-    atomic_fetch_sub(&s->busy, 1);
+    if (k->admitted) {
+        uint64_t took = kv_now_ns() - k->arrival_ns;
+        uint64_t pm = took * 1000u / ((uint64_t)k->deadline_ms * 1000000u + 1);
+        unsigned old = atomic_load_explicit(&s->slowness, memory_order_relaxed);
+        unsigned v = (unsigned)((old * 7u + (pm > 4000 ? 4000 : pm)) / 8u);
+        atomic_store_explicit(&s->slowness, v, memory_order_relaxed); /* lossy: an estimate */
+        atomic_fetch_sub(&s->inflight, k->admitted);
+    }
+    k->admitted = 0;
     if (!msg) {
         KV_ERROR("rpc", "out of memory building a reply");
         post_recv(k);
@@ -428,7 +619,7 @@ static void send_reply(rpc_scall *k, nng_msg *msg)
 static void handle_one(rpc_worker *w, rpc_scall *k)
 {
     rpc_ctx c;
-    kv_err status = run_call(w->srv, w->index, k->env, k->verified, &c);
+    kv_err status = run_call(w->srv, w->index, k->env, k->verified, &c, k->arrival_ns);
     Kv__Envelope env;
     Kv__Status st;
     reply_env(&env, &st, k->env ? k->env->id : 0, status, &c);
@@ -468,7 +659,7 @@ static void group_keep(rpc_group *g, size_t i, kv_err status, rpc_ctx *c)
 static void group_run(rpc_server *s, int w, rpc_group *g, size_t i)
 {
     rpc_ctx c;
-    kv_err status = run_call(s, w, g->calls->calls[i], g->k->verified, &c);
+    kv_err status = run_call(s, w, g->calls->calls[i], g->k->verified, &c, g->k->arrival_ns);
     group_keep(g, i, status, &c);
 }
 
@@ -502,8 +693,11 @@ static void group_split_run(rpc_server *s, int w, rpc_group *g)
     for (size_t i = 0; i < n; i++) {
         const Kv__Envelope *env = g->calls->calls[i];
         rpc_ctx *c = &g->ctx[i];
-        st[i] = run_call_init(s, w, env, c);
-        if (st[i] == KV_OK && (ms[i] = dispatch(s, c, env, g->k->verified, &st[i])) != NULL)
+        st[i] = run_call_init(s, w, env, c, g->k->arrival_ns);
+        if (st[i] == KV_OK && (ms[i] = dispatch(s, c, env, g->k->verified, &st[i])) != NULL &&
+            expired(s, c, g->k->arrival_ns, &st[i]))
+            ms[i] = NULL; /* not started: no finish, no past_deadline */
+        else if (ms[i])
             st[i] = ms[i]->start(c, env->body.data, env->body.len, &state[i]);
     }
     for (size_t i = 0; i < n; i++) {
@@ -553,7 +747,9 @@ static void group_reply(rpc_group *g)
 static rpc_group *group_new(rpc_scall *k, rpc_ctx *c, kv_err *status)
 {
     const Kv__Envelope *env = k->env;
-    Kv__Calls *calls = kv__calls__unpack(NULL, env->body.len, env->body.data);
+    Kv__Calls *calls =
+        (Kv__Calls *)rpc_unpack(&kv__calls__descriptor, env->body.len, env->body.data,
+                                rpc_unpack_budget(env->body.len, RPC_MAX_CALLS));
     if (!calls) {
         *status = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed rpc.Calls body");
         return NULL;
@@ -733,7 +929,17 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
     if (!s->opts.workers)
         s->opts.workers = 8;
     s->nworkers = s->opts.workers + s->opts.coord_workers;
+    s->max_inflight = s->opts.max_inflight ? s->opts.max_inflight : RPC_DEFAULT_MAX_INFLIGHT;
+    /* tuning knobs of the admission control (docs/operations.md) */
+    const char *qp = getenv("KV_RPC_SHED_QUEUE_PCT"), *sp = getenv("KV_RPC_SHED_SLOW_PCT");
+    s->shed_queue_pct = qp && *qp ? (unsigned)atoi(qp) : RPC_SHED_QUEUE_PCT;
+    s->shed_slow_pct = sp && *sp ? (unsigned)atoi(sp) : RPC_SHED_SLOW_PCT;
+    /* Enough contexts that requests are taken off the socket (and so seen,
+     * admitted or refused) while many wait for a worker: a request left
+     * in the socket waits where no deadline or limit applies. */
     s->ncalls = s->opts.contexts ? s->opts.contexts : 2 * s->nworkers + 32;
+    if (!s->opts.contexts && s->ncalls < 256)
+        s->ncalls = 256;
     for (int l = 0; l < 2; l++) {
         pthread_mutex_init(&s->lanes[l].mu, NULL);
         pthread_cond_init(&s->lanes[l].cv, NULL);
@@ -781,10 +987,59 @@ static void drop_queued(rpc_server *s)
     }
 }
 
-void rpc_server_close(rpc_server *s)
+void rpc_server_counters_get(const rpc_server *s, rpc_server_counters *out)
+{
+    rpc_server *m = (rpc_server *)s;
+    *out = (rpc_server_counters){.calls = atomic_load(&m->n_calls),
+                                 .expired = atomic_load(&m->n_expired),
+                                 .shed = atomic_load(&m->n_shed),
+                                 .inflight = atomic_load(&m->inflight),
+                                 .max_inflight = m->max_inflight};
+}
+
+void rpc_server_add_stats(const rpc_server *s, struct rpc_statlist *l)
 {
     if (!s)
         return;
+    rpc_server_counters k;
+    rpc_server_counters_get(s, &k);
+    rpc_stats_add(l, "rpc.calls", "%llu", (unsigned long long)k.calls);
+    rpc_stats_add(l, "rpc.expired", "%llu", (unsigned long long)k.expired);
+    rpc_stats_add(l, "rpc.shed", "%llu", (unsigned long long)k.shed);
+    rpc_stats_add(l, "rpc.inflight", "%u", k.inflight);
+    rpc_stats_add(l, "rpc.max_inflight", "%u", k.max_inflight);
+}
+
+/* Joins the workers, giving up at until_ns (CLOCK_MONOTONIC): false when
+ * one is still in a handler then (it waits for another process, up to its
+ * call's deadline). */
+static bool join_workers(rpc_server *s, uint64_t until_ns)
+{
+    bool all = true;
+    for (unsigned i = 0; s->workers && i < s->nworkers; i++) {
+        if (!s->workers[i].started)
+            continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts); /* pthread_timedjoin_np's clock */
+        uint64_t now = kv_now_ns(), left = until_ns > now ? until_ns - now : 0;
+        uint64_t ns = (uint64_t)ts.tv_nsec + left;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        if (pthread_timedjoin_np(s->workers[i].thread, NULL, &ts) == 0) {
+            s->workers[i].started = false;
+            continue;
+        }
+        KV_WARN("rpc", "worker %u still in a handler %llu s after shutdown began; not waiting", i,
+                (unsigned long long)((DRAIN_WAIT_NS + JOIN_WAIT_NS) / 1000000000ull));
+        all = false;
+    }
+    return all;
+}
+
+bool rpc_server_close(rpc_server *s)
+{
+    if (!s)
+        return true;
     atomic_store(&s->stopping, true); /* no receive is posted after this */
     if (s->listening) {
         nng_listener_close(s->listener); /* no new connections */
@@ -798,22 +1053,24 @@ void rpc_server_close(rpc_server *s)
         pthread_cond_broadcast(&s->lanes[l].cv);
         pthread_mutex_unlock(&s->lanes[l].mu);
     }
-    for (unsigned i = 0; s->workers && i < s->nworkers; i++)
-        if (s->workers[i].started)
-            pthread_join(s->workers[i].thread, NULL);
+    bool joined = join_workers(s, kv_now_ns() + JOIN_WAIT_NS);
     /* Every context's aio stops before the socket closes: nng 1.5 panics
      * (abort: pthread_mutex_lock on a destroyed mutex, or a stopped aio in
      * nng_ctx_send) when nng_close races a context operation on another
      * thread. The workers have exited, so nothing but the completions uses
      * the aios; stopping one cancels its operation (a posted receive, or a
      * reply the peer does not take), waits for its completion to return and
-     * fails any later submission, and stopping is set, so no completion
-     * posts another receive. */
+     * fails any later submission (silently: a worker left in a handler that
+     * sends its reply later sends nothing), and stopping is set, so no
+     * completion posts another receive. */
     for (unsigned i = 0; s->calls && i < s->ncalls; i++)
         if (s->calls[i].open)
             nng_aio_stop(s->calls[i].aio);
-    drop_queued(s); /* calls received after the workers stopped */
-    nng_close(s->sock);
+    if (joined)
+        drop_queued(s); /* calls received after the workers stopped */
+    bool closed = rpc_socket_close(s->sock, RPC_CLOSE_WAIT_MS, "RPC server");
+    if (!joined || !closed)
+        return joined; /* leaves s allocated: a worker or nng may still use it */
     for (unsigned i = 0; s->calls && i < s->ncalls; i++)
         if (s->calls[i].open)
             nng_aio_free(s->calls[i].aio);
@@ -824,4 +1081,5 @@ void rpc_server_close(rpc_server *s)
     free(s->calls);
     free(s->workers);
     free(s);
+    return true;
 }

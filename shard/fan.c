@@ -65,8 +65,8 @@ static void fan_done(void *arg, rpc_reply *r)
     if (r->status == KV_OK)
         f->ok++;
     if (r->status != KV_UNAVAILABLE && r->status != KV_DEADLINE_EXCEEDED &&
-        r->status != KV_CANCELLED)
-        f->answered++;
+        r->status != KV_CANCELLED && r->status != KV_RESOURCE_EXHAUSTED)
+        f->answered++; /* a verdict (RESOURCE_EXHAUSTED: the node shed the call) */
     pthread_cond_broadcast(&f->cv);
     bool last = --f->refs == 0;
     pthread_mutex_unlock(&f->mu);

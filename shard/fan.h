@@ -72,7 +72,8 @@ void fan_skip(fanout *f, kv_err status, const char *message);
  * deadline passed (plus a small grace for the transport's own timeout). */
 void fan_wait(fanout *f, int need_ok, uint32_t deadline_ms);
 /* Waits until need replies are verdicts (anything but UNAVAILABLE,
- * DEADLINE_EXCEEDED or CANCELLED), every send has answered, or wait_ms passed (no grace). Returns
+ * DEADLINE_EXCEEDED, CANCELLED or RESOURCE_EXHAUSTED, the node's refusal
+ * under overload), every send has answered, or wait_ms passed (no grace). Returns
  * the number of verdicts. For staged reads: ask a few replicas, then the
  * rest only if these did not answer. */
 int fan_wait_answers(fanout *f, int need, uint32_t wait_ms);

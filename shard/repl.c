@@ -33,15 +33,39 @@ uint32_t repl_forward_deadline(const rpc_ctx *c)
     return left > margin + 1 ? left - margin : 1;
 }
 
+kv_err repl_check_batch_wire(const kv_limits *l, rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    size_t nops = 0;
+    if (!rpc_pb_count(body, len, 1 /* BatchRequest.ops */, &nops))
+        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__BatchRequest body");
+    return kv_check_batch(l, nops, len, c->message, sizeof(c->message));
+}
+
+kv_err repl_check_op_types(rpc_ctx *c, const Kv__BatchRequest *req)
+{
+    for (size_t i = 0; i < req->n_ops; i++) {
+        Kv__OpType t = req->ops[i]->type;
+        if (t != KV__OP_TYPE__GET && t != KV__OP_TYPE__PUT && t != KV__OP_TYPE__DELETE)
+            return rpc_fail(c, KV_INVALID_ARGUMENT,
+                            "op %zu: unknown type %d (GET %d, PUT %d, DELETE %d)", i, (int)t,
+                            KV__OP_TYPE__GET, KV__OP_TYPE__PUT, KV__OP_TYPE__DELETE);
+    }
+    return KV_OK;
+}
+
 kv_err repl_check_ops(const kv_limits *l, rpc_ctx *c, const Kv__BatchRequest *req, size_t len)
 {
     kv_err rv = kv_check_batch(l, req->n_ops, len, c->message, sizeof(c->message));
+    if (rv == KV_OK)
+        rv = repl_check_op_types(c, req);
     for (size_t i = 0; rv == KV_OK && i < req->n_ops; i++) {
         const Kv__Op *op = req->ops[i];
         char why[200];
         rv = kv_check_key(l, op->key.len, why, sizeof(why));
         if (rv == KV_OK && op->type != KV__OP_TYPE__GET)
             rv = kv_check_value(l, op->value.len, why, sizeof(why));
+        if (rv == KV_OK && op->type == KV__OP_TYPE__PUT)
+            rv = kv_check_ttl(op->ttl_ms, why, sizeof(why));
         if (rv != KV_OK)
             rv = rpc_fail(c, rv, "op %zu: %s", i, why);
     }
@@ -58,7 +82,11 @@ int repl_acks_needed(Kv__Consistency c, Kv__Consistency dflt, int n)
 
 bool repl_transport_err(kv_err s)
 {
-    return s == KV_UNAVAILABLE || s == KV_DEADLINE_EXCEEDED || s == KV_CANCELLED;
+    /* RESOURCE_EXHAUSTED: the node refused the call without running it
+     * (overload, rpc_server.c) or could not apply it; either way it holds
+     * no verdict, and a write it missed gets a hint like for a dead node */
+    return s == KV_UNAVAILABLE || s == KV_DEADLINE_EXCEEDED || s == KV_CANCELLED ||
+           s == KV_RESOURCE_EXHAUSTED;
 }
 
 bool repl_carries_map(const rpc_reply *r)

@@ -157,7 +157,7 @@ static void fill_result(const op_merge *o, Kv__OpResult *out, Kv__Status *st, ch
     char buf[300];
     snprintf(buf, sizeof(buf), "%d of %d replicas acknowledged (need %d): %s", o->ok + o->pend_ok,
              o->sent, o->need + o->pend, o->errmsg ? o->errmsg : kv_strerror(e));
-    *msgbuf = strdup(buf);
+    *msgbuf = rpc_utf8_dup(buf); /* a node's message, cut: valid UTF-8 on the wire */
     st->message = *msgbuf ? *msgbuf : "";
 }
 

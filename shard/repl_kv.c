@@ -18,7 +18,8 @@
 
 /* Index of the reply to return for a read: the OK reply with the newest
  * version, a tombstone (not found, version set) included, so a newer delete
- * beats an older value; on equal versions a found record. */
+ * beats an older value; on equal versions a found record. -1 when no OK
+ * reply parses as a GetReply. */
 static int newest_read(rpc_reply *reps, bool *have, int n)
 {
     int best = -1;
@@ -48,8 +49,7 @@ static kv_err fan_error(rpc_ctx *c, rpc_reply *reps, bool *have, int n, int ok, 
     for (int i = 0; i < n; i++) {
         if (!have[i] || reps[i].status == KV_OK)
             continue;
-        kv_err s = reps[i].status;
-        bool transport = s == KV_UNAVAILABLE || s == KV_DEADLINE_EXCEEDED || s == KV_CANCELLED;
+        bool transport = repl_transport_err(reps[i].status);
         if (pick < 0 || !transport)
             pick = i;
         if (!transport)
@@ -309,15 +309,15 @@ static kv_err key_verdict(const repl_env *env, rpc_ctx *c, cmap *m, const key_ca
         atomic_fetch_add_explicit(&env->stats->forward_errors, 1, memory_order_relaxed);
         return fan_error(c, reps, have, t->n, ok + pend_ok, t->need + t->n - t->ncur);
     }
-    if (is_read) {
-        chosen = newest_read(reps, have, t->n);
-        if (chosen >= 0)
-            repl_read_repair(env, m, k->key, t->idx, reps, have, t->n);
-    }
-    if (chosen < 0) { /* every OK reply was undecodable (newest_read skips those) */
+    if (is_read && (chosen = newest_read(reps, have, t->n)) < 0) {
+        /* replicas said OK with bodies that are not GetReplies (issue 16
+         * item 10: this indexed reps[-1]) */
         atomic_fetch_add_explicit(&env->stats->forward_errors, 1, memory_order_relaxed);
-        return rpc_fail(c, KV_INTERNAL, "no replica's reply to %s could be decoded", k->method);
+        return rpc_fail(c, KV_INTERNAL, "%d replicas answered OK with a malformed kv.Get reply",
+                        ok);
     }
+    if (is_read)
+        repl_read_repair(env, m, k->key, t->idx, reps, have, t->n);
     c->reply = reps[chosen].body; /* the node's reply body is ours to return */
     c->reply_len = reps[chosen].len;
     reps[chosen].body = NULL;

@@ -35,6 +35,7 @@ typedef struct router_config {
     char *seeds; /* comma-separated node RPC addresses */
     rpc_sec sec; /* tokens and TLS (--auth*, --admin-auth*, --tls-*) */
     long workers;
+    long max_inflight; /* calls admitted at once before refusing (0 = RPC default) */
     long refresh_ms;
     long hot_sample;    /* sample one key in N for hot-key detection (0 = off) */
     long hot_window_ms; /* detection window */

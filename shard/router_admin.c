@@ -191,6 +191,7 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     rpc_stats_init(&l);
     kv_stats_to_statlist(&ks, &l);
     kv_stats_free(&ks);
+    rpc_server_add_stats(c->server, &l);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = "router";
     rep.role = "router";
@@ -272,6 +273,7 @@ kv_err router_start(router *r, char *err, size_t errlen)
                           .methods = router_methods,
                           .nmethods = sizeof(router_methods) / sizeof(router_methods[0]),
                           .workers = (unsigned)r->cfg.workers,
+                          .max_inflight = (unsigned)r->cfg.max_inflight,
                           .handlers_wait = true, /* forwards wait for the nodes */
                           .auth = r->cfg.sec.data_token,
                           .admin_auth = r->cfg.sec.admin_token,
@@ -290,7 +292,11 @@ kv_err router_start(router *r, char *err, size_t errlen)
 void router_stop(router *r)
 {
     router_http_stop(r);
-    rpc_server_close(r->rpc);
+    if (!rpc_server_close(r->rpc)) { /* a handler still runs and uses the rest */
+        KV_ERROR("router", "a request handler did not finish; exiting without waiting for it");
+        r->rpc = NULL;
+        return;
+    }
     r->rpc = NULL;
     atomic_store(&r->stopping, true);
     if (r->refresher_started)

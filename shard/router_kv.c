@@ -14,6 +14,12 @@
 #include "common/log.h"
 #include "shard/router.h"
 
+/* What unpacking a len-byte request may allocate (issue 16 item 4). */
+static size_t router_budget(const router *r, size_t len)
+{
+    return rpc_unpack_budget(len, r->cfg.limits.max_batch_ops);
+}
+
 /* A read at ONE of a flagged hot key: the router's cache, else replicas in
  * turn from router_mit_pick (the others on a transport error). */
 static kv_err get_hot(router *r, rpc_ctx *c, Kv__GetRequest *req)
@@ -35,7 +41,7 @@ static kv_err get_hot(router *r, rpc_ctx *c, Kv__GetRequest *req)
         rpc_chan *ch = router_chan(r, cmap_node_at(m, idx[(start + k) % n])->addr);
         rv = ch ? rpc_call(ch, "kv.Get", cmap_epoch(m), &req->base, repl_forward_deadline(c), &rep)
                 : KV_UNAVAILABLE;
-        if (rv == KV_OK || !(rv == KV_UNAVAILABLE || rv == KV_DEADLINE_EXCEEDED))
+        if (rv == KV_OK || !repl_transport_err(rv)) /* else the next replica */
             break;
         rpc_reply_free(&rep);
     }
@@ -107,7 +113,9 @@ kv_err router_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **stat
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
+    rpc_budget b;
+    Kv__GetRequest *req =
+        kv__get_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
@@ -127,7 +135,9 @@ kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **stat
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    Kv__PutRequest *req = kv__put_request__unpack(NULL, len, body);
+    rpc_budget b;
+    Kv__PutRequest *req =
+        kv__put_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__PutRequest body");
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
@@ -136,6 +146,8 @@ kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **stat
     if (rv == KV_OK)
         rv = kv_check_value(&r->cfg.limits, req->value.len, c->message, sizeof(c->message));
     req->version = 0; /* a client's version is ignored: the router's clock gives it */
+    if (rv == KV_OK)  /* before now + ttl_ms is computed for hints */
+        rv = kv_check_ttl(req->ttl_ms, c->message, sizeof(c->message));
     return call_start(r, c, rv, &req->base, &req->key, state);
 }
 
@@ -143,7 +155,9 @@ kv_err router_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **s
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    Kv__DeleteRequest *req = kv__delete_request__unpack(NULL, len, body);
+    rpc_budget b;
+    Kv__DeleteRequest *req =
+        kv__delete_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
     kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
@@ -157,10 +171,15 @@ kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    Kv__BatchRequest *req = kv__batch_request__unpack(NULL, len, body);
+    kv_err rv = repl_check_batch_wire(&r->cfg.limits, c, body, len); /* before unpacking */
+    if (rv != KV_OK)
+        return rv;
+    rpc_budget b;
+    Kv__BatchRequest *req =
+        kv__batch_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__BatchRequest body");
-    kv_err rv = repl_check_ops(&r->cfg.limits, c, req, len);
+    rv = repl_check_ops(&r->cfg.limits, c, req, len);
     for (size_t i = 0; rv == KV_OK && i < req->n_ops; i++) {
         router_hot_sample(r, c->worker, req->ops[i]->key.data, req->ops[i]->key.len);
         req->ops[i]->version = 0; /* the router's clock gives them, never a client */

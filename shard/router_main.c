@@ -17,6 +17,7 @@ int main(int argc, char **argv)
     router r = {0};
     r.cfg.listen = "tcp://127.0.0.1:7000";
     r.cfg.workers = 32;
+    r.cfg.max_inflight = RPC_DEFAULT_MAX_INFLIGHT;
     r.cfg.refresh_ms = 2000;
     r.cfg.hot_sample = 16;
     r.cfg.hot_window_ms = 1000;
@@ -32,6 +33,11 @@ int main(int argc, char **argv)
         {"seeds", KV_OPT_STR, &r.cfg.seeds, "comma-separated node addresses (required)", NULL, 0,
          0},
         {"workers", KV_OPT_INT, &r.cfg.workers, "RPC worker threads", NULL, 1, 4096},
+        {"max-inflight", KV_OPT_INT, &r.cfg.max_inflight,
+         "calls admitted and not answered yet, at most; more are refused at once with "
+         "RESOURCE_EXHAUSTED (so are calls arriving while the queue waits more than half of "
+         "their deadline)",
+         NULL, 1, 1 << 20},
         {"refresh-ms", KV_OPT_INT, &r.cfg.refresh_ms, "cluster map poll period", NULL, 50, 3600000},
         RPC_SEC_SERVER_OPTS(&r.cfg.sec),
         {"hot-sample", KV_OPT_INT, &r.cfg.hot_sample,

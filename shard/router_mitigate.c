@@ -164,7 +164,8 @@ void router_mit_cache_put(router_mit *m, const void *key, size_t klen, const uin
         return;
     }
     memcpy(k, key, klen);
-    memcpy(b, body, blen);
+    if (blen) /* an empty reply has no body (NULL) */
+        memcpy(b, body, blen);
     pthread_mutex_lock(&e->mu);
     if (e->gen == gen) { /* no write through here since the read began */
         free(e->key);

@@ -102,6 +102,11 @@ static void observe(router *r, cmap *m, size_t i, const rpc_reply *rep, bool hav
         h = serving == KV__SERVING__SERVING && !e->rejoining ? CMAP_HEALTH_UP
                                                              : CMAP_HEALTH_NOT_SERVING;
         e->rtt_ms = rtt;
+    } else if (have && rep->status == KV_RESOURCE_EXHAUSTED && !rep->local) {
+        /* the node refused the ping under overload (rpc_server.c): it is
+         * alive, only busy; holding it down would send its writes to hints
+         * on the other, as busy, nodes */
+        e->fails = 0;
     } else if (++e->fails >= r->cfg.probe_fails) {
         h = CMAP_HEALTH_DOWN;
     }

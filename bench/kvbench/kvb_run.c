@@ -17,8 +17,16 @@
  * Loading (--load) uses the same machinery: worker t of T writes ids
  * order[t], order[t + T], ... of a random permutation, bounded by the key
  * count and by --load-seconds.
+ *
+ * A request refused with RESOURCE_EXHAUSTED (a server shedding load,
+ * issue 16) counts as an error and its slot backs off before its next op:
+ * 5 ms, doubling for each refusal in a row up to 1 s, with jitter, as a
+ * gRPC client's retry backoff would; other outcomes reset it. Without that
+ * the refused slots would resend at once and the refusals themselves would
+ * take the servers' CPU.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -147,6 +155,41 @@ static void bump(_Atomic uint64_t *c)
                           memory_order_relaxed);
 }
 
+/* The slot backs off after a RESOURCE_EXHAUSTED refusal (false: it did
+ * not, and takes its next op at once). */
+static bool defer(kvb_worker *w, kvb_slot *s)
+{
+    if (s->err != KV_RESOURCE_EXHAUSTED) {
+        s->backoff_ns = 0;
+        return false;
+    }
+    uint64_t b = s->backoff_ns ? s->backoff_ns * 2 : 5000000u;
+    s->backoff_ns = b > 1000000000u ? 1000000000u : b;
+    uint64_t x = s->end_ns ^ (uint64_t)(uintptr_t)s; /* jitter: a mix of time and slot */
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    uint64_t jitter = x % (s->backoff_ns / 2 + 1);
+    s->ready_ns = s->end_ns + s->backoff_ns / 2 + jitter;
+    w->deferred[w->ndeferred++] = s;
+    return true;
+}
+
+/* Starts the next op of every deferred slot whose backoff is over. */
+static void restart_deferred(kvb_worker *w)
+{
+    uint64_t now = kv_now_ns();
+    for (size_t i = 0; i < w->ndeferred;) {
+        kvb_slot *s = w->deferred[i];
+        if (s->ready_ns > now) {
+            i++;
+            continue;
+        }
+        w->deferred[i] = w->deferred[--w->ndeferred];
+        start_op(w, s);
+    }
+}
+
 /* Records a finished op; returns false when it failed. */
 static bool record(kvb_worker *w, const kvb_slot *s)
 {
@@ -183,7 +226,8 @@ static bool complete(kvb_worker *w, kvb_slot *s)
         return true;
     }
     bool ok = record(w, s);
-    start_op(w, s);
+    if (!defer(w, s))
+        start_op(w, s);
     return ok;
 }
 
@@ -199,8 +243,12 @@ static void run_slots(kvb_worker *w, uint64_t phase_end_ns)
         if (!start_op(w, &w->slots[i]))
             break;
     uint64_t give_up = phase_end_ns + (uint64_t)o->timeout_ms * 1000000u + 2000000000u;
-    while (w->inflight > 0) {
-        wait_done(w);
+    while (w->inflight > 0 || w->ndeferred > 0) {
+        if (w->inflight > 0)
+            wait_done(w);
+        else /* only slots backing off */
+            nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+        restart_deferred(w);
         bool failed = false;
         for (kvb_slot *s = pop_all(w), *next; s; s = next) {
             next = s->next;

@@ -225,7 +225,8 @@ static kv_err open_worker(const kvb_opts *o, kvb_shared *sh, kvb_worker *w, long
     if (sem_init(&w->sem, 0, 0) != 0)
         return KV_INTERNAL;
     w->slots = calloc((size_t)o->concurrency, sizeof(*w->slots));
-    if (!w->slots)
+    w->deferred = calloc((size_t)o->concurrency, sizeof(*w->deferred));
+    if (!w->slots || !w->deferred)
         return KV_RESOURCE_EXHAUSTED;
     for (long j = 0; j < o->concurrency; j++)
         w->slots[j].w = w;
@@ -286,6 +287,7 @@ static void free_workers(const kvb_opts *o, kvb_worker *w)
         if (w[i].sh)
             sem_destroy(&w[i].sem);
         free(w[i].slots);
+        free(w[i].deferred);
         free((void *)w[i].trace[0]);
         free((void *)w[i].trace[1]);
         kvb_counts_free(&w[i].counts[0]);

@@ -98,6 +98,10 @@ typedef struct kvb_slot {
     uint32_t stage; /* RMW: 0 = the read, 1 = the write */
     kv_err err;
     char msg[120]; /* error message copied by the callback */
+    /* RESOURCE_EXHAUSTED (a server refused the request under overload): the
+     * slot waits before its next op, backoff_ns doubling on each refusal in
+     * a row; ready_ns is when it may send again (worker's deferred list) */
+    uint64_t backoff_ns, ready_ns;
 } kvb_slot;
 
 /* What all workers share; times are set by main before the start barrier. */
@@ -121,6 +125,8 @@ struct kvb_worker {
     sem_t sem;                /* posted once per completion */
     _Atomic(kvb_slot *) done; /* completions not yet reaped (Treiber stack) */
     kvb_slot *slots;
+    kvb_slot **deferred; /* slots backing off (RESOURCE_EXHAUSTED), ndeferred of them */
+    size_t ndeferred;
     const wl_op *trace[2]; /* before / after the shift */
     size_t pos;
     int phase, inflight;

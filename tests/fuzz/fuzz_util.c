@@ -83,7 +83,7 @@ __attribute__((weak)) int LLVMFuzzerInitialize(int *argc, char ***argv)
 bool fz_strict(void)
 {
     const char *v = getenv("FUZZ_STRICT");
-    return v && *v && strcmp(v, "0") != 0;
+    return !v || !*v || strcmp(v, "0") != 0; /* on unless FUZZ_STRICT=0 */
 }
 
 static char workdir[256];

@@ -62,9 +62,9 @@ bool fz_utf8_ok(const char *s, size_t n);
 /* The same for a NUL-terminated string; NULL counts as valid. */
 bool fz_utf8_str_ok(const char *s);
 
-/* True when the harness should also check the invariants of defects filed
- * for other modules that are not fixed yet (FUZZ_STRICT=1): off by default so
- * that CI fails only on new bugs, on for hunting (see tests/fuzz/README.md). */
+/* True when the harness checks the strict invariants (valid UTF-8 in every
+ * status message and reply string, issue 16 item 9, fixed): on unless
+ * FUZZ_STRICT=0 (see tests/fuzz/README.md). */
 bool fz_strict(void);
 
 #endif

@@ -8,8 +8,8 @@
 # command that replays it. A crash matching tests/fuzz/known.txt (an open
 # defect of another module, reproducer in tests/fuzz/crashes/) is reported
 # as known and fuzzing goes on. Called by ./test.sh --fuzz SECONDS (which
-# installs clang first). FUZZ_STRICT=1 also checks the invariants of defects
-# filed for other modules (README.md); FUZZ_ONLY=NAME runs one harness;
+# installs clang first). FUZZ_STRICT=0 turns the strict (UTF-8) checks off
+# (README.md); FUZZ_ONLY=NAME runs one harness;
 # FUZZ_KNOWN_MAX (20) known crashes end a harness's run early.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -370,3 +370,44 @@ Test(cmap, tls_addresses_and_vetting_maps_from_peers)
     cmap_unref(jump);
     cmap_unref(elsewhere);
 }
+
+/* Issue 16 item 7: every replica array of the node and the router has
+ * CMAP_MAX_RF entries, so a map with more replicas than that is refused,
+ * even with enough nodes (the check used to be rf <= number of nodes). At
+ * the limit, a key gets exactly CMAP_MAX_RF replicas. */
+Test(cmap, rf_over_the_replica_arrays_is_refused)
+{
+    enum { N = CMAP_MAX_RF + 4 };
+    Kv__ClusterMap pb;
+    Kv__NodeInfo nodes[N], *ptrs[N];
+    char ids[N][8], addrs[N][32];
+    kv__cluster_map__init(&pb);
+    pb.epoch = 1;
+    pb.n_nodes = N;
+    pb.nodes = ptrs;
+    for (int i = 0; i < N; i++) {
+        kv__node_info__init(&nodes[i]);
+        snprintf(ids[i], sizeof(ids[i]), "n%d", i);
+        snprintf(addrs[i], sizeof(addrs[i]), "tcp://127.0.0.1:%d", 7001 + i);
+        nodes[i].id = ids[i];
+        nodes[i].addr = addrs[i];
+        nodes[i].weight = 1;
+        ptrs[i] = &nodes[i];
+    }
+    char err[256] = "";
+    cmap *m = NULL;
+    pb.rf = CMAP_MAX_RF + 1;
+    cr_assert_eq(cmap_from_pb(&pb, &m, err, sizeof(err)), KV_INVALID_ARGUMENT);
+    cr_assert_null(m);
+    cr_assert(strstr(err, "at most 16") != NULL, "the limit is named: %s", err);
+    pb.rf = N; /* rf = number of nodes, the old bound */
+    cr_assert_eq(cmap_from_pb(&pb, &m, err, sizeof(err)), KV_INVALID_ARGUMENT);
+    pb.rf = CMAP_MAX_RF;
+    cr_assert_eq(cmap_from_pb(&pb, &m, err, sizeof(err)), KV_OK, "%s", err);
+    uint32_t idx[CMAP_MAX_RF];
+    cr_assert_eq(cmap_replicas(m, "key", 3, idx), CMAP_MAX_RF);
+    for (int i = 0; i < CMAP_MAX_RF; i++)
+        for (int j = 0; j < i; j++)
+            cr_assert_neq(idx[i], idx[j], "distinct replicas");
+    cmap_unref(m);
+}
