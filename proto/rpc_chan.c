@@ -553,8 +553,10 @@ void rpc_chan_close(rpc_chan *ch)
     if (!ch)
         return;
     rpc_chan_shutdown(ch);
-    if (!rpc_socket_close(ch->sock, RPC_CLOSE_WAIT_MS, ch->url))
-        return; /* nng may still call pipe_cb with ch: leave it allocated */
+    if (!rpc_socket_close(ch->sock, RPC_CLOSE_WAIT_MS, ch->url)) {
+        rpc_keep_abandoned(ch); /* nng may still call pipe_cb with ch: leave it allocated */
+        return;
+    }
     for (size_t i = 0; i < ch->nall; i++) {
         nng_aio_free(ch->all[i]->aio); /* waits for a running callback */
         free(ch->all[i]);

@@ -15,6 +15,12 @@
  * (rpc_util.c). Returns whether the socket closed. */
 bool rpc_socket_close(nng_socket sock, uint32_t wait_ms, const char *what);
 
+/* Keeps p (a server or a channel left allocated because a close did not
+ * finish and nng may still use it) reachable for the rest of the process:
+ * it is never freed, and LeakSanitizer does not report what was abandoned
+ * on purpose. */
+void rpc_keep_abandoned(void *p);
+
 typedef struct rpc_chan rpc_chan;
 /* The first half of rpc_chan_close: every pending call completes (CANCELLED)
  * and no completion of ch runs any more, but ch stays allocated: calls

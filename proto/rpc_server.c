@@ -1069,8 +1069,10 @@ bool rpc_server_close(rpc_server *s)
     if (joined)
         drop_queued(s); /* calls received after the workers stopped */
     bool closed = rpc_socket_close(s->sock, RPC_CLOSE_WAIT_MS, "RPC server");
-    if (!joined || !closed)
-        return joined; /* leaves s allocated: a worker or nng may still use it */
+    if (!joined || !closed) {
+        rpc_keep_abandoned(s); /* leaves s allocated: a worker or nng may still use it */
+        return joined;
+    }
     for (unsigned i = 0; s->calls && i < s->ncalls; i++)
         if (s->calls[i].open)
             nng_aio_free(s->calls[i].aio);

@@ -25,6 +25,7 @@
 
 #include "common/log.h"
 #include "proto/rpc.h"
+#include "proto/rpc_int.h"
 
 /* ---- budgeted unpack ------------------------------------------------------ */
 
@@ -314,4 +315,23 @@ bool rpc_socket_close(nng_socket sock, uint32_t wait_ms, const char *what)
             "a known nng 1.5 defect); going on without it",
             what, wait_ms);
     return false;
+}
+
+typedef struct kept {
+    void *p;
+    struct kept *next;
+} kept;
+
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static kept *kept_head; /* the roots of what was abandoned (rpc_keep_abandoned) */
+
+void rpc_keep_abandoned(void *p)
+{
+    kept *k = malloc(sizeof(*k));
+    if (!k)
+        return;
+    pthread_mutex_lock(&kept_mu);
+    *k = (kept){.p = p, .next = kept_head};
+    kept_head = k;
+    pthread_mutex_unlock(&kept_mu);
 }
