@@ -402,7 +402,6 @@ static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     rpc_stats_init(&sl);
     kv_stats_to_statlist(&ks, &sl);
     kv_stats_free(&ks);
-    rpc_server_add_stats(c->server, &sl);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = n->cfg.id;
     rep.role = "node";

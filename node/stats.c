@@ -416,6 +416,7 @@ void node_collect_stats(node *n, kv_stats *l, bool verbose)
     kv_stat_counter(l, "index.pinned_head_hits", "hotkv_node_hotring_pinned_head_hits_total", NULL,
                     "Lookups of pinned keys found at the head.", es.index_pinned_head_hits);
     node_engine_store_stats(n->eng, l);
+    rpc_server_stats(n->rpc, l, "hotkv_node");
     rpc_metrics_stats(n->metrics, l, "hotkv_node");
 }
 

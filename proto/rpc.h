@@ -175,10 +175,6 @@ typedef struct rpc_server_counters {
     unsigned max_inflight;
 } rpc_server_counters;
 void rpc_server_counters_get(const rpc_server *s, rpc_server_counters *out);
-/* Appends the counters to an admin.Stats list as rpc.calls, rpc.expired,
- * rpc.shed, rpc.inflight and rpc.max_inflight (nothing for s NULL). */
-struct rpc_statlist;
-void rpc_server_add_stats(const rpc_server *s, struct rpc_statlist *l);
 
 /* The TCP port the server listens on (useful with "tcp://127.0.0.1:0"). */
 int rpc_server_port(const rpc_server *s);

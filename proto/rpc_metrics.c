@@ -86,3 +86,33 @@ void rpc_metrics_stats(const rpc_metrics *m, kv_stats *l, const char *prefix)
                      &m->m[i].lat);
     }
 }
+
+void rpc_server_stats(const rpc_server *s, kv_stats *l, const char *prefix)
+{
+    if (!s)
+        return;
+    rpc_server_counters k;
+    rpc_server_counters_get(s, &k);
+    char metric[128];
+    snprintf(metric, sizeof(metric), "%s_rpc_calls_received_total", prefix);
+    kv_stat_counter(l, "rpc.calls", metric, NULL,
+                    "Calls received (each call of an rpc.Calls message counts), admitted or not.",
+                    k.calls);
+    snprintf(metric, sizeof(metric), "%s_rpc_expired_total", prefix);
+    kv_stat_counter(l, "rpc.expired", metric, NULL,
+                    "Calls dropped unrun because their deadline passed while they waited "
+                    "(answered DEADLINE_EXCEEDED).",
+                    k.expired);
+    snprintf(metric, sizeof(metric), "%s_rpc_shed_total", prefix);
+    kv_stat_counter(l, "rpc.shed", metric, NULL,
+                    "Calls refused on arrival with RESOURCE_EXHAUSTED because the server was at "
+                    "its in-flight limit (overload).",
+                    k.shed);
+    snprintf(metric, sizeof(metric), "%s_rpc_inflight_calls", prefix);
+    kv_stat_gauge(l, "rpc.inflight", metric, NULL, "Calls admitted and not answered yet.",
+                  k.inflight);
+    snprintf(metric, sizeof(metric), "%s_rpc_max_inflight_calls", prefix);
+    kv_stat_gauge(l, "rpc.max_inflight", metric, NULL,
+                  "The in-flight limit beyond which calls are shed (--max-inflight).",
+                  k.max_inflight);
+}

@@ -27,6 +27,12 @@ void rpc_metrics_destroy(rpc_metrics *m);
 void rpc_metrics_observe(void *arg, size_t method, kv_err status, uint64_t ns);
 /* Appends the figures to l; prefix e.g. "hotkv_node". NULL m: nothing. */
 void rpc_metrics_stats(const rpc_metrics *m, kv_stats *l, const char *prefix);
+/* Appends the admission counters of server s (nothing for NULL) as
+ * admin.Stats rpc.calls, rpc.expired, rpc.shed, rpc.inflight and
+ * rpc.max_inflight, and /metrics PREFIX_rpc_calls_received_total,
+ * PREFIX_rpc_expired_total, PREFIX_rpc_shed_total, PREFIX_rpc_inflight_calls
+ * and PREFIX_rpc_max_inflight_calls. */
+void rpc_server_stats(const rpc_server *s, kv_stats *l, const char *prefix);
 /* Calls of method name so far, all statuses (0 for an unknown name). */
 uint64_t rpc_metrics_calls(const rpc_metrics *m, const char *name);
 

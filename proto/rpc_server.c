@@ -997,19 +997,6 @@ void rpc_server_counters_get(const rpc_server *s, rpc_server_counters *out)
                                  .max_inflight = m->max_inflight};
 }
 
-void rpc_server_add_stats(const rpc_server *s, struct rpc_statlist *l)
-{
-    if (!s)
-        return;
-    rpc_server_counters k;
-    rpc_server_counters_get(s, &k);
-    rpc_stats_add(l, "rpc.calls", "%llu", (unsigned long long)k.calls);
-    rpc_stats_add(l, "rpc.expired", "%llu", (unsigned long long)k.expired);
-    rpc_stats_add(l, "rpc.shed", "%llu", (unsigned long long)k.shed);
-    rpc_stats_add(l, "rpc.inflight", "%u", k.inflight);
-    rpc_stats_add(l, "rpc.max_inflight", "%u", k.max_inflight);
-}
-
 /* Joins the workers, giving up at until_ns (CLOCK_MONOTONIC): false when
  * one is still in a handler then (it waits for another process, up to its
  * call's deadline). */

@@ -191,7 +191,6 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     rpc_stats_init(&l);
     kv_stats_to_statlist(&ks, &l);
     kv_stats_free(&ks);
-    rpc_server_add_stats(c->server, &l);
     Kv__StatsReply rep = KV__STATS_REPLY__INIT;
     rep.id = "router";
     rep.role = "router";

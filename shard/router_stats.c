@@ -97,6 +97,7 @@ void router_collect_stats(router *r, kv_stats *l)
                     atomic_load(&r->stats.skipped_down));
     router_probe_stats(r, l);
     target_stats(r, l);
+    rpc_server_stats(r->rpc, l, "hotkv_router");
     rpc_metrics_stats(r->metrics, l, "hotkv_router");
 }
 

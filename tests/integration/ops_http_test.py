@@ -235,6 +235,14 @@ def metrics_mode(tmp):
     c2 = value(r2, "hotkv_router_request_duration_seconds",
                "hotkv_router_request_duration_seconds_count", method="kv.Get")
     check(c2 and c2 >= g2, f"router kv.Get latency histogram counts the calls: {c2} >= {g2}")
+    k1 = value(r1, "hotkv_router_rpc_calls_received", "hotkv_router_rpc_calls_received_total")
+    k2 = value(r2, "hotkv_router_rpc_calls_received", "hotkv_router_rpc_calls_received_total")
+    check(k1 and k2 and k2 > k1 and k2 >= g2, f"router calls received move: {k1} -> {k2}")
+    for fam in ("rpc_shed", "rpc_expired"):
+        v = value(r2, f"hotkv_router_{fam}", f"hotkv_router_{fam}_total")
+        check(v is not None, f"router {fam} counter exported: {v}")
+    lim = value(r2, "hotkv_router_rpc_max_inflight_calls", "hotkv_router_rpc_max_inflight_calls")
+    check(lim and lim > 0, f"router in-flight limit exported: {lim}")
     for i in range(1, 4):
         f1 = value(r1, "hotkv_router_forwards", "hotkv_router_forwards_total", node=f"n{i}")
         f2 = value(r2, "hotkv_router_forwards", "hotkv_router_forwards_total", node=f"n{i}")
@@ -251,6 +259,11 @@ def metrics_mode(tmp):
             x = value(a, "hotkv_node_requests", "hotkv_node_requests_total", method=m, code="OK")
             y = value(b, "hotkv_node_requests", "hotkv_node_requests_total", method=m, code="OK")
             check(x is not None and y > x, f"{who}: {m} requests move: {x} -> {y}")
+        x = value(a, "hotkv_node_rpc_calls_received", "hotkv_node_rpc_calls_received_total")
+        y = value(b, "hotkv_node_rpc_calls_received", "hotkv_node_rpc_calls_received_total")
+        check(x is not None and y > x, f"{who}: calls received move: {x} -> {y}")
+        v = value(b, "hotkv_node_rpc_shed", "hotkv_node_rpc_shed_total")
+        check(v is not None, f"{who}: shed counter exported: {v}")
         mem = value(b, "hotkv_node_reads", "hotkv_node_reads_total", tier="memory")
         check(mem and mem > 0, f"{who}: memory-tier hits counted: {mem}")
         for fam in ("hotkv_node_wal_written_bytes", "hotkv_node_write_amplification",
