@@ -25,7 +25,7 @@
 # like hotkv's); rocksdb-fd is RocksDB with bloom filters and a block cache
 # of --mem-mb. kallax is the bare store with a write buffer of its own and
 # no read cache, so the default --mem-mb is small for everyone. Run it alone on the machine:
-# flock /tmp/hotkv-bench.lock bench/kallax_compare.sh ...
+# flock -o /tmp/hotkv-bench.lock bench/kallax_compare.sh ...
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)

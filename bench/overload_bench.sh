@@ -3,7 +3,7 @@
 # Issue 16 item 5: goodput under overload. A 3-node cluster (rf 3) and a
 # kvrouter on loopback; kvbench through the router.
 #
-#   flock /tmp/hotkv-bench.lock bench/overload_bench.sh [--keys N] [--rf R]
+#   flock -o /tmp/hotkv-bench.lock bench/overload_bench.sh [--keys N] [--rf R]
 #       [--workload W] [--dist D] [--value-size B] [--seconds S]
 #       [--capacity-threads T] [--capacity-concurrency C]
 #       [--threads T] [--concurrency C] [--deadline-ms MS]
@@ -29,7 +29,7 @@
 # Compare builds with --build (e.g. a build of main kept aside), with the
 # same load generator (--kvbench, default DIR/bench/kvbench/kvbench; it
 # backs off on RESOURCE_EXHAUSTED, as a gRPC client would):
-#   flock /tmp/hotkv-bench.lock bench/overload_bench.sh --build /tmp/main-build \
+#   flock -o /tmp/hotkv-bench.lock bench/overload_bench.sh --build /tmp/main-build \
 #       --kvbench build/bench/kvbench/kvbench
 set -euo pipefail
 export CL_NAME=overload_bench
