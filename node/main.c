@@ -256,7 +256,9 @@ int main(int argc, char **argv)
         {"kallax-gb", KV_OPT_INT, &kallax_gb, "kallax: the store's size in GiB instead", NULL, 1,
          1L << 20},
         {"http-listen", KV_OPT_STR, &n.cfg.http_listen,
-         "serve /metrics (Prometheus) and /health on http://HOST:PORT (default: off)", NULL, 0, 0},
+         "serve /metrics (Prometheus) and /health on http://HOST:PORT or https://HOST:PORT "
+         "(--tls-cert/--tls-key; default: off)",
+         NULL, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
     };
     kv_optset set = {table, sizeof(table) / sizeof(table[0]), NULL, "kvnode", NULL};
@@ -294,7 +296,7 @@ int main(int argc, char **argv)
         return 2;
     }
     kv_log_set_level((kv_log_level)kv_log_parse_level(log_level));
-    rpc_sec_warn(&n.cfg.sec, "kvnode", n.cfg.listen);
+    rpc_sec_warn(&n.cfg.sec, "kvnode", n.cfg.listen, n.cfg.http_listen);
     n.cfg.limits =
         (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
     char dflt_dir[1024];

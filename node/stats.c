@@ -484,8 +484,9 @@ kv_err node_http_start(node *n, char *err, size_t errlen)
         return KV_OK;
     kv_http_route *routes = n->http_routes;
     routes[0] = (kv_http_route){"/metrics", h_metrics, n};
-    routes[1] = (kv_http_route){"/health", h_health, n};
-    kv_err rv = kv_http_open(&n->http, n->cfg.http_listen, routes, 2, err, errlen);
+    routes[1] = (kv_http_route){"/health", h_health, n, .open = true};
+    kv_http_opts ho = {.token = n->cfg.sec.http_token, .tls = rpc_sec_tls(&n->cfg.sec)};
+    kv_err rv = kv_http_open(&n->http, n->cfg.http_listen, routes, 2, &ho, err, errlen);
     if (rv == KV_OK)
         KV_INFO("node", "HTTP on %s (port %d): /metrics, /health", n->cfg.http_listen,
                 kv_http_port(n->http));

@@ -6,12 +6,15 @@
 #include <arpa/inet.h>
 #include <nng/nng.h>
 #include <nng/supplemental/http/http.h>
+#include <nng/supplemental/tls/tls.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "proto/prom.h"
+#include "proto/rpc_tls.h"
 #include "proto/stats.h"
 
 struct kv_http {
@@ -20,14 +23,78 @@ struct kv_http {
     nng_http_handler **handlers;
     size_t n;
     int port;
+    const char *token; /* NULL = every route open */
 };
+
+/* A handler's data: its route and the server (for the token). */
+typedef struct http_route_ref {
+    const kv_http_route *route;
+    const kv_http *srv;
+} http_route_ref;
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* The value of parameter name in query, percent-decoded into out (at most
+ * cap bytes, '+' as a space); its length, or -1 when absent or too long. */
+static long query_param(const char *query, const char *name, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+    for (const char *p = query; p && *p; p = strchr(p, '&') ? strchr(p, '&') + 1 : NULL) {
+        if (strncmp(p, name, nl) != 0 || p[nl] != '=')
+            continue;
+        size_t n = 0;
+        for (const char *v = p + nl + 1; *v && *v != '&'; v++) {
+            if (n == cap)
+                return -1;
+            if (*v == '%' && hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
+                out[n++] = (char)(hexval(v[1]) * 16 + hexval(v[2]));
+                v += 2;
+            } else {
+                out[n++] = *v == '+' ? ' ' : *v;
+            }
+        }
+        return (long)n;
+    }
+    return -1;
+}
+
+/* Whether the request carries the server's token (or needs none). */
+static bool authorized(const kv_http *s, const kv_http_route *route, nng_http_req *req,
+                       const char *query)
+{
+    if (!s->token || route->open)
+        return true;
+    const char *h = nng_http_req_get_header(req, "Authorization");
+    if (h && strncasecmp(h, "Bearer ", 7) == 0) {
+        const char *t = h + 7;
+        while (*t == ' ')
+            t++;
+        return rpc_token_eq(t, strlen(t), s->token);
+    }
+    char tok[4097];
+    long n = query_param(query, "token", tok, sizeof(tok) - 1);
+    bool ok = n >= 0 && rpc_token_eq(tok, (size_t)n, s->token);
+    memset(tok, 0, sizeof(tok));
+    return ok;
+}
+
+static const char unauthorized_body[] =
+    "401 Unauthorized: this listener needs the HTTP token (--http-token): send "
+    "\"Authorization: Bearer TOKEN\" or add ?token=TOKEN to the URL\n";
 
 /* The nng handler of one route: runs its callback and answers. */
 static void serve(nng_aio *aio)
 {
     nng_http_req *req = nng_aio_get_input(aio, 0);
     nng_http_handler *h = nng_aio_get_input(aio, 1);
-    const kv_http_route *route = nng_http_handler_get_data(h);
+    const http_route_ref *ref = nng_http_handler_get_data(h);
+    const kv_http_route *route = ref->route;
     char path[1024];
     snprintf(path, sizeof(path), "%s", nng_http_req_get_uri(req));
     char *q = strchr(path, '?');
@@ -37,11 +104,21 @@ static void serve(nng_aio *aio)
         query = q + 1;
     }
     kv_http_res r = {0};
-    route->fn(route->arg, path, query, &r);
+    bool ok = authorized(ref->srv, route, req, query);
+    if (ok) {
+        route->fn(route->arg, path, query, &r);
+    } else {
+        r.status = 401;
+        r.content_type = "text/plain; charset=utf-8";
+        r.body = strdup(unauthorized_body);
+        r.len = r.body ? strlen(r.body) : 0;
+    }
     nng_http_res *res = NULL;
     int rv = nng_http_res_alloc(&res);
     if (rv == 0)
         rv = nng_http_res_set_status(res, (uint16_t)(r.status ? r.status : 200));
+    if (rv == 0 && !ok)
+        rv = nng_http_res_set_header(res, "WWW-Authenticate", "Bearer realm=\"hotkv\"");
     if (rv == 0 && r.content_type)
         rv = nng_http_res_set_header(res, "Content-Type", r.content_type);
     if (rv == 0)
@@ -60,6 +137,10 @@ static void serve(nng_aio *aio)
 
 static kv_err add_route(kv_http *s, const kv_http_route *route, size_t i)
 {
+    http_route_ref *ref = malloc(sizeof(*ref));
+    if (!ref)
+        return KV_RESOURCE_EXHAUSTED;
+    *ref = (http_route_ref){route, s};
     nng_http_handler *h;
     char path[256];
     snprintf(path, sizeof(path), "%s", route->path);
@@ -67,13 +148,17 @@ static kv_err add_route(kv_http *s, const kv_http_route *route, size_t i)
     bool tree = len > 1 && path[len - 1] == '/';
     if (tree)
         path[len - 1] = '\0'; /* nng matches a tree by its path without the slash */
-    if (nng_http_handler_alloc(&h, path, serve) != 0)
+    if (nng_http_handler_alloc(&h, path, serve) != 0) {
+        free(ref);
         return KV_RESOURCE_EXHAUSTED;
+    }
     int rv = nng_http_handler_set_method(h, "GET");
     if (rv == 0 && tree)
         rv = nng_http_handler_set_tree(h);
     if (rv == 0)
-        rv = nng_http_handler_set_data(h, (void *)route, NULL);
+        rv = nng_http_handler_set_data(h, ref, free); /* the handler frees ref */
+    else
+        free(ref);
     if (rv == 0)
         rv = nng_http_server_add_handler(s->srv, h);
     if (rv != 0) {
@@ -84,8 +169,32 @@ static kv_err add_route(kv_http *s, const kv_http_route *route, size_t i)
     return KV_OK;
 }
 
+/* The TLS configuration of an https:// server (certificate and key, no
+ * client authentication). */
+static kv_err set_tls(kv_http *s, const char *url, const rpc_tls *t, char *err, size_t errlen)
+{
+    if (!t || !t->cert || !t->key) {
+        snprintf(err, errlen, "--http-listen %s needs --tls-cert and --tls-key", url);
+        return KV_INVALID_ARGUMENT;
+    }
+    rpc_tls server = {.cert = t->cert, .key = t->key}; /* no ca: browsers have no certificate */
+    nng_tls_config *cfg = NULL;
+    char why[400];
+    if (rpc_tls_config(&server, true, &cfg, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "--http-listen %s: %s", url, why);
+        return KV_INVALID_ARGUMENT;
+    }
+    int rv = nng_http_server_set_tls(s->srv, cfg);
+    nng_tls_config_free(cfg); /* the server holds its own reference */
+    if (rv != 0) {
+        snprintf(err, errlen, "--http-listen %s: TLS: %s", url, nng_strerror(rv));
+        return KV_INTERNAL;
+    }
+    return KV_OK;
+}
+
 kv_err kv_http_open(kv_http **out, const char *url, const kv_http_route *routes, size_t n,
-                    char *err, size_t errlen)
+                    const kv_http_opts *opts, char *err, size_t errlen)
 {
     kv_http *s = calloc(1, sizeof(*s));
     if (!s || !(s->handlers = calloc(n ? n : 1, sizeof(*s->handlers)))) {
@@ -93,13 +202,18 @@ kv_err kv_http_open(kv_http **out, const char *url, const kv_http_route *routes,
         return KV_RESOURCE_EXHAUSTED;
     }
     s->n = n;
+    s->token = opts && opts->token && *opts->token ? opts->token : NULL;
+    bool https = strncmp(url, "https://", 8) == 0;
     kv_err rv = KV_OK;
-    if (strncmp(url, "http://", 7) != 0 || nng_url_parse(&s->url, url) != 0) {
-        snprintf(err, errlen, "bad --http-listen '%s' (want http://HOST:PORT)", url);
+    if ((!https && strncmp(url, "http://", 7) != 0) || nng_url_parse(&s->url, url) != 0) {
+        snprintf(err, errlen, "bad --http-listen '%s' (want http://HOST:PORT or https://HOST:PORT)",
+                 url);
         rv = KV_INVALID_ARGUMENT;
     } else if (nng_http_server_hold(&s->srv, s->url) != 0) {
         snprintf(err, errlen, "cannot create an HTTP server for %s", url);
         rv = KV_INTERNAL;
+    } else if (https) {
+        rv = set_tls(s, url, opts ? opts->tls : NULL, err, errlen);
     }
     for (size_t i = 0; rv == KV_OK && i < n; i++)
         rv = add_route(s, &routes[i], i);

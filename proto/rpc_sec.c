@@ -70,6 +70,9 @@ kv_err rpc_sec_load(rpc_sec *s, char *err, size_t errlen)
     if (rv == KV_OK)
         rv = load_token("admin-auth", s->admin_auth, s->admin_auth_file, "KV_ADMIN_AUTH",
                         &s->admin_token, err, errlen);
+    if (rv == KV_OK)
+        rv = load_token("http-token", s->http_auth, s->http_auth_file, "KV_HTTP_TOKEN",
+                        &s->http_token, err, errlen);
     s->tls = (rpc_tls){.cert = s->tls_cert && *s->tls_cert ? s->tls_cert : NULL,
                        .key = s->tls_key && *s->tls_key ? s->tls_key : NULL,
                        .ca = s->tls_ca && *s->tls_ca ? s->tls_ca : NULL,
@@ -81,8 +84,16 @@ kv_err rpc_sec_load(rpc_sec *s, char *err, size_t errlen)
     return rv;
 }
 
-void rpc_sec_warn(const rpc_sec *s, const char *prog, const char *listen)
+void rpc_sec_warn(const rpc_sec *s, const char *prog, const char *listen, const char *http_listen)
 {
+    if (http_listen && *http_listen && !s->http_token)
+        KV_WARN("auth",
+                "%s: no --http-token: anyone who reaches %s may read its metrics, the "
+                "dashboard and the hot keys' names",
+                prog, http_listen);
+    else if (http_listen && strncmp(http_listen, "http://", 7) == 0 && s->http_token)
+        KV_WARN("auth", "%s: %s is plaintext: the HTTP token travels in the clear (use https://)",
+                prog, http_listen);
     if (!s->data_token && !s->admin_token && !s->tls.ca)
         KV_WARN("auth",
                 "%s: no --auth, --admin-auth or --tls-ca: anyone who reaches %s may "
@@ -106,9 +117,12 @@ void rpc_sec_free(rpc_sec *s)
         memset(s->data_token, 0, strlen(s->data_token));
     if (s->admin_token)
         memset(s->admin_token, 0, strlen(s->admin_token));
+    if (s->http_token)
+        memset(s->http_token, 0, strlen(s->http_token));
     free(s->data_token);
     free(s->admin_token);
-    s->data_token = s->admin_token = NULL;
+    free(s->http_token);
+    s->data_token = s->admin_token = s->http_token = NULL;
 }
 
 const char *rpc_sec_token(const rpc_sec *s)

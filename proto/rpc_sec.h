@@ -3,7 +3,9 @@
  * The security flags every hotkv binary takes (docs/operations.md
  * "Security"): the data token (--auth, --auth-file, $KV_AUTH), the admin
  * token (--admin-auth, --admin-auth-file, $KV_ADMIN_AUTH) and TLS
- * (--tls-cert, --tls-key, --tls-ca; listeners also --tls-client-auth).
+ * (--tls-cert, --tls-key, --tls-ca; listeners also --tls-client-auth), and
+ * for listeners the HTTP token of --http-listen (--http-token,
+ * --http-token-file, $KV_HTTP_TOKEN).
  * A token comes from its flag, else its file, else the environment, so
  * that it need not appear on a command line (visible in ps).
  */
@@ -21,10 +23,12 @@ typedef struct rpc_sec {
     /* flags (strings owned by the kv_optset) */
     char *auth, *auth_file, *admin_auth, *admin_auth_file;
     char *tls_cert, *tls_key, *tls_ca;
-    int tls_client_auth; /* listeners: 0 = required (with --tls-ca), 1 = optional */
+    int tls_client_auth;              /* listeners: 0 = required (with --tls-ca), 1 = optional */
+    char *http_auth, *http_auth_file; /* listeners: --http-token, --http-token-file */
     /* filled by rpc_sec_load */
     char *data_token;  /* NULL = none */
     char *admin_token; /* NULL = none */
+    char *http_token;  /* NULL = none: /metrics and the dashboard are open */
     rpc_tls tls;
 } rpc_sec;
 
@@ -57,9 +61,25 @@ extern const char *const rpc_sec_client_auth_choices[];
         "tls-ca", KV_OPT_STR, &(s)->tls_ca,                                                        \
             "CA (PEM) peers' certificates must chain to (mutual TLS)", NULL, 0, 0                  \
     }
-/* The flags of a process that listens: RPC_SEC_OPTS and --tls-client-auth. */
+/* The flags of a process that listens: RPC_SEC_OPTS, --tls-client-auth and
+ * the HTTP token. */
 #define RPC_SEC_SERVER_OPTS(s)                                                                     \
     RPC_SEC_OPTS(s),                                                                               \
+        {"http-token",                                                                             \
+         KV_OPT_STR,                                                                               \
+         &(s)->http_auth,                                                                          \
+         "token that /metrics, the dashboard and /api/ of --http-listen require (Authorization: "  \
+         "Bearer); prefer --http-token-file or $KV_HTTP_TOKEN",                                    \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0},                                                                                       \
+        {"http-token-file",                                                                        \
+         KV_OPT_STR,                                                                               \
+         &(s)->http_auth_file,                                                                     \
+         "file holding the HTTP token",                                                            \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0},                                                                                       \
     {                                                                                              \
         "tls-client-auth", KV_OPT_ENUM, &(s)->tls_client_auth,                                     \
             "with --tls-ca, clients must present a certificate (required) or may "                 \
@@ -74,8 +94,9 @@ extern const char *const rpc_sec_client_auth_choices[];
 kv_err rpc_sec_load(rpc_sec *s, char *err, size_t errlen);
 /* Logs (warning) what a listening process's settings leave open: no
  * authentication at all, one token for data and admin, TLS flags with a
- * plaintext listen URL. */
-void rpc_sec_warn(const rpc_sec *s, const char *prog, const char *listen);
+ * plaintext listen URL; and for http_listen (NULL or "" = none) no HTTP
+ * token, or a token sent over plain http://. */
+void rpc_sec_warn(const rpc_sec *s, const char *prog, const char *listen, const char *http_listen);
 /* Frees what rpc_sec_load allocated. */
 void rpc_sec_free(rpc_sec *s);
 /* The token this process sends: the admin token when it has one, else the

@@ -62,7 +62,8 @@ int main(int argc, char **argv)
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},
         {"max-batch-bytes", KV_OPT_INT, &max_batch, "batch size limit", NULL, 1, 1L << 30},
         {"http-listen", KV_OPT_STR, &r.cfg.http_listen,
-         "serve /metrics (Prometheus), /health and the dashboard (/) on http://HOST:PORT "
+         "serve /metrics (Prometheus), /health and the dashboard (/) on http://HOST:PORT or "
+         "https://HOST:PORT "
          "(default: off)",
          NULL, 0, 0},
         {"log-level", KV_OPT_STR, &log_level, "debug|info|warn|error", NULL, 0, 0},
@@ -92,7 +93,7 @@ int main(int argc, char **argv)
         return 2;
     }
     kv_log_set_level((kv_log_level)kv_log_parse_level(log_level));
-    rpc_sec_warn(&r.cfg.sec, "kvrouter", r.cfg.listen);
+    rpc_sec_warn(&r.cfg.sec, "kvrouter", r.cfg.listen, r.cfg.http_listen);
     r.cfg.limits =
         (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
     rpc_runtime_init();

@@ -165,14 +165,15 @@ kv_err router_http_start(router *r, char *err, size_t errlen)
     kv_http_route *routes = r->http_routes;
     size_t n = 0;
     routes[n++] = (kv_http_route){"/metrics", h_metrics, r};
-    routes[n++] = (kv_http_route){"/health", h_health, r};
+    routes[n++] = (kv_http_route){"/health", h_health, r, .open = true};
     kv_err rv = router_dash_start(r);
     if (rv != KV_OK) {
         snprintf(err, errlen, "cannot start the dashboard's sampler");
         return rv;
     }
     n += router_dash_routes(r, routes + n, sizeof(r->http_routes) / sizeof(routes[0]) - n);
-    rv = kv_http_open(&r->http, r->cfg.http_listen, routes, n, err, errlen);
+    kv_http_opts ho = {.token = r->cfg.sec.http_token, .tls = rpc_sec_tls(&r->cfg.sec)};
+    rv = kv_http_open(&r->http, r->cfg.http_listen, routes, n, &ho, err, errlen);
     if (rv == KV_OK)
         KV_INFO("router", "HTTP on %s (port %d): /metrics, /health, dashboard at /",
                 r->cfg.http_listen, kv_http_port(r->http));

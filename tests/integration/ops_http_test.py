@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 BUILD = os.path.abspath(sys.argv[1])
@@ -52,17 +53,22 @@ def free_port():
     return p
 
 
-def start(args, log):
-    p = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+def start(args, log, env=None):
+    p = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                         env=dict(os.environ, **env) if env else None)
     p.log = log
     procs.append(p)
     return p
 
 
-def http_get(url, timeout=5):
-    """(status, body) of a GET; status 0 when nothing answered."""
+def http_get(url, timeout=5, token=None):
+    """(status, body) of a GET (with the bearer token when given); status 0
+    when nothing answered."""
+    req = urllib.request.Request(url)
+    if token is not None:
+        req.add_header("Authorization", "Bearer " + token)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -108,8 +114,9 @@ def cleanup(tmp):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cluster(tmp):
-    """Starts 3 nodes and a router, all with --http-listen. Returns
+def cluster(tmp, router_token=None):
+    """Starts 3 nodes and a router, all with --http-listen (the router's
+    with router_token as its HTTP token, through $KV_HTTP_TOKEN). Returns
     (router rpc url, router http url, [node http urls])."""
     nodes, specs = [], []
     for i in range(1, 4):
@@ -130,7 +137,8 @@ def cluster(tmp):
     rrpc, rhttp = free_port(), free_port()
     start([os.path.join(BUILD, "shard/kvrouter"), "--listen", f"tcp://127.0.0.1:{rrpc}",
            "--seeds", ",".join(s.split("=", 1)[1] for s in specs), "--hot-window-ms", "500",
-           "--http-listen", f"http://127.0.0.1:{rhttp}"], f"{tmp}/router.log")
+           "--http-listen", f"http://127.0.0.1:{rhttp}"], f"{tmp}/router.log",
+          env={"KV_HTTP_TOKEN": router_token} if router_token else None)
     router = f"tcp://127.0.0.1:{rrpc}"
     end = time.time() + 20
     while time.time() < end and http_get(f"http://127.0.0.1:{rhttp}/health", 1)[0] != 200:
@@ -313,10 +321,19 @@ def dashboard_mode(tmp):
     if not browser:
         print("FAIL: no chromium (deploy/deps.sh installs Debian's chromium package)")
         sys.exit(1)
-    router, rhttp, nodes, specs = cluster(tmp)
+    token = "dash/b0ard+t0ken"  # the page is opened as /?token=..., percent-encoded
+    router, rhttp, nodes, specs = cluster(tmp, token)
     bench = kvbench(tmp, router, 30, "bench")
     time.sleep(9)  # loaded, then a few seconds of the timed run: samples and hot keys
-    st, api = http_get(rhttp + "/api/hotkeys")
+    for path in ("/", "/metrics", "/api/cluster"):
+        st, body = http_get(rhttp + path)
+        check(st == 401 and "--http-token" in body, f"{path} without the token: 401 ({st})")
+        st, _ = http_get(rhttp + path, token="wrong")
+        check(st == 401, f"{path} with a wrong token: 401 ({st})")
+    st, _ = http_get(rhttp + "/health")
+    check(st == 200, f"/health needs no token ({st})")
+    page = rhttp + "/?token=" + urllib.parse.quote(token, safe="")
+    st, api = http_get(rhttp + "/api/hotkeys", token=token)
     check(st == 200, f"/api/hotkeys 200 ({st})")
     hot_api = json.loads(api)["keys"] if st == 200 else []
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -325,15 +342,15 @@ def dashboard_mode(tmp):
     # views, refreshed every second: a dump may land between two (up to 3)
     for _ in range(3):
         dom = subprocess.run([browser, *flags, "--virtual-time-budget=6000", "--dump-dom",
-                              rhttp + "/"], capture_output=True, text=True, timeout=120).stdout
+                              page], capture_output=True, text=True, timeout=120).stdout
         first = hot_api[0]["key"] if hot_api else None
         if first and f'<code class="hot-key">{first}</code>' in dom:
             break
-        st, api = http_get(rhttp + "/api/hotkeys")
+        st, api = http_get(rhttp + "/api/hotkeys", token=token)
         hot_api = json.loads(api)["keys"] if st == 200 else []
     shot = os.path.join(BUILD, "tests/integration/dashboard.png")
     subprocess.run([browser, *flags, "--virtual-time-budget=6000", "--window-size=1400,1900",
-                    "--screenshot=" + shot, rhttp + "/"], capture_output=True, timeout=120)
+                    "--screenshot=" + shot, page], capture_output=True, timeout=120)
     open(os.path.join(BUILD, "tests/integration/dashboard.html.dump"), "w").write(dom)
     bench.wait(timeout=180)
     out = open(f"{tmp}/bench.log").read()
@@ -370,7 +387,7 @@ def dashboard_mode(tmp):
     trans = None
     end = time.time() + 30
     while time.time() < end:
-        st, body = http_get(rhttp + "/api/cluster")
+        st, body = http_get(rhttp + "/api/cluster", token=token)
         c = json.loads(body) if st == 200 else {}
         if c.get("transition") and c["transition"]["streams"] and \
                 all(x["state"] != "unknown" for x in c["transition"]["streams"]):
@@ -381,7 +398,7 @@ def dashboard_mode(tmp):
           f"/api/cluster shows the transition with its streams' progress: {trans}")
     check(trans is not None and all(x["target"] == "n4" for x in trans["streams"]),
           "every stream of an add targets the new node")
-    dom = subprocess.run([browser, *flags, "--virtual-time-budget=6000", "--dump-dom", rhttp + "/"],
+    dom = subprocess.run([browser, *flags, "--virtual-time-budget=6000", "--dump-dom", page],
                          capture_output=True, text=True, timeout=120).stdout
     check('class="stream-row"' in dom and "add n4" in dom, "the page shows the migration's streams")
     check('data-node="n4"' in dom, "and the new node's row")

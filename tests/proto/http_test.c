@@ -8,6 +8,7 @@
 
 #include "proto/http.h"
 #include "proto/prom.h"
+#include "proto/rpc.h"
 
 static void hello(void *arg, const char *path, const char *query, kv_http_res *res)
 {
@@ -19,17 +20,11 @@ static void hello(void *arg, const char *path, const char *query, kv_http_res *r
     res->status = strcmp(query, "fail") == 0 ? 503 : 200;
 }
 
-/* GET url with curl-free plain sockets: returns the status, body in out. */
-static int get(int port, const char *path, char *out, size_t len)
+/* Runs cmd (a shell command printing an HTTP response): the status, the
+ * response in out. */
+static int response(const char *cmd, char *out, size_t len)
 {
-    char cmd[512];
-    snprintf(cmd, sizeof(cmd),
-             "exec 3<>/dev/tcp/127.0.0.1/%d && printf 'GET %s HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' "
-             ">&3 && cat <&3",
-             port, path);
-    char full[1024];
-    snprintf(full, sizeof(full), "bash -c \"%s\"", cmd);
-    FILE *p = popen(full, "r");
+    FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     size_t n = fread(out, 1, len - 1, p);
     out[n] = '\0';
@@ -39,13 +34,30 @@ static int get(int port, const char *path, char *out, size_t len)
     return status;
 }
 
+/* GET path with an extra header line (NULL = none) over plain TCP (bash's
+ * /dev/tcp, no curl needed). */
+static int get_h(int port, const char *path, const char *header, char *out, size_t len)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "bash -c \"exec 3<>/dev/tcp/127.0.0.1/%d && printf 'GET %%s HTTP/1.0\\r\\nHost: "
+             "x\\r\\n%%b\\r\\n' '%s' '%s%s' >&3 && cat <&3\"",
+             port, path, header ? header : "", header ? "\\r\\n" : "");
+    return response(cmd, out, len);
+}
+
+static int get(int port, const char *path, char *out, size_t len)
+{
+    return get_h(port, path, NULL, out, len);
+}
+
 Test(http, routes_prefixes_and_errors)
 {
     kv_http_route routes[] = {{"/metrics", hello, "m"}, {"/api/", hello, "a"}};
     kv_http *h = NULL;
     char err[256];
-    cr_assert_eq(kv_http_open(&h, "http://127.0.0.1:0", routes, 2, err, sizeof(err)), KV_OK, "%s",
-                 err);
+    cr_assert_eq(kv_http_open(&h, "http://127.0.0.1:0", routes, 2, NULL, err, sizeof(err)), KV_OK,
+                 "%s", err);
     int port = kv_http_port(h);
     cr_assert_gt(port, 0);
     char out[4096];
@@ -57,9 +69,82 @@ Test(http, routes_prefixes_and_errors)
     cr_expect_eq(get(port, "/metrics?fail", out, sizeof(out)), 503, "%s", out);
     cr_expect_eq(get(port, "/nothing", out, sizeof(out)), 404, "%s", out);
     kv_http_close(h);
-    cr_expect_eq(kv_http_open(&h, "tcp://127.0.0.1:0", routes, 2, err, sizeof(err)),
+    cr_expect_eq(kv_http_open(&h, "tcp://127.0.0.1:0", routes, 2, NULL, err, sizeof(err)),
                  KV_INVALID_ARGUMENT);
     cr_expect(strstr(err, "http://HOST:PORT"), "%s", err);
+    cr_expect_eq(kv_http_open(&h, "https://127.0.0.1:0", routes, 2, NULL, err, sizeof(err)),
+                 KV_INVALID_ARGUMENT);
+    cr_expect(strstr(err, "--tls-cert"), "https without a certificate names the flag: %s", err);
+}
+
+Test(http, token_guards_every_route_but_open_ones)
+{
+    kv_http_route routes[] = {{"/metrics", hello, "m"}, {"/health", hello, "h", .open = true}};
+    kv_http_opts o = {.token = "s3cret/+x"};
+    kv_http *h = NULL;
+    char err[256], out[4096];
+    cr_assert_eq(kv_http_open(&h, "http://127.0.0.1:0", routes, 2, &o, err, sizeof(err)), KV_OK,
+                 "%s", err);
+    int port = kv_http_port(h);
+    cr_expect_eq(get(port, "/metrics", out, sizeof(out)), 401, "%s", out);
+    cr_expect(strstr(out, "WWW-Authenticate: Bearer"), "%s", out);
+    cr_expect(strstr(out, "--http-token"), "the 401 names the flag: %s", out);
+    cr_expect(!strstr(out, "m path="), "no data without the token: %s", out);
+    cr_expect_eq(get_h(port, "/metrics", "Authorization: Bearer s3cret/+y", out, sizeof(out)), 401,
+                 "%s", out);
+    cr_expect_eq(get_h(port, "/metrics", "Authorization: Bearer s3cret/+", out, sizeof(out)), 401,
+                 "a prefix of the token is refused: %s", out);
+    cr_expect_eq(get_h(port, "/metrics", "Authorization: Basic czNjcmV0", out, sizeof(out)), 401,
+                 "%s", out);
+    cr_expect_eq(get_h(port, "/metrics", "Authorization: Bearer s3cret/+x", out, sizeof(out)), 200,
+                 "%s", out);
+    cr_expect(strstr(out, "m path=/metrics"), "%s", out);
+    cr_expect_eq(get_h(port, "/metrics", "authorization: bearer s3cret/+x", out, sizeof(out)), 200,
+                 "header name and scheme are case-insensitive: %s", out);
+    /* the query form, percent-encoded ('/' and '+' escaped; a raw '+' is a space) */
+    cr_expect_eq(get(port, "/metrics?a=1&token=s3cret%2F%2Bx", out, sizeof(out)), 200, "%s", out);
+    cr_expect_eq(get(port, "/metrics?token=s3cret/+x", out, sizeof(out)), 401, "%s", out);
+    cr_expect_eq(get(port, "/metrics?token=s3cret%2F%2Bx%00", out, sizeof(out)), 401, "%s", out);
+    cr_expect_eq(get(port, "/metrics?token=", out, sizeof(out)), 401, "%s", out);
+    cr_expect_eq(get(port, "/health", out, sizeof(out)), 200, "open routes need no token: %s", out);
+    kv_http_close(h);
+}
+
+Test(http, https_serves_with_the_process_certificate, .timeout = 60)
+{
+    char dir[] = "/tmp/hotkv-http-tls-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof(cmd),
+             "cd %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+             "-keyout k.pem -out c.pem -days 2 -subj /CN=127.0.0.1 >/dev/null 2>&1",
+             dir);
+    cr_assert_eq(system(cmd), 0, "openssl req failed (is openssl installed?)");
+    char cert[256], key[256];
+    snprintf(cert, sizeof(cert), "%s/c.pem", dir);
+    snprintf(key, sizeof(key), "%s/k.pem", dir);
+    rpc_tls t = {.cert = cert, .key = key, .ca = cert};
+    kv_http_opts o = {.token = "tok", .tls = &t};
+    kv_http_route routes[] = {{"/metrics", hello, "m"}};
+    kv_http *h = NULL;
+    char err[512];
+    cr_assert_eq(kv_http_open(&h, "https://127.0.0.1:0", routes, 1, &o, err, sizeof(err)), KV_OK,
+                 "%s", err);
+    int port = kv_http_port(h);
+    /* no client certificate: the ca is not used to ask for one */
+    snprintf(cmd, sizeof(cmd),
+             "printf 'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\nAuthorization: Bearer "
+             "tok\\r\\n\\r\\n' | timeout 20 openssl s_client -quiet -connect 127.0.0.1:%d "
+             "-CAfile %s 2>/dev/null",
+             port, cert);
+    cr_expect_eq(response(cmd, out, sizeof(out)), 200, "%s", out);
+    cr_expect(strstr(out, "m path=/metrics"), "%s", out);
+    /* plain HTTP to the TLS port gets no page */
+    cr_expect_neq(get_h(port, "/metrics", "Authorization: Bearer tok", out, sizeof(out)), 200, "%s",
+                  out);
+    kv_http_close(h);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
 }
 
 Test(prom, samples_and_histograms)
