@@ -94,7 +94,7 @@ kv_err kv_client_open(kv_client **out, const char *routers, const kv_client_opts
     if (rv == KV_OK && c->n == 0)
         rv = kvc_set_error(KV_INVALID_ARGUMENT, "no router address given");
     if (rv == KV_OK && opts && opts->direct)
-        rv = kvd_open(&c->direct, c, &co);
+        rv = kvd_open(&c->direct, c, &co, opts->map_key);
     if (rv != KV_OK) {
         kv_client_close(c);
         return rv;

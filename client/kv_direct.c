@@ -42,6 +42,7 @@ struct kvd {
     rpc_pool *peers;        /* channels to the nodes, coordinate set on every call */
     uint64_t next_fetch_ns; /* ticker thread only */
     _Atomic bool want;      /* a reply showed a newer epoch: fetch now */
+    char *map_key;          /* NULL = none: maps are only checked for plausibility */
 };
 
 static rpc_chan *peer_chan(kvd *d, const char *addr)
@@ -50,15 +51,16 @@ static rpc_chan *peer_chan(kvd *d, const char *addr)
 }
 
 /* Installs m if newer and dials its nodes (so the first requests find
- * connections). An unverified map (no TLS with a CA) may not jump the
- * epoch by more than CMAP_MAX_EPOCH_JUMP (docs/protocol.md "Cluster maps
- * from peers"; the client cannot tell which node a router's map came
- * from, so the sender check is the routers' and nodes' own). */
+ * connections). With a map key, m must be signed with it; otherwise an
+ * unverified map (no TLS with a CA) may not jump the epoch by more than
+ * CMAP_MAX_EPOCH_JUMP (docs/protocol.md "Cluster maps from peers"; the
+ * client cannot tell which node a router's map came from, so the sender
+ * check is the routers' and nodes' own). */
 static void install(kvd *d, cmap *m, bool verified)
 {
     cmap *cur = cmap_slot_get(d->maps);
     char why[160];
-    kv_err rv = cmap_vet(cur, m, NULL, verified, why, sizeof(why));
+    kv_err rv = cmap_vet(cur, m, NULL, verified, d->map_key, why, sizeof(why));
     cmap_unref(cur);
     if (rv != KV_OK || cmap_slot_install(d->maps, m) != KV_OK)
         return;
@@ -113,7 +115,7 @@ static void tick(void *arg)
     d->next_fetch_ns = kv_now_ns() + (uint64_t)wait * 1000000ull;
 }
 
-kv_err kvd_open(kvd **out, kv_client *c, const rpc_chan_opts *copts)
+kv_err kvd_open(kvd **out, kv_client *c, const rpc_chan_opts *copts, const char *map_key)
 {
     kvd *d = calloc(1, sizeof(*d));
     if (!d)
@@ -121,7 +123,11 @@ kv_err kvd_open(kvd **out, kv_client *c, const rpc_chan_opts *copts)
     d->c = c;
     rpc_chan_opts co = *copts;
     co.coordinate = true;
-    kv_err rv = rpc_pool_create(&d->peers, &co);
+    kv_err rv = KV_OK;
+    if (map_key && *map_key && !(d->map_key = strdup(map_key)))
+        rv = KV_RESOURCE_EXHAUSTED;
+    if (rv == KV_OK)
+        rv = rpc_pool_create(&d->peers, &co);
     if (rv == KV_OK)
         rv = cmap_slot_create(&d->maps);
     kv_ticker_opts to = {.period_ns = KVD_TICK_NS, .fn = tick, .arg = d};
@@ -142,6 +148,9 @@ void kvd_close(kvd *d)
     kv_ticker_stop(d->ticker);
     rpc_pool_destroy(d->peers);
     cmap_slot_destroy(d->maps);
+    if (d->map_key)
+        memset(d->map_key, 0, strlen(d->map_key));
+    free(d->map_key);
     free(d);
 }
 

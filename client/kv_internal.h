@@ -29,7 +29,7 @@ uint32_t kvc_timeout(const kv_client *c);
 /* Starts learning the cluster map (a ticker thread asks the client's
  * addresses, then the map's nodes); copts are the options of the client's
  * channels. On success *out is owned by the client (kvd_close). */
-kv_err kvd_open(kvd **out, kv_client *c, const rpc_chan_opts *copts);
+kv_err kvd_open(kvd **out, kv_client *c, const rpc_chan_opts *copts, const char *map_key);
 /* Stops the ticker and closes the node channels (in-flight calls complete
  * with CANCELLED first). NULL is a no-op. Not from a callback. */
 void kvd_close(kvd *d);

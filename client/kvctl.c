@@ -31,7 +31,7 @@ static const kvctl_cmd commands[] = {
     {"status", kvctl_status, 0, 0, "status [--verbose]   LIVE KEYS: exact, per node"},
     {"ring", kvctl_ring, 0, 0, "ring"},
     {"ping", kvctl_ping, 0, 0, "ping"},
-    {"cluster", kvctl_cluster, 1, 1000, "cluster init --rf N ID=ADDR..."},
+    {"cluster", kvctl_cluster, 1, 1000, "cluster init --rf N ID=ADDR... | cluster sign"},
     {"hotkeys", kvctl_hotkeys, 0, 0, "hotkeys [--top N] [--watch] [--json]"},
     {"node", kvctl_node, 1, 3,
      "node add ID=ADDR [--weight W] | remove ID | replace OLD_ID NEW_ID=ADDR | weight ID W | "

@@ -32,11 +32,12 @@ typedef struct kvctl_env {
     long rf;
     long top;
     bool watch;
-    long weight;      /* node add: the new node's weight */
-    long stream_mbps; /* node *, repair: stream throttle (0 = the nodes' --stream-mbps) */
-    char *ranges;     /* repair: LO:HI[,LO:HI...] */
-    bool no_wait;     /* node *, repair: start and return without waiting */
-    int consistency;  /* get/put/del: index into default|one|quorum|all */
+    long weight;        /* node add: the new node's weight */
+    long stream_mbps;   /* node *, repair: stream throttle (0 = the nodes' --stream-mbps) */
+    char *ranges;       /* repair: LO:HI[,LO:HI...] */
+    bool no_wait;       /* node *, repair: start and return without waiting */
+    bool sign_unsigned; /* cluster sign: build on the current map although it is not signed */
+    int consistency;    /* get/put/del: index into default|one|quorum|all */
     bool raw, hex, if_absent;
     char *output;     /* get: write the value to this file */
     char *file;       /* put: read the value from this file */
@@ -88,6 +89,13 @@ int kvctl_call(kvctl_env *env, rpc_chan *ch, const char *method, const ProtobufC
                uint32_t deadline_ms, rpc_reply *rep, bool quiet);
 /* Fetches the map from ch: *out = NULL when the peer has none. */
 int kvctl_fetch_map(kvctl_env *env, rpc_chan *ch, cmap **out, bool quiet);
+/* m as a kv.ClusterMap for admin.SetMap, signed with the map key when kvctl
+ * has one (--map-key-file, $KV_MAP_KEY). Free with free_unpacked. */
+kv_err kvctl_map_pb(const kvctl_env *env, const cmap *m, Kv__ClusterMap **out);
+/* kvctl cluster sign: installs the current map again, one epoch later and
+ * signed with the map key, on every node (compare-and-set, like a
+ * membership change). Turns signing on for a cluster made without a key. */
+int kvctl_cluster_sign(kvctl_env *env);
 /* The newest map: the router's (or node's) at --router, then any newer one
  * its nodes hold (a router learns a change within its refresh period).
  * Fails (message printed) when there is no map. */

@@ -47,13 +47,20 @@ int kvctl_ring(kvctl_env *env, int argc, char **argv)
         size_t n = cmap_node_count(m);
         double *share = calloc(n, sizeof(double));
         cmap_shares(m, false, share);
+        char why[200];
+        const char *sig = !cmap_signed(m)     ? "none"
+                          : !env->sec.map_key ? "unchecked"
+                          : cmap_check_sig(m, env->sec.map_key, why, sizeof(why)) == KV_OK
+                              ? "valid"
+                              : "invalid";
         if (env->json)
-            printf("{\"epoch\":%llu,\"rf\":%u,\"vnodes\":%u,\"nodes\":[",
-                   (unsigned long long)cmap_epoch(m), cmap_rf(m), cmap_vnodes(m));
+            printf("{\"epoch\":%llu,\"rf\":%u,\"vnodes\":%u,\"signature\":\"%s\",\"nodes\":[",
+                   (unsigned long long)cmap_epoch(m), cmap_rf(m), cmap_vnodes(m), sig);
         else
-            printf("epoch %llu, rf %u, %u vnodes per unit weight\n%-16s %-28s %6s %8s\n",
-                   (unsigned long long)cmap_epoch(m), cmap_rf(m), cmap_vnodes(m), "ID", "ADDRESS",
-                   "WEIGHT", "SHARE");
+            printf("epoch %llu, rf %u, %u vnodes per unit weight, signature %s\n%-16s %-28s %6s "
+                   "%8s\n",
+                   (unsigned long long)cmap_epoch(m), cmap_rf(m), cmap_vnodes(m), sig, "ID",
+                   "ADDRESS", "WEIGHT", "SHARE");
         for (size_t i = 0; i < n; i++) {
             const cmap_node *nd = cmap_node_at(m, i);
             if (env->json)
@@ -73,8 +80,11 @@ int kvctl_ring(kvctl_env *env, int argc, char **argv)
 
 int kvctl_cluster(kvctl_env *env, int argc, char **argv)
 {
+    if (strcmp(argv[0], "sign") == 0 && argc == 1)
+        return kvctl_cluster_sign(env);
     if (strcmp(argv[0], "init") != 0 || argc < 2 || env->rf < 1) {
-        fprintf(stderr, "usage: kvctl cluster init --rf N ID=ADDR...\n");
+        fprintf(stderr, "usage: kvctl cluster init --rf N ID=ADDR...\n"
+                        "       kvctl cluster sign     (with --map-key-file)\n");
         return KVCTL_USAGE;
     }
     cmap *m = NULL;
@@ -100,7 +110,7 @@ int kvctl_cluster(kvctl_env *env, int argc, char **argv)
         cmap_unref(old);
     }
     Kv__ClusterMap *pb = NULL;
-    if (code == KVCTL_OK && cmap_to_pb(m, &pb) != KV_OK)
+    if (code == KVCTL_OK && kvctl_map_pb(env, m, &pb) != KV_OK)
         code = kvctl_fail(KV_RESOURCE_EXHAUSTED, "out of memory");
     for (size_t i = 0; code == KVCTL_OK && i < n; i++) {
         Kv__SetMapRequest req = KV__SET_MAP_REQUEST__INIT;

@@ -53,7 +53,7 @@ static kv_err set_map(kvctl_env *env, const char *addr, const cmap *m, uint64_t 
                       cmap **body_map, char *msg, size_t len)
 {
     Kv__ClusterMap *pb = NULL;
-    if (cmap_to_pb(m, &pb) != KV_OK)
+    if (kvctl_map_pb(env, m, &pb) != KV_OK)
         return KV_RESOURCE_EXHAUSTED;
     Kv__SetMapRequest req = KV__SET_MAP_REQUEST__INIT;
     req.map = pb;
@@ -71,17 +71,6 @@ static kv_err set_map(kvctl_env *env, const char *addr, const cmap *m, uint64_t 
     return rv;
 }
 
-static bool same_map(const cmap *a, const cmap *b)
-{
-    uint8_t *x = NULL, *y = NULL;
-    size_t lx = 0, ly = 0;
-    bool same = cmap_encode(a, &x, &lx) == KV_OK && cmap_encode(b, &y, &ly) == KV_OK && lx == ly &&
-                memcmp(x, y, lx) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
 /* Installs next on node i of next: compare-and-set from `from` (a node that
  * is behind is brought to `from` first), or install-if-newer for a node not
  * in `from`. Returns KV_OK, UNAVAILABLE (unreachable) or the refusal. */
@@ -93,7 +82,7 @@ static kv_err install_one(kvctl_env *env, const cmap *from, const cmap *next, si
     for (int attempt = 0; attempt < 2; attempt++) {
         cmap *theirs = NULL;
         kv_err rv = set_map(env, nd->addr, next, member ? cmap_epoch(from) : 0, &theirs, msg, len);
-        if (rv == KV_FAILED_PRECONDITION && theirs && same_map(theirs, next))
+        if (rv == KV_FAILED_PRECONDITION && theirs && cmap_same(theirs, next))
             rv = KV_OK; /* installed by an earlier run */
         bool behind =
             rv == KV_FAILED_PRECONDITION && theirs && cmap_epoch(theirs) < cmap_epoch(from);
@@ -677,5 +666,45 @@ int kvctl_node(kvctl_env *env, int argc, char **argv)
         code = usage();
     }
     cmap_unref(tmp);
+    return code;
+}
+
+int kvctl_cluster_sign(kvctl_env *env)
+{
+    if (!env->sec.map_key) {
+        fprintf(stderr, "kvctl: INVALID_ARGUMENT: cluster sign needs the map key "
+                        "(--map-key-file FILE or $KV_MAP_KEY)\n");
+        return KVCTL_USAGE;
+    }
+    env->sign_unsigned = true; /* the point: the current map may be unsigned */
+    cmap *m = NULL, *next = NULL;
+    int code = kvctl_fetch_latest_map(env, &m);
+    char why[300];
+    if (code == KVCTL_OK && cmap_check_sig(m, env->sec.map_key, why, sizeof(why)) == KV_OK) {
+        printf("map epoch %llu is already signed with this key\n",
+               (unsigned long long)cmap_epoch(m));
+        cmap_unref(m);
+        return KVCTL_OK;
+    }
+    Kv__ClusterMap *pb = NULL;
+    if (code == KVCTL_OK && cmap_to_pb(m, &pb) != KV_OK)
+        code = kvctl_fail(KV_RESOURCE_EXHAUSTED, "out of memory");
+    if (code == KVCTL_OK) {
+        pb->epoch++;
+        free(pb->mac.data); /* a mac of another key, if any */
+        pb->mac = (ProtobufCBinaryData){0, NULL};
+        if (cmap_from_pb(pb, &next, why, sizeof(why)) != KV_OK)
+            code = kvctl_fail(KV_INTERNAL, why);
+    }
+    if (code == KVCTL_OK)
+        code = install_all(env, m, next, cmap_transition(m) ? dead_of(m) : NULL, NULL);
+    if (code == KVCTL_OK && env->json)
+        printf("{\"event\":\"signed\",\"epoch\":%llu}\n", (unsigned long long)cmap_epoch(next));
+    else if (code == KVCTL_OK)
+        printf("cluster map signed: epoch %llu\n", (unsigned long long)cmap_epoch(next));
+    if (pb)
+        kv__cluster_map__free_unpacked(pb, NULL);
+    cmap_unref(next);
+    cmap_unref(m);
     return code;
 }

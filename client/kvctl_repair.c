@@ -423,7 +423,7 @@ static int give_map(repair *rp, int node)
         Kv__ClusterMap *pb = NULL;
         Kv__SetMapRequest req = KV__SET_MAP_REQUEST__INIT;
         rpc_reply rep;
-        if (cmap_to_pb(rp->m, &pb) == KV_OK) {
+        if (kvctl_map_pb(rp->env, rp->m, &pb) == KV_OK) {
             req.map = pb;
             code = kvctl_call(rp->env, ch, "admin.SetMap", &req.base, 0, &rep, false);
             if (code == KVCTL_OK)

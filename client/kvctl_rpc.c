@@ -92,19 +92,38 @@ const char *kvctl_serving_name(int s)
     return s >= 0 && s < 5 ? names[s] : "?";
 }
 
+/* With a map key, whether m is signed with it: kvctl builds the next map on
+ * it and signs that, so a forged map must not get through here (that would
+ * launder it). Without a key, every map. */
+static bool trusted(const kvctl_env *env, const cmap *m, const char *from, char *why, size_t len)
+{
+    if (!env->sec.map_key || env->sign_unsigned ||
+        cmap_check_sig(m, env->sec.map_key, why, len) == KV_OK)
+        return true;
+    fprintf(stderr, "kvctl: warning: ignored the map of %s: %s\n", from, why);
+    return false;
+}
+
 int kvctl_fetch_latest_map(kvctl_env *env, cmap **out)
 {
     rpc_chan *ch = kvctl_open_chan(env, env->router);
     cmap *m = NULL;
+    char why[300];
     int code = ch ? kvctl_fetch_map(env, ch, &m, false) : KVCTL_USAGE;
     rpc_chan_close(ch);
     if (code == KVCTL_OK && !m)
         code = kvctl_fail(KV_FAILED_PRECONDITION, "no cluster map yet (run kvctl cluster init)");
+    if (code == KVCTL_OK && !trusted(env, m, env->router, why, sizeof(why))) {
+        char line[420];
+        snprintf(line, sizeof(line), "%s (an unsigned cluster: kvctl cluster sign)", why);
+        code = kvctl_fail(KV_PERMISSION_DENIED, line);
+    }
     for (size_t i = 0; code == KVCTL_OK && i < cmap_node_count(m); i++) {
         rpc_chan *nc = kvctl_open_chan(env, cmap_node_at(m, i)->addr);
         cmap *theirs = NULL;
         if (nc && kvctl_fetch_map(env, nc, &theirs, true) == KVCTL_OK && theirs &&
-            cmap_epoch(theirs) > cmap_epoch(m)) {
+            cmap_epoch(theirs) > cmap_epoch(m) &&
+            trusted(env, theirs, cmap_node_at(m, i)->addr, why, sizeof(why))) {
             cmap_unref(m);
             m = cmap_ref(theirs);
             i = (size_t)-1; /* ask the newer map's nodes too */
@@ -118,4 +137,16 @@ int kvctl_fetch_latest_map(kvctl_env *env, cmap **out)
     }
     *out = m;
     return KVCTL_OK;
+}
+
+kv_err kvctl_map_pb(const kvctl_env *env, const cmap *m, Kv__ClusterMap **out)
+{
+    Kv__ClusterMap *pb = NULL;
+    kv_err rv = cmap_to_pb(m, &pb);
+    if (rv == KV_OK && env->sec.map_key)
+        rv = cmap_sign_pb(m, env->sec.map_key, pb);
+    if (rv != KV_OK && pb)
+        kv__cluster_map__free_unpacked(pb, NULL);
+    *out = rv == KV_OK ? pb : NULL;
+    return rv;
 }

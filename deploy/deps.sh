@@ -7,8 +7,9 @@
 set -euo pipefail
 # Building and running the cluster (./run.sh, ./deps.sh --runtime):
 KV_PACKAGES=(build-essential cmake pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler
-  liburing-dev liburcu-dev libxxhash-dev libinih-dev liblz4-dev libzstd-dev)
-# (LZ4 and zstd: the LSM's block compression, also slowfs's compression model)
+  liburing-dev liburcu-dev libxxhash-dev libinih-dev liblz4-dev libzstd-dev libmbedtls-dev)
+# (LZ4 and zstd: the LSM's block compression, also slowfs's compression model;
+# mbedTLS: HMAC-SHA256 of signed cluster maps, the library nng's TLS uses)
 # and the tests and benchmarks (./test.sh): Criterion, the slow-volume
 # emulator (FUSE), RocksDB
 # for the tier benchmark, docker-compose to check

@@ -356,12 +356,16 @@ kv_err node_h_set_map(rpc_ctx *c, const uint8_t *body, size_t len)
     cmap *m = NULL;
     kv_err rv = req->map ? cmap_from_pb(req->map, &m, c->message, sizeof(c->message))
                          : rpc_fail(c, KV_INVALID_ARGUMENT, "SetMap without a map");
-    if (rv == KV_OK && c->anonymous) {
+    if (rv == KV_OK && n->cfg.sec.map_key) {
+        /* signed maps: whatever the caller's credentials, only a map made
+         * by an admin who holds the map key */
+        rv = cmap_check_sig(m, n->cfg.sec.map_key, c->message, sizeof(c->message));
+    } else if (rv == KV_OK && c->anonymous) {
         /* authentication is off, so anyone may call this: at least no
          * absurd epoch jump, which would hold the node (and through it the
          * cluster) on a map no later change could replace */
         cmap *cur = cmap_slot_get(n->maps);
-        rv = cmap_vet(cur, m, NULL, false, c->message, sizeof(c->message));
+        rv = cmap_vet(cur, m, NULL, false, NULL, c->message, sizeof(c->message));
         cmap_unref(cur);
     }
     if (rv == KV_OK)
@@ -396,14 +400,15 @@ static void install_from_peer(node *n, cmap *m, const char *from, bool verified,
     cmap *cur = cmap_slot_get(n->maps);
     char why[256];
     kv_err rv = !cur || cmap_epoch(m) > cmap_epoch(cur)
-                    ? cmap_vet(cur, m, from, verified, why, sizeof(why))
+                    ? cmap_vet(cur, m, from, verified, n->cfg.sec.map_key, why, sizeof(why))
                     : KV_FAILED_PRECONDITION;
     cmap_unref(cur);
     if (rv == KV_PERMISSION_DENIED)
-        KV_WARN("node",
-                "refused cluster map epoch %llu %s %s: %s (TLS with --tls-ca makes maps "
-                "from peers verifiable)",
-                (unsigned long long)cmap_epoch(m), how, from, why);
+        KV_WARN("node", "refused cluster map epoch %llu %s %s: %s%s",
+                (unsigned long long)cmap_epoch(m), how, from, why,
+                n->cfg.sec.map_key ? ""
+                                   : " (--map-key-file, or TLS with --tls-ca, makes maps "
+                                     "from peers verifiable)");
     if (rv == KV_OK)
         install_map(n, m, 0, false, how, why, sizeof(why));
 }

@@ -11,6 +11,7 @@
 #include "common/log.h"
 
 #define TOKEN_FILE_MAX 4096
+#define MAP_KEY_MIN 16 /* bytes: a shorter HMAC key is guessable */
 
 const char *const rpc_sec_client_auth_choices[] = {"required", "optional", NULL};
 
@@ -73,6 +74,18 @@ kv_err rpc_sec_load(rpc_sec *s, char *err, size_t errlen)
     if (rv == KV_OK)
         rv = load_token("http-token", s->http_auth, s->http_auth_file, "KV_HTTP_TOKEN",
                         &s->http_token, err, errlen);
+    if (rv == KV_OK && s->map_key_file)
+        rv = read_token("map-key-file", s->map_key_file, &s->map_key, err, errlen);
+    else if (rv == KV_OK && getenv("KV_MAP_KEY") && *getenv("KV_MAP_KEY") &&
+             !(s->map_key = strdup(getenv("KV_MAP_KEY"))))
+        rv = KV_RESOURCE_EXHAUSTED;
+    if (rv == KV_OK && s->map_key && strlen(s->map_key) < MAP_KEY_MIN) {
+        snprintf(err, errlen,
+                 "the map key (--map-key-file or $KV_MAP_KEY) has %zu bytes; use at least %d "
+                 "(e.g. head -c 32 /dev/urandom | base64 > FILE)",
+                 strlen(s->map_key), MAP_KEY_MIN);
+        rv = KV_INVALID_ARGUMENT;
+    }
     s->tls = (rpc_tls){.cert = s->tls_cert && *s->tls_cert ? s->tls_cert : NULL,
                        .key = s->tls_key && *s->tls_key ? s->tls_key : NULL,
                        .ca = s->tls_ca && *s->tls_ca ? s->tls_ca : NULL,
@@ -119,10 +132,13 @@ void rpc_sec_free(rpc_sec *s)
         memset(s->admin_token, 0, strlen(s->admin_token));
     if (s->http_token)
         memset(s->http_token, 0, strlen(s->http_token));
+    if (s->map_key)
+        memset(s->map_key, 0, strlen(s->map_key));
     free(s->data_token);
     free(s->admin_token);
     free(s->http_token);
-    s->data_token = s->admin_token = s->http_token = NULL;
+    free(s->map_key);
+    s->data_token = s->admin_token = s->http_token = s->map_key = NULL;
 }
 
 const char *rpc_sec_token(const rpc_sec *s)

@@ -25,10 +25,12 @@ typedef struct rpc_sec {
     char *tls_cert, *tls_key, *tls_ca;
     int tls_client_auth;              /* listeners: 0 = required (with --tls-ca), 1 = optional */
     char *http_auth, *http_auth_file; /* listeners: --http-token, --http-token-file */
+    char *map_key_file;               /* --map-key-file */
     /* filled by rpc_sec_load */
     char *data_token;  /* NULL = none */
     char *admin_token; /* NULL = none */
     char *http_token;  /* NULL = none: /metrics and the dashboard are open */
+    char *map_key;     /* NULL = none: maps are not signed (kvctl) or checked (others) */
     rpc_tls tls;
 } rpc_sec;
 
@@ -57,6 +59,14 @@ extern const char *const rpc_sec_client_auth_choices[];
         {"tls-cert", KV_OPT_STR, &(s)->tls_cert, "own TLS certificate (PEM) for tls+tcp://", NULL, \
          0,          0},                                                                           \
         {"tls-key", KV_OPT_STR, &(s)->tls_key, "its private key (PEM, unencrypted)", NULL, 0, 0},  \
+        {"map-key-file",                                                                           \
+         KV_OPT_STR,                                                                               \
+         &(s)->map_key_file,                                                                       \
+         "file holding the cluster's map key (or $KV_MAP_KEY): kvctl signs the maps it makes, "    \
+         "nodes, routers and smart clients install only maps signed with it",                      \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         0},                                                                                       \
     {                                                                                              \
         "tls-ca", KV_OPT_STR, &(s)->tls_ca,                                                        \
             "CA (PEM) peers' certificates must chain to (mutual TLS)", NULL, 0, 0                  \

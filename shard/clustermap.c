@@ -9,6 +9,7 @@
 #include "shard/clustermap.h"
 
 #include <ctype.h>
+#include <mbedtls/md.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -31,6 +32,8 @@ struct cmap {
     uint32_t *pend_idx; /* pending ring index -> map index */
     Kv__Transition *tr; /* own copy, NULL without a transition */
     _Atomic uint8_t *health;
+    uint8_t mac[CMAP_MAC_LEN]; /* ClusterMap.mac when it had CMAP_MAC_LEN bytes */
+    bool has_mac;
 };
 
 struct cmap_slot {
@@ -396,6 +399,10 @@ kv_err cmap_from_pb(const Kv__ClusterMap *pb, cmap **out, char *err, size_t errl
     m->rf = pb->rf;
     m->vnodes = pb->vnodes ? pb->vnodes : RING_DEFAULT_VNODES;
     m->n = pb->n_nodes;
+    if (pb->mac.len == CMAP_MAC_LEN) { /* any other length cannot verify: as if unsigned */
+        memcpy(m->mac, pb->mac.data, CMAP_MAC_LEN);
+        m->has_mac = true;
+    }
     if ((rv = map_fill(m, pb)) != KV_OK) {
         map_free(m);
         if (rv == KV_INVALID_ARGUMENT) /* not expected after check_map */
@@ -442,7 +449,8 @@ static void pb_view(const cmap *m, Kv__ClusterMap *pb, Kv__NodeInfo *nodes, Kv__
     pb->transition = m->tr;
 }
 
-kv_err cmap_encode(const cmap *m, uint8_t **buf, size_t *len)
+/* m as a kv.ClusterMap, with its mac or without it (the bytes it signs). */
+static kv_err encode(const cmap *m, bool with_mac, uint8_t **buf, size_t *len)
 {
     Kv__ClusterMap pb;
     Kv__NodeInfo *nodes = malloc(m->n * sizeof *nodes);
@@ -450,8 +458,10 @@ kv_err cmap_encode(const cmap *m, uint8_t **buf, size_t *len)
     uint8_t *b = NULL;
     if (nodes != NULL && ptrs != NULL) {
         pb_view(m, &pb, nodes, ptrs);
+        if (with_mac && m->has_mac)
+            pb.mac = (ProtobufCBinaryData){CMAP_MAC_LEN, (uint8_t *)m->mac};
         size_t n = kv__cluster_map__get_packed_size(&pb);
-        if ((b = malloc(n)) != NULL) {
+        if ((b = malloc(n ? n : 1)) != NULL) {
             *len = kv__cluster_map__pack(&pb, b);
             *buf = b;
         }
@@ -459,6 +469,80 @@ kv_err cmap_encode(const cmap *m, uint8_t **buf, size_t *len)
     free(nodes);
     free(ptrs);
     return b != NULL ? KV_OK : KV_RESOURCE_EXHAUSTED;
+}
+
+kv_err cmap_encode(const cmap *m, uint8_t **buf, size_t *len)
+{
+    return encode(m, true, buf, len);
+}
+
+/* HMAC-SHA256 of m's canonical encoding (without its mac) under key. */
+static kv_err map_mac(const cmap *m, const char *key, uint8_t out[CMAP_MAC_LEN])
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    kv_err rv = encode(m, false, &buf, &len);
+    if (rv != KV_OK)
+        return rv;
+    const mbedtls_md_info_t *md = mbedtls_md_info_from_type(MBEDTLS_MD_SHA256);
+    int r = md ? mbedtls_md_hmac(md, (const unsigned char *)key, strlen(key), buf, len, out) : -1;
+    free(buf);
+    return r == 0 ? KV_OK : KV_INTERNAL;
+}
+
+kv_err cmap_sign_pb(const cmap *m, const char *key, Kv__ClusterMap *pb)
+{
+    uint8_t mac[CMAP_MAC_LEN];
+    kv_err rv = map_mac(m, key, mac);
+    uint8_t *copy = rv == KV_OK ? malloc(CMAP_MAC_LEN) : NULL;
+    if (rv == KV_OK && !copy)
+        rv = KV_RESOURCE_EXHAUSTED;
+    if (rv != KV_OK)
+        return rv;
+    memcpy(copy, mac, CMAP_MAC_LEN);
+    free(pb->mac.data);
+    pb->mac = (ProtobufCBinaryData){CMAP_MAC_LEN, copy};
+    return KV_OK;
+}
+
+bool cmap_same(const cmap *a, const cmap *b)
+{
+    uint8_t *x = NULL, *y = NULL;
+    size_t lx = 0, ly = 0;
+    bool same = encode(a, false, &x, &lx) == KV_OK && encode(b, false, &y, &ly) == KV_OK &&
+                lx == ly && memcmp(x, y, lx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+bool cmap_signed(const cmap *m)
+{
+    return m->has_mac;
+}
+
+kv_err cmap_check_sig(const cmap *m, const char *key, char *why, size_t len)
+{
+    if (!m->has_mac) {
+        snprintf(why, len, "map epoch %llu is not signed, and this process has a map key",
+                 (unsigned long long)m->epoch);
+        return KV_PERMISSION_DENIED;
+    }
+    uint8_t want[CMAP_MAC_LEN];
+    kv_err rv = map_mac(m, key, want);
+    if (rv != KV_OK) {
+        snprintf(why, len, "cannot compute the map's HMAC");
+        return rv;
+    }
+    uint8_t diff = 0; /* every byte compared: the time does not tell where they differ */
+    for (size_t i = 0; i < CMAP_MAC_LEN; i++)
+        diff |= (uint8_t)(want[i] ^ m->mac[i]);
+    if (diff) {
+        snprintf(why, len, "map epoch %llu is signed with another map key",
+                 (unsigned long long)m->epoch);
+        return KV_PERMISSION_DENIED;
+    }
+    return KV_OK;
 }
 
 kv_err cmap_to_pb(const cmap *m, Kv__ClusterMap **out)
@@ -497,6 +581,10 @@ kv_err cmap_to_pb(const cmap *m, Kv__ClusterMap **out)
             ok = (pb->transition = kv__transition__unpack(NULL, len, buf)) != NULL;
             free(buf);
         }
+    }
+    if (ok && m->has_mac && (ok = (pb->mac.data = malloc(CMAP_MAC_LEN)) != NULL)) {
+        memcpy(pb->mac.data, m->mac, CMAP_MAC_LEN);
+        pb->mac.len = CMAP_MAC_LEN;
     }
     if (!ok) {
         kv__cluster_map__free_unpacked(pb, NULL);
@@ -774,9 +862,11 @@ cmap *cmap_slot_get(cmap_slot *s)
     return m;
 }
 
-kv_err cmap_vet(const cmap *cur, const cmap *m, const char *addr, bool verified, char *why,
-                size_t len)
+kv_err cmap_vet(const cmap *cur, const cmap *m, const char *addr, bool verified, const char *key,
+                char *why, size_t len)
 {
+    if (key && *key)
+        return cmap_check_sig(m, key, why, len);
     if (verified || !cur)
         return KV_OK;
     if (m->epoch > cur->epoch && m->epoch - cur->epoch > CMAP_MAX_EPOCH_JUMP) {

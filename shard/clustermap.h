@@ -199,16 +199,36 @@ kv_err cmap_slot_install(cmap_slot *s, cmap *m);
 /* How far a map from an unverified peer may move the epoch at once. */
 #define CMAP_MAX_EPOCH_JUMP 64u
 
+/* Signed maps (docs/protocol.md "Signed maps"): ClusterMap.mac is the
+ * HMAC-SHA256, keyed with the cluster's map key (--map-key-file), of the
+ * map's canonical encoding without the mac (cmap_encode of the decoded map,
+ * so a map keeps its signature through every decode and re-encode). */
+#define CMAP_MAC_LEN 32u
+
+/* Sets pb->mac (freeing any old one) to m's signature under key; pb is m
+ * as cmap_to_pb made it (or any encoding of the same map). */
+kv_err cmap_sign_pb(const cmap *m, const char *key, Kv__ClusterMap *pb);
+/* Whether a and b are the same map (their canonical encodings, macs aside). */
+bool cmap_same(const cmap *a, const cmap *b);
+/* Whether m carries a mac (checked or not). */
+bool cmap_signed(const cmap *m);
+/* KV_OK when m's mac verifies under key; PERMISSION_DENIED (unsigned, or
+ * signed with another key) with the reason in why. Constant time in the
+ * mac's bytes. */
+kv_err cmap_check_sig(const cmap *m, const char *key, char *why, size_t len);
+
 /* Whether m may replace cur (NULL = no map yet) when it came from the peer
  * at addr (NULL = unknown) in a reply (admin.GetMap, a FAILED_PRECONDITION
  * body); verified: the reply proved its sender (rpc_reply.verified: TLS
- * with the cluster's CA). docs/protocol.md "Cluster maps from peers":
- * a verified map is taken; an unverified one only when it is plausible:
- * it lists a node at addr (the sender is a member where it answered) and
- * its epoch is at most CMAP_MAX_EPOCH_JUMP past cur's; with no map yet,
- * the first one is taken (from the operator's seeds). KV_OK, or
- * PERMISSION_DENIED with the reason in why. */
-kv_err cmap_vet(const cmap *cur, const cmap *m, const char *addr, bool verified, char *why,
-                size_t len);
+ * with the cluster's CA). docs/protocol.md "Cluster maps from peers".
+ * With a map key (key non-NULL and non-empty) only the signature counts:
+ * m must be signed with that key, whoever sent it. Without one, a verified
+ * map is taken; an unverified one only when it is plausible: it lists a
+ * node at addr (the sender is a member where it answered) and its epoch is
+ * at most CMAP_MAX_EPOCH_JUMP past cur's; with no map yet, the first one is
+ * taken (from the operator's seeds). KV_OK, or PERMISSION_DENIED with the
+ * reason in why. */
+kv_err cmap_vet(const cmap *cur, const cmap *m, const char *addr, bool verified, const char *key,
+                char *why, size_t len);
 
 #endif

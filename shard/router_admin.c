@@ -26,14 +26,16 @@ static bool install_from(router *r, cmap *m, const char *from, bool verified)
     cmap *cur = cmap_slot_get(r->maps);
     char why[200];
     bool newer = !cur || cmap_epoch(m) > cmap_epoch(cur);
-    kv_err rv = newer ? cmap_vet(cur, m, from, verified, why, sizeof(why)) : KV_OK;
+    kv_err rv =
+        newer ? cmap_vet(cur, m, from, verified, r->cfg.sec.map_key, why, sizeof(why)) : KV_OK;
     cmap_unref(cur);
     if (rv != KV_OK) {
         atomic_fetch_add(&r->maps_refused, 1);
-        KV_WARN("router",
-                "refused cluster map epoch %llu from %s: %s (TLS with --tls-ca makes "
-                "maps from peers verifiable)",
-                (unsigned long long)cmap_epoch(m), from, why);
+        KV_WARN("router", "refused cluster map epoch %llu from %s: %s%s",
+                (unsigned long long)cmap_epoch(m), from, why,
+                r->cfg.sec.map_key ? ""
+                                   : " (--map-key-file, or TLS with --tls-ca, makes maps "
+                                     "from peers verifiable)");
         return false;
     }
     if (newer && cmap_slot_install(r->maps, m) == KV_OK) {

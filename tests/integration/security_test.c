@@ -458,10 +458,10 @@ static void write_some(int from, int n)
     kv_client_close(c);
 }
 
-Test(security, impostor_maps_refused, .fini = teardown, .timeout = 300)
+/* Kills n3 and serves its address with the impostor (its map: fake_map
+ * of epoch, the impostor alone at listed; NULL = at n3's own address). */
+static rpc_server *impostor_at_n3(uint64_t epoch, const char *listed)
 {
-    start_tokens_cluster(3, 1);
-    uint64_t epoch = map_epoch(cl.router_url);
     kvt_kill_node(&cl, 2, SIGKILL);
     rpc_server *imp;
     rpc_server_opts so = {.url = cl.node_url[2],
@@ -472,10 +472,43 @@ Test(security, impostor_maps_refused, .fini = teardown, .timeout = 300)
     /* the address may take a moment to be free again */
     kv_err rv = KV_UNAVAILABLE;
     for (int i = 0; i < 100 && rv != KV_OK; i++, usleep(50000)) {
-        fake_map(epoch + 1000, cl.node_url[2]); /* an absurd epoch jump */
+        fake_map(epoch, listed ? listed : cl.node_url[2]);
         rv = rpc_server_open(&imp, &so, err, sizeof(err));
     }
     cr_assert_eq(rv, KV_OK, "%s", err);
+    return imp;
+}
+
+/* The router's admin.Stats figure name (0 when absent). */
+static uint64_t router_stat(const char *name)
+{
+    Kv__StatsRequest st = KV__STATS_REQUEST__INIT;
+    rpc_reply r;
+    char msg[300];
+    cr_assert_eq(call_tls(cl.router_url, ADMIN, NULL, false, "admin.Stats", &st.base, msg, &r),
+                 KV_OK);
+    Kv__StatsReply *sr = kv__stats_reply__unpack(NULL, r.len, r.body);
+    uint64_t v = 0;
+    for (size_t i = 0; sr && i < sr->n_stats; i++)
+        if (strcmp(sr->stats[i]->name, name) == 0)
+            v = strtoull(sr->stats[i]->value, NULL, 10);
+    kv__stats_reply__free_unpacked(sr, NULL);
+    rpc_reply_free(&r);
+    return v;
+}
+
+static void impostor_stop(rpc_server *imp)
+{
+    rpc_server_close(imp);
+    free(fake_body);
+    fake_body = NULL;
+}
+
+Test(security, impostor_maps_refused, .fini = teardown, .timeout = 300)
+{
+    start_tokens_cluster(3, 1);
+    uint64_t epoch = map_epoch(cl.router_url);
+    rpc_server *imp = impostor_at_n3(epoch + 1000, NULL); /* an absurd epoch jump */
     write_some(0, 60);
     usleep(500000);
     cr_assert_eq(map_epoch(cl.router_url), epoch, "the router took the impostor's map");
@@ -487,23 +520,117 @@ Test(security, impostor_maps_refused, .fini = teardown, .timeout = 300)
     write_some(60, 60);
     usleep(500000);
     cr_assert_eq(map_epoch(cl.router_url), epoch, "the router took a map not listing its sender");
-    /* the router counted its refusals */
-    Kv__StatsRequest st = KV__STATS_REQUEST__INIT;
+    cr_assert_gt(router_stat("maps_refused"), 0, "the router counted its refusals");
+    impostor_stop(imp);
+}
+
+/* ---- signed maps (--map-key-file, $KV_MAP_KEY) ---- */
+
+#define MAP_KEY "signed-maps-test-key-0123456789"
+
+static void map_key_teardown(void)
+{
+    unsetenv("KV_MAP_KEY");
+    teardown();
+}
+
+/* The map of url with epoch moved to epoch, without a mac, or signed with
+ * key when given: a SetMap request's map (free with free_unpacked). */
+static Kv__ClusterMap *map_at(const char *url, uint64_t epoch, const char *key)
+{
+    Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
     rpc_reply r;
     char msg[300];
-    cr_assert_eq(call_tls(cl.router_url, ADMIN, NULL, false, "admin.Stats", &st.base, msg, &r),
-                 KV_OK);
-    Kv__StatsReply *sr = kv__stats_reply__unpack(NULL, r.len, r.body);
-    uint64_t refused = 0;
-    for (size_t i = 0; sr && i < sr->n_stats; i++)
-        if (strcmp(sr->stats[i]->name, "maps_refused") == 0)
-            refused = strtoull(sr->stats[i]->value, NULL, 10);
-    cr_assert_gt(refused, 0);
-    kv__stats_reply__free_unpacked(sr, NULL);
+    cr_assert_eq(call_tls(url, ADMIN, NULL, false, "admin.GetMap", &req.base, msg, &r), KV_OK);
+    Kv__GetMapReply *g = kv__get_map_reply__unpack(NULL, r.len, r.body);
+    cr_assert(g && g->has_map && g->map);
+    Kv__ClusterMap *pb = g->map;
+    g->map = NULL;
+    kv__get_map_reply__free_unpacked(g, NULL);
     rpc_reply_free(&r);
-    rpc_server_close(imp);
-    free(fake_body);
-    fake_body = NULL;
+    pb->epoch = epoch;
+    free(pb->mac.data);
+    pb->mac = (ProtobufCBinaryData){0, NULL};
+    if (key) {
+        cmap *m;
+        cr_assert_eq(cmap_from_pb(pb, &m, msg, sizeof(msg)), KV_OK, "%s", msg);
+        cr_assert_eq(cmap_sign_pb(m, key, pb), KV_OK);
+        cmap_unref(m);
+    }
+    return pb;
+}
+
+/* With a map key, only maps an admin holding the key made are installed:
+ * neither the admin token alone (admin.SetMap) nor a plausible impostor
+ * (listing itself, one epoch ahead: what plaintext clusters without a key
+ * still accept) re-routes the cluster; kvctl with the key still can. */
+Test(security, signed_maps_refuse_plaintext_impostors, .fini = map_key_teardown, .timeout = 300)
+{
+    setenv("KV_MAP_KEY", MAP_KEY, 1); /* every process of the cluster, and kvctl */
+    start_tokens_cluster(3, 1);
+    char out[8192], msg[300];
+    cr_assert_eq(kvt_kvctl(&cl, "--json ring", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"signature\":\"valid\""), "cluster init signed the map: %s", out);
+    /* kvctl with the key changes the cluster */
+    uint64_t e0 = map_epoch(cl.router_url);
+    cr_assert_eq(kvt_kvctl(&cl, "node weight n1 2", out, sizeof(out)), 0, "%s", out);
+    uint64_t epoch = map_epoch(cl.node_url[0]);
+    cr_assert_geq(epoch, e0 + 2, "the reweight's transition and its completion");
+    for (int i = 0; i < 100 && map_epoch(cl.router_url) < epoch; i++)
+        usleep(100000);
+    cr_assert_eq(map_epoch(cl.router_url), epoch, "the router follows signed maps");
+    /* the admin token without the key: refused, whatever the epoch */
+    Kv__SetMapRequest req = KV__SET_MAP_REQUEST__INIT;
+    req.map = map_at(cl.node_url[0], epoch + 1, NULL);
+    cr_assert_eq(call(cl.node_url[0], ADMIN, "admin.SetMap", &req.base, msg), KV_PERMISSION_DENIED,
+                 "%s", msg);
+    cr_assert(strstr(msg, "not signed"), "%s", msg);
+    kv__cluster_map__free_unpacked(req.map, NULL);
+    req.map = map_at(cl.node_url[0], epoch + 1, "another-key-of-sixteen-bytes");
+    cr_assert_eq(call(cl.node_url[0], ADMIN, "admin.SetMap", &req.base, msg), KV_PERMISSION_DENIED,
+                 "%s", msg);
+    cr_assert(strstr(msg, "another map key"), "%s", msg);
+    kv__cluster_map__free_unpacked(req.map, NULL);
+    cr_assert_eq(map_epoch(cl.node_url[0]), epoch);
+    /* the impostor the plausibility rules let through: itself, one epoch on */
+    uint64_t refused = router_stat("maps_refused");
+    rpc_server *imp = impostor_at_n3(epoch + 1, NULL);
+    write_some(0, 60);
+    usleep(1500000); /* more than one of the nodes' and router's map refreshes */
+    cr_assert_eq(map_epoch(cl.router_url), epoch, "the router took the impostor's map");
+    cr_assert_eq(map_epoch(cl.node_url[0]), epoch, "n1 took the impostor's map");
+    cr_assert_eq(map_epoch(cl.node_url[1]), epoch, "n2 took the impostor's map");
+    cr_assert_gt(router_stat("maps_refused"), refused, "the router counted its refusals");
+    impostor_stop(imp);
+}
+
+/* Turning signing on for a cluster made without a key: kvctl with the key
+ * refuses to build on the unsigned map until kvctl cluster sign re-issues
+ * it, one epoch later, signed. */
+Test(security, cluster_sign_turns_signing_on, .fini = map_key_teardown, .timeout = 300)
+{
+    start_tokens_cluster(3, 1);       /* no key anywhere */
+    setenv("KV_MAP_KEY", MAP_KEY, 1); /* kvctl from now on */
+    char out[8192];
+    cr_assert_eq(kvt_kvctl(&cl, "--json ring", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"signature\":\"none\""), "%s", out);
+    cr_assert_neq(kvt_kvctl(&cl, "node weight n1 2", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "PERMISSION_DENIED") && strstr(out, "cluster sign"), "%s", out);
+    uint64_t epoch = map_epoch(cl.node_url[0]);
+    cr_assert_eq(kvt_kvctl(&cl, "cluster sign", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "signed"), "%s", out);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(map_epoch(cl.node_url[i]), epoch + 1, "n%d has the signed map", i + 1);
+    for (int i = 0; i < 100 && map_epoch(cl.router_url) < epoch + 1; i++)
+        usleep(100000);
+    cr_assert_eq(kvt_kvctl(&cl, "--json ring", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"signature\":\"valid\""), "%s", out);
+    cr_assert_eq(kvt_kvctl(&cl, "cluster sign", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "already signed"), "%s", out);
+    cr_assert_eq(kvt_kvctl(&cl, "node weight n1 2", out, sizeof(out)), 0, "%s", out);
+    unsetenv("KV_MAP_KEY");
+    cr_assert_neq(kvt_kvctl(&cl, "cluster sign", out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "map key"), "%s", out);
 }
 
 /* Without any authentication, admin.SetMap is open: at least it cannot

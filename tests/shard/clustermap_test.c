@@ -357,18 +357,95 @@ Test(cmap, tls_addresses_and_vetting_maps_from_peers)
                  KV_OK);
     cr_assert_eq(cmap_parse_spec(6, 1, specs + 1, 1, &elsewhere, err, sizeof err), KV_OK);
     const char *from = "tls+tcp://10.0.0.1:7001";
-    cr_assert_eq(cmap_vet(NULL, jump, from, false, err, sizeof err), KV_OK, "first map: seeds");
-    cr_assert_eq(cmap_vet(cur, m, from, false, err, sizeof err), KV_OK, "%s", err);
-    cr_assert_eq(cmap_vet(cur, jump, from, false, err, sizeof err), KV_PERMISSION_DENIED);
+    cr_assert_eq(cmap_vet(NULL, jump, from, false, NULL, err, sizeof err), KV_OK,
+                 "first map: seeds");
+    cr_assert_eq(cmap_vet(cur, m, from, false, NULL, err, sizeof err), KV_OK, "%s", err);
+    cr_assert_eq(cmap_vet(cur, jump, from, false, NULL, err, sizeof err), KV_PERMISSION_DENIED);
     cr_assert(strstr(err, "over 64"), "%s", err);
-    cr_assert_eq(cmap_vet(cur, jump, from, true, err, sizeof err), KV_OK, "verified");
-    cr_assert_eq(cmap_vet(cur, elsewhere, from, false, err, sizeof err), KV_PERMISSION_DENIED);
+    cr_assert_eq(cmap_vet(cur, jump, from, true, NULL, err, sizeof err), KV_OK, "verified");
+    cr_assert_eq(cmap_vet(cur, elsewhere, from, false, NULL, err, sizeof err),
+                 KV_PERMISSION_DENIED);
     cr_assert(strstr(err, "does not list its sender"), "%s", err);
-    cr_assert_eq(cmap_vet(cur, elsewhere, NULL, false, err, sizeof err), KV_OK, "sender unknown");
+    cr_assert_eq(cmap_vet(cur, elsewhere, NULL, false, NULL, err, sizeof err), KV_OK,
+                 "sender unknown");
     cmap_unref(cur);
     cmap_unref(m);
     cmap_unref(jump);
     cmap_unref(elsewhere);
+}
+
+/* A map key: a signed map keeps its signature through every encoding a
+ * map goes through (pb, bytes, decode, re-encode, a transition's copy);
+ * with a key only maps signed with it pass cmap_vet, whatever else holds. */
+Test(cmap, signed_maps_verify_through_every_encoding)
+{
+    char *specs[3] = {"n1=tcp://10.0.0.1:7001@3", "n2=tcp://10.0.0.2:7002",
+                      "n3=tcp://10.0.0.3:7003"};
+    const char *key = "0123456789abcdef-cluster-key", *other = "0123456789abcdef-other-key";
+    cmap *m, *back, *again, *cur;
+    char err[256];
+    cr_assert_eq(cmap_parse_spec(7, 2, specs, 3, &m, err, sizeof err), KV_OK, "%s", err);
+    cr_assert_eq(cmap_parse_spec(6, 2, specs, 3, &cur, err, sizeof err), KV_OK, "%s", err);
+    cr_expect(!cmap_signed(m));
+    cr_expect_eq(cmap_check_sig(m, key, err, sizeof err), KV_PERMISSION_DENIED);
+    cr_expect(strstr(err, "not signed"), "%s", err);
+    Kv__ClusterMap *pb = NULL;
+    cr_assert_eq(cmap_to_pb(m, &pb), KV_OK);
+    cr_assert_eq(cmap_sign_pb(m, key, pb), KV_OK);
+    cr_assert_eq(pb->mac.len, CMAP_MAC_LEN);
+    cr_assert_eq(cmap_sign_pb(m, key, pb), KV_OK, "re-signing replaces the mac");
+    /* pb -> bytes -> decode -> encode -> decode */
+    size_t len = kv__cluster_map__get_packed_size(pb);
+    uint8_t *buf = malloc(len);
+    kv__cluster_map__pack(pb, buf);
+    cr_assert_eq(cmap_decode(buf, len, &back, err, sizeof err), KV_OK, "%s", err);
+    free(buf);
+    cr_expect(cmap_signed(back));
+    cr_expect_eq(cmap_check_sig(back, key, err, sizeof err), KV_OK, "%s", err);
+    cr_expect_eq(cmap_check_sig(back, other, err, sizeof err), KV_PERMISSION_DENIED);
+    cr_expect(strstr(err, "another map key"), "%s", err);
+    cr_assert_eq(cmap_encode(back, &buf, &len), KV_OK);
+    cr_assert_eq(cmap_decode(buf, len, &again, err, sizeof err), KV_OK, "%s", err);
+    free(buf);
+    cr_expect_eq(cmap_check_sig(again, key, err, sizeof err), KV_OK, "%s", err);
+    cr_expect(cmap_same(m, again), "the same map, signed or not");
+    /* cmap_vet with a key: the signature decides, not TLS or plausibility */
+    cr_expect_eq(cmap_vet(cur, again, "tcp://10.0.0.1:7001", false, key, err, sizeof err), KV_OK,
+                 "%s", err);
+    cr_expect_eq(cmap_vet(cur, m, "tcp://10.0.0.1:7001", true, key, err, sizeof err),
+                 KV_PERMISSION_DENIED, "an unsigned map from a verified peer");
+    cr_expect_eq(cmap_vet(NULL, m, NULL, false, key, err, sizeof err), KV_PERMISSION_DENIED,
+                 "an unsigned first map");
+    /* one changed field breaks the signature: epoch, a weight, an address */
+    pb->epoch = 8;
+    cmap *forged;
+    cr_assert_eq(cmap_from_pb(pb, &forged, err, sizeof err), KV_OK, "%s", err);
+    cr_expect_eq(cmap_check_sig(forged, key, err, sizeof err), KV_PERMISSION_DENIED, "epoch moved");
+    cmap_unref(forged);
+    pb->epoch = 7;
+    pb->nodes[1]->weight = 5;
+    cr_assert_eq(cmap_from_pb(pb, &forged, err, sizeof err), KV_OK, "%s", err);
+    cr_expect_eq(cmap_check_sig(forged, key, err, sizeof err), KV_PERMISSION_DENIED, "weight");
+    cmap_unref(forged);
+    pb->nodes[1]->weight = 1;
+    free(pb->nodes[2]->addr);
+    pb->nodes[2]->addr = strdup("tcp://10.6.6.6:7003");
+    cr_assert_eq(cmap_from_pb(pb, &forged, err, sizeof err), KV_OK, "%s", err);
+    cr_expect_eq(cmap_check_sig(forged, key, err, sizeof err), KV_PERMISSION_DENIED, "address");
+    cmap_unref(forged);
+    /* a mac of the wrong length is no mac */
+    pb->mac.len = 16;
+    free(pb->nodes[2]->addr);
+    pb->nodes[2]->addr = strdup("tcp://10.0.0.3:7003");
+    cr_assert_eq(cmap_from_pb(pb, &forged, err, sizeof err), KV_OK, "%s", err);
+    cr_expect(!cmap_signed(forged));
+    cmap_unref(forged);
+    pb->mac.len = CMAP_MAC_LEN;
+    kv__cluster_map__free_unpacked(pb, NULL);
+    cmap_unref(m);
+    cmap_unref(back);
+    cmap_unref(again);
+    cmap_unref(cur);
 }
 
 /* Issue 16 item 7: every replica array of the node and the router has

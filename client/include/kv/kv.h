@@ -55,6 +55,11 @@ typedef struct kv_client_opts {
      * and a client certificate and its key for servers that require one
      * (mutual TLS). NULL = none. */
     const char *tls_cert, *tls_key, *tls_ca;
+    /* Smart client: the cluster's map key (the contents of kvctl's
+     * --map-key-file; NULL = none). With it, only maps signed with that key
+     * are used; without it, maps are checked for plausibility only (use TLS
+     * with tls_ca). Copied. */
+    const char *map_key;
 } kv_client_opts;
 
 /* Opens a client for "tcp://host:port[,tcp://host2:port]". opts may be NULL.
