@@ -119,11 +119,11 @@ static kv_err check_opts(kvb_opts *o, char *err, size_t errlen)
 static kv_err keep_strings(kvb_opts *o, char *err, size_t errlen)
 {
     kv_err rv = rpc_sec_load(&o->sec, err, errlen);
-    const char *tok[2] = {o->sec.data_token, o->sec.admin_token};
-    char *buf[2] = {o->auth_buf, o->admin_buf};
-    for (int i = 0; rv == KV_OK && i < 2; i++)
+    const char *tok[3] = {o->sec.data_token, o->sec.admin_token, o->sec.map_key};
+    char *buf[3] = {o->auth_buf, o->admin_buf, o->map_buf};
+    for (int i = 0; rv == KV_OK && i < 3; i++)
         if (tok[i] && strlen(tok[i]) >= sizeof(o->auth_buf))
-            rv = fail(err, errlen, "--auth/--admin-auth: token too long");
+            rv = fail(err, errlen, "--auth/--admin-auth/--map-key-file: token or key too long");
         else
             snprintf(buf[i], sizeof(o->auth_buf), "%s", tok[i] ? tok[i] : "");
     const char *tls[3] = {o->sec.tls.cert, o->sec.tls.key, o->sec.tls.ca};
@@ -239,7 +239,8 @@ static kv_err open_worker(const kvb_opts *o, kvb_shared *sh, kvb_worker *w, long
                          .tls_cert = o->tls_buf[0][0] ? o->tls_buf[0] : NULL,
                          .tls_key = o->tls_buf[1][0] ? o->tls_buf[1] : NULL,
                          .tls_ca = o->tls_buf[2][0] ? o->tls_buf[2] : NULL,
-                         .direct = o->direct};
+                         .direct = o->direct,
+                         .map_key = o->map_buf[0] ? o->map_buf : NULL};
     kv_err rv = kv_client_open(&w->c, o->router[i % o->nrouters], &co);
     if (rv != KV_OK)
         fprintf(stderr, PROG ": %s: %s\n", o->router[i % o->nrouters], kv_last_error());

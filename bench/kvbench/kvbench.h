@@ -44,6 +44,7 @@ typedef struct kvb_opts {
     char router[KVB_MAX_ROUTERS][256];
     int nrouters;
     char auth_buf[256];    /* data token, "" = none */
+    char map_buf[256];     /* --direct: the map key (--map-key-file), "" = none */
     char admin_buf[256];   /* admin token, "" = none */
     char tls_buf[3][1024]; /* --tls-cert, --tls-key, --tls-ca ("" = none) */
     char dist_buf[32];

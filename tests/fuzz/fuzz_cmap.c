@@ -8,7 +8,10 @@
  * invariants (replica sets distinct and in range, owner first, pending
  * replicas outside the current set, ring shares summing to one); every
  * rejection must come with a printable message (it is echoed into RPC
- * statuses, whose message is a proto3 string). Nothing outlives an input.
+ * statuses, whose message is a proto3 string). A map signed with a key
+ * verifies under it after the round trips and under no other key, and the
+ * input's own mac (if any) verifies with the harness's key only when it is
+ * the map's real signature. Nothing outlives an input.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -79,6 +82,33 @@ static void check_round_trip(const cmap *m)
     free(b);
 }
 
+#define FZ_KEY "fuzz-map-key-0123456789"
+
+/* Signs m, decodes the signed encoding: verifies under FZ_KEY only. */
+static void check_signature(const cmap *m)
+{
+    char why[256];
+    Kv__ClusterMap *pb = NULL;
+    FZ_CHECK(cmap_to_pb(m, &pb) == KV_OK, "to_pb failed");
+    FZ_CHECK(cmap_sign_pb(m, FZ_KEY, pb) == KV_OK, "sign failed");
+    size_t len = kv__cluster_map__get_packed_size(pb);
+    uint8_t *buf = malloc(len ? len : 1);
+    FZ_CHECK(buf, "out of memory");
+    kv__cluster_map__pack(pb, buf);
+    kv__cluster_map__free_unpacked(pb, NULL);
+    cmap *s = NULL;
+    kv_err rv = cmap_decode(buf, len, &s, why, sizeof(why));
+    free(buf);
+    FZ_CHECK(rv == KV_OK, "a signed map's encoding is refused: %s", why);
+    FZ_CHECK(cmap_signed(s) && cmap_same(s, m), "signing changed the map");
+    FZ_CHECK(cmap_check_sig(s, FZ_KEY, why, sizeof(why)) == KV_OK, "own signature refused: %s",
+             why);
+    FZ_CHECK(cmap_check_sig(s, FZ_KEY "x", why, sizeof(why)) == KV_PERMISSION_DENIED,
+             "verified under another key");
+    FZ_CHECK(why[0] && fz_utf8_str_ok(why), "refusal message is empty or not UTF-8");
+    cmap_unref(s);
+}
+
 static void check_map(const cmap *m, const uint8_t *data, size_t size)
 {
     size_t n = cmap_node_count(m);
@@ -90,6 +120,10 @@ static void check_map(const cmap *m, const uint8_t *data, size_t size)
         FZ_CHECK(cmap_find_addr(m, nd->addr) == (int)i, "cmap_find_addr(%s) != %zu", nd->addr, i);
     }
     check_round_trip(m);
+    check_signature(m);
+    char why[256];
+    if (cmap_signed(m) && cmap_check_sig(m, FZ_KEY, why, sizeof(why)) != KV_OK)
+        FZ_CHECK(why[0] && fz_utf8_str_ok(why), "refusal message is empty or not UTF-8");
     check_shares(m, false);
     check_shares(m, true);
     static const char *const keys[] = {"", "a", "user:1", "\xff\xff\xff\xff"};

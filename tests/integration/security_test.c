@@ -579,6 +579,31 @@ Test(security, signed_maps_refuse_plaintext_impostors, .fini = map_key_teardown,
     for (int i = 0; i < 100 && map_epoch(cl.router_url) < epoch; i++)
         usleep(100000);
     cr_assert_eq(map_epoch(cl.router_url), epoch, "the router follows signed maps");
+    /* smart clients: with the key the map is taken and requests skip the
+     * router; with another key no map is, and they all go through it */
+    for (int wrong = 0; wrong < 2; wrong++) {
+        kv_client *c;
+        kv_client_opts o = {.auth = DATA,
+                            .timeout_ms = 3000,
+                            .direct = true,
+                            .map_key = wrong ? "another-key-of-sixteen-bytes" : MAP_KEY};
+        cr_assert_eq(kv_client_open(&c, cl.router_url, &o), KV_OK);
+        usleep(1500000); /* the map is fetched in the background */
+        uint64_t routed = router_stat("requests");
+        for (int i = 0; i < 30; i++) {
+            char k[32];
+            snprintf(k, sizeof(k), "smart%d", i);
+            cr_assert_eq(kv_put(c, k, strlen(k), "v", 1, NULL, NULL), KV_OK, "%s", kv_last_error());
+        }
+        uint64_t now = router_stat("requests");
+        if (wrong)
+            cr_assert_geq(now, routed + 30, "a wrongly signed map was used: %llu -> %llu",
+                          (unsigned long long)routed, (unsigned long long)now);
+        else
+            cr_assert_lt(now, routed + 30, "the signed map was not used: %llu -> %llu",
+                         (unsigned long long)routed, (unsigned long long)now);
+        kv_client_close(c);
+    }
     /* the admin token without the key: refused, whatever the epoch */
     Kv__SetMapRequest req = KV__SET_MAP_REQUEST__INIT;
     req.map = map_at(cl.node_url[0], epoch + 1, NULL);
