@@ -9,6 +9,16 @@
  * call's messages, a busy worker takes the next queued call without
  * sleeping, and more calls than workers are taken off the socket at once.
  *
+ * Inline calls: a method's try_inline may serve a call on the receiving
+ * nng thread itself, after the same admission, credential and deadline
+ * checks, when it can without blocking (a node's GET that the memory tier
+ * answers); it declines otherwise and the call is queued as above. That
+ * saves a worker's wake-up and a hand-off each way, and the reply is sent
+ * by fewer threads (the REP socket's lock is contended by senders). In an
+ * rpc.Calls message the leading calls it serves run inline, and the calls
+ * from the first declined one on go to a worker together, in order, as
+ * one job (the message's reply still leaves once, when all have run).
+ *
  * Lanes: calls that carry Envelope.coordinate (a smart client asking a node
  * to coordinate) run on coord_workers threads of their own. A coordinating
  * node waits for its peers' replica calls; if coordination could take every
