@@ -221,9 +221,9 @@ static void client_run(const char *url, int inflight, double seconds, bool worke
            inflight, worker ? "true" : "false", (double)n * 1e9 / (double)(t1 - t0),
            hist_pct(total, 0.5), hist_pct(total, 0.99), (unsigned long long)atomic_load(&cli_err));
     fflush(stdout);
-    for (int i = 0; i < inflight; i++)
-        nng_aio_stop(ks[i].aio);
-    nng_close(s);
+    /* no teardown: stopping the contexts of a socket under load may wait in
+     * nng 1.5 (rpc_util.c), and the process ends here anyway */
+    _exit(0);
 }
 
 int main(int argc, char **argv)
