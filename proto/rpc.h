@@ -156,7 +156,7 @@ typedef struct rpc_server_opts {
     void *user;                                   /* handed to handlers and thread hooks */
     void (*thread_start)(int worker, void *user); /* e.g. rcu_register_thread */
     void (*thread_stop)(int worker, void *user);
-    /* Called after each call with a known method ran (any worker thread;
+    /* Called after each call with a known method ran (any worker or nng thread;
      * must not block): method = its index in methods, the reply's status,
      * and the time from the call's start on a worker to its reply being
      * ready. NULL = none (proto/rpc_metrics.h counts them). */
