@@ -342,6 +342,37 @@ static kv_err get_from_lsm(engine *e, const void *key, size_t klen, engine_resul
     return KV_OK;
 }
 
+/* Takes one tracker sample owed by engine_get_mem, if any (the CAS retries
+ * only while other readers take samples at the same time; relaxed: a
+ * sample count, no data is published through it). */
+static bool take_owed_sample(engine *e)
+{
+    uint64_t n = atomic_load_explicit(&e->samples_owed, memory_order_relaxed);
+    while (n && !atomic_compare_exchange_weak_explicit(&e->samples_owed, &n, n - 1,
+                                                       memory_order_relaxed, memory_order_relaxed))
+        ;
+    return n != 0;
+}
+
+kv_err engine_get_mem(engine *e, const void *key, size_t klen, engine_result *out)
+{
+    if (sample_hit()) { /* its bookkeeping is engine_get's (ralt_access may flush a run) */
+        atomic_fetch_add_explicit(&e->samples_owed, 1, memory_order_relaxed);
+        return KV_NOT_FOUND;
+    }
+    engine_result r = {0};
+    get_state g = {engine_now_ms(e), &r, false};
+    kv_err rv = hr_get(e->idx, key, klen, get_visit, &g);
+    if (rv != KV_OK || g.oom) { /* engine_get answers it (the LSM tiers, or the error) */
+        free(r.val);
+        return KV_NOT_FOUND;
+    }
+    atomic_fetch_add_explicit(&e->gets, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
+    *out = r;
+    return KV_OK;
+}
+
 kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
 {
     engine_result r = {0};
@@ -352,7 +383,7 @@ kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out)
         /* HotRAP and the eviction sketch also learn from memory hits, at a
          * sampled rate (1 in 16) */
         atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
-        if (sample_hit()) {
+        if (sample_hit() || take_owed_sample(e)) {
             e->st->note_access(e->db, key, klen, r.vlen);
             engine_touch(e, key, klen);
         }

@@ -149,6 +149,14 @@ void engine_close(engine *e);
  * expired key; DATA_LOSS when the block holding it is corrupt. On success
  * with found, out->val is owned by the caller. */
 kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out);
+/* engine_get for a caller that must not block (an RPC receive callback):
+ * KV_OK with *out as engine_get's when the memory index answers the read;
+ * KV_NOT_FOUND, with nothing counted or copied, when the read needs the
+ * LSM tiers or is one of the memory hits drawn for the access trackers,
+ * whose bookkeeping may write to disk. Then call engine_get from a thread
+ * that may block; it takes the tracker sample this call drew, so the
+ * trackers still learn from 1 memory hit in 16. Registered threads only. */
+kv_err engine_get_mem(engine *e, const void *key, size_t klen, engine_result *out);
 
 /* Reads n keys at once: memory first, then one lsm_multiget for the misses
  * (their block reads are submitted together). errs[i] and out[i] are as

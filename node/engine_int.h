@@ -83,6 +83,9 @@ struct engine {
     _Atomic uint8_t *sketch; /* admission: saturating per-slot counters */
     _Atomic uint64_t sketch_adds;
     _Atomic uint64_t gets, puts, deletes, reads_mem, reads_fd, reads_sd, reads_miss;
+    /* tracker samples drawn by engine_get_mem and owed by engine_get (the
+     * read deferred to a thread that may block takes one) */
+    _Atomic uint64_t samples_owed;
     _Atomic uint64_t fills, evictions, flushes;
     /* Pinned keys, by 64-bit hash (open addressing, 0 = empty, 1 = removed).
      * Read on every write (to keep HR_F_PINNED), changed by hot-key hints. */

@@ -7,6 +7,7 @@
  * epoch, gets FAILED_PRECONDITION with the node's map in the reply body.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,10 +140,20 @@ static kv_err check_write_version(rpc_ctx *c, uint64_t version, char *err, size_
     if (!var)                                                                                      \
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed " #type " body");
 
-static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
+/* kv.Get; mem_only (the receive callback, rpc_method.try_inline): false,
+ * with nothing done but checks that have no effect, when the read needs a
+ * thread that may block (engine_get_mem declined); else true with the
+ * status in *out. */
+static bool get_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, kv_err *out)
 {
     node *n = c->user;
-    UNPACK_OR_FAIL(req, Kv__GetRequest, kv__get_request__unpack, c, body, len);
+    rpc_budget b;
+    Kv__GetRequest *req =
+        kv__get_request__unpack(rpc_budget_init(&b, NODE_BUDGET(c, len)), len, body);
+    if (!req) {
+        *out = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
+        return true;
+    }
     cmap *m;
     kv_err rv = call_map(n, c, &m);
     if (rv == KV_OK)
@@ -150,7 +161,13 @@ static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
     if (rv == KV_OK)
         rv = check_readable(n, c);
     engine_result r = {0};
-    if (rv == KV_OK)
+    if (rv == KV_OK && mem_only &&
+        engine_get_mem(n->eng, req->key.data, req->key.len, &r) == KV_NOT_FOUND) {
+        cmap_unref(m);
+        kv__get_request__free_unpacked(req, NULL);
+        return false;
+    }
+    if (rv == KV_OK && !mem_only)
         rv = engine_get(n->eng, req->key.data, req->key.len, &r);
     if (rv == KV_OK) {
         Kv__GetReply rep = KV__GET_REPLY__INIT;
@@ -164,7 +181,49 @@ static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
     }
     cmap_unref(m);
     kv__get_request__free_unpacked(req, NULL);
+    *out = rv;
+    return true;
+}
+
+static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    kv_err rv;
+    get_run(c, body, len, false, &rv);
     return rv;
+}
+
+/* The nng threads that serve reads inline read the memory index, so they
+ * register with it on first use, once, and unregister when they exit. */
+static pthread_key_t inline_key;
+static pthread_once_t inline_once = PTHREAD_ONCE_INIT;
+
+static void inline_thread_exit(void *arg)
+{
+    (void)arg;
+    engine_thread_unregister();
+}
+
+static void inline_key_create(void)
+{
+    pthread_key_create(&inline_key, inline_thread_exit);
+}
+
+static void inline_thread_ready(void)
+{
+    static _Thread_local bool ready;
+    if (ready)
+        return;
+    pthread_once(&inline_once, inline_key_create);
+    engine_thread_register();
+    pthread_setspecific(inline_key, &ready); /* non-NULL: the destructor runs */
+    ready = true;
+}
+
+/* kv.Get from the receive callback: memory hits only (rpc_method.try_inline). */
+static bool h_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv)
+{
+    inline_thread_ready();
+    return get_run(c, body, len, true, rv);
 }
 
 static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
@@ -461,7 +520,7 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
 
 static const rpc_method node_methods[] = {
     /* coordinate calls (smart clients) take the two-phase form */
-    {"kv.Get", h_get, node_coord_get_start, node_coord_finish, RPC_DATA},
+    {"kv.Get", h_get, node_coord_get_start, node_coord_finish, RPC_DATA, h_get_inline},
     {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA},
     {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA},
     {"kv.Batch", h_batch, .access = RPC_DATA},

@@ -6,7 +6,8 @@
  *
  * Server: REP contexts driven by their completions queue each call for a
  * pool of worker threads, which run handlers synchronously and send the
- * reply; methods are dispatched through a table by name. Calls that ask a
+ * reply (a method's try_inline may serve a call that needs no blocking on
+ * the receiving nng thread itself, without the hand-off); methods are dispatched through a table by name. Calls that ask a
  * node to coordinate (Envelope.coordinate) may have workers of their own. Deadlines
  * are relative on the wire, counted from the request's arrival, and
  * absolute (CLOCK_MONOTONIC) in handlers; a call whose deadline passed in
@@ -82,6 +83,16 @@ typedef kv_err (*rpc_handler_fn)(rpc_ctx *c, const uint8_t *body, size_t len);
 typedef kv_err (*rpc_start_fn)(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 typedef kv_err (*rpc_finish_fn)(rpc_ctx *c, void *state);
 
+/* Optional fast path of a method: serves the call on the nng thread that
+ * received it, saving the hand-off to a worker, when it can do so without
+ * blocking (a read that the memory tier answers). Returns true when it
+ * served the call, with fn's status in *rv and c as fn leaves it; false to
+ * decline, having changed nothing that matters (the call then goes to a
+ * worker and fn as usual, with a fresh c). c->worker is -1. Must not block
+ * or wait for another process; only for calls without Envelope.coordinate
+ * of methods that are not split (rpc_method.start). */
+typedef bool (*rpc_try_fn)(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv);
+
 /* Who may call a method: admin credentials (the default: admin.*, internal
  * calls) or the data token too (kv.*, admin.Ping, admin.GetMap). */
 typedef enum rpc_access { RPC_ADMIN = 0, RPC_DATA = 1 } rpc_access;
@@ -97,6 +108,7 @@ typedef struct rpc_method {
     rpc_start_fn start;
     rpc_finish_fn finish;
     rpc_access access;
+    rpc_try_fn try_inline; /* optional: see rpc_try_fn */
 } rpc_method;
 
 /* TLS settings of a listener or a dialer (--tls-cert, --tls-key, --tls-ca),
@@ -144,7 +156,7 @@ typedef struct rpc_server_opts {
     void *user;                                   /* handed to handlers and thread hooks */
     void (*thread_start)(int worker, void *user); /* e.g. rcu_register_thread */
     void (*thread_stop)(int worker, void *user);
-    /* Called after each call with a known method ran (any worker thread;
+    /* Called after each call with a known method ran (any worker or nng thread;
      * must not block): method = its index in methods, the reply's status,
      * and the time from the call's start on a worker to its reply being
      * ready. NULL = none (proto/rpc_metrics.h counts them). */

@@ -9,6 +9,16 @@
  * call's messages, a busy worker takes the next queued call without
  * sleeping, and more calls than workers are taken off the socket at once.
  *
+ * Inline calls: a method's try_inline may serve a call on the receiving
+ * nng thread itself, after the same admission, credential and deadline
+ * checks, when it can without blocking (a node's GET that the memory tier
+ * answers); it declines otherwise and the call is queued as above. That
+ * saves a worker's wake-up and a hand-off each way, and the reply is sent
+ * by fewer threads (the REP socket's lock is contended by senders). In an
+ * rpc.Calls message the leading calls it serves run inline, and the calls
+ * from the first declined one on go to a worker together, in order, as
+ * one job (the message's reply still leaves once, when all have run).
+ *
  * Lanes: calls that carry Envelope.coordinate (a smart client asking a node
  * to coordinate) run on coord_workers threads of their own. A coordinating
  * node waits for its peers' replica calls; if coordination could take every
@@ -104,6 +114,7 @@ typedef struct rpc_sub {
     rpc_job job; /* first */
     rpc_group *g;
     size_t i;
+    bool rest; /* the calls from i on, those the receive callback left (serve_inline) */
 } rpc_sub;
 
 /* The calls of one rpc.Calls message and their replies. */
@@ -148,6 +159,7 @@ struct rpc_server {
     rpc_lane lanes[2]; /* [0] every call, [1] coordinate calls when coord_workers > 0 */
     rpc_worker *workers;
     unsigned nworkers;
+    bool inline_ok; /* some method has try_inline */
     atomic_bool stopping;
     atomic_int busy; /* calls queued or inside a handler */
     unsigned max_inflight;
@@ -534,8 +546,11 @@ static kv_err admit(rpc_server *s, rpc_scall *k, rpc_ctx *c)
     return KV_OK;
 }
 
+static bool serve_inline(rpc_server *s, rpc_scall *k);
+
 /* The context's aio completion, on an nng thread: a reply went out (post
- * the next receive) or a request came in (decode it, admit it, queue it). */
+ * the next receive) or a request came in (decode it, admit it, serve it
+ * here when its method can without blocking, else queue it). */
 static void call_cb(void *arg)
 {
     rpc_scall *k = arg;
@@ -573,6 +588,8 @@ static void call_cb(void *arg)
         answer_now(k, verdict, &c);
         return;
     }
+    if (s->inline_ok && serve_inline(s, k))
+        return;
     atomic_fetch_add(&s->busy, 1);
     lane_push(&s->lanes[k->lane], &k->job, &k->job, 1);
 }
@@ -616,16 +633,46 @@ static void send_msg(rpc_scall *k, nng_msg *msg)
     nng_ctx_send(k->ctx, k->aio);
 }
 
+/* Sends the reply of single call k: status and c's message and body. */
+static void reply_one(rpc_scall *k, kv_err status, rpc_ctx *c)
+{
+    Kv__Envelope env;
+    Kv__Status st;
+    reply_env(&env, &st, k->env ? k->env->id : 0, status, c);
+    nng_msg *msg = pack_msg(&env.base);
+    free(c->reply);
+    send_reply(k, msg);
+}
+
 static void handle_one(rpc_worker *w, rpc_scall *k)
 {
     rpc_ctx c;
     kv_err status = run_call(w->srv, w->index, k->env, k->verified, &c, k->arrival_ns);
-    Kv__Envelope env;
-    Kv__Status st;
-    reply_env(&env, &st, k->env ? k->env->id : 0, status, &c);
-    nng_msg *msg = pack_msg(&env.base);
-    free(c.reply);
-    send_reply(k, msg);
+    reply_one(k, status, &c);
+}
+
+/* Runs call env on the receive callback's thread with its method's
+ * try_inline, through the same checks as run_call (credentials, deadline,
+ * observer); false when the method has none or it declined: then the call
+ * goes to a worker, which starts over with a fresh context. */
+static bool try_call(rpc_server *s, const Kv__Envelope *env, bool verified, uint64_t arrival_ns,
+                     rpc_ctx *c, kv_err *out)
+{
+    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    if (!m || !m->try_inline || split(m, env->coordinate))
+        return false;
+    uint64_t t0 = kv_now_ns();
+    kv_err rv = run_call_init(s, -1, env, c, arrival_ns);
+    if (rv == KV_OK && dispatch(s, c, env, verified, &rv) == m && !expired(s, c, arrival_ns, &rv)) {
+        if (!m->try_inline(c, env->body.data, env->body.len, &rv)) {
+            free(c->reply);
+            return false;
+        }
+        rv = past_deadline(c, m, rv);
+    }
+    observe(s, c, rv, t0);
+    *out = rv;
+    return true;
 }
 
 /* ---- rpc.Calls: several calls in one message ----------------------------- */
@@ -776,6 +823,8 @@ static rpc_group *group_new(rpc_scall *k, rpc_ctx *c, kv_err *status)
     return g;
 }
 
+static void group_run_from(rpc_worker *w, rpc_group *g, size_t from);
+
 /* An rpc.Calls message: its calls run one after another on this worker,
  * or, on a parallel lane (handlers that wait for other processes), as jobs
  * of their own; the last to finish sends the reply. The message's own
@@ -796,27 +845,92 @@ static void handle_calls(rpc_worker *w, rpc_scall *k)
         send_reply(k, pack_msg(&env.base));
         return;
     }
-    size_t n = g->calls->n_calls;
     if (group_split(w->srv, g)) {
         group_split_run(w->srv, w->index, g);
         group_reply(g);
         return;
     }
-    if (n == 0 || !w->lane->parallel) {
-        for (size_t i = 0; i < n; i++)
+    group_run_from(w, g, 0);
+}
+
+/* Runs the calls of g from `from` on (those before ran already), one
+ * after another on this worker, or as jobs of their own on a parallel
+ * lane; the last to finish sends the reply. */
+static void group_run_from(rpc_worker *w, rpc_group *g, size_t from)
+{
+    size_t n = g->calls->n_calls;
+    if (from == n || !w->lane->parallel) {
+        for (size_t i = from; i < n; i++)
             group_run(w->srv, w->index, g, i);
         group_reply(g);
         return;
     }
-    for (size_t i = 0; i < n; i++)
+    atomic_store_explicit(&g->left, n - from, memory_order_relaxed); /* published by the push */
+    for (size_t i = from; i < n; i++)
         g->subs[i] = (rpc_sub){
             .job = {.next = i + 1 < n ? &g->subs[i + 1].job : NULL, .sub = true}, .g = g, .i = i};
-    lane_push(w->lane, &g->subs[0].job, &g->subs[n - 1].job, (unsigned)n);
+    lane_push(w->lane, &g->subs[from].job, &g->subs[n - 1].job, (unsigned)(n - from));
+}
+
+/* Serves what it can of rpc.Calls message k on the receive callback's
+ * thread: its leading calls whose methods' try_inline serve them; the
+ * calls from the first that declines on go, in order, to a worker as one
+ * job (handle_sub: rest). False, with nothing done, when the message is
+ * malformed, unauthenticated or split (group_split_run): a worker takes
+ * all of it, as without try_inline. */
+static bool calls_inline(rpc_server *s, rpc_scall *k)
+{
+    rpc_ctx c = {0};
+    kv_err status = KV_OK;
+    rpc_group *g = authenticate(s, &c, k->env, k->verified) ? group_new(k, &c, &status) : NULL;
+    if (g && group_split(s, g)) {
+        group_free(g);
+        g = NULL;
+    }
+    if (!g)
+        return false;
+    size_t n = g->calls->n_calls, i = 0;
+    for (; i < n; i++) {
+        if (!try_call(s, g->calls->calls[i], k->verified, k->arrival_ns, &c, &status))
+            break;
+        group_keep(g, i, status, &c);
+    }
+    atomic_fetch_add(&s->busy, 1);
+    if (i == n) {
+        group_reply(g);
+        return true;
+    }
+    /* left 1: the rest is one job, which drop_queued frees with the group */
+    atomic_store_explicit(&g->left, 1, memory_order_relaxed);
+    g->subs[i] = (rpc_sub){.job = {.sub = true}, .g = g, .i = i, .rest = true};
+    lane_push(&s->lanes[k->lane], &g->subs[i].job, &g->subs[i].job, 1);
+    return true;
+}
+
+/* Serves k on the receive callback's thread when its method can without
+ * blocking (rpc_method.try_inline): saves a worker's wake-up and the two
+ * hand-offs. True when k was answered or handed on as calls left over. */
+static bool serve_inline(rpc_server *s, rpc_scall *k)
+{
+    const Kv__Envelope *env = k->env;
+    if (env->method && strcmp(env->method, "rpc.Calls") == 0)
+        return calls_inline(s, k);
+    rpc_ctx c;
+    kv_err status;
+    if (!try_call(s, env, k->verified, k->arrival_ns, &c, &status))
+        return false;
+    atomic_fetch_add(&s->busy, 1);
+    reply_one(k, status, &c);
+    return true;
 }
 
 static void handle_sub(rpc_worker *w, rpc_sub *sub)
 {
     rpc_group *g = sub->g;
+    if (sub->rest) {
+        group_run_from(w, g, sub->i);
+        return;
+    }
     group_run(w->srv, w->index, g, sub->i);
     /* acq_rel: the last call to finish sees every other call's reply */
     if (atomic_fetch_sub_explicit(&g->left, 1, memory_order_acq_rel) == 1)
@@ -946,6 +1060,8 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
     }
     s->lanes[0].parallel = s->opts.handlers_wait;
     s->lanes[1].parallel = true; /* coordinating waits for the replicas */
+    for (size_t i = 0; i < s->opts.nmethods; i++)
+        s->inline_ok |= s->opts.methods[i].try_inline != NULL;
     s->workers = calloc(s->nworkers, sizeof(*s->workers));
     s->calls = calloc(s->ncalls, sizeof(*s->calls));
     kv_err rv = s->workers && s->calls ? KV_OK : KV_RESOURCE_EXHAUSTED;

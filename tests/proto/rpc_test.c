@@ -517,3 +517,143 @@ Test(rpc, coalesced_calls_wait_for_the_first_connection)
     rpc_chan_close(ch);
     rpc_server_close(s);
 }
+
+/* ---- try_inline: calls served on the receive callback's thread ---------- */
+
+static int inline_served, worker_served; /* __atomic */
+static uint64_t inline_seq;              /* __atomic: run order */
+
+/* Echoes key + "@i" (inline) or "@w" (worker); version = run order. */
+static kv_err inline_reply(rpc_ctx *c, const uint8_t *body, size_t len, const char *tag)
+{
+    Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
+    if (!req)
+        return rpc_fail(c, KV_INVALID_ARGUMENT, "bad GetRequest");
+    char val[64];
+    snprintf(val, sizeof(val), "%.*s%s", (int)req->key.len, (char *)req->key.data, tag);
+    Kv__GetReply rep = KV__GET_REPLY__INIT;
+    rep.found = true;
+    rep.value = (ProtobufCBinaryData){strlen(val), (uint8_t *)val};
+    rep.version = __atomic_add_fetch(&inline_seq, 1, __ATOMIC_SEQ_CST);
+    kv_err rv = req->key.len && req->key.data[0] == 'f'
+                    ? rpc_fail(c, KV_ALREADY_EXISTS, "refused %s", tag)
+                    : rpc_reply_msg(c, &rep.base);
+    kv__get_request__free_unpacked(req, NULL);
+    return rv;
+}
+
+static kv_err h_mixed(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    cr_assert_geq(c->worker, 0);
+    __atomic_fetch_add(&worker_served, 1, __ATOMIC_SEQ_CST);
+    return inline_reply(c, body, len, "@w");
+}
+
+/* Serves keys that start with 'i' or 'f' here, declines the others. */
+static bool h_mixed_try(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv)
+{
+    cr_assert_eq(c->worker, -1);
+    Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
+    bool here = req && req->key.len && (req->key.data[0] == 'i' || req->key.data[0] == 'f');
+    if (req)
+        kv__get_request__free_unpacked(req, NULL);
+    if (!here)
+        return false;
+    __atomic_fetch_add(&inline_served, 1, __ATOMIC_SEQ_CST);
+    *rv = inline_reply(c, body, len, "@i");
+    return true;
+}
+
+static const rpc_method inline_methods[] = {
+    {"test.Mixed", h_mixed, .access = RPC_DATA, .try_inline = h_mixed_try},
+    {"test.Echo", h_echo, .access = RPC_DATA}};
+
+typedef struct mixed_call {
+    char key[16];
+    kv_err got;
+    char val[64];
+    uint64_t seq;
+    int *done;
+} mixed_call;
+
+static void mixed_done(void *arg, rpc_reply *r)
+{
+    mixed_call *k = arg;
+    k->got = r->status;
+    Kv__GetReply *g = r->status == KV_OK ? kv__get_reply__unpack(NULL, r->len, r->body) : NULL;
+    if (g) {
+        snprintf(k->val, sizeof(k->val), "%.*s", (int)g->value.len, (char *)g->value.data);
+        k->seq = g->version;
+        kv__get_reply__free_unpacked(g, NULL);
+    } else if (r->message) {
+        snprintf(k->val, sizeof(k->val), "%.60s", r->message);
+    }
+    rpc_reply_free(r);
+    __atomic_fetch_add(k->done, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Calls a method's try_inline serves are answered from the receive
+ * callback (worker -1), those it declines by a worker; in rpc.Calls
+ * messages too (coalesce_after 1), where the calls from a declined one on
+ * go to a worker; each keeps its reply, status and message, and auth is
+ * checked as for worker calls. */
+Test(rpc, inline_calls_and_declined_ones_keep_their_replies)
+{
+    rpc_server_opts o = {.url = "tcp://127.0.0.1:0",
+                         .methods = inline_methods,
+                         .nmethods = 2,
+                         .workers = 2,
+                         .auth = "tok"};
+    rpc_server *s = NULL;
+    char err[256], url[64];
+    cr_assert_eq(rpc_server_open(&s, &o, err, sizeof(err)), KV_OK, "%s", err);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", rpc_server_port(s));
+    rpc_chan *ch, *bad;
+    rpc_chan_opts co = {.auth = "tok", .coalesce_after = 1}, cb = {.auth = "nope"};
+    cr_assert_eq(rpc_chan_open(&ch, url, &co), KV_OK);
+    cr_assert_eq(rpc_chan_open(&bad, url, &cb), KV_OK);
+    enum { N = 300 };
+    static mixed_call calls[N];
+    int done = 0;
+    for (int i = 0; i < N; i++) {
+        calls[i] = (mixed_call){.done = &done, .got = KV_UNKNOWN};
+        snprintf(calls[i].key, sizeof(calls[i].key), "%c%d",
+                 "iiwfi"[i % 5 == 2 && i % 3 ? 2
+                         : i % 5 == 3        ? 3
+                                             : 0],
+                 i);
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(calls[i].key), (uint8_t *)calls[i].key};
+        rpc_call_async(ch, "test.Mixed", 0, &req.base, 5000, mixed_done, &calls[i]);
+    }
+    for (int i = 0; i < 500 && __atomic_load_n(&done, __ATOMIC_SEQ_CST) < N; i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&done, __ATOMIC_SEQ_CST), N);
+    for (int i = 0; i < N; i++) {
+        const mixed_call *k = &calls[i];
+        if (k->key[0] == 'f') {
+            cr_assert_eq(k->got, KV_ALREADY_EXISTS, "%s: %s", k->key, kv_strerror(k->got));
+            cr_assert(strstr(k->val, "refused @"), "%s: message '%s'", k->key, k->val);
+            continue;
+        }
+        cr_assert_eq(k->got, KV_OK, "%s: %s", k->key, kv_strerror(k->got));
+        char want[64];
+        snprintf(want, sizeof(want), "%.15s@", k->key);
+        cr_assert(strncmp(k->val, want, strlen(want)) == 0, "%s got %s", k->key, k->val);
+        if (k->key[0] == 'w')
+            cr_assert_str_eq(k->val + strlen(want), "w", "%s: declined, so a worker's", k->key);
+    }
+    cr_assert_gt(__atomic_load_n(&inline_served, __ATOMIC_SEQ_CST), 0);
+    cr_assert_gt(__atomic_load_n(&worker_served, __ATOMIC_SEQ_CST), 0);
+    /* a wrong token is refused on the inline path too */
+    rpc_reply r;
+    Kv__GetRequest req = KV__GET_REQUEST__INIT;
+    req.key = (ProtobufCBinaryData){2, (uint8_t *)"i1"};
+    cr_assert_eq(rpc_call(bad, "test.Mixed", 0, &req.base, 2000, &r), KV_UNAUTHENTICATED);
+    rpc_reply_free(&r);
+    cr_assert_eq(rpc_call(ch, "test.Mixed", 0, &req.base, 2000, &r), KV_OK);
+    rpc_reply_free(&r);
+    rpc_chan_close(bad);
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+}
