@@ -3,8 +3,8 @@
  * Volumes: a directory (FD or SD) through which every SST, WAL and MANIFEST
  * byte of the LSM is read and written. I/O goes through io_uring with one
  * ring per calling thread (thread-local, created on first use, destroyed at
- * thread exit): batches of block reads are submitted together, and a
- * durable write is a write SQE linked (IOSQE_IO_LINK) to an fdatasync SQE.
+ * thread exit): batches of block reads are submitted together. Writes are
+ * pwrite (+ fdatasync when durable): see lsm_vol_write.
  * When io_uring is unavailable (probed once, logged once) or disabled for a
  * volume, plain pread/pwrite/fdatasync do the same work. Each volume keeps
  * atomic counters and latency EWMAs (alpha 1/8) for the stats. Tests make
@@ -258,51 +258,6 @@ kv_err lsm_vol_pread(lsm_vol *v, int fd, void *buf, size_t len, uint64_t off)
     return (size_t)io.res == len ? KV_OK : KV_DATA_LOSS;
 }
 
-/* Linked write (+ fdatasync) on the thread's ring. Returns bytes written or
- * -errno; *synced tells whether the fsync ran and succeeded. */
-static long uring_write(struct io_uring *r, int fd, const void *buf, size_t len, uint64_t off,
-                        bool sync, int *sync_res)
-{
-    struct io_uring_sqe *w = io_uring_get_sqe(r);
-    struct io_uring_sqe *f = sync ? io_uring_get_sqe(r) : NULL;
-    if (!w || (sync && !f)) {
-        ring_reset();
-        return -EAGAIN;
-    }
-    io_uring_prep_write(w, fd, buf, (unsigned)len, off);
-    io_uring_sqe_set_data64(w, 0);
-    if (sync) {
-        w->flags |= IOSQE_IO_LINK;
-        io_uring_prep_fsync(f, fd, IORING_FSYNC_DATASYNC);
-        io_uring_sqe_set_data64(f, 1);
-    }
-    unsigned want = sync ? 2 : 1;
-    int s = io_uring_submit_and_wait(r, want);
-    *sync_res = -ECANCELED;
-    if (s < 0) { /* nothing ran: retry the whole write synchronously */
-        ring_reset();
-        return -EAGAIN;
-    }
-    long wres = -EIO;
-    for (unsigned got = 0; got < want;) {
-        struct io_uring_cqe *cqe;
-        int e = io_uring_wait_cqe(r, &cqe);
-        if (e == -EINTR)
-            continue;
-        if (e < 0) {
-            ring_reset();
-            return e;
-        }
-        if (io_uring_cqe_get_data64(cqe) == 0)
-            wres = cqe->res;
-        else
-            *sync_res = cqe->res;
-        io_uring_cqe_seen(r, cqe);
-        got++;
-    }
-    return wres;
-}
-
 static void count_write(lsm_vol *v, size_t len, uint64_t t0, bool sync)
 {
     atomic_fetch_add_explicit(&v->writes, 1, memory_order_relaxed);
@@ -326,24 +281,18 @@ kv_err lsm_vol_write(lsm_vol *v, int fd, const void *buf, size_t len, uint64_t o
     int f = lsm_fault_hit(LSM_FOP_WRITE, fd, NULL, len, &keep);
     if (f < 0)
         return fault_write(fd, buf, keep, off, f);
+    /* pwrite, not io_uring: a buffered write submitted to a ring is handed
+     * by the kernel to an io-wq worker thread (the filesystems here cannot
+     * complete it inline), so the caller sleeps through a hand-off and a
+     * wake-up for what pwrite does by copying into the page cache: the
+     * WAL's group writes ran at 25-28k against 42k node writes/s with
+     * --no-io-uring (bench/README.md, e2e_compare.sh). The ring serves the
+     * batched block reads. */
     uint64_t t0 = kv_now_ns();
-    struct io_uring *r = ring_get(v);
-    long res = -EAGAIN;
-    int sres = -ECANCELED;
-    if (r && len <= (1u << 30))
-        res = uring_write(r, fd, buf, len, off, sync, &sres);
-    if (res == -EAGAIN || res == -EINTR)
-        res = 0; /* not submitted: do it all below */
-    if (res >= 0 && (size_t)res < len) {
-        long more =
-            pwrite_full(fd, (const char *)buf + res, len - (size_t)res, off + (uint64_t)res);
-        res = more < 0 ? more : res + more;
-        sres = -ECANCELED; /* the linked fsync was cut */
-    }
+    long res = pwrite_full(fd, buf, len, off);
     if (res < 0)
         return lsm_errno((int)res);
-    if (sync && sres == -ECANCELED)
-        sres = fdatasync(fd) < 0 ? -errno : 0;
+    int sres = sync && fdatasync(fd) < 0 ? -errno : 0;
     if (sync && sres == 0)
         sres = lsm_fault_hit(LSM_FOP_FSYNC, fd, NULL, 0, NULL);
     count_write(v, len, t0, sync);
@@ -355,23 +304,7 @@ kv_err lsm_vol_fsync(lsm_vol *v, int fd)
     int f = lsm_fault_hit(LSM_FOP_FSYNC, fd, NULL, 0, NULL);
     if (f < 0)
         return lsm_errno(f);
-    struct io_uring *r = ring_get(v);
-    int res = -ECANCELED;
-    if (r) {
-        struct io_uring_sqe *sqe = io_uring_get_sqe(r);
-        if (sqe) {
-            io_uring_prep_fsync(sqe, fd, 0);
-            struct io_uring_cqe *cqe;
-            if (io_uring_submit_and_wait(r, 1) >= 0 && io_uring_wait_cqe(r, &cqe) == 0) {
-                res = cqe->res;
-                io_uring_cqe_seen(r, cqe);
-            } else {
-                ring_reset();
-            }
-        }
-    }
-    if (res == -ECANCELED)
-        res = fsync(fd) < 0 ? -errno : 0;
+    int res = fsync(fd) < 0 ? -errno : 0; /* not through the ring: see lsm_vol_write */
     atomic_fetch_add_explicit(&v->fsyncs, 1, memory_order_relaxed);
     return res < 0 ? lsm_errno(res) : KV_OK;
 }
