@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * HotRing keyed API: get / upsert / remove / set_flags / pin / iterate on top
- * of the lock-free rings of hr_ring.c, plus open/close and statistics.
+ * HotRing keyed API: get / get_batch / upsert / remove / set_flags / pin /
+ * iterate on top of the lock-free rings of hr_ring.c, plus open/close and
+ * statistics.
  *
  * Record consistency (value + hr_meta). An item's record is its val,
  * version and meta word (seqno, inline value length, flags; see the layout in
