@@ -341,6 +341,52 @@ static void hr_batch_visit(void *arg, const hr_view *v)
     a->fn(a->arg, a->i, v);
 }
 
+/* Does a key of tag kt fall strictly between ring neighbours of tags pt and
+ * xt (the ring ends there for it)? pt > xt: xt is the ring's minimum. */
+static bool hr_tag_gap(uint32_t pt, uint32_t xt, uint32_t kt)
+{
+    return pt < xt ? pt < kt && kt < xt : pt > xt && (kt > pt || kt < xt);
+}
+
+/* Prefetches the walks that do not end at the head: one ring step per pass
+ * for every key of the chunk, so that the walks' misses are in flight
+ * together too (up to HR_BATCH_AHEAD items per key). A key stops at the
+ * first item of its tag or where the order says its walk ends. This pass
+ * only reads and prefetches: the walks themselves (hr_walk) follow, and a
+ * stale or odd path here (a head move, an insert, a rehash split item)
+ * costs at most a useless prefetch. Items are read as a walk reads them
+ * (next with acquire, then the immutable tag), inside the chunk's read-side
+ * section, so none of them can be freed meanwhile. */
+#define HR_BATCH_AHEAD 8u
+static void hr_batch_ahead(const hr_okey *k, const uint64_t *hw, size_t n)
+{
+    hr_item *x[HR_BATCH];
+    uint32_t pt[HR_BATCH];
+    size_t live = 0;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = hr_addr(hw[i]);
+        live += x[i] != NULL;
+    }
+    for (unsigned step = 0; step < HR_BATCH_AHEAD && live > 0; step++) {
+        for (size_t i = 0; i < n; i++) {
+            if (!x[i])
+                continue;
+            uint32_t xt = x[i]->tag;
+            if (xt == k[i].tag || (step > 0 && hr_tag_gap(pt[i], xt, k[i].tag))) {
+                x[i] = NULL; /* its walk ends here */
+                live--;
+                continue;
+            }
+            pt[i] = xt;
+            x[i] = hr_addr(atomic_load_explicit(&x[i]->next, memory_order_acquire));
+            if (x[i])
+                __builtin_prefetch(x[i]);
+            else
+                live--;
+        }
+    }
+}
+
 /* One chunk of at most HR_BATCH keys starting at keys[0] (index base). */
 static size_t hr_get_chunk(hr_index *idx, const hr_key *keys, size_t n, size_t base,
                            hr_visit_at_fn fn, void *arg)
@@ -361,6 +407,7 @@ static size_t hr_get_chunk(hr_index *idx, const hr_key *keys, size_t n, size_t b
         if (hw[i] & HR_ADDR_MASK)
             __builtin_prefetch(hr_addr(hw[i])); /* the head item's first line */
     }
+    hr_batch_ahead(k, hw, n);
     hr_shard *s = hr_my_shard(idx);
     hr_batch_arg a = {fn, arg, 0};
     for (size_t i = 0; i < n; i++) {
