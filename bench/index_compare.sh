@@ -24,8 +24,9 @@ usage: $0 [-k KEYS] [-s SECONDS] [-r ROUNDS] [-t THREADS] [-B BATCH] [-q] [-o DI
                machine's load drifts alike for all of them
   -t THREADS   worker threads (default 2)
   -B BATCH     index_bench --batch: runs of up to BATCH consecutive reads go to an
-               index's batched get (default 16; only HotRing has one, chain and
-               lfht read key by key; -B 1 reads key by key everywhere)
+               index's batched get (default 16; HotRing and chain have one, the
+               same prefetching shape, lfht reads key by key; -B 1 reads key by
+               key everywhere)
   -q           quick: 400000 keys, 1 s runs (a smoke test, numbers are not comparable)
   -o DIR       where to keep the JSON lines (default a new temporary directory)
   -b PATH      index_bench binary (default build/bench/index_bench next to this script)

@@ -68,7 +68,8 @@ typedef struct ib_impl {
      * klen bytes at keys, keys + klen, ... as one batch: on a hit copies up
      * to cap bytes of key i's value to vals + i * cap and its metadata to
      * metas[i] (left alone on a miss). Returns the number of keys found.
-     * n <= IB_MAX_BATCH. */
+     * n <= IB_MAX_BATCH. Fills no probes (visited / head hits come from
+     * rstats, or are unknown). */
     size_t (*get_batch)(void *h, const unsigned char *keys, size_t klen, size_t n,
                         unsigned char *vals, size_t cap, ib_meta *metas);
     /* Inserts or replaces key's value. */

@@ -401,7 +401,8 @@ void ib_finish(const ib_opts *o, ib_state *st, ib_result *out)
     if (st->impl->rstats && st->racc.reads) {
         r->visited_per_read = (double)st->racc.visited / (double)st->racc.reads;
         r->head_hit = (double)st->racc.head_hits / (double)st->racc.reads;
-    } else if (st->impl->probes && acc->reads) {
+    } else if (st->impl->probes && acc->reads && !(st->impl->get_batch && o->batch > 1)) {
+        /* batched reads fill no probes: unknown */
         r->visited_per_read = (double)acc->visited / (double)acc->reads;
         r->head_hit = (double)acc->head_hits / (double)acc->reads;
     }
