@@ -24,9 +24,9 @@ usage: $0 [-k KEYS] [-s SECONDS] [-r ROUNDS] [-t THREADS] [-B BATCH] [-q] [-o DI
                machine's load drifts alike for all of them
   -t THREADS   worker threads (default 2)
   -B BATCH     index_bench --batch: runs of up to BATCH consecutive reads go to an
-               index's batched get (default 16; HotRing and chain have one, the
-               same prefetching shape, lfht reads key by key; -B 1 reads key by
-               key everywhere)
+               index's batched get (default 1: key by key everywhere, what one
+               kv.Get sees; HotRing and chain have batched gets of the same
+               prefetching shape, lfht reads key by key whatever BATCH is)
   -q           quick: 400000 keys, 1 s runs (a smoke test, numbers are not comparable)
   -o DIR       where to keep the JSON lines (default a new temporary directory)
   -b PATH      index_bench binary (default build/bench/index_bench next to this script)
@@ -38,7 +38,7 @@ EOF
 
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../build/bench/index_bench"
-keys=4000000 secs=5 rounds=5 threads=2 batch=16 out="" extra=""
+keys=4000000 secs=5 rounds=5 threads=2 batch=1 out="" extra=""
 while getopts "k:s:r:t:B:qo:b:x:h" opt; do
   case $opt in
     k) keys=$OPTARG ;;
