@@ -60,6 +60,31 @@ static bool hr_get_impl(void *h, const void *key, size_t klen, void *val, size_t
     return hr_get(h, key, klen, hr_copy_value, &c) == KV_OK;
 }
 
+typedef struct hr_copy_many {
+    unsigned char *vals;
+    size_t cap;
+    ib_meta *metas;
+} hr_copy_many;
+
+static void hr_copy_at(void *arg, size_t i, const hr_view *v)
+{
+    hr_copy_many *c = arg;
+    hr_copy one = {c->vals + i * c->cap, c->cap, &c->metas[i]};
+    hr_copy_value(&one, v);
+}
+
+/* hr_get_batch: overlaps the bucket and head-item misses of the batch. */
+static size_t hr_get_batch_impl(void *h, const unsigned char *keys, size_t klen, size_t n,
+                                unsigned char *vals, size_t cap, ib_meta *metas)
+{
+    hr_key ks[IB_MAX_BATCH];
+    for (size_t i = 0; i < n; i++)
+        ks[i] = (hr_key){keys + i * klen, klen};
+    hr_copy_many c = {vals, cap, metas};
+    size_t hits = 0;
+    return hr_get_batch(h, ks, n, hr_copy_at, &c, &hits) == KV_OK ? hits : 0;
+}
+
 static kv_err hr_put_impl(void *h, const void *key, size_t klen, const void *val, size_t vlen)
 {
     static const hr_meta meta = {0};
@@ -106,6 +131,7 @@ const ib_impl ib_hotring_s_impl = {
     .thread_enter = hr_thread_register,
     .thread_exit = hr_thread_unregister,
     .get = hr_get_impl,
+    .get_batch = hr_get_batch_impl,
     .put = hr_put_impl,
     .rstats = hr_rstats,
     .bucket_bytes = hr_bucket_bytes,
@@ -120,6 +146,7 @@ const ib_impl ib_hotring_r_impl = {
     .thread_enter = hr_thread_register,
     .thread_exit = hr_thread_unregister,
     .get = hr_get_impl,
+    .get_batch = hr_get_batch_impl,
     .put = hr_put_impl,
     .rstats = hr_rstats,
     .bucket_bytes = hr_bucket_bytes,

@@ -135,6 +135,10 @@ static kv_err parse_opts(ib_opts *o, int argc, char **argv)
         {"rounds", KV_OPT_INT, &o->rounds,
          "interleave the indexes' timed phases in this many rounds (all loaded at once)", NULL, 1,
          IB_MAX_ROUNDS},
+        {"batch", KV_OPT_INT, &o->batch,
+         "hand up to this many consecutive reads to an index's batched get (indexes without "
+         "one read key by key)",
+         NULL, 1, IB_MAX_BATCH},
         {"series-ms", KV_OPT_INT, &o->series_ms, "series interval with --shift-at", NULL, 10,
          10000},
     };
@@ -175,6 +179,7 @@ static void default_opts(ib_opts *o)
     o->series_ms = 100;
     o->lfht_init = 0;
     o->rounds = 1;
+    o->batch = 1;
 }
 
 /* Pre-draws every thread's trace: phase 0, and with a shift phase 1 over the

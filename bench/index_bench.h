@@ -23,7 +23,8 @@ typedef struct ib_opts {
     int nimpls;
     int workload_idx, dist_idx;
     bool scramble, rehash;
-    long keys, ratio, threads, value_size, hr_r, seed, trace_ops, series_ms, lfht_init, rounds;
+    long keys, ratio, threads, value_size, hr_r, seed, trace_ops, series_ms, lfht_init, rounds,
+        batch; /* consecutive reads handed to get_batch at once (1 = off) */
     double seconds, shift_at, rehash_cost;
     wl_config wl;     /* the generator's view of the above */
     uint64_t buckets; /* keys / ratio rounded up to a power of two */
@@ -46,6 +47,7 @@ typedef struct ib_result {
     double cpu_mops; /* ops per CPU-second of the workers x threads (load-independent) */
     uint64_t ops, reads, hits, bucket_bytes, item_bytes;
     uint64_t final_buckets;            /* the index's bucket count after the run (0: unknown) */
+    long batch;                        /* reads per get_batch call (1: one get per read) */
     double visited_per_read, head_hit; /* < 0: the index cannot tell */
     ib_sample *series;                 /* with --shift-at; free() it */
     size_t nseries;

@@ -16,13 +16,17 @@ set -euo pipefail
 
 usage() {
   cat <<EOF
-usage: $0 [-k KEYS] [-s SECONDS] [-r ROUNDS] [-t THREADS] [-q] [-o DIR] [-b INDEX_BENCH] [-x 'extra flags']
+usage: $0 [-k KEYS] [-s SECONDS] [-r ROUNDS] [-t THREADS] [-B BATCH] [-q] [-o DIR] [-b INDEX_BENCH] [-x 'extra flags']
   -k KEYS      keys loaded per run (default 4000000)
   -s SECONDS   timed phase per index (default 5; the shift run uses max(4, SECONDS))
   -r ROUNDS    interleave the indexes of a run in ROUNDS slices of SECONDS/ROUNDS
                (default 5; all indexes of a run are loaded at once) so that the
                machine's load drifts alike for all of them
   -t THREADS   worker threads (default 2)
+  -B BATCH     index_bench --batch: runs of up to BATCH consecutive reads go to an
+               index's batched get (default 1: key by key everywhere, what one
+               kv.Get sees; HotRing and chain have batched gets of the same
+               prefetching shape, lfht reads key by key whatever BATCH is)
   -q           quick: 400000 keys, 1 s runs (a smoke test, numbers are not comparable)
   -o DIR       where to keep the JSON lines (default a new temporary directory)
   -b PATH      index_bench binary (default build/bench/index_bench next to this script)
@@ -34,13 +38,14 @@ EOF
 
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../build/bench/index_bench"
-keys=4000000 secs=5 rounds=5 threads=2 out="" extra=""
-while getopts "k:s:r:t:qo:b:x:h" opt; do
+keys=4000000 secs=5 rounds=5 threads=2 batch=1 out="" extra=""
+while getopts "k:s:r:t:B:qo:b:x:h" opt; do
   case $opt in
     k) keys=$OPTARG ;;
     s) secs=$OPTARG ;;
     r) rounds=$OPTARG ;;
     t) threads=$OPTARG ;;
+    B) batch=$OPTARG ;;
     q) keys=400000 secs=1 ;;
     o) out=$OPTARG ;;
     b) bin=$OPTARG ;;
@@ -70,7 +75,8 @@ run() {
   shift
   echo "== $name: index_bench $*" >&2
   # shellcheck disable=SC2086
-  "$bin" --keys "$keys" --seconds "$secs" --rounds "$rounds" --threads "$threads" $extra "$@" \
+  "$bin" --keys "$keys" --seconds "$secs" --rounds "$rounds" --threads "$threads" \
+    --batch "$batch" $extra "$@" \
     >"$out/$name.jsonl" 2>"$out/$name.log" || {
     echo "$0: $name failed, see $out/$name.log" >&2
     tail -5 "$out/$name.log" >&2
@@ -118,7 +124,7 @@ mem=$(awk -v a="$(val t122 'map(select(.impl == "lfht-auto"))[0].bucket_bytes')"
   'BEGIN { if (a == "null" || b == "null" || b == 0) print "null"; else printf "%.2f", a / b }')
 
 echo
-echo "index_compare: keys=$keys seconds=$secs rounds=$rounds threads=$threads (raw JSON in $out, ${elapsed} s)"
+echo "index_compare: keys=$keys seconds=$secs rounds=$rounds threads=$threads batch=$batch (raw JSON in $out, ${elapsed} s)"
 printf "%-46s %12s %10s  %s\n" "check" "measured" "target" "result"
 row "theta 1.22 r8 C: hotring-s / chain" "$(ratio t122 hotring-s chain)" ">=" 3.0 x
 row "theta 1.22 r8 C: hotring-s / lfht" "$(ratio t122 hotring-s lfht)" ">=" 1.5 x
@@ -145,7 +151,7 @@ echo
 echo "details:"
 for f in t122 t099 uniform miss ycsba shift; do
   jq -r --arg f "$f" 'select(.summary != true and .series == null) |
-    "  \($f)\t\(.impl)\t\(.mops) Mops/s\t\(.cpu_mops) Mops/cpu-s\tvisited/read \(.visited_per_read)\thead_hit \(.head_hit)\tbuckets \(.final_buckets) (\(.bucket_bytes) B)\titem \(.item_bytes) B" +
+    "  \($f)\t\(.impl)\tbatch \(.batch)\t\(.mops) Mops/s\t\(.cpu_mops) Mops/cpu-s\tvisited/read \(.visited_per_read)\thead_hit \(.head_hit)\tbuckets \(.final_buckets) (\(.bucket_bytes) B)\titem \(.item_bytes) B" +
     (if .shift_at then "\tsteady \(.steady_head_hit) dip \(.dip_head_hit) recover \(.recover_ms) ms" else "" end)' \
     "$out/$f.jsonl"
 done

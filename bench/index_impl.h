@@ -19,6 +19,8 @@
 
 #include "kv/kv_err.h"
 
+#define IB_MAX_BATCH 64 /* longest --batch */
+
 typedef struct ib_params {
     uint64_t keys;    /* records to be loaded */
     uint64_t buckets; /* bucket count: keys / ratio rounded up to a power of two */
@@ -62,6 +64,14 @@ typedef struct ib_impl {
      * metadata to pr->meta and returns true. Fills pr's visited/head when the
      * implementation can (visited == 0 otherwise). */
     bool (*get)(void *h, const void *key, size_t klen, void *val, size_t cap, ib_probe *pr);
+    /* Optional (NULL: the runner calls get once per key). Reads the n keys of
+     * klen bytes at keys, keys + klen, ... as one batch: on a hit copies up
+     * to cap bytes of key i's value to vals + i * cap and its metadata to
+     * metas[i] (left alone on a miss). Returns the number of keys found.
+     * n <= IB_MAX_BATCH. Fills no probes (visited / head hits come from
+     * rstats, or are unknown). */
+    size_t (*get_batch)(void *h, const unsigned char *keys, size_t klen, size_t n,
+                        unsigned char *vals, size_t cap, ib_meta *metas);
     /* Inserts or replaces key's value. */
     kv_err (*put)(void *h, const void *key, size_t klen, const void *val, size_t vlen);
     /* Native read statistics; NULL when the index keeps none. */

@@ -83,6 +83,30 @@ static void exec_op(const ib_impl *impl, void *h, wl_op op, unsigned char *val, 
     }
 }
 
+/* Hands the run of consecutive reads starting at t[*i] (at most `batch`,
+ * wrapping round the trace of n ops) to impl->get_batch; advances *i past
+ * them and returns how many it read. out has room for IB_MAX_BATCH values of
+ * cap bytes; t[*i] must be a read. */
+static int exec_reads(const ib_impl *impl, void *h, const wl_op *t, size_t n, size_t *i, long batch,
+                      unsigned char *out, size_t cap, ib_local *l)
+{
+    unsigned char keys[IB_MAX_BATCH][WL_KEY8_LEN];
+    ib_meta metas[IB_MAX_BATCH];
+    int m = 0;
+    do { /* t[*i] is a read */
+        wl_key8(t[*i].key, keys[m]);
+        memset(&metas[m], 0, sizeof(metas[m]));
+        m++;
+        if (++*i == n)
+            *i = 0;
+    } while (m < batch && t[*i].type == WL_OP_READ);
+    l->hits += impl->get_batch(h, keys[0], WL_KEY8_LEN, (size_t)m, out, cap, metas);
+    l->reads += (uint64_t)m;
+    for (int k = 0; k < m; k++)
+        l->meta_xor ^= metas[k].version ^ metas[k].seqno ^ metas[k].expire_at ^ metas[k].flags;
+    return m;
+}
+
 static void publish(ib_counters *c, const ib_local *l)
 {
     atomic_store_explicit(&c->ops, l->ops, memory_order_relaxed);
@@ -105,6 +129,7 @@ static void run_trace(ib_worker *w, unsigned char *val, unsigned char *out)
     ib_shared *s = w->s;
     const ib_impl *impl = s->impl;
     size_t vs = (size_t)s->o->value_size, n = s->tr->n, i = 0;
+    long batch = impl->get_batch ? s->o->batch : 1;
     int phase = 0;
     const wl_op *t = s->tr->ops[0][w->id];
     ib_local l = {0};
@@ -116,11 +141,17 @@ static void run_trace(ib_worker *w, unsigned char *val, unsigned char *out)
             t = s->tr->ops[p][w->id];
             i = 0;
         }
-        for (int k = 0; k < BATCH; k++) {
-            exec_op(impl, s->h, t[i], val, vs, out, &l);
-            l.ops++;
-            if (++i == n)
-                i = 0;
+        for (int k = 0; k < BATCH;) {
+            int m = 1;
+            if (batch > 1 && t[i].type == WL_OP_READ) {
+                m = exec_reads(impl, s->h, t, n, &i, batch, out, vs + 8, &l);
+            } else {
+                exec_op(impl, s->h, t[i], val, vs, out, &l);
+                if (++i == n)
+                    i = 0;
+            }
+            l.ops += (uint64_t)m;
+            k += m;
         }
         l.cpu_ns = thread_cpu_ns() - cpu0;
         publish(&w->c, &l);
@@ -132,7 +163,7 @@ static void *worker_main(void *arg)
     ib_worker *w = arg;
     ib_shared *s = w->s;
     size_t vs = (size_t)s->o->value_size;
-    unsigned char *val = calloc(1, vs + 8), *out = calloc(1, vs + 8);
+    unsigned char *val = calloc(1, vs + 8), *out = calloc(IB_MAX_BATCH, vs + 8);
     s->impl->thread_enter();
     if (!val || !out)
         atomic_store(&s->load_err, (int)KV_RESOURCE_EXHAUSTED);
@@ -370,12 +401,14 @@ void ib_finish(const ib_opts *o, ib_state *st, ib_result *out)
     if (st->impl->rstats && st->racc.reads) {
         r->visited_per_read = (double)st->racc.visited / (double)st->racc.reads;
         r->head_hit = (double)st->racc.head_hits / (double)st->racc.reads;
-    } else if (st->impl->probes && acc->reads) {
+    } else if (st->impl->probes && acc->reads && !(st->impl->get_batch && o->batch > 1)) {
+        /* batched reads fill no probes: unknown */
         r->visited_per_read = (double)acc->visited / (double)acc->reads;
         r->head_hit = (double)acc->head_hits / (double)acc->reads;
     }
     r->bucket_bytes = st->impl->bucket_bytes(st->h);
     r->final_buckets = st->impl->buckets ? st->impl->buckets(st->h) : 0;
+    r->batch = st->impl->get_batch ? o->batch : 1;
     r->item_bytes = st->impl->item_bytes(st->h, WL_KEY8_LEN, (size_t)o->value_size);
     if (o->shift_at > 0)
         shift_metrics(o, r);
@@ -411,7 +444,7 @@ void ib_print_result(const ib_opts *o, const ib_result *r)
     json_num("head_hit", r->head_hit);
     json_num("hit_ratio", r->reads ? (double)r->hits / (double)r->reads : -1);
     printf(",\"bucket_bytes\":%" PRIu64 ",\"item_bytes\":%" PRIu64, r->bucket_bytes, r->item_bytes);
-    printf(",\"final_buckets\":%" PRIu64, r->final_buckets);
+    printf(",\"final_buckets\":%" PRIu64 ",\"batch\":%ld", r->final_buckets, r->batch);
     if (r->nrounds > 1) {
         printf(",\"round_mops\":[");
         for (int i = 0; i < r->nrounds; i++)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * HotRing keyed API: get / upsert / remove / set_flags / pin / iterate on top
- * of the lock-free rings of hr_ring.c, plus open/close and statistics.
+ * HotRing keyed API: get / get_batch / upsert / remove / set_flags / pin /
+ * iterate on top of the lock-free rings of hr_ring.c, plus open/close and
+ * statistics.
  *
  * Record consistency (value + hr_meta). An item's record is its val,
  * version and meta word (seqno, inline value length, flags; see the layout in
@@ -234,7 +235,7 @@ static kv_err hr_check_key(const hr_index *idx, const void *key, size_t klen)
     return KV_OK;
 }
 
-static hr_okey hr_key(const void *key, size_t klen)
+static hr_okey hr_okey_make(const void *key, size_t klen)
 {
     hr_okey k = {hr_tag_of_hash(kv_hash64(key, klen, HR_HASH_SEED)), (uint32_t)klen, key, 0};
     return k;
@@ -260,21 +261,17 @@ static void hr_account(hr_index *idx, unsigned visited, bool write)
 
 /* ------------------------------------------------------------------ get */
 
-kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void *arg)
+/* Finishes one read whose head word hw of bucket b of t was loaded in the
+ * caller's read-side section (which must still be held): walks the ring,
+ * counts the read, calls fn on a hit and feeds the hotspot logic. True on a
+ * hit. */
+static bool hr_read_at(hr_index *idx, hr_shard *s, hr_table *t, uint64_t b, uint64_t hw,
+                       const hr_okey *k, hr_visit_fn fn, void *arg)
 {
-    kv_err rv = hr_check_key(idx, key, klen);
-    if (rv != KV_OK)
-        return rv;
-    hr_okey k = hr_key(key, klen);
-    hr_rcu_lock();
-    hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
-    uint64_t b = hr_bucket(t, k.tag);
-    uint64_t hw = atomic_load_explicit(&t->heads[b], memory_order_acquire);
     hr_item *x = hr_addr(hw), *hit = NULL;
     unsigned visited = 0;
     if (x)
-        hit = hr_walk(t, b, &k, x, &visited);
-    hr_shard *s = hr_my_shard(idx);
+        hit = hr_walk(t, b, k, x, &visited);
     hr_cnt_bump(s, HR_C_READS, 1);
     hr_cnt_bump(s, HR_C_VISITED, visited);
     if (hit && hit == x)
@@ -299,8 +296,144 @@ kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void 
             fn(arg, &v);
     }
     hr_hot_access(idx, t, b, hw, hit, hit);
+    return hit != NULL;
+}
+
+kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void *arg)
+{
+    kv_err rv = hr_check_key(idx, key, klen);
+    if (rv != KV_OK)
+        return rv;
+    hr_okey k = hr_okey_make(key, klen);
+    hr_rcu_lock();
+    hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
+    uint64_t b = hr_bucket(t, k.tag);
+    uint64_t hw = atomic_load_explicit(&t->heads[b], memory_order_acquire);
+    bool hit = hr_read_at(idx, hr_my_shard(idx), t, b, hw, &k, fn, arg);
     hr_rcu_unlock();
     return hit ? KV_OK : KV_NOT_FOUND;
+}
+
+/* Batched reads (hr_get_batch). A head hit costs two dependent cache misses,
+ * the bucket word and then the head item (whose first line holds everything
+ * a hit reads, hr_internal.h), and a lone hr_get cannot overlap them with
+ * anything. A batch is processed in software-pipelined passes over chunks
+ * of HR_BATCH keys inside one read-side section: hash every key and
+ * prefetch its bucket word; load every head word and prefetch its item;
+ * then finish each read as hr_get does. The misses of a chunk are thus in
+ * flight together, so a chunk of head hits costs about two miss latencies
+ * instead of two per key. Walks past the head (cold keys) stay dependent
+ * chains. Every head word is loaded with acquire inside the section that
+ * walks from it, exactly as in hr_get; the table pointer is loaded once per
+ * chunk, which is what a slow hr_get does (the rehash keeps an old table a
+ * complete index until a grace period after the swap, hr_rehash.c). */
+#define HR_BATCH 16u
+
+typedef struct hr_batch_arg {
+    hr_visit_at_fn fn;
+    void *arg;
+    size_t i;
+} hr_batch_arg;
+
+static void hr_batch_visit(void *arg, const hr_view *v)
+{
+    hr_batch_arg *a = arg;
+    a->fn(a->arg, a->i, v);
+}
+
+/* Does a key of tag kt fall strictly between ring neighbours of tags pt and
+ * xt (the ring ends there for it)? pt > xt: xt is the ring's minimum. */
+static bool hr_tag_gap(uint32_t pt, uint32_t xt, uint32_t kt)
+{
+    return pt < xt ? pt < kt && kt < xt : pt > xt && (kt > pt || kt < xt);
+}
+
+/* Prefetches the walks that do not end at the head: one ring step per pass
+ * for every key of the chunk, so that the walks' misses are in flight
+ * together too (up to HR_BATCH_AHEAD items per key). A key stops at the
+ * first item of its tag or where the order says its walk ends. This pass
+ * only reads and prefetches: the walks themselves (hr_walk) follow, and a
+ * stale or odd path here (a head move, an insert, a rehash split item)
+ * costs at most a useless prefetch. Items are read as a walk reads them
+ * (next with acquire, then the immutable tag), inside the chunk's read-side
+ * section, so none of them can be freed meanwhile. */
+#define HR_BATCH_AHEAD 8u
+static void hr_batch_ahead(const hr_okey *k, const uint64_t *hw, size_t n)
+{
+    hr_item *x[HR_BATCH];
+    uint32_t pt[HR_BATCH];
+    size_t live = 0;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = hr_addr(hw[i]);
+        live += x[i] != NULL;
+    }
+    for (unsigned step = 0; step < HR_BATCH_AHEAD && live > 0; step++) {
+        for (size_t i = 0; i < n; i++) {
+            if (!x[i])
+                continue;
+            uint32_t xt = x[i]->tag;
+            if (xt == k[i].tag || (step > 0 && hr_tag_gap(pt[i], xt, k[i].tag))) {
+                x[i] = NULL; /* its walk ends here */
+                live--;
+                continue;
+            }
+            pt[i] = xt;
+            x[i] = hr_addr(atomic_load_explicit(&x[i]->next, memory_order_acquire));
+            if (x[i])
+                __builtin_prefetch(x[i]);
+            else
+                live--;
+        }
+    }
+}
+
+/* One chunk of at most HR_BATCH keys starting at keys[0] (index base). */
+static size_t hr_get_chunk(hr_index *idx, const hr_key *keys, size_t n, size_t base,
+                           hr_visit_at_fn fn, void *arg)
+{
+    hr_okey k[HR_BATCH];
+    uint64_t b[HR_BATCH], hw[HR_BATCH];
+    size_t hits = 0;
+    for (size_t i = 0; i < n; i++)
+        k[i] = hr_okey_make(keys[i].key, keys[i].klen);
+    hr_rcu_lock();
+    hr_table *t = atomic_load_explicit(&idx->cur, memory_order_acquire);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = hr_bucket(t, k[i].tag);
+        __builtin_prefetch(&t->heads[b[i]]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        hw[i] = atomic_load_explicit(&t->heads[b[i]], memory_order_acquire);
+        if (hw[i] & HR_ADDR_MASK)
+            __builtin_prefetch(hr_addr(hw[i])); /* the head item's first line */
+    }
+    hr_batch_ahead(k, hw, n);
+    hr_shard *s = hr_my_shard(idx);
+    hr_batch_arg a = {fn, arg, 0};
+    for (size_t i = 0; i < n; i++) {
+        a.i = base + i;
+        hits += hr_read_at(idx, s, t, b[i], hw[i], &k[i], fn ? hr_batch_visit : NULL, &a);
+    }
+    hr_rcu_unlock();
+    return hits;
+}
+
+kv_err hr_get_batch(hr_index *idx, const hr_key *keys, size_t n, hr_visit_at_fn fn, void *arg,
+                    size_t *hits)
+{
+    if (!idx || (n > 0 && !keys))
+        return KV_INVALID_ARGUMENT;
+    for (size_t i = 0; i < n; i++) {
+        kv_err rv = hr_check_key(idx, keys[i].key, keys[i].klen);
+        if (rv != KV_OK)
+            return rv;
+    }
+    size_t found = 0;
+    for (size_t i = 0; i < n; i += HR_BATCH)
+        found += hr_get_chunk(idx, keys + i, n - i < HR_BATCH ? n - i : HR_BATCH, i, fn, arg);
+    if (hits)
+        *hits = found;
+    return KV_OK;
 }
 
 /* ---------------------------------------------------------------- upsert */
@@ -477,7 +610,7 @@ kv_err hr_prepare(hr_index *idx, const void *key, size_t klen, const void *val, 
     kv_err rv = hr_check_rec(idx, key, klen, val, vlen, meta);
     if (rv != KV_OK)
         return rv;
-    hr_okey k = hr_key(key, klen);
+    hr_okey k = hr_okey_make(key, klen);
     hr_item *x;
     rv = hr_item_alloc(&k, val, vlen, meta ? meta : &hr_zero_meta, &x);
     if (rv == KV_OK)
@@ -511,7 +644,7 @@ kv_err hr_upsert_prepared(hr_index *idx, const void *key, size_t klen, const voi
             hr_item_free(built);
         return rv;
     }
-    hr_okey k = hr_key(key, klen);
+    hr_okey k = hr_okey_make(key, klen);
     /* the prepared item must be this record's (same key; the caller passes
      * the value and meta it was built with) */
     KV_ASSERT(!built || (built->tag == k.tag && hr_cmp_key(&k, built) == 0),
@@ -548,7 +681,7 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
     kv_err rv = hr_check_key(idx, key, klen);
     if (rv != KV_OK)
         return rv;
-    hr_okey k = hr_key(key, klen);
+    hr_okey k = hr_okey_make(key, klen);
     unsigned spins = 0;
     hr_win w = {0};
     hr_rcu_lock();
@@ -625,7 +758,7 @@ kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno,
         return rv;
     if (set & ~HR_F_ALL)
         return KV_INVALID_ARGUMENT;
-    hr_okey k = hr_key(key, klen);
+    hr_okey k = hr_okey_make(key, klen);
     hr_table *t;
     uint64_t b;
     uint32_t s;
@@ -653,7 +786,7 @@ kv_err hr_pin(hr_index *idx, const void *key, size_t klen)
     kv_err rv = hr_check_key(idx, key, klen);
     if (rv != KV_OK)
         return rv;
-    hr_okey k = hr_key(key, klen);
+    hr_okey k = hr_okey_make(key, klen);
     hr_table *t;
     uint64_t b;
     uint32_t s;

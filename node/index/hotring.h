@@ -109,6 +109,28 @@ void hr_close(hr_index *idx);
  * section. INVALID_ARGUMENT for a NULL index/key or a key of 0 or >4096 B. */
 kv_err hr_get(hr_index *idx, const void *key, size_t klen, hr_visit_fn fn, void *arg);
 
+/* One key of a batched lookup. */
+typedef struct hr_key {
+    const void *key;
+    size_t klen;
+} hr_key;
+/* Called by hr_get_batch for the key keys[i] that was found. */
+typedef void (*hr_visit_at_fn)(void *arg, size_t i, const hr_view *v);
+
+/* Looks up keys[0..n-1] as n hr_get calls would, but overlaps their memory
+ * accesses (the bucket words and head items of up to 16 keys are fetched
+ * together), which is faster when most keys are found at their ring's head.
+ * Calls fn(arg, i, view) once for each key found, in increasing i, with a
+ * consistent snapshot valid only during the call (fn may be NULL); a key
+ * given twice is looked up twice. Each lookup is atomic on its own, not the
+ * batch. On KV_OK writes the number of keys found to *hits (hits may be
+ * NULL). INVALID_ARGUMENT for a NULL index, NULL keys with n > 0 or any
+ * invalid key (as hr_get; then no key is looked up). fn runs inside the
+ * index's read-side section, as for hr_get. Any registered thread; takes
+ * its own read-side sections (one per 16 keys). */
+kv_err hr_get_batch(hr_index *idx, const hr_key *keys, size_t n, hr_visit_at_fn fn, void *arg,
+                    size_t *hits);
+
 /* Inserts or replaces key's record when cond (may be NULL = always) allows.
  * Returns KV_OK, cond's error, RESOURCE_EXHAUSTED on allocation failure, or
  * INVALID_ARGUMENT (bad key, NULL value with vlen > 0, flags outside

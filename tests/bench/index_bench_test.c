@@ -99,6 +99,32 @@ Test(index_bench, rmw_and_inserts, .timeout = 120)
     check_run("--workload D", true); /* latest may read another thread's next insert */
 }
 
+Test(index_bench, batched_reads, .timeout = 120)
+{
+    /* hotring and chain hand runs of reads to their batched gets, lfht reads
+     * key by key: every index still finds every key (B mixes in updates, so
+     * batches end at writes) */
+    check_run("--workload C --dist zipf --theta 0.99 --batch 16", false);
+    check_run("--workload B --dist zipf --batch 7 --value-size 100", false);
+    check_run("--workload C --dist uniform --ratio 16 --miss-ratio 0.5 --batch 64", true);
+    int st;
+    char *out = run("--impl lfht --keys 2000 --seconds 0.1 --trace-ops 4096 --batch 8", &st);
+    cr_assert(strstr(out, "\"batch\":1"), "lfht has no batched get:\n%s", out);
+    free(out);
+    out = run("--impl chain --keys 2000 --seconds 0.1 --trace-ops 4096 --batch 8", &st);
+    cr_assert(strstr(out, "\"batch\":8"), "chain reads in batches:\n%s", out);
+    free(out);
+    if (strstr(impls(), "hotring-s")) {
+        out = run("--impl hotring-s --keys 2000 --seconds 0.1 --trace-ops 4096 --batch 8", &st);
+        cr_assert_eq(st, 0);
+        cr_assert(strstr(out, "\"batch\":8"), "hotring reads in batches:\n%s", out);
+        free(out);
+    }
+    out = run("--batch 65", &st);
+    cr_assert_neq(st, 0, "a batch over the maximum is rejected");
+    free(out);
+}
+
 Test(index_bench, misses_and_shift_series, .timeout = 120)
 {
     check_run("--workload C --dist uniform --ratio 16 --miss-ratio 0.5", true);

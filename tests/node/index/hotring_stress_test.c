@@ -3,7 +3,7 @@
  * Concurrency stress for the HotRing index: 4 threads run mixed inserts,
  * in-place and RCU updates, deletes, gets, pins (forced head moves) while
  * rehashes run (two on long rings; eight down to sparse rings), with
- * sampling or random movement.
+ * sampling or random movement; some reads are batched (hr_get_batch).
  * Each thread owns a key range and checks that every acknowledged insert is
  * found and no deleted key reappears; all threads read all keys and check
  * that a found value belongs to its key. At the end every key must be
@@ -64,6 +64,7 @@ typedef struct seen {
     int thread, key;
     int ok;
     uint64_t version;
+    int found; /* batched reads: calls for this key */
 } seen;
 
 static void check_cb(void *arg, const hr_view *v)
@@ -88,6 +89,14 @@ static void check_cb(void *arg, const hr_view *v)
     }
     s->ok = s->ok && v->meta.seqno == v->meta.version;
     s->version = v->meta.version;
+}
+
+/* hr_get_batch callback: arg is an array of seen, one per key. */
+static void check_at(void *arg, size_t i, const hr_view *v)
+{
+    seen *s = (seen *)arg + i;
+    s->found++;
+    check_cb(s, v);
 }
 
 typedef struct iter_ctx {
@@ -152,6 +161,32 @@ static void one_op(worker *w, uint64_t *seed)
     } else if (op < 47) {
         kv_err rv = hr_pin(w->idx, k, (size_t)kl);
         if (rv != (w->present[i] ? KV_OK : KV_NOT_FOUND))
+            w->errors++;
+    } else if (op < 55) { /* a batch of own keys (one repeated): as exact as single gets */
+        enum { NB = 20 };
+        char ks[NB][32];
+        hr_key keys[NB];
+        seen ss[NB];
+        int ix[NB];
+        for (int j = 0; j < NB; j++) {
+            ix[j] = j == NB - 1 ? ix[0] : (int)(rnd(seed) % KEYS_PER_THREAD);
+            keys[j] = (hr_key){ks[j], (size_t)key_of(ks[j], w->id, ix[j])};
+            ss[j] = (seen){w->id, ix[j], 0, 0, 0};
+        }
+        size_t hits = 0, want = 0;
+        if (hr_get_batch(w->idx, keys, NB, check_at, ss, &hits) != KV_OK)
+            w->errors++;
+        for (int j = 0; j < NB; j++) {
+            int p = w->present[ix[j]];
+            want += (size_t)p;
+            if (ss[j].found != p || (p && (!ss[j].ok || ss[j].version != w->version[ix[j]]))) {
+                fprintf(stderr, "batch get own %s: found %d model %d ok %d ver %llu model %llu\n",
+                        ks[j], ss[j].found, p, ss[j].ok, (unsigned long long)ss[j].version,
+                        (unsigned long long)w->version[ix[j]]);
+                w->errors++;
+            }
+        }
+        if (hits != want)
             w->errors++;
     } else if (op < 75) { /* own key: must match our model exactly */
         seen s = {w->id, i, 0, 0};

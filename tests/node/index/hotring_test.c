@@ -2,11 +2,13 @@
 /*
  * Tests for the HotRing index (node/index): keyed operations, write
  * conditions, in-place vs RCU updates, the W_t head choice, hotspot
- * inheritance, pinning, sampling/random movement and rehash splitting.
+ * inheritance, pinning, sampling/random movement, rehash splitting, batched
+ * reads and keys whose tags collide.
  */
 #include "tests/kv_testfw.h"
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -720,5 +722,228 @@ Test(hotring, cond_may_return_any_error, .timeout = 30)
         get(idx, "absent", KV_NOT_FOUND);
     }
     cr_assert_eq(hr_check_rings(idx), 1);
+    hr_close(idx);
+}
+
+/* ------------------------------------------------------- batched reads */
+
+typedef struct batch_got {
+    int n[128];
+    char val[128][64];
+    size_t vlen[128];
+    uint64_t version[128];
+    size_t last; /* calls come in increasing i */
+    int calls;
+} batch_got;
+
+static void grab_at(void *arg, size_t i, const hr_view *v)
+{
+    batch_got *g = arg;
+    cr_assert_lt(i, 128);
+    cr_assert(g->calls == 0 || i > g->last, "fn called out of order (%zu after %zu)", i, g->last);
+    g->last = i;
+    g->calls++;
+    g->n[i]++;
+    cr_assert_lt(v->vlen, sizeof g->val[i]);
+    memcpy(g->val[i], v->val, v->vlen);
+    g->vlen[i] = v->vlen;
+    g->version[i] = v->meta.version;
+}
+
+/* The value and metadata of a hit (keys may be long: not copied). */
+static void grab_val(void *arg, const hr_view *v)
+{
+    got *g = arg;
+    g->n++;
+    cr_assert_lt(v->vlen, sizeof g->val);
+    memcpy(g->val, v->val, v->vlen);
+    g->vlen = v->vlen;
+    g->meta = v->meta;
+}
+
+/* Every key of the batch gets the answer hr_get gives it: hits with their
+ * record, misses without a call, a key given twice answered twice; long
+ * rings (4 buckets), long keys and big values included. */
+Test(hotring, get_batch_matches_get)
+{
+    hr_index *idx = open_idx(4, HR_MODE_SAMPLE, false);
+    static char keys[100][600];
+    hr_key ks[100];
+    for (int i = 0; i < 100; i++) {
+        if (i % 10 == 9) { /* a key of HR_KLEN_LONG bytes or more */
+            memset(keys[i], 'a' + i % 26, 599);
+            snprintf(keys[i], 16, "long-%d-", i);
+            keys[i][strlen(keys[i])] = 'x';
+            keys[i][599] = 0;
+        } else {
+            snprintf(keys[i], sizeof keys[i], "b-%d", i % 3 == 2 ? 1000 + i : i);
+        }
+        ks[i] = (hr_key){keys[i], strlen(keys[i])};
+    }
+    ks[50] = ks[4]; /* a duplicate */
+    char v[64];
+    for (int i = 0; i < 100; i++) {
+        if (i % 3 == 2 || i == 50)
+            continue; /* absent keys */
+        snprintf(v, sizeof v, i % 2 ? "%d" : "a value longer than eight bytes %d", i);
+        cr_assert_eq(put(idx, keys[i], v, (uint64_t)i + 1), KV_OK);
+    }
+    for (int round = 0; round < 3; round++) { /* later rounds after head moves */
+        batch_got g = {0};
+        size_t hits = 12345;
+        hr_stats a, st;
+        hr_get_stats(idx, &a);
+        cr_assert_eq(hr_get_batch(idx, ks, 100, grab_at, &g, &hits), KV_OK);
+        hr_get_stats(idx, &st);
+        cr_assert_eq(st.reads - a.reads, 100);
+        size_t want = 0;
+        for (int i = 0; i < 100; i++) {
+            got one = {0};
+            kv_err rv = hr_get(idx, ks[i].key, ks[i].klen, grab_val, &one);
+            cr_assert_eq(g.n[i], rv == KV_OK ? 1 : 0, "key %d: %d calls, hr_get %s", i, g.n[i],
+                         kv_strerror(rv));
+            if (rv != KV_OK)
+                continue;
+            want++;
+            cr_assert_eq(g.vlen[i], one.vlen);
+            cr_assert(memcmp(g.val[i], one.val, one.vlen) == 0, "key %d: value differs", i);
+            cr_assert_eq(g.version[i], one.meta.version);
+        }
+        cr_assert_eq(want, 100 - 33 + 1); /* 33 absent keys, plus the duplicate of a present one */
+        cr_assert_eq(hits, want);
+        cr_assert_eq((size_t)g.calls, want);
+    }
+    hr_close(idx);
+}
+
+Test(hotring, get_batch_arguments)
+{
+    hr_index *idx = open_idx(4, HR_MODE_NONE, false);
+    cr_assert_eq(put(idx, "k", "v", 1), KV_OK);
+    batch_got g = {0};
+    size_t hits = 77;
+    hr_key ok[2] = {{"k", 1}, {"absent", 6}};
+    hr_key bad[2] = {{"k", 1}, {"", 0}};
+    cr_assert_eq(hr_get_batch(NULL, ok, 2, grab_at, &g, &hits), KV_INVALID_ARGUMENT);
+    cr_assert_eq(hr_get_batch(idx, NULL, 2, grab_at, &g, &hits), KV_INVALID_ARGUMENT);
+    cr_assert_eq(hr_get_batch(idx, bad, 2, grab_at, &g, &hits), KV_INVALID_ARGUMENT);
+    cr_assert_eq(g.calls, 0, "no key is looked up when one is invalid");
+    cr_assert_eq(hits, 77, "hits written only on success");
+    cr_assert_eq(hr_get_batch(idx, NULL, 0, grab_at, &g, &hits), KV_OK);
+    cr_assert_eq(hits, 0);
+    cr_assert_eq(hr_get_batch(idx, ok, 2, NULL, NULL, &hits), KV_OK); /* existence check */
+    cr_assert_eq(hits, 1);
+    cr_assert_eq(hr_get_batch(idx, ok, 2, grab_at, &g, NULL), KV_OK);
+    cr_assert_eq(g.calls, 1);
+    hr_close(idx);
+}
+
+typedef struct tag_of {
+    uint32_t tag;
+    int i;
+} tag_of;
+
+static int tag_cmp(const void *a, const void *b)
+{
+    const tag_of *x = a, *y = b;
+    return x->tag != y->tag ? (x->tag < y->tag ? -1 : 1) : x->i - y->i;
+}
+
+/* Two keys whose 32-bit tags (the top hash bits, which also pick the
+ * bucket) are equal: found by brute force over "tc-%d". */
+static void tag_twins(char *a, char *b, size_t len)
+{
+    enum { N = 300000 };
+    tag_of *t = malloc(N * sizeof *t);
+    cr_assert_not_null(t);
+    char k[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "tc-%d", i);
+        t[i] = (tag_of){hr_tag_of_hash(kv_hash64(k, strlen(k), HR_HASH_SEED)), i};
+    }
+    qsort(t, N, sizeof *t, tag_cmp);
+    int found = -1;
+    for (int i = 1; i < N && found < 0; i++)
+        if (t[i].tag == t[i - 1].tag)
+            found = i;
+    cr_assert_geq(found, 0, "no two keys with the same tag among %d", N);
+    snprintf(a, len, "tc-%d", t[found - 1].i);
+    snprintf(b, len, "tc-%d", t[found].i);
+    free(t);
+}
+
+/* Keys with the same tag share a ring and are ordered by their bytes: both
+ * are found (by hr_get and by a batch), whichever one the head points at,
+ * after the other is removed and re-inserted, and through rehashes (which
+ * split rings by tag, so the twins always stay together). */
+Test(hotring, tag_collisions_in_one_ring, .timeout = 30)
+{
+    char a[32], b[32];
+    tag_twins(a, b, sizeof a);
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
+    cr_assert_eq(bucket_of(idx, a), bucket_of(idx, b));
+    fill(idx, 64, "tn-%d");
+    cr_assert_eq(put(idx, a, "va", 1), KV_OK);
+    cr_assert_eq(put(idx, b, "vb", 2), KV_OK);
+    uint64_t seq_a = 1, seq_b = 2; /* put() writes version = seqno */
+    for (int r = 0; r < 4; r++) {
+        const char *hot = r % 2 ? a : b; /* make each twin the ring head in turn */
+        cr_assert_eq(hr_pin(idx, hot, strlen(hot)), KV_OK);
+        cr_assert(hr_test_is(hr_test_head(idx, hot, strlen(hot)), hot));
+        cr_assert_str_eq(get(idx, a, KV_OK).val, "va");
+        cr_assert_str_eq(get(idx, b, KV_OK).val, "vb");
+        hr_key ks[3] = {{a, strlen(a)}, {b, strlen(b)}, {"tc-absent", 9}};
+        batch_got g = {0};
+        size_t hits = 0;
+        cr_assert_eq(hr_get_batch(idx, ks, 3, grab_at, &g, &hits), KV_OK);
+        cr_assert_eq(hits, 2);
+        cr_assert(g.n[0] == 1 && g.n[1] == 1 && g.n[2] == 0);
+        cr_assert(memcmp(g.val[0], "va", 2) == 0 && memcmp(g.val[1], "vb", 2) == 0);
+        /* remove one twin: the other stays; put it back */
+        const char *gone = r % 2 ? b : a;
+        cr_assert_eq(hr_remove(idx, gone, strlen(gone), NULL, NULL), KV_OK);
+        get(idx, gone, KV_NOT_FOUND);
+        cr_assert_str_eq(get(idx, hot, KV_OK).val, hot == a ? "va" : "vb");
+        uint64_t *seq_gone = gone == a ? &seq_a : &seq_b;
+        *seq_gone = 3 + (uint64_t)r;
+        cr_assert_eq(put(idx, gone, gone == a ? "va" : "vb", *seq_gone), KV_OK);
+        cr_assert_eq(hr_check_rings(idx), 66);
+        uint64_t seq_hot = hot == a ? seq_a : seq_b;
+        cr_assert_eq(hr_set_flags(idx, hot, strlen(hot), seq_hot, 0, HR_F_PINNED), KV_OK);
+        cr_assert_eq(hr_rehash(idx), KV_OK); /* 4, 8, 16, 32 buckets */
+        cr_assert_eq(hr_check_rings(idx), 66);
+        cr_assert_eq(bucket_of(idx, a), bucket_of(idx, b));
+    }
+    hr_close(idx);
+}
+
+/* Batched reads while the table doubles under them: every key stays found
+ * with its value. */
+Test(hotring, get_batch_across_rehashes, .timeout = 30)
+{
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
+    enum { N = 1000 };
+    static char keys[N][16];
+    static hr_key ks[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(keys[i], sizeof keys[i], "gr-%d", i);
+        ks[i] = (hr_key){keys[i], strlen(keys[i])};
+        cr_assert_eq(put(idx, keys[i], keys[i], 1), KV_OK);
+    }
+    for (int r = 0; r < 6; r++) {
+        size_t hits = 0;
+        cr_assert_eq(hr_get_batch(idx, ks, N, NULL, NULL, &hits), KV_OK);
+        cr_assert_eq(hits, N);
+        for (int i = 0; i < N; i += 100) {
+            batch_got g = {0};
+            cr_assert_eq(hr_get_batch(idx, &ks[i], 100, grab_at, &g, &hits), KV_OK);
+            cr_assert_eq(hits, 100);
+            for (int j = 0; j < 100; j++)
+                cr_assert(g.vlen[j] == ks[i + j].klen &&
+                          memcmp(g.val[j], ks[i + j].key, g.vlen[j]) == 0);
+        }
+        cr_assert_eq(hr_rehash(idx), KV_OK);
+    }
+    cr_assert_eq(hr_check_rings(idx), N);
     hr_close(idx);
 }
