@@ -259,8 +259,8 @@ static void hk_stats(void *h, tb_stats *out)
 }
 
 /* lsm's compaction triggers: L0 at 4 files (its default l0_trigger) or at
- * L1's target in bytes, a deeper level above its target; and no dirty bytes
- * beyond one buffer. */
+ * its byte trigger (the L0 "target", the room FD has for it: L1's target
+ * to 4 times it), a deeper level above its target. */
 static bool hk_settled(void *h)
 {
     hk *k = h;
@@ -271,7 +271,6 @@ static bool hk_settled(void *h)
     }
     rpc_statlist l;
     bool ok = true;
-    unsigned long long l0_bytes = 0, l1_target = 0;
     node_engine_statlist(k->e, &l);
     for (size_t i = 0; i < l.n; i++) {
         unsigned long long files, bytes, target;
@@ -280,13 +279,12 @@ static bool hk_settled(void *h)
             sscanf(l.items[i].value, "files=%llu bytes=%llu target=%llu", &files, &bytes,
                    &target) != 3)
             continue;
-        if ((level == 0 && files >= 4) || (level > 0 && target && bytes > target))
+        if ((level == 0 && (files >= 4 || (target && bytes >= target))) ||
+            (level > 0 && target && bytes > target))
             ok = false;
-        l0_bytes = level == 0 ? bytes : l0_bytes;
-        l1_target = level == 1 ? target : l1_target;
     }
     rpc_stats_free(&l);
-    return ok && (!l1_target || l0_bytes < l1_target);
+    return ok;
 }
 
 static void hk_json_extra(void *h, char *buf, size_t len)

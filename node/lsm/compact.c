@@ -63,11 +63,21 @@ typedef struct cjob {
 
 /* ---- picking ---- */
 
+uint64_t lsm_l0_room(const lsm_db *db, const lsm_version *v)
+{
+    uint64_t used = 0, fast = db->o.fast_mb << 20;
+    for (int l = 1; l <= db->last_fd; l++)
+        used += lsm_level_bytes(v, l);
+    uint64_t room = fast > used ? fast - used : 0, lo = db->target[1];
+    uint64_t hi = lo * db->o.l0_trigger;
+    return room < lo ? lo : room > hi ? hi : room;
+}
+
 static double score(const lsm_db *db, const lsm_version *v, int l)
 {
-    if (l == 0) { /* files, or bytes against L1's target (as RocksDB: no giant L0 on FD) */
+    if (l == 0) { /* files, or bytes against the room FD has for L0 */
         double files = (double)v->nfiles[0] / db->o.l0_trigger;
-        double bytes = (double)lsm_level_bytes(v, 0) / (double)db->target[1];
+        double bytes = (double)lsm_level_bytes(v, 0) / (double)lsm_l0_room(db, v);
         return files > bytes ? files : bytes;
     }
     return (double)lsm_level_bytes(v, l) / (double)db->target[l];
