@@ -392,6 +392,7 @@ kv_err engine_wait_room(engine *e)
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += WAIT_ROOM_MS / 1000;
     kv_err rv = KV_OK;
+    uint64_t t0 = kv_now_ns();
     pthread_mutex_lock(&e->bg_mu);
     pthread_cond_signal(&e->bg_cv);
     while (!e->stop && atomic_load(&e->dirty_bytes) >= 2 * e->write_buffer)
@@ -400,6 +401,8 @@ kv_err engine_wait_room(engine *e)
             break;
         }
     pthread_mutex_unlock(&e->bg_mu);
+    atomic_fetch_add_explicit(&e->write_waits, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->write_wait_ns, kv_now_ns() - t0, memory_order_relaxed);
     return rv;
 }
 
@@ -434,6 +437,8 @@ void engine_get_stats(engine *e, engine_stats *out)
     s.fills = atomic_load(&e->fills);
     s.evictions = atomic_load(&e->evictions);
     s.flushes = atomic_load(&e->flushes);
+    s.write_waits = atomic_load(&e->write_waits);
+    s.write_wait_ns = atomic_load(&e->write_wait_ns);
     s.index_reads = hs.reads;
     s.index_visited = hs.read_visited;
     s.index_head_hits = hs.head_hits;

@@ -83,7 +83,7 @@ struct engine {
     _Atomic uint8_t *sketch; /* admission: saturating per-slot counters */
     _Atomic uint64_t sketch_adds;
     _Atomic uint64_t gets, puts, deletes, reads_mem, reads_fd, reads_sd, reads_miss;
-    _Atomic uint64_t fills, evictions, flushes;
+    _Atomic uint64_t fills, evictions, flushes, write_waits, write_wait_ns;
     /* Pinned keys, by 64-bit hash (open addressing, 0 = empty, 1 = removed).
      * Read on every write (to keep HR_F_PINNED), changed by hot-key hints. */
     pthread_rwlock_t pin_lock;

@@ -290,12 +290,16 @@ static bool hk_settled(void *h)
 static void hk_json_extra(void *h, char *buf, size_t len)
 {
     hk *k = h;
+    engine_stats es;
+    engine_get_stats(k->e, &es);
     snprintf(buf, len,
              ",\"hotrap_available\":%s,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
+             "\"write_waits\":%llu,\"write_wait_s\":%.3f,"
              "\"levels\":\"%s\",\"wa_parts\":\"%s\",\"hotrap_state\":{%s},"
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)\"",
              k->kallax ? "false" : "true", k->hotrap ? "true" : "false",
-             (unsigned long long)atomic_load(&k->stalls), k->levels, k->wa_parts, k->hotrap_state);
+             (unsigned long long)atomic_load(&k->stalls), (unsigned long long)es.write_waits,
+             (double)es.write_wait_ns / 1e9, k->levels, k->wa_parts, k->hotrap_state);
 }
 
 const tb_engine tb_hotkv_engine = {
