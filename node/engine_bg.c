@@ -6,9 +6,11 @@
  *
  * Flush: take the apply lock exclusively for an instant to pick S, the
  * highest seqno handed out (every write with a seqno <= S is then in
- * memory); collect the dirty items with seqno <= S, sort them by key, write
- * them with lsm_flush(.., S), then clear the dirty bit of each item whose
- * seqno is still the one flushed (hr_set_flags compares it atomically).
+ * memory); collect the dirty items with seqno <= S (a flush the write
+ * buffer triggered keeps the oldest write_buffer bytes of them and lowers S
+ * to their last seqno), sort them by key, write them with lsm_flush(.., S),
+ * then clear the dirty bit of each item whose seqno is still the one
+ * flushed (hr_set_flags compares it atomically).
  */
 #include <stdio.h>
 #include <stdlib.h>

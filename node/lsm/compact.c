@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Leveled compaction (LevelDB/RocksDB style). Scores: L0 = the larger of
- * files / l0_trigger and bytes / target(1), Ln = bytes / target(n) with target(1) from the FD
- * capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not busy is
- * compacted. L0 compacts all its files into L1; Ln picks the file with the least overlap in Ln+1
- * against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except the
- * last FD level under HotRAP, which picks the file with the highest benefit = file bytes - hot
+ * files / l0_trigger and bytes / lsm_l0_room (the FD room the levels below
+ * leave, within [target(1), l0_trigger x target(1)]), Ln = bytes / target(n) with target(1) from
+ * the FD capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not
+ * busy is compacted. L0 compacts all its files into L1; Ln picks the file with the least overlap in
+ * Ln+1 against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except
+ * the last FD level under HotRAP, which picks the file with the highest benefit = file bytes - hot
  * bytes (per RALT) in its key range, near-ties going to the least overlap below. A single Ln
  * file with no overlap below on the same volume is moved by a manifest edit only.
  *
