@@ -128,6 +128,7 @@ typedef struct engine_stats {
     uint64_t index_reads, index_visited, index_head_hits, index_head_moves;
     uint64_t index_sample_rounds, index_rehashes, index_buckets;
     uint64_t index_pinned_reads, index_pinned_head_hits; /* reads of pinned keys */
+    uint64_t write_waits, write_wait_ns; /* writes that waited at the 2x write-buffer cap */
 } engine_stats;
 
 void engine_thread_register(void);

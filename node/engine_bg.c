@@ -6,9 +6,11 @@
  *
  * Flush: take the apply lock exclusively for an instant to pick S, the
  * highest seqno handed out (every write with a seqno <= S is then in
- * memory); collect the dirty items with seqno <= S, sort them by key, write
- * them with lsm_flush(.., S), then clear the dirty bit of each item whose
- * seqno is still the one flushed (hr_set_flags compares it atomically).
+ * memory); collect the dirty items with seqno <= S (a flush the write
+ * buffer triggered keeps the oldest write_buffer bytes of them and lowers S
+ * to their last seqno), sort them by key, write them with lsm_flush(.., S),
+ * then clear the dirty bit of each item whose seqno is still the one
+ * flushed (hr_set_flags compares it atomically).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,7 +132,41 @@ static int rec_cmp(const void *a, const void *b)
     return x->klen < y->klen ? -1 : x->klen > y->klen;
 }
 
-static kv_err flush_now(engine *e)
+static int rec_seqno_cmp(const void *a, const void *b)
+{
+    const lsm_rec *x = a, *y = b;
+    return x->seqno < y->seqno ? -1 : x->seqno > y->seqno;
+}
+
+size_t engine_flush_cut(lsm_rec *recs, size_t n, uint64_t limit, uint64_t *max_seqno)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        bytes += engine_rec_bytes(recs[i].klen, recs[i].vlen);
+    if (!limit || bytes <= limit)
+        return n;
+    qsort(recs, n, sizeof(*recs), rec_seqno_cmp);
+    size_t k = 0;
+    for (bytes = 0; k < n && bytes < limit; k++)
+        bytes += engine_rec_bytes(recs[k].klen, recs[k].vlen);
+    *max_seqno = recs[k - 1].seqno; /* seqnos are unique: recs[k..] are all above */
+    return k;
+}
+
+/* Frees the copies collect_dirty made of recs[a, b). */
+static void free_recs(lsm_rec *recs, size_t a, size_t b)
+{
+    for (size_t i = a; i < b; i++)
+        free((void *)recs[i].key);
+}
+
+/* Flushes the dirty items up to the highest seqno handed out; a flush the
+ * write buffer triggered (not forced) takes only the oldest write_buffer
+ * bytes of them, and the rest stays dirty for the next flush. Without the
+ * cut, the records written while the previous flush ran (up to the 2x cap
+ * where writers wait) made every flush of a steady load twice the write
+ * buffer. */
+static kv_err flush_now(engine *e, bool forced)
 {
     pthread_rwlock_wrlock(&e->apply_lock);
     uint64_t s = atomic_load(&e->next_seqno) - 1;
@@ -138,6 +174,10 @@ static kv_err flush_now(engine *e)
     collect c = {.max_seqno = s};
     hr_iterate(e->idx, collect_dirty, &c);
     kv_err rv = c.oom ? KV_RESOURCE_EXHAUSTED : KV_OK;
+    size_t all = c.n;
+    if (rv == KV_OK && !forced)
+        c.n = engine_flush_cut(c.recs, c.n, e->write_buffer, &s);
+    free_recs(c.recs, c.n, all);
     if (rv == KV_OK) {
         if (c.n) /* a forced flush may find nothing dirty: recs is NULL */
             qsort(c.recs, c.n, sizeof(*c.recs), rec_cmp);
@@ -150,8 +190,7 @@ static kv_err flush_now(engine *e)
             atomic_fetch_sub(&e->dirty_items, 1);
         }
     }
-    for (size_t i = 0; i < c.n; i++)
-        free((void *)c.recs[i].key);
+    free_recs(c.recs, 0, c.n);
     free(c.recs);
     if (rv == KV_OK)
         atomic_fetch_add(&e->flushes, 1);
@@ -289,9 +328,9 @@ static void *bg_main(void *arg)
             continue;
         }
         uint64_t req = e->flush_req;
-        bool flush = needs_flush(e);
+        bool flush = needs_flush(e), forced = req > e->flush_done;
         pthread_mutex_unlock(&e->bg_mu);
-        kv_err rv = flush ? flush_now(e) : KV_OK;
+        kv_err rv = flush ? flush_now(e, forced) : KV_OK;
         evict(e);
         pthread_mutex_lock(&e->bg_mu);
         if (flush) {
@@ -355,6 +394,7 @@ kv_err engine_wait_room(engine *e)
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += WAIT_ROOM_MS / 1000;
     kv_err rv = KV_OK;
+    uint64_t t0 = kv_now_ns();
     pthread_mutex_lock(&e->bg_mu);
     pthread_cond_signal(&e->bg_cv);
     while (!e->stop && atomic_load(&e->dirty_bytes) >= 2 * e->write_buffer)
@@ -363,6 +403,8 @@ kv_err engine_wait_room(engine *e)
             break;
         }
     pthread_mutex_unlock(&e->bg_mu);
+    atomic_fetch_add_explicit(&e->write_waits, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->write_wait_ns, kv_now_ns() - t0, memory_order_relaxed);
     return rv;
 }
 
@@ -397,6 +439,8 @@ void engine_get_stats(engine *e, engine_stats *out)
     s.fills = atomic_load(&e->fills);
     s.evictions = atomic_load(&e->evictions);
     s.flushes = atomic_load(&e->flushes);
+    s.write_waits = atomic_load(&e->write_waits);
+    s.write_wait_ns = atomic_load(&e->write_wait_ns);
     s.index_reads = hs.reads;
     s.index_visited = hs.read_visited;
     s.index_head_hits = hs.head_hits;

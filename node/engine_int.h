@@ -86,7 +86,7 @@ struct engine {
     /* tracker samples drawn by engine_get_mem and owed by engine_get (the
      * read deferred to a thread that may block takes one) */
     _Atomic uint64_t samples_owed;
-    _Atomic uint64_t fills, evictions, flushes;
+    _Atomic uint64_t fills, evictions, flushes, write_waits, write_wait_ns;
     /* Pinned keys, by 64-bit hash (open addressing, 0 = empty, 1 = removed).
      * Read on every write (to keep HR_F_PINNED), changed by hot-key hints. */
     pthread_rwlock_t pin_lock;
@@ -104,6 +104,13 @@ static inline lsm_db *engine_lsm(engine *e)
     return e->st == &engine_store_lsm ? (lsm_db *)e->db : NULL;
 }
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);
+
+/* A flush's cut: when recs[0, n) (dirty records, unique seqnos) hold more
+ * than limit bytes, sorts them by seqno and returns k, the length of the
+ * shortest oldest prefix of at least limit bytes, and sets *max_seqno to
+ * its last seqno (every record <= it is in the prefix); else returns n and
+ * leaves recs and *max_seqno alone. Any thread. */
+size_t engine_flush_cut(lsm_rec *recs, size_t n, uint64_t limit, uint64_t *max_seqno);
 /* Refuses (FAILED_PRECONDITION, err names both kinds) a fast_dir that holds
  * the other kind of store, and a new kallax store without its size. */
 kv_err engine_store_check(const engine_opts *o, char *err, size_t errlen);

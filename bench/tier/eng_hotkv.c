@@ -259,8 +259,8 @@ static void hk_stats(void *h, tb_stats *out)
 }
 
 /* lsm's compaction triggers: L0 at 4 files (its default l0_trigger) or at
- * L1's target in bytes, a deeper level above its target; and no dirty bytes
- * beyond one buffer. */
+ * its byte trigger (the L0 "target", the room FD has for it: L1's target
+ * to 4 times it), a deeper level above its target. */
 static bool hk_settled(void *h)
 {
     hk *k = h;
@@ -271,7 +271,6 @@ static bool hk_settled(void *h)
     }
     rpc_statlist l;
     bool ok = true;
-    unsigned long long l0_bytes = 0, l1_target = 0;
     node_engine_statlist(k->e, &l);
     for (size_t i = 0; i < l.n; i++) {
         unsigned long long files, bytes, target;
@@ -280,24 +279,27 @@ static bool hk_settled(void *h)
             sscanf(l.items[i].value, "files=%llu bytes=%llu target=%llu", &files, &bytes,
                    &target) != 3)
             continue;
-        if ((level == 0 && files >= 4) || (level > 0 && target && bytes > target))
+        if ((level == 0 && (files >= 4 || (target && bytes >= target))) ||
+            (level > 0 && target && bytes > target))
             ok = false;
-        l0_bytes = level == 0 ? bytes : l0_bytes;
-        l1_target = level == 1 ? target : l1_target;
     }
     rpc_stats_free(&l);
-    return ok && (!l1_target || l0_bytes < l1_target);
+    return ok;
 }
 
 static void hk_json_extra(void *h, char *buf, size_t len)
 {
     hk *k = h;
+    engine_stats es;
+    engine_get_stats(k->e, &es);
     snprintf(buf, len,
              ",\"hotrap_available\":%s,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
+             "\"write_waits\":%llu,\"write_wait_s\":%.3f,"
              "\"levels\":\"%s\",\"wa_parts\":\"%s\",\"hotrap_state\":{%s},"
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)\"",
              k->kallax ? "false" : "true", k->hotrap ? "true" : "false",
-             (unsigned long long)atomic_load(&k->stalls), k->levels, k->wa_parts, k->hotrap_state);
+             (unsigned long long)atomic_load(&k->stalls), (unsigned long long)es.write_waits,
+             (double)es.write_wait_ns / 1e9, k->levels, k->wa_parts, k->hotrap_state);
 }
 
 const tb_engine tb_hotkv_engine = {

@@ -253,6 +253,9 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
     jnum(sdb, sizeof(sdb),
          ran && r->gets ? (double)(a->sd_read_bytes - b->sd_read_bytes) / (double)r->gets : -1);
     jnum(wa, sizeof(wa), a->write_amp);
+    char lwa[32], swa[32];
+    jnum(lwa, sizeof(lwa), r->load_wa);
+    jnum(swa, sizeof(swa), r->settled_wa);
     jnum(prom, sizeof(prom), a->have_hotrap ? (double)(a->promoted - b->promoted) : -1);
     jnum(ret, sizeof(ret), a->have_hotrap ? (double)(a->retained - b->retained) : -1);
     size_t off = 0;
@@ -292,7 +295,8 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
         "\"gets\":%llu,\"found_ratio\":%.6g,\"p50_get_us\":%.2f,\"p99_get_us\":%.2f,"
         "\"p999_get_us\":%.2f,\"p50_put_us\":%.2f,\"p99_put_us\":%.2f,"
         "\"reads_mem\":%llu,\"reads_fd\":%llu,\"reads_sd\":%llu,\"reads_miss\":%llu,"
-        "\"fd_hit_rate\":%s,\"sd_read_bytes_per_get\":%s,\"write_amp\":%s,\"promoted\":%s,"
+        "\"fd_hit_rate\":%s,\"sd_read_bytes_per_get\":%s,\"write_amp\":%s,\"load_write_amp\":%s,"
+        "\"settled_write_amp\":%s,\"promoted\":%s,"
         "\"retained\":%s%s}\n",
         o->engine_name, o->workload_name, o->dist_name, o->records, o->value_size, o->threads,
         o->fast_mb, o->mem_mb, o->write_buffer_mb, o->tracker_mb, sync_choices[o->sync_idx],
@@ -301,7 +305,7 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
         (unsigned long long)r->gets, r->gets ? (double)r->gets_found / (double)r->gets : 0.0,
         r->p50_get_us, r->p99_get_us, r->p999_get_us, r->p50_put_us, r->p99_put_us,
         (unsigned long long)mem, (unsigned long long)fd, (unsigned long long)sd,
-        (unsigned long long)miss, hit, sdb, wa, prom, ret, extra);
+        (unsigned long long)miss, hit, sdb, wa, lwa, swa, prom, ret, extra);
     fflush(stdout);
 }
 

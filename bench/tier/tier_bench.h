@@ -116,6 +116,8 @@ typedef struct tb_result {
     double load_s, load_ops_per_s;
     double settle_s; /* waited after the load for compactions to finish */
     bool settled;
+    double load_wa;    /* write amplification when the last load write returned (< 0 unknown) */
+    double settled_wa; /* ... after the settle (the compaction debt paid; < 0 unknown) */
     double run_s, ops_per_s;
     uint64_t ops, gets, gets_found, puts;
     double p50_get_us, p99_get_us, p999_get_us, p50_put_us, p99_put_us;

@@ -518,15 +518,28 @@ static kv_err measure(const tb_opts *o, const tb_engine *eng, void *h, worker *w
     return rv;
 }
 
+/* The engine's write amplification so far (< 0 unknown). */
+static double engine_wa(const tb_engine *eng, void *h)
+{
+    tb_stats s;
+    eng->stats(h, &s);
+    return s.write_amp;
+}
+
 kv_err tb_run(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
 {
     worker *ws = NULL;
     memset(res, 0, sizeof(*res));
     kv_err rv = workers_init(o, eng, h, &ws);
+    res->load_wa = res->settled_wa = -1.0;
     if (rv == KV_OK && !o->no_load)
         rv = load(o, ws, res);
-    if (rv == KV_OK && !o->no_load && o->settle_s > 0)
+    if (rv == KV_OK && !o->no_load)
+        res->load_wa = engine_wa(eng, h);
+    if (rv == KV_OK && !o->no_load && o->settle_s > 0) {
         settle(o, eng, h, res);
+        res->settled_wa = engine_wa(eng, h);
+    }
     if (rv == KV_OK && !o->load_only)
         rv = measure(o, eng, h, ws, res);
     else if (rv == KV_OK) /* a load-only run reports the load's (and settling's) stats */

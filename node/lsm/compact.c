@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Leveled compaction (LevelDB/RocksDB style). Scores: L0 = the larger of
- * files / l0_trigger and bytes / target(1), Ln = bytes / target(n) with target(1) from the FD
- * capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not busy is
- * compacted. L0 compacts all its files into L1; Ln picks the file with the least overlap in Ln+1
- * against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except the
- * last FD level under HotRAP, which picks the file with the highest benefit = file bytes - hot
+ * files / l0_trigger and bytes / lsm_l0_room (the FD room the levels below
+ * leave, within [target(1), l0_trigger x target(1)]), Ln = bytes / target(n) with target(1) from
+ * the FD capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not
+ * busy is compacted. L0 compacts all its files into L1; Ln picks the file with the least overlap in
+ * Ln+1 against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except
+ * the last FD level under HotRAP, which picks the file with the highest benefit = file bytes - hot
  * bytes (per RALT) in its key range, near-ties going to the least overlap below. A single Ln
  * file with no overlap below on the same volume is moved by a manifest edit only.
  *
@@ -63,11 +64,21 @@ typedef struct cjob {
 
 /* ---- picking ---- */
 
+uint64_t lsm_l0_room(const lsm_db *db, const lsm_version *v)
+{
+    uint64_t used = 0, fast = db->o.fast_mb << 20;
+    for (int l = 1; l <= db->last_fd; l++)
+        used += lsm_level_bytes(v, l);
+    uint64_t room = fast > used ? fast - used : 0, lo = db->target[1];
+    uint64_t hi = lo * db->o.l0_trigger;
+    return room < lo ? lo : room > hi ? hi : room;
+}
+
 static double score(const lsm_db *db, const lsm_version *v, int l)
 {
-    if (l == 0) { /* files, or bytes against L1's target (as RocksDB: no giant L0 on FD) */
+    if (l == 0) { /* files, or bytes against the room FD has for L0 */
         double files = (double)v->nfiles[0] / db->o.l0_trigger;
-        double bytes = (double)lsm_level_bytes(v, 0) / (double)db->target[1];
+        double bytes = (double)lsm_level_bytes(v, 0) / (double)lsm_l0_room(db, v);
         return files > bytes ? files : bytes;
     }
     return (double)lsm_level_bytes(v, l) / (double)db->target[l];

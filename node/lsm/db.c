@@ -1005,7 +1005,7 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
     for (int l = 0; l < LSM_MAX_LEVELS; l++) {
         out->levels[l].files = v->nfiles[l];
         out->levels[l].bytes = lsm_level_bytes(v, l);
-        out->levels[l].target_bytes = l ? db->target[l] : 0;
+        out->levels[l].target_bytes = l ? db->target[l] : lsm_l0_room(db, v);
         out->levels[l].volume = db->level_tier[l];
         out->levels[l].codec = db->codec[l];
         out->levels[l].comp_read_above = atomic_load(&db->lc_above[l]);

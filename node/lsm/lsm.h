@@ -362,7 +362,9 @@ typedef struct lsm_vol_stats {
 } lsm_vol_stats;
 
 typedef struct lsm_level_stats {
-    uint64_t files, bytes, target_bytes;
+    uint64_t files, bytes;
+    uint64_t
+        target_bytes; /* L0: the bytes that make it due (lsm_l0_room), besides l0_trigger files */
     lsm_tier volume;
     lsm_compression codec; /* what new files of the level are written with */
     /* Compactions into this level since open, filed under their output

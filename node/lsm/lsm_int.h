@@ -515,6 +515,12 @@ kv_err lsm_compact_level(lsm_db *db, int level);
 /* Hot bytes (per RALT) in the key range of f; 0 without RALT. */
 uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f);
 
+/* The L0 bytes that make L0 due for compaction on their own (besides
+ * l0_trigger files): the room the FD levels L1..last_fd leave on the fast
+ * volume (fast_mb minus their bytes), at least L1's target and at most
+ * l0_trigger times it. Any thread holding a reference to v. */
+uint64_t lsm_l0_room(const lsm_db *db, const lsm_version *v);
+
 /* Promotion buffer: create before WAL replay (marks), start after. */
 kv_err lsm_promo_create(lsm_db *db);
 kv_err lsm_promo_start(lsm_db *db);

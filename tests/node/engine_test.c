@@ -218,6 +218,77 @@ Test(engine, last_writer_wins_and_ttl)
     cr_assert_eq(system(cmd), 0);
 }
 
+/* A flush's cut keeps the oldest records up to the limit, and every record
+ * at or below the seqno it returns (issue 18). */
+Test(engine, flush_cut_takes_the_oldest_write_buffer)
+{
+    static char kv[8][4] = {"h", "b", "f", "d", "a", "g", "c", "e"};
+    uint64_t seq[8] = {8, 2, 6, 4, 1, 7, 3, 5};
+    lsm_rec r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = (lsm_rec){.key = kv[i], .klen = 1, .value = kv[i], .vlen = 1, .seqno = seq[i]};
+    uint64_t one = engine_rec_bytes(1, 1), max = 99;
+    cr_assert_eq(engine_flush_cut(r, 8, 8 * one, &max), 8, "all fit");
+    cr_assert_eq(max, 99, "max_seqno untouched when all fit");
+    cr_assert_eq(r[0].seqno, 8, "order untouched when all fit");
+    cr_assert_eq(engine_flush_cut(r, 8, 3 * one + 1, &max), 4, "the shortest prefix >= limit");
+    cr_assert_eq(max, 4);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(r[i].seqno, (uint64_t)i + 1, "sorted by seqno");
+    cr_assert_eq(engine_flush_cut(r, 8, 3 * one, &max), 3);
+    cr_assert_eq(max, 3);
+    cr_assert_eq(engine_flush_cut(r, 8, 0, &max), 8, "no limit");
+}
+
+/* A flush the write buffer triggers takes at most the write buffer (plus one
+ * record) even when more is dirty by the time it starts: the rest waits for
+ * the next flush instead of doubling this one (issue 18: 8.3 MB L0 files
+ * from a 4 MiB buffer). The test holds a read lock on apply_lock while it
+ * writes 1.75 buffers, so the flush thread can pick its seqno only after
+ * all of them are dirty. */
+Test(engine, write_buffer_flushes_are_not_oversized, .timeout = 120)
+{
+    TK_LSM_ONLY("L0 file sizes are the LSM's");
+    char dir[] = "/tmp/hotkv-engine-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    engine_thread_register();
+    engine *e = open_engine_mb(dir, NULL, 64); /* write buffer 96 KiB, L1 target 5.3 MiB */
+    const uint64_t wb = 96u << 10;
+    char err[256], key[16], val[500];
+    memset(val, 'v', sizeof(val));
+    engine_result r;
+    engine_stats es;
+    pthread_rwlock_rdlock(&e->apply_lock); /* readers share it: the writes go on */
+    for (int i = 0;; i++) {
+        engine_get_stats(e, &es);
+        if (es.dirty_bytes >= wb / 4 * 7)
+            break;
+        int kn = snprintf(key, sizeof(key), "w%07d", i);
+        engine_write w = {
+            .key = key, .klen = (size_t)kn, .val = val, .vlen = sizeof(val), .version = 1};
+        cr_assert_eq(engine_write_one(e, &w, &r, err, sizeof(err)), KV_OK, "%s", err);
+    }
+    pthread_rwlock_unlock(&e->apply_lock);
+    for (int t = 0; t < 2000; t++) { /* the flush the writes triggered */
+        engine_get_stats(e, &es);
+        if (es.dirty_bytes < wb)
+            break;
+        usleep(5000);
+    }
+    cr_assert_lt(es.dirty_bytes, wb, "dirty bytes left: %llu", (unsigned long long)es.dirty_bytes);
+    cr_assert_gt(es.dirty_bytes, 0, "the flush took every dirty record");
+    lsm_stats s;
+    cr_assert_eq(engine_lsm_get_stats(e, &s), KV_OK);
+    cr_assert_eq(s.flushes, 1);
+    cr_assert_leq(s.flush_bytes, wb + engine_rec_bytes(8, sizeof(val)), "L0 file of %llu bytes",
+                  (unsigned long long)s.flush_bytes);
+    engine_close(e);
+    engine_thread_unregister();
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* A numeric nhc.* stat of e (node_engine_nhc_stats), -1 when missing. */
 static double nhc_stat(engine *e, const char *name)
 {

@@ -91,6 +91,13 @@ static char *smoke_with(const char *engine, const char *workload, const char *di
     cr_assert(hit >= 0.0 && hit <= 1.0, "fd_hit_rate %g", hit);
     cr_assert_geq(field(out, "sd_read_bytes_per_get"), 0);
     cr_assert_geq(field(out, "write_amp"), 1.0, "the load wrote at least its bytes:\n%s", out);
+    /* WA when the load ended and after the settle: the settle adds bytes
+     * written and no user bytes; a read-only run adds no user bytes either */
+    double lwa = field(out, "load_write_amp"), swa = field(out, "settled_write_amp");
+    cr_assert_geq(lwa, 1.0, "the load's WA when it ended:\n%s", out);
+    cr_assert_geq(swa, lwa, "the settle only adds bytes:\n%s", out);
+    if (strcmp(workload, "RO") == 0)
+        cr_assert_geq(field(out, "write_amp"), swa, "%s", out);
     /* hotkv reports HotRAP's counters (0 with HotRAP off); RocksDB has no
      * promotion or retention: null */
     bool hk = strncmp(engine, "hotkv", 5) == 0, off = strstr(engine, "nohotrap") != NULL;
@@ -102,6 +109,8 @@ static char *smoke_with(const char *engine, const char *workload, const char *di
     } else {
         cr_assert(prom >= 0 && ret >= 0, "promoted/retained reported:\n%s", out);
         cr_assert_not_null(strstr(out, "\"hotrap_state\":{\"promo_dropped\":"), "%s", out);
+        cr_assert_geq(field(out, "write_waits"), 0, "%s", out);
+        cr_assert_geq(field(out, "write_wait_s"), 0, "%s", out);
     }
     cr_assert_not_null(strstr(out, "\"hotrap_available\":"));
     return out;

@@ -428,39 +428,85 @@ static void flush_range(lsm_db *db, int n, uint64_t seq0, uint8_t type, uint64_t
     cr_assert_eq(lsm_flush(db, run, (size_t)n, seq0 + (uint64_t)n - 1), KV_OK);
 }
 
-/* One L0 file larger than L1's target is compacted although L0 holds
- * fewer files than l0_trigger (as RocksDB scores L0 by bytes too): a large
- * flush must not sit on FD as a giant L0 file. */
-Test(compaction, l0_bytes_over_the_l1_target_trigger_compaction)
+/* Flushes one L0 file of n records of ~210 bytes with keys "<p>%05d" and
+ * seqnos from seq0 (WAL first, as the engine does). */
+static void flush_file(lsm_db *db, char p, int n, uint64_t seq0)
 {
-    char *dir = lt_mkdtemp("l0bytes");
-    lsm_opts o;
-    lsm_opts_default(&o);
-    o.fast_dir = dir;
-    o.fast_mb = 1; /* L1 target 87 KiB */
-    o.sync = LSM_SYNC_NONE;
-    lsm_db *db;
-    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
-    static char keys[1000][16], val[200];
-    static lsm_rec run[1000];
-    for (int i = 0; i < 1000; i++) { /* one L0 file of ~210 KiB */
-        int kn = snprintf(keys[i], 16, "b%05d", i);
+    static char keys[4000][16], val[200];
+    static lsm_rec run[4000];
+    cr_assert_leq(n, 4000);
+    for (int i = 0; i < n; i++) {
+        int kn = snprintf(keys[i], 16, "%c%05d", p, i);
         run[i] = (lsm_rec){.key = keys[i],
                            .klen = (size_t)kn,
                            .value = val,
                            .vlen = sizeof(val),
-                           .seqno = (uint64_t)i + 1,
+                           .seqno = seq0 + (uint64_t)i,
                            .type = LSM_PUT};
     }
-    cr_assert_eq(lsm_wal_append(db, run, 1000), KV_OK);
-    cr_assert_eq(lsm_flush(db, run, 1000, 1000), KV_OK);
+    cr_assert_eq(lsm_wal_append(db, run, (size_t)n), KV_OK);
+    cr_assert_eq(lsm_flush(db, run, (size_t)n, seq0 + (uint64_t)n - 1), KV_OK);
     cr_assert_eq(lsm_compact_wait_idle(db), KV_OK);
+}
+
+static lsm_db *open_small(char *dir)
+{
+    lsm_opts o;
+    lsm_opts_default(&o);
+    o.fast_dir = dir;
+    o.fast_mb = 1; /* L1 target 87 KiB: L0's byte trigger 87..349 KiB */
+    o.sync = LSM_SYNC_NONE;
+    lsm_db *db;
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    return db;
+}
+
+/* L0 is due at l0_trigger files (issue 18: a flush larger than L1's target
+ * no longer makes a one-file job while FD has room), or when its bytes pass
+ * the room the FD levels leave, at most l0_trigger L1 targets: a large
+ * flush must not sit on FD as a giant L0 file. */
+Test(compaction, l0_waits_for_the_file_trigger_while_fd_has_room)
+{
+    char *dir = lt_mkdtemp("l0files");
+    lsm_db *db = open_small(dir);
+    lsm_stats s;
+    for (int f = 0; f < 3; f++) { /* three files of ~95 KiB, each over L1's target */
+        flush_file(db, (char)('a' + f), 450, 1 + (uint64_t)f * 450);
+        cr_assert_eq(lsm_stats_get(db, &s), KV_OK);
+        cr_assert_eq(s.levels[0].files, (uint64_t)f + 1, "L0 compacted at %d files", f + 1);
+    }
+    cr_assert_gt(s.levels[0].bytes, s.levels[1].target_bytes);
+    cr_assert_eq(s.levels[0].target_bytes, s.levels[1].target_bytes * 4, "FD is empty");
+    flush_file(db, 'd', 450, 1351); /* the fourth file: l0_trigger */
+    cr_assert_eq(lsm_stats_get(db, &s), KV_OK);
+    cr_assert_eq(s.levels[0].files, 0);
+    lsm_rec r;
+    cr_assert_eq(lsm_get(db, "a00007", 6, &r, NULL), KV_OK);
+    lsm_rec_free(&r);
+    lsm_close(db);
+    lt_rmrf(dir);
+    free(dir);
+}
+
+Test(compaction, l0_bytes_over_their_room_trigger_compaction)
+{
+    char *dir = lt_mkdtemp("l0bytes");
+    lsm_db *db = open_small(dir);
+    flush_file(db, 'b', 2000, 1); /* one L0 file of ~420 KiB */
     lsm_stats s;
     cr_assert_eq(lsm_stats_get(db, &s), KV_OK);
-    cr_assert_gt(s.levels[1].target_bytes, 0);
-    cr_assert_eq(s.levels[0].files, 0, "L0 holds %llu bytes, L1's target is %llu",
+    cr_assert_eq(s.levels[0].files, 0, "L0 holds %llu bytes, its byte trigger is %llu",
                  (unsigned long long)s.levels[0].bytes,
-                 (unsigned long long)s.levels[1].target_bytes);
+                 (unsigned long long)s.levels[0].target_bytes);
+    /* with ~1 MiB in the levels below, FD has no room left: L0's byte
+     * trigger falls back to L1's target, and one ~95 KiB file is due */
+    for (int f = 0; f < 3; f++)
+        flush_file(db, (char)('c' + f), 2000, 2001 + (uint64_t)f * 2000);
+    cr_assert_eq(lsm_stats_get(db, &s), KV_OK);
+    cr_assert_eq(s.levels[0].target_bytes, s.levels[1].target_bytes, "FD is full");
+    flush_file(db, 'x', 450, 8001);
+    cr_assert_eq(lsm_stats_get(db, &s), KV_OK);
+    cr_assert_eq(s.levels[0].files, 0);
     lsm_close(db);
     lt_rmrf(dir);
     free(dir);
