@@ -204,7 +204,10 @@ kv_err node_live_keys(node *n, uint64_t *out);
 /* Appends the node's statistics to l (admin.Stats and /metrics); verbose
  * adds the per-tier detail (always on for /metrics). Any thread registered
  * with engine_thread_register. */
-void node_collect_stats(node *n, kv_stats *l, bool verbose);
+/* srv: the RPC server whose admission counters are listed (the caller's:
+ * an admin.Stats handler passes its rpc_ctx's server, which n->rpc may not
+ * hold yet while rpc_server_open returns). */
+void node_collect_stats(node *n, const rpc_server *srv, kv_stats *l, bool verbose);
 /* The store's figures (the LSM's levels, volumes, WAL, HotRAP; or
  * kallax.*) and the NHC scheduler's (nhc.*, only nhc.state "off" without
  * one). */

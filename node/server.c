@@ -453,7 +453,7 @@ static kv_err h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     }
     kv_stats ks;
     kv_stats_init(&ks);
-    node_collect_stats(n, &ks, req->verbose);
+    node_collect_stats(n, c->server, &ks, req->verbose);
     uint64_t live = 0;
     if (req->count_keys && node_live_keys(n, &live) == KV_OK)
         kv_stat_gauge(&ks, "live_keys", NULL, NULL, NULL, live);

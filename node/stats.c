@@ -322,7 +322,7 @@ void node_engine_nhc_stats(engine *e, kv_stats *l)
 static const char *const serving_names[] = {"serving", "catching_up", "needs_repair",
                                             "no_map",  "removed",     NULL};
 
-void node_collect_stats(node *n, kv_stats *l, bool verbose)
+void node_collect_stats(node *n, const rpc_server *srv, kv_stats *l, bool verbose)
 {
     engine_stats es;
     engine_get_stats(n->eng, &es);
@@ -416,7 +416,7 @@ void node_collect_stats(node *n, kv_stats *l, bool verbose)
     kv_stat_counter(l, "index.pinned_head_hits", "hotkv_node_hotring_pinned_head_hits_total", NULL,
                     "Lookups of pinned keys found at the head.", es.index_pinned_head_hits);
     node_engine_store_stats(n->eng, l);
-    rpc_server_stats(n->rpc, l, "hotkv_node");
+    rpc_server_stats(srv, l, "hotkv_node");
     rpc_metrics_stats(n->metrics, l, "hotkv_node");
 }
 
@@ -427,8 +427,8 @@ static void h_metrics(void *arg, const char *path, const char *query, kv_http_re
     node *n = arg;
     kv_stats l;
     kv_stats_init(&l);
-    engine_thread_register(); /* nng's thread: the engine wants registered readers */
-    node_collect_stats(n, &l, true);
+    engine_thread_register();                /* nng's thread: the engine wants registered readers */
+    node_collect_stats(n, n->rpc, &l, true); /* the HTTP server starts after the RPC one */
     engine_thread_unregister();
     char id[128];
     kv_stat_label(id, sizeof(id), "id", n->cfg.id);

@@ -96,7 +96,9 @@ typedef struct router {
  * table is full or out of memory. Any thread. */
 fan_ctr *router_target_ctr(void *user, const char *id);
 /* Appends the router's statistics to l (admin.Stats and /metrics). */
-void router_collect_stats(router *r, kv_stats *l);
+/* srv: as node_collect_stats's (the handler's own server; r->rpc for /metrics,
+ * whose server starts after the RPC one). */
+void router_collect_stats(router *r, const rpc_server *srv, kv_stats *l);
 /* Whether the router can serve: a map and at least one reachable node;
  * detail gets a reason. */
 bool router_healthy(router *r, char *detail, size_t len);

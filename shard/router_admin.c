@@ -188,7 +188,7 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
     kv__stats_request__free_unpacked(req, NULL);
     kv_stats ks;
     kv_stats_init(&ks);
-    router_collect_stats(r, &ks);
+    router_collect_stats(r, c->server, &ks);
     rpc_statlist l;
     rpc_stats_init(&l);
     kv_stats_to_statlist(&ks, &l);

@@ -59,7 +59,7 @@ static void target_stats(router *r, kv_stats *l)
     }
 }
 
-void router_collect_stats(router *r, kv_stats *l)
+void router_collect_stats(router *r, const rpc_server *srv, kv_stats *l)
 {
     kv_stats_add(l, &(kv_stat){.kind = KV_STAT_COUNTER,
                                .key = "uptime_ms",
@@ -97,7 +97,7 @@ void router_collect_stats(router *r, kv_stats *l)
                     atomic_load(&r->stats.skipped_down));
     router_probe_stats(r, l);
     target_stats(r, l);
-    rpc_server_stats(r->rpc, l, "hotkv_router");
+    rpc_server_stats(srv, l, "hotkv_router");
     rpc_metrics_stats(r->metrics, l, "hotkv_router");
 }
 
@@ -131,7 +131,7 @@ static void h_metrics(void *arg, const char *path, const char *query, kv_http_re
     router *r = arg;
     kv_stats l;
     kv_stats_init(&l);
-    router_collect_stats(r, &l);
+    router_collect_stats(r, r->rpc, &l);
     kv_http_metrics_res(res, &l);
     kv_stats_free(&l);
 }
