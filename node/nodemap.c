@@ -356,16 +356,15 @@ kv_err node_h_set_map(rpc_ctx *c, const uint8_t *body, size_t len)
     cmap *m = NULL;
     kv_err rv = req->map ? cmap_from_pb(req->map, &m, c->message, sizeof(c->message))
                          : rpc_fail(c, KV_INVALID_ARGUMENT, "SetMap without a map");
-    if (rv == KV_OK && n->cfg.sec.map_key) {
-        /* signed maps: whatever the caller's credentials, only a map made
-         * by an admin who holds the map key */
-        rv = cmap_check_sig(m, n->cfg.sec.map_key, c->message, sizeof(c->message));
-    } else if (rv == KV_OK && c->anonymous) {
-        /* authentication is off, so anyone may call this: at least no
-         * absurd epoch jump, which would hold the node (and through it the
-         * cluster) on a map no later change could replace */
+    if (rv == KV_OK && (n->cfg.sec.map_key || c->anonymous)) {
+        /* cmap_vet's rules, as for a map from a peer of unknown address:
+         * with a map key, whatever the caller's credentials, only a map an
+         * admin holding the key signed; with authentication off (anyone may
+         * call this), at least no absurd epoch jump, which would hold the
+         * node (and through it the cluster) on a map no later change could
+         * replace */
         cmap *cur = cmap_slot_get(n->maps);
-        rv = cmap_vet(cur, m, NULL, false, NULL, c->message, sizeof(c->message));
+        rv = cmap_vet(cur, m, NULL, false, n->cfg.sec.map_key, c->message, sizeof(c->message));
         cmap_unref(cur);
     }
     if (rv == KV_OK)

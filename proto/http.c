@@ -45,7 +45,7 @@ static int hexval(char c)
 static long query_param(const char *query, const char *name, char *out, size_t cap)
 {
     size_t nl = strlen(name);
-    for (const char *p = query; p && *p; p = strchr(p, '&') ? strchr(p, '&') + 1 : NULL) {
+    for (const char *p = query, *amp; p && *p; p = (amp = strchr(p, '&')) ? amp + 1 : NULL) {
         if (strncmp(p, name, nl) != 0 || p[nl] != '=')
             continue;
         size_t n = 0;

@@ -124,6 +124,28 @@ static void wait_inflight(rpc_server *s, unsigned n)
 }
 
 /* Waits until the server has answered everything it admitted. */
+/* A raw REQ socket (no rpc_chan) dialed to url; receives wait recv_ms. */
+static nng_socket raw_dial(const char *url, int recv_ms)
+{
+    nng_socket sock;
+    cr_assert_eq(nng_req0_open(&sock), 0);
+    nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, recv_ms);
+    cr_assert_eq(nng_dial(sock, url, NULL, 0), 0);
+    return sock;
+}
+
+/* Receives one reply on sock: its envelope (the caller frees it). */
+static Kv__Envelope *raw_recv(nng_socket sock)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    cr_assert_eq(nng_recv(sock, &buf, &len, NNG_FLAG_ALLOC), 0);
+    Kv__Envelope *rep = kv__envelope__unpack(NULL, len, (uint8_t *)buf);
+    cr_assert_not_null(rep);
+    nng_free(buf, len);
+    return rep;
+}
+
 static void wait_inflight0(rpc_server *s)
 {
     for (int i = 0; i < 5000; i++) {
@@ -254,10 +276,7 @@ Test(overload, the_server_answers_an_expired_call_deadline_exceeded)
     pending gate;
     call_async(ch, "test.Gate", "g", 10000, &gate);
     wait_in_gate();
-    nng_socket sock;
-    cr_assert_eq(nng_req0_open(&sock), 0);
-    nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, 10000);
-    cr_assert_eq(nng_dial(sock, url, NULL, 0), 0);
+    nng_socket sock = raw_dial(url, 10000);
     Kv__GetRequest req = KV__GET_REQUEST__INIT;
     req.key = (ProtobufCBinaryData){3, (uint8_t *)"raw"};
     uint8_t body[32], pk[128];
@@ -272,16 +291,11 @@ Test(overload, the_server_answers_an_expired_call_deadline_exceeded)
     wait_inflight(s, 2);
     nng_msleep(300);
     open_gate();
-    char *buf = NULL;
-    size_t len = 0;
-    cr_assert_eq(nng_recv(sock, &buf, &len, NNG_FLAG_ALLOC), 0);
-    Kv__Envelope *rep = kv__envelope__unpack(NULL, len, (uint8_t *)buf);
-    cr_assert_not_null(rep);
+    Kv__Envelope *rep = raw_recv(sock);
     cr_assert_eq(rep->id, 77);
     cr_assert_eq(rep->status->code, KV_DEADLINE_EXCEEDED);
     cr_assert(strstr(rep->status->message, "queue") != NULL, "%s", rep->status->message);
     kv__envelope__free_unpacked(rep, NULL);
-    nng_free(buf, len);
     nng_close(sock);
     pthread_mutex_lock(&g_mu);
     cr_assert_eq(g_puts, 0, "not executed");
@@ -428,10 +442,7 @@ Test(overload, coalesced_calls_are_admitted_and_expire_one_by_one)
     call_async(ch, "test.Gate", "g", 20000, &gate);
     wait_in_gate();
     /* by hand: one rpc.Calls with a put of 100 ms and one of 20 s */
-    nng_socket sock;
-    cr_assert_eq(nng_req0_open(&sock), 0);
-    nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, 10000);
-    cr_assert_eq(nng_dial(sock, url, NULL, 0), 0);
+    nng_socket sock = raw_dial(url, 10000);
     uint8_t b1[32], b2[32];
     Kv__GetRequest r1 = KV__GET_REQUEST__INIT, r2 = KV__GET_REQUEST__INIT;
     r1.key = (ProtobufCBinaryData){2, (uint8_t *)"k1"};
@@ -459,11 +470,7 @@ Test(overload, coalesced_calls_are_admitted_and_expire_one_by_one)
     wait_inflight(s, 3); /* the gate and both calls */
     nng_msleep(300);
     open_gate();
-    char *buf = NULL;
-    size_t len = 0;
-    cr_assert_eq(nng_recv(sock, &buf, &len, NNG_FLAG_ALLOC), 0);
-    Kv__Envelope *rep = kv__envelope__unpack(NULL, len, (uint8_t *)buf);
-    cr_assert_not_null(rep);
+    Kv__Envelope *rep = raw_recv(sock);
     cr_assert_eq(rep->status ? rep->status->code : 0, KV_OK);
     Kv__Calls *cr = kv__calls__unpack(NULL, rep->body.len, rep->body.data);
     cr_assert_not_null(cr);
@@ -472,7 +479,6 @@ Test(overload, coalesced_calls_are_admitted_and_expire_one_by_one)
     cr_assert_eq(cr->calls[1]->status ? cr->calls[1]->status->code : 0, KV_OK);
     kv__calls__free_unpacked(cr, NULL);
     kv__envelope__free_unpacked(rep, NULL);
-    nng_free(buf, len);
     nng_close(sock);
     pthread_mutex_lock(&g_mu);
     cr_assert_eq(g_puts, 1);
@@ -509,10 +515,7 @@ Test(overload, deadlines_past_two_to_the_31_are_cut)
                   "the handler saw %u ms left", seen);
     }
     /* the same from a raw client, past the channel's own clamp */
-    nng_socket sock;
-    cr_assert_eq(nng_req0_open(&sock), 0);
-    nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, 5000);
-    cr_assert_eq(nng_dial(sock, url, NULL, 0), 0);
+    nng_socket sock = raw_dial(url, 5000);
     Kv__Envelope env = KV__ENVELOPE__INIT;
     env.id = 3;
     env.method = "test.Echo";
@@ -520,13 +523,9 @@ Test(overload, deadlines_past_two_to_the_31_are_cut)
     uint8_t pk[64];
     size_t n = kv__envelope__pack(&env, pk);
     cr_assert_eq(nng_send(sock, pk, n, 0), 0);
-    char *buf = NULL;
-    size_t len = 0;
-    cr_assert_eq(nng_recv(sock, &buf, &len, NNG_FLAG_ALLOC), 0);
-    Kv__Envelope *rep = kv__envelope__unpack(NULL, len, (uint8_t *)buf);
+    Kv__Envelope *rep = raw_recv(sock);
     cr_assert_eq(rep->status ? rep->status->code : 0, KV_OK);
     kv__envelope__free_unpacked(rep, NULL);
-    nng_free(buf, len);
     nng_close(sock);
     pthread_mutex_lock(&g_mu);
     cr_assert(g_seen_ms <= RPC_MAX_DEADLINE_MS, "%u", g_seen_ms);
@@ -541,20 +540,12 @@ Test(overload, deadlines_past_two_to_the_31_are_cut)
  * caller frees it). */
 static Kv__Envelope *raw_call(const char *url, const void *p, size_t n)
 {
-    nng_socket sock;
-    cr_assert_eq(nng_req0_open(&sock), 0);
-    nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, 20000);
-    cr_assert_eq(nng_dial(sock, url, NULL, 0), 0);
+    nng_socket sock = raw_dial(url, 20000);
     nng_msg *m;
     cr_assert_eq(nng_msg_alloc(&m, n), 0);
     memcpy(nng_msg_body(m), p, n);
     cr_assert_eq(nng_sendmsg(sock, m, 0), 0);
-    char *buf = NULL;
-    size_t len = 0;
-    cr_assert_eq(nng_recv(sock, &buf, &len, NNG_FLAG_ALLOC), 0);
-    Kv__Envelope *rep = kv__envelope__unpack(NULL, len, (uint8_t *)buf);
-    cr_assert_not_null(rep);
-    nng_free(buf, len);
+    Kv__Envelope *rep = raw_recv(sock);
     nng_close(sock);
     return rep;
 }
