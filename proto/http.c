@@ -7,6 +7,7 @@
 #include <nng/nng.h>
 #include <nng/supplemental/http/http.h>
 #include <nng/supplemental/tls/tls.h>
+#include <nng/supplemental/util/platform.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,12 +25,19 @@ struct kv_http {
     size_t n;
     int port;
     const char *token; /* NULL = every route open */
+    bool tls;
+    /* Hijacked https exchanges still writing or lingering (see
+     * answer_and_linger); kv_http_close cancels them and waits. */
+    nng_mtx *mtx;
+    nng_cv *cv;
+    struct http_linger *lingering;
+    bool closing;
 };
 
 /* A handler's data: its route and the server (for the token). */
 typedef struct http_route_ref {
     const kv_http_route *route;
-    const kv_http *srv;
+    kv_http *srv;
 } http_route_ref;
 
 static int hexval(char c)
@@ -88,6 +96,127 @@ static const char unauthorized_body[] =
     "401 Unauthorized: this listener needs the HTTP token (--http-token): send "
     "\"Authorization: Bearer TOKEN\" or add ?token=TOKEN to the URL\n";
 
+/*
+ * nng 1.5.2's TLS stream closes the TCP stream at once on close, dropping
+ * ciphertext still queued in its send ring (a record queued while the
+ * previous one's send callback has not yet run), and nng's HTTP server
+ * closes right after the last write of a "Connection: close" exchange
+ * (HTTP/1.0, or that header). Over https such a reply could lose its body
+ * (seen: the headers arrived, the body did not; 1 run in 60). So for those
+ * exchanges a route takes the connection over (nng_http_hijack) and answers
+ * itself: one write of the whole reply, then a lingering close, reading
+ * until the client closes or HTTP_LINGER_MS pass, which gives the TLS layer
+ * time to send what it queued; then it closes. Plain http and keep-alive
+ * exchanges stay with nng's server.
+ */
+#define HTTP_LINGER_MS 1000
+
+typedef struct http_linger {
+    struct http_linger *next;
+    kv_http *srv;
+    nng_http_conn *conn;
+    nng_http_req *req;
+    nng_aio *aio;
+    char *buf;
+    bool reading;      /* the reply is written; reading until the deadline */
+    nng_time deadline; /* when the lingering close ends */
+    char sink[256];
+} http_linger;
+
+static void linger_cb(void *arg)
+{
+    http_linger *l = arg;
+    kv_http *s = l->srv;
+    int rv = nng_aio_result(l->aio);
+    nng_time now = nng_clock();
+    nng_mtx_lock(s->mtx);
+    if (rv == 0 && !l->reading) { /* the reply is written: linger from now */
+        l->reading = true;
+        l->deadline = now + HTTP_LINGER_MS;
+    }
+    if (rv == 0 && !s->closing && now < l->deadline) {
+        /* the reply is written (first call) or the client sent more: read
+         * on until it closes or the deadline passes */
+        nng_iov iov = {.iov_buf = l->sink, .iov_len = sizeof(l->sink)};
+        nng_aio_set_iov(l->aio, 1, &iov);
+        nng_aio_set_timeout(l->aio, (nng_duration)(l->deadline - now));
+        nng_http_conn_read(l->conn, l->aio);
+        nng_mtx_unlock(s->mtx);
+        return;
+    }
+    for (http_linger **p = &s->lingering; *p; p = &(*p)->next)
+        if (*p == l) {
+            *p = l->next;
+            break;
+        }
+    if (!s->lingering)
+        nng_cv_wake(s->cv);
+    nng_mtx_unlock(s->mtx); /* s may be freed from here on */
+    nng_http_conn_close(l->conn);
+    nng_http_req_free(l->req);
+    free(l->buf);
+    nng_aio_reap(l->aio); /* not nng_aio_free: this is its callback */
+    free(l);
+}
+
+/* Answers the exchange on conn itself (see above): takes over conn and req
+ * and completes aio. False (nothing taken over) when out of memory. */
+static bool answer_and_linger(kv_http *s, nng_aio *aio, nng_http_req *req, nng_http_res *res,
+                              const char *extra, const kv_http_res *r)
+{
+    nng_http_conn *conn = nng_aio_get_input(aio, 2);
+    http_linger *l = calloc(1, sizeof(*l));
+    const char *reason = nng_http_res_get_reason(res);
+    size_t cap = 160 + strlen(reason) + (extra ? strlen(extra) : 0) +
+                 (r->content_type ? strlen(r->content_type) : 0) + r->len;
+    if (!l || !conn || !(l->buf = malloc(cap)) || nng_aio_alloc(&l->aio, linger_cb, l) != 0) {
+        if (l)
+            free(l->buf);
+        free(l);
+        return false;
+    }
+    bool head = strcmp(nng_http_req_get_method(req), "HEAD") == 0;
+    int n = snprintf(l->buf, cap,
+                     "HTTP/1.1 %u %s\r\n%s%s%s%sCache-Control: no-store\r\nContent-Length: "
+                     "%zu\r\nConnection: close\r\n\r\n",
+                     (unsigned)nng_http_res_get_status(res), reason, extra ? extra : "",
+                     r->content_type ? "Content-Type: " : "",
+                     r->content_type ? r->content_type : "", r->content_type ? "\r\n" : "", r->len);
+    size_t len = (size_t)n; /* < cap - r->len: the fixed text is under 160 bytes */
+    if (!head && r->len) {
+        memcpy(l->buf + len, r->body, r->len);
+        len += r->len;
+    }
+    nng_http_hijack(conn);
+    l->srv = s;
+    l->conn = conn;
+    l->req = req;
+    nng_mtx_lock(s->mtx);
+    l->next = s->lingering;
+    s->lingering = l;
+    nng_iov iov = {.iov_buf = l->buf, .iov_len = len};
+    nng_aio_set_iov(l->aio, 1, &iov);
+    nng_aio_set_timeout(l->aio, 10000); /* a client that reads nothing */
+    nng_http_conn_write_all(conn, l->aio);
+    nng_mtx_unlock(s->mtx);
+    nng_aio_finish(aio, 0); /* no response: the server forgets the connection */
+    return true;
+}
+
+/* Whether the exchange ends with the connection (HTTP/1.0, or the client
+ * asked to close): nng's own rule. */
+static bool closes(nng_http_req *req)
+{
+    const char *v = nng_http_req_get_version(req);
+    const char *c = nng_http_req_get_header(req, "Connection");
+    if (!v || strcmp(v, "HTTP/1.1") != 0)
+        return true;
+    for (; c && *c; c++)
+        if (strncasecmp(c, "close", 5) == 0)
+            return true;
+    return false;
+}
+
 /* The nng handler of one route: runs its callback and answers. */
 static void serve(nng_aio *aio)
 {
@@ -117,6 +246,13 @@ static void serve(nng_aio *aio)
     int rv = nng_http_res_alloc(&res);
     if (rv == 0)
         rv = nng_http_res_set_status(res, (uint16_t)(r.status ? r.status : 200));
+    if (rv == 0 && ref->srv->tls && closes(req) &&
+        answer_and_linger(ref->srv, aio, req, res,
+                          ok ? NULL : "WWW-Authenticate: Bearer realm=\"hotkv\"\r\n", &r)) {
+        nng_http_res_free(res);
+        free(r.body);
+        return;
+    }
     if (rv == 0 && !ok)
         rv = nng_http_res_set_header(res, "WWW-Authenticate", "Bearer realm=\"hotkv\"");
     if (rv == 0 && r.content_type)
@@ -202,8 +338,13 @@ kv_err kv_http_open(kv_http **out, const char *url, const kv_http_route *routes,
         return KV_RESOURCE_EXHAUSTED;
     }
     s->n = n;
+    if (nng_mtx_alloc(&s->mtx) != 0 || nng_cv_alloc(&s->cv, s->mtx) != 0) {
+        kv_http_close(s);
+        return KV_RESOURCE_EXHAUSTED;
+    }
     s->token = opts && opts->token && *opts->token ? opts->token : NULL;
     bool https = strncmp(url, "https://", 8) == 0;
+    s->tls = https;
     kv_err rv = KV_OK;
     if ((!https && strncmp(url, "http://", 7) != 0) || nng_url_parse(&s->url, url) != 0) {
         snprintf(err, errlen, "bad --http-listen '%s' (want http://HOST:PORT or https://HOST:PORT)",
@@ -249,6 +390,19 @@ void kv_http_close(kv_http *h)
                 nng_http_server_del_handler(h->srv, h->handlers[i]);
         nng_http_server_release(h->srv);
     }
+    if (h->mtx) {
+        nng_mtx_lock(h->mtx);
+        h->closing = true;
+        for (http_linger *l = h->lingering; l; l = l->next)
+            nng_aio_cancel(l->aio);
+        while (h->lingering)
+            nng_cv_wait(h->cv);
+        nng_mtx_unlock(h->mtx);
+    }
+    if (h->cv)
+        nng_cv_free(h->cv);
+    if (h->mtx)
+        nng_mtx_free(h->mtx);
     for (size_t i = 0; i < h->n; i++)
         if (h->handlers[i])
             nng_http_handler_free(h->handlers[i]);

@@ -147,6 +147,79 @@ Test(http, https_serves_with_the_process_certificate, .timeout = 60)
     cr_expect_eq(system(cmd), 0);
 }
 
+/* A client that asks to close (HTTP/1.0) and reads each reply up to its
+ * Content-Length (or the server's close), as curl does: prints how many of
+ * N replies arrived whole. */
+static const char closing_client[] =
+    "import socket, ssl, sys\n"
+    "port, n = int(sys.argv[1]), int(sys.argv[2])\n"
+    "ctx = ssl.create_default_context(cafile=sys.argv[3])\n"
+    "ctx.check_hostname = False\n"
+    "whole = 0\n"
+    "for i in range(n):\n"
+    "    with socket.create_connection(('127.0.0.1', port), timeout=20) as raw:\n"
+    "        s = ctx.wrap_socket(raw)\n"
+    "        s.sendall(b'GET /metrics HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n')\n"
+    "        data = b''\n"
+    "        while True:\n"
+    "            head, sep, body = data.partition(b'\\r\\n\\r\\n')\n"
+    "            if sep:\n"
+    "                cl = [l for l in head.split(b'\\r\\n') if "
+    "l.lower().startswith(b'content-length:')]\n"
+    "                if cl and len(body) >= int(cl[0].split(b':')[1]):\n"
+    "                    break\n"
+    "            try:\n"
+    "                chunk = s.recv(65536)\n"
+    "            except (ssl.SSLError, OSError):\n"
+    "                chunk = b''\n"
+    "            if not chunk:\n"
+    "                break\n"
+    "            data += chunk\n"
+    "        whole += data.startswith(b'HTTP/1.1 200') and data.endswith(b'm path=/metrics "
+    "query=\\n')\n"
+    "print(whole)\n";
+
+/* Over TLS, replies the server closes after arrive whole, body included
+ * (nng's TLS stream once dropped a queued last record on close). */
+Test(http, https_closing_replies_arrive_whole, .timeout = 120)
+{
+    char dir[] = "/tmp/hotkv-http-tls-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "cd %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+             "-keyout k.pem -out c.pem -days 2 -subj /CN=127.0.0.1 >/dev/null 2>&1",
+             dir);
+    cr_assert_eq(system(cmd), 0, "openssl req failed (is openssl installed?)");
+    char cert[256], key[256], script[256];
+    snprintf(cert, sizeof(cert), "%s/c.pem", dir);
+    snprintf(key, sizeof(key), "%s/k.pem", dir);
+    snprintf(script, sizeof(script), "%s/client.py", dir);
+    FILE *f = fopen(script, "w");
+    cr_assert_not_null(f);
+    fputs(closing_client, f);
+    fclose(f);
+    rpc_tls t = {.cert = cert, .key = key};
+    kv_http_opts o = {.tls = &t};
+    kv_http_route routes[] = {{"/metrics", hello, "m"}};
+    kv_http *h = NULL;
+    char err[512];
+    cr_assert_eq(kv_http_open(&h, "https://127.0.0.1:0", routes, 1, &o, err, sizeof(err)), KV_OK,
+                 "%s", err);
+    int n = 150;
+    snprintf(cmd, sizeof(cmd), "python3 %s %d %d %s 2>&1", script, kv_http_port(h), n, cert);
+    char out[4096];
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t got = fread(out, 1, sizeof(out) - 1, p);
+    out[got] = '\0';
+    pclose(p);
+    cr_expect_eq(atoi(out), n, "replies that arrived whole, of %d: %s", n, out);
+    kv_http_close(h);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
 Test(prom, samples_and_histograms)
 {
     prom_buf b;
