@@ -68,4 +68,7 @@ if [ "$mode" = tsan ] && [ ${#ctest_args[@]} -eq 2 ] && [ "${ctest_args[1]}" = t
     --filter 'repair/@(hints_bring*|a_read_repairs*|a_wiped*)'
   "$rel/tests/integration/elastic_test" --jobs 1 --filter 'elastic/@(add_a_node*|two_admins*)'
   "$rel/tests/integration/direct_test" --jobs 1 --filter 'direct/@(writes_reach*|survives*)'
+  # the router's asynchronous calls (started and completed on nng's threads)
+  "$rel/tests/integration/cluster_test" --jobs 1 \
+    --filter 'cluster/@(ten_thousand*|rf3_survives*|conditional*)'
 fi

@@ -7,16 +7,14 @@
  * Server: REP contexts driven by their completions queue each call for a
  * pool of worker threads, which run handlers synchronously and send the
  * reply (a method's try_inline may serve a call that needs no blocking on
- * the receiving nng thread itself, without the hand-off); methods are dispatched through a table by name. Calls that ask a
- * node to coordinate (Envelope.coordinate) may have workers of their own. Deadlines
- * are relative on the wire, counted from the request's arrival, and
- * absolute (CLOCK_MONOTONIC) in handlers; a call whose deadline passed in
- * the queue is not run, and a handler that finishes past its deadline is
- * answered DEADLINE_EXCEEDED. Under overload calls are refused on arrival
- * with RESOURCE_EXHAUSTED (rpc_server_opts.max_inflight).
- * Malformed envelopes get INVALID_ARGUMENT, unknown methods UNIMPLEMENTED,
- * wrong tokens UNAUTHENTICATED, admin methods called without admin
- * credentials PERMISSION_DENIED; the connection keeps serving in every case.
+ * the receiving nng thread itself, without the hand-off); methods are dispatched through a table by
+ * name. Calls that ask a node to coordinate (Envelope.coordinate) may have workers of their own.
+ * Deadlines are relative on the wire, counted from the request's arrival, and absolute
+ * (CLOCK_MONOTONIC) in handlers; a call whose deadline passed in the queue is not run, and a
+ * handler that finishes past its deadline is answered DEADLINE_EXCEEDED. Under overload calls are
+ * refused on arrival with RESOURCE_EXHAUSTED (rpc_server_opts.max_inflight). Malformed envelopes
+ * get INVALID_ARGUMENT, unknown methods UNIMPLEMENTED, wrong tokens UNAUTHENTICATED, admin methods
+ * called without admin credentials PERMISSION_DENIED; the connection keeps serving in every case.
  *
  * Authentication (docs/protocol.md "Authentication"): a data token (kv.*,
  * admin.Ping, admin.GetMap) and an admin token (every other method, and the
@@ -93,6 +91,30 @@ typedef kv_err (*rpc_finish_fn)(rpc_ctx *c, void *state);
  * of methods that are not split (rpc_method.start). */
 typedef bool (*rpc_try_fn)(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv);
 
+/* The completion-driven form of a split method (rpc_method.start_async),
+ * for handlers whose waiting is for other processes (a router's forwards):
+ * no worker thread is held while the replies are awaited. */
+typedef struct rpc_async rpc_async;
+/* Runs on the nng thread that received the call (c->worker is -1), after
+ * the same credential, dispatch and deadline checks as a worker's call, and
+ * must not block. Either declines (returns false having started nothing
+ * that matters: the call then goes to a worker and start/finish, with a
+ * fresh c) or takes the call (returns true): the work it started then
+ * completes the call exactly once, with rpc_async_done or rpc_async_handoff,
+ * from any thread (typically a reply's completion callback), possibly
+ * before start_async returns. c stays valid until then; the call's reply is
+ * c as the method leaves it, as for a handler. */
+typedef bool (*rpc_async_fn)(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
+/* Completes async call a with status (c's reply body and message as the
+ * method left them); a and its c are gone when it returns. Must not block;
+ * not from inside a worker's handoff fn (that one returns its status). */
+void rpc_async_done(rpc_async *a, kv_err status);
+/* Completes async call a on a worker instead, for a rest that must block
+ * (a retry, a synchronous call): fn(c, arg) runs on a worker of the call's
+ * lane (c->worker set) and its return value is the call's status. During
+ * shutdown, once the workers stopped, fn runs on the calling thread. */
+void rpc_async_handoff(rpc_async *a, kv_err (*fn)(rpc_ctx *c, void *arg), void *arg);
+
 /* Who may call a method: admin credentials (the default: admin.*, internal
  * calls) or the data token too (kv.*, admin.Ping, admin.GetMap). */
 typedef enum rpc_access { RPC_ADMIN = 0, RPC_DATA = 1 } rpc_access;
@@ -109,6 +131,9 @@ typedef struct rpc_method {
     rpc_finish_fn finish;
     rpc_access access;
     rpc_try_fn try_inline; /* optional: see rpc_try_fn */
+    /* optional, with start/finish (and used where they are): see
+     * rpc_async_fn; calls of rpc.Calls messages too */
+    rpc_async_fn start_async;
 } rpc_method;
 
 /* TLS settings of a listener or a dialer (--tls-cert, --tls-key, --tls-ca),
@@ -144,8 +169,8 @@ typedef struct rpc_server_opts {
      * when no tls->ca is set (one shared token), and with neither token nor
      * CA authentication is off (every caller is an anonymous admin) */
     const char *admin_auth;
-    const rpc_tls *tls;                           /* for a tls+tcp:// url (read at open) */
-    uint32_t default_deadline_ms;                 /* for requests with deadline_ms = 0 */
+    const rpc_tls *tls;           /* for a tls+tcp:// url (read at open) */
+    uint32_t default_deadline_ms; /* for requests with deadline_ms = 0 */
     /* Overload (issue 16 item 5): calls (each call of an rpc.Calls message
      * counts) admitted and not yet answered, at most; a call beyond it, or
      * one arriving while the oldest queued call has waited more than half

@@ -83,12 +83,14 @@
  * (a handler waiting for another process ends by its deadline). */
 #define JOIN_WAIT_NS (10ull * 1000000000ull)
 
-/* An entry of a lane's queue: a call (rpc_scall) or one call of an
- * rpc.Calls message run on its own (rpc_sub). */
+/* An entry of a lane's queue: a call (rpc_scall), one call of an
+ * rpc.Calls message run on its own (rpc_sub) or the blocking rest of an
+ * asynchronous call (rpc_async, rpc_async_handoff). */
+typedef enum rpc_job_kind { JOB_CALL = 0, JOB_SUB, JOB_ASYNC } rpc_job_kind;
 typedef struct rpc_job rpc_job;
 struct rpc_job {
     rpc_job *next;
-    bool sub;
+    rpc_job_kind kind;
     uint64_t queued_ns; /* when it was queued (kv_now_ns) */
 };
 
@@ -124,10 +126,28 @@ struct rpc_group {
     Kv__Envelope *rep;
     Kv__Status *st;
     Kv__Envelope **ptrs;
-    char **msgs;         /* status messages (malloc'ed) */
-    rpc_ctx *ctx;        /* split mode: each call's context between start and finish */
-    _Atomic size_t left; /* calls still running (parallel mode) */
+    char **msgs;  /* status messages (malloc'ed) */
+    rpc_ctx *ctx; /* split mode: each call's context between start and finish */
+    /* References: the receive callback's or worker's that runs the
+     * message, one per queued sub job, one per asynchronous call; the one
+     * that drops the last sends the reply (group_put). */
+    _Atomic size_t left;
     rpc_sub subs[];
+};
+
+/* An asynchronous call (rpc_method.start_async) between its start and its
+ * completion: owned by the method's work until rpc_async_done. */
+struct rpc_async {
+    rpc_job job; /* first: a handoff's queue entry */
+    rpc_ctx c;
+    rpc_server *s;
+    rpc_scall *k; /* the context that answers */
+    rpc_group *g; /* the rpc.Calls message it is call i of, NULL for a call alone */
+    size_t i;
+    const rpc_method *m;
+    uint64_t t0;                           /* for the observer */
+    kv_err (*work)(rpc_ctx *c, void *arg); /* rpc_async_handoff's */
+    void *work_arg;
 };
 
 /* A FIFO of jobs and the workers that run them. */
@@ -159,9 +179,10 @@ struct rpc_server {
     rpc_lane lanes[2]; /* [0] every call, [1] coordinate calls when coord_workers > 0 */
     rpc_worker *workers;
     unsigned nworkers;
-    bool inline_ok; /* some method has try_inline */
+    bool inline_ok; /* some method has try_inline or start_async */
     atomic_bool stopping;
-    atomic_int busy; /* calls queued or inside a handler */
+    atomic_int busy;            /* calls queued or inside a handler */
+    _Atomic unsigned async_out; /* asynchronous calls not completed (rpc_async) */
     unsigned max_inflight;
     _Atomic unsigned inflight; /* calls admitted and not answered */
     _Atomic uint64_t n_calls, n_expired, n_shed;
@@ -425,13 +446,18 @@ static uint64_t lane_wait_ns(rpc_lane *l, uint64_t now)
     return now > since ? now - since : 0;
 }
 
-/* Queues jobs first..last (linked) and wakes up to n idle workers. */
-static void lane_push(rpc_lane *l, rpc_job *first, rpc_job *last, unsigned n)
+/* Queues jobs first..last (linked) and wakes up to n idle workers; when
+ * live_only, not on a stopped lane (false then, nothing queued). */
+static bool lane_push_if(rpc_lane *l, rpc_job *first, rpc_job *last, unsigned n, bool live_only)
 {
     uint64_t now = kv_now_ns();
     for (rpc_job *j = first; j; j = j == last ? NULL : j->next)
         j->queued_ns = now;
     pthread_mutex_lock(&l->mu);
+    if (live_only && l->stop) {
+        pthread_mutex_unlock(&l->mu);
+        return false;
+    }
     last->next = NULL;
     if (l->tail)
         l->tail->next = first;
@@ -444,6 +470,12 @@ static void lane_push(rpc_lane *l, rpc_job *first, rpc_job *last, unsigned n)
         for (unsigned i = 0; i < n && i < l->idle; i++)
             pthread_cond_signal(&l->cv);
     pthread_mutex_unlock(&l->mu);
+    return true;
+}
+
+static void lane_push(rpc_lane *l, rpc_job *first, rpc_job *last, unsigned n)
+{
+    lane_push_if(l, first, last, n, false);
 }
 
 /* The next job, waiting for one; NULL once the lane stops. */
@@ -819,8 +851,16 @@ static rpc_group *group_new(rpc_scall *k, rpc_ctx *c, kv_err *status)
         return NULL;
     }
     g->k = k;
-    atomic_init(&g->left, n);
+    atomic_init(&g->left, 1); /* the creator's */
     return g;
+}
+
+/* Drops a reference to g; the last sends the reply. acq_rel: the last
+ * sees every other call's reply. */
+static void group_put(rpc_group *g)
+{
+    if (atomic_fetch_sub_explicit(&g->left, 1, memory_order_acq_rel) == 1)
+        group_reply(g);
 }
 
 static void group_run_from(rpc_worker *w, rpc_group *g, size_t from);
@@ -853,63 +893,173 @@ static void handle_calls(rpc_worker *w, rpc_scall *k)
     group_run_from(w, g, 0);
 }
 
-/* Runs the calls of g from `from` on (those before ran already), one
- * after another on this worker, or as jobs of their own on a parallel
- * lane; the last to finish sends the reply. */
+/* Runs the calls of g from `from` on (those before ran already or run
+ * asynchronously), one after another on this worker, or as jobs of their
+ * own on a parallel lane; consumes the caller's reference to g. */
 static void group_run_from(rpc_worker *w, rpc_group *g, size_t from)
 {
     size_t n = g->calls->n_calls;
     if (from == n || !w->lane->parallel) {
         for (size_t i = from; i < n; i++)
             group_run(w->srv, w->index, g, i);
-        group_reply(g);
+        group_put(g);
         return;
     }
-    atomic_store_explicit(&g->left, n - from, memory_order_relaxed); /* published by the push */
+    /* the caller's reference becomes the first sub's; one more per other
+     * sub, taken before any is queued */
+    atomic_fetch_add_explicit(&g->left, n - from - 1, memory_order_relaxed);
     for (size_t i = from; i < n; i++)
-        g->subs[i] = (rpc_sub){
-            .job = {.next = i + 1 < n ? &g->subs[i + 1].job : NULL, .sub = true}, .g = g, .i = i};
+        g->subs[i] =
+            (rpc_sub){.job = {.next = i + 1 < n ? &g->subs[i + 1].job : NULL, .kind = JOB_SUB},
+                      .g = g,
+                      .i = i};
     lane_push(w->lane, &g->subs[from].job, &g->subs[n - 1].job, (unsigned)(n - from));
 }
 
+/* ---- asynchronous calls (rpc_method.start_async) ----------------------- */
+
+void rpc_async_done(rpc_async *a, kv_err status)
+{
+    rpc_server *s = a->s;
+    status = past_deadline(&a->c, a->m, status);
+    observe(s, &a->c, status, a->t0);
+    if (a->g) {
+        group_keep(a->g, a->i, status, &a->c); /* the group frees the reply body */
+        group_put(a->g);
+    } else {
+        reply_one(a->k, status, &a->c);
+    }
+    free(a);
+    /* last: rpc_server_close may free s once this reaches 0 */
+    atomic_fetch_sub_explicit(&s->async_out, 1, memory_order_release);
+}
+
+void rpc_async_handoff(rpc_async *a, kv_err (*fn)(rpc_ctx *c, void *arg), void *arg)
+{
+    a->work = fn;
+    a->work_arg = arg;
+    a->job.kind = JOB_ASYNC;
+    if (lane_push_if(&a->s->lanes[a->k->lane], &a->job, &a->job, 1, true))
+        return;
+    /* shutting down, the workers gone: run it here (bounded by its deadline) */
+    rpc_async_done(a, fn(&a->c, arg));
+}
+
+static void handle_async(rpc_worker *w, rpc_async *a)
+{
+    a->c.worker = w->index;
+    rpc_async_done(a, a->work(&a->c, a->work_arg));
+}
+
+/* Starts call env of k (call i of group g, or alone when g is NULL) with
+ * its method's start_async on the receive callback's thread. False when
+ * the method has none or declined: nothing happened, the call goes to a
+ * worker. True when the call was taken, or answered at once because its
+ * credentials, method or deadline failed the checks. */
+static bool try_async(rpc_server *s, rpc_scall *k, const Kv__Envelope *env, rpc_group *g, size_t i)
+{
+    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    if (!m || !m->start_async || !split(m, env->coordinate))
+        return false;
+    rpc_async *a = calloc(1, sizeof(*a));
+    if (!a)
+        return false;
+    *a = (rpc_async){.s = s, .k = k, .g = g, .i = i, .m = m, .t0 = kv_now_ns()};
+    kv_err rv = run_call_init(s, -1, env, &a->c, k->arrival_ns);
+    bool checked = rv == KV_OK && dispatch(s, &a->c, env, k->verified, &rv) == m &&
+                   !expired(s, &a->c, k->arrival_ns, &rv);
+    /* counted before the start: the work may complete the call at once */
+    atomic_fetch_add_explicit(&s->async_out, 1, memory_order_relaxed);
+    if (g)
+        atomic_fetch_add_explicit(&g->left, 1, memory_order_relaxed);
+    else
+        atomic_fetch_add(&s->busy, 1);
+    if (!checked) {
+        rpc_async_done(a, rv);
+        return true;
+    }
+    if (m->start_async(&a->c, env->body.data, env->body.len, a))
+        return true;
+    /* declined: undo (a's c holds nothing: see rpc_async_fn) */
+    if (g)
+        atomic_fetch_sub_explicit(&g->left, 1, memory_order_relaxed);
+    else
+        atomic_fetch_sub(&s->busy, 1);
+    free(a->c.reply);
+    free(a);
+    atomic_fetch_sub_explicit(&s->async_out, 1, memory_order_release);
+    return false;
+}
+
+/* ---- inline service ------------------------------------------------------ */
+
+/* Whether env's method serves it with start_async. */
+static bool async_method(rpc_server *s, const Kv__Envelope *env)
+{
+    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    return m && m->start_async && split(m, env->coordinate);
+}
+
+/* Whether call i of g is for a split method without start_async (a
+ * worker's group_split_run serves such messages best). */
+static bool split_not_async(rpc_server *s, const rpc_group *g, size_t i)
+{
+    const Kv__Envelope *env = g->calls->calls[i];
+    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    return m && split(m, env->coordinate) && !m->start_async;
+}
+
 /* Serves what it can of rpc.Calls message k on the receive callback's
- * thread: its leading calls whose methods' try_inline serve them; the
- * calls from the first that declines on go, in order, to a worker as one
- * job (handle_sub: rest). False, with nothing done, when the message is
- * malformed, unauthenticated or split (group_split_run): a worker takes
- * all of it, as without try_inline. */
+ * thread: calls whose methods' try_inline serve them or whose start_async
+ * takes them; a call start_async declines goes to a worker alone; the
+ * calls from the first that try_inline declines on go, in order, to a
+ * worker as one job (handle_sub: rest). False, with nothing
+ * done, when the message is malformed or unauthenticated, or split
+ * (group_split_run) without asynchronous methods: a worker takes all of
+ * it, as without inline service. */
 static bool calls_inline(rpc_server *s, rpc_scall *k)
 {
     rpc_ctx c = {0};
     kv_err status = KV_OK;
     rpc_group *g = authenticate(s, &c, k->env, k->verified) ? group_new(k, &c, &status) : NULL;
-    if (g && group_split(s, g)) {
+    if (g && group_split(s, g) && split_not_async(s, g, 0)) {
         group_free(g);
         g = NULL;
     }
     if (!g)
         return false;
+    atomic_fetch_add(&s->busy, 1);
     size_t n = g->calls->n_calls, i = 0;
     for (; i < n; i++) {
-        if (!try_call(s, g->calls->calls[i], k->verified, k->arrival_ns, &c, &status))
+        const Kv__Envelope *env = g->calls->calls[i];
+        if (try_call(s, env, k->verified, k->arrival_ns, &c, &status)) {
+            group_keep(g, i, status, &c);
+        } else if (try_async(s, k, env, g, i)) {
+            continue;
+        } else if (async_method(s, env)) {
+            /* start_async declined this one (it would block): a worker
+             * runs it alone, and the calls after it go on here */
+            atomic_fetch_add_explicit(&g->left, 1, memory_order_relaxed);
+            g->subs[i] = (rpc_sub){.job = {.kind = JOB_SUB}, .g = g, .i = i};
+            lane_push(&s->lanes[k->lane], &g->subs[i].job, &g->subs[i].job, 1);
+        } else {
             break;
-        group_keep(g, i, status, &c);
+        }
     }
-    atomic_fetch_add(&s->busy, 1);
-    if (i == n) {
-        group_reply(g);
-        return true;
+    if (i < n) {
+        /* the rest is one job holding one reference (drop_queued drops it) */
+        atomic_fetch_add_explicit(&g->left, 1, memory_order_relaxed);
+        g->subs[i] = (rpc_sub){.job = {.kind = JOB_SUB}, .g = g, .i = i, .rest = true};
+        lane_push(&s->lanes[k->lane], &g->subs[i].job, &g->subs[i].job, 1);
     }
-    /* left 1: the rest is one job, which drop_queued frees with the group */
-    atomic_store_explicit(&g->left, 1, memory_order_relaxed);
-    g->subs[i] = (rpc_sub){.job = {.sub = true}, .g = g, .i = i, .rest = true};
-    lane_push(&s->lanes[k->lane], &g->subs[i].job, &g->subs[i].job, 1);
+    group_put(g); /* this callback's reference */
     return true;
 }
 
 /* Serves k on the receive callback's thread when its method can without
- * blocking (rpc_method.try_inline): saves a worker's wake-up and the two
- * hand-offs. True when k was answered or handed on as calls left over. */
+ * blocking (rpc_method.try_inline) or asynchronously (start_async): saves
+ * a worker's wake-up and the two hand-offs. True when k was answered,
+ * taken or handed on as calls left over. */
 static bool serve_inline(rpc_server *s, rpc_scall *k)
 {
     const Kv__Envelope *env = k->env;
@@ -918,7 +1068,7 @@ static bool serve_inline(rpc_server *s, rpc_scall *k)
     rpc_ctx c;
     kv_err status;
     if (!try_call(s, env, k->verified, k->arrival_ns, &c, &status))
-        return false;
+        return try_async(s, k, env, NULL, 0);
     atomic_fetch_add(&s->busy, 1);
     reply_one(k, status, &c);
     return true;
@@ -932,9 +1082,7 @@ static void handle_sub(rpc_worker *w, rpc_sub *sub)
         return;
     }
     group_run(w->srv, w->index, g, sub->i);
-    /* acq_rel: the last call to finish sees every other call's reply */
-    if (atomic_fetch_sub_explicit(&g->left, 1, memory_order_acq_rel) == 1)
-        group_reply(g);
+    group_put(g);
 }
 
 static void *worker_main(void *arg)
@@ -945,8 +1093,12 @@ static void *worker_main(void *arg)
         s->opts.thread_start(w->index, s->opts.user);
     rpc_job *j;
     while ((j = lane_pop(w->lane)) != NULL) {
-        if (j->sub) {
+        if (j->kind == JOB_SUB) {
             handle_sub(w, (rpc_sub *)j);
+            continue;
+        }
+        if (j->kind == JOB_ASYNC) {
+            handle_async(w, (rpc_async *)j);
             continue;
         }
         rpc_scall *k = (rpc_scall *)j;
@@ -1061,7 +1213,7 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
     s->lanes[0].parallel = s->opts.handlers_wait;
     s->lanes[1].parallel = true; /* coordinating waits for the replicas */
     for (size_t i = 0; i < s->opts.nmethods; i++)
-        s->inline_ok |= s->opts.methods[i].try_inline != NULL;
+        s->inline_ok |= s->opts.methods[i].try_inline || s->opts.methods[i].start_async;
     s->workers = calloc(s->nworkers, sizeof(*s->workers));
     s->calls = calloc(s->ncalls, sizeof(*s->calls));
     kv_err rv = s->workers && s->calls ? KV_OK : KV_RESOURCE_EXHAUSTED;
@@ -1081,19 +1233,37 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
 
 /* Frees what is still queued on the lanes once the workers stopped: calls,
  * and calls of rpc.Calls messages (the message's group and request go with
- * its last call). */
+ * its last reference); the rests of asynchronous calls run here. */
 static void drop_queued(rpc_server *s)
 {
     for (int l = 0; l < 2; l++) {
+        /* locked: asynchronous calls may still hand off (they see stop) */
+        pthread_mutex_lock(&s->lanes[l].mu);
         rpc_job *j = s->lanes[l].head;
         s->lanes[l].head = s->lanes[l].tail = NULL;
+        pthread_mutex_unlock(&s->lanes[l].mu);
         for (rpc_job *next; j; j = next) {
             next = j->next;
-            rpc_scall *k = j->sub ? ((rpc_sub *)j)->g->k : (rpc_scall *)j;
-            if (j->sub && atomic_fetch_sub(&((rpc_sub *)j)->g->left, 1) != 1)
+            if (j->kind == JOB_ASYNC) { /* its work completes it, here */
+                rpc_async *a = (rpc_async *)j;
+                rpc_async_done(a, a->work(&a->c, a->work_arg));
                 continue;
-            if (j->sub)
-                group_free(((rpc_sub *)j)->g);
+            }
+            bool sub = j->kind == JOB_SUB;
+            rpc_scall *k = sub ? ((rpc_sub *)j)->g->k : (rpc_scall *)j;
+            if (sub) {
+                /* the calls it held get a status: a group whose asynchronous
+                 * calls are still out is replied to by the last of them */
+                rpc_sub *sb = (rpc_sub *)j;
+                size_t end = sb->rest ? sb->g->calls->n_calls : sb->i + 1;
+                for (size_t i = sb->i; i < end; i++) {
+                    rpc_ctx c = {0};
+                    group_keep(sb->g, i, rpc_fail(&c, KV_UNAVAILABLE, "server shutting down"), &c);
+                }
+                if (atomic_fetch_sub(&sb->g->left, 1) != 1)
+                    continue;
+                group_free(sb->g);
+            }
             nng_msg_free(k->req);
             if (k->env)
                 kv__envelope__free_unpacked(k->env, NULL);
@@ -1171,6 +1341,17 @@ bool rpc_server_close(rpc_server *s)
             nng_aio_stop(s->calls[i].aio);
     if (joined)
         drop_queued(s); /* calls received after the workers stopped */
+    /* Asynchronous calls still out (the drain above waits for them too)
+     * complete by their forwards' deadlines; a reply they send now goes
+     * nowhere (the aios stopped). s must outlive their completions. */
+    uint64_t until = kv_now_ns() + JOIN_WAIT_NS;
+    while (atomic_load_explicit(&s->async_out, memory_order_acquire) > 0 && kv_now_ns() < until)
+        nng_msleep(2);
+    if (atomic_load_explicit(&s->async_out, memory_order_acquire) > 0) {
+        KV_WARN("rpc", "%u asynchronous calls still out after shutdown; not waiting",
+                atomic_load(&s->async_out));
+        joined = false;
+    }
     bool closed = rpc_socket_close(s->sock, RPC_CLOSE_WAIT_MS, "RPC server");
     if (!joined || !closed) {
         rpc_keep_abandoned(s); /* leaves s allocated: a worker or nng may still use it */

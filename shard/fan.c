@@ -68,9 +68,14 @@ static void fan_done(void *arg, rpc_reply *r)
         r->status != KV_CANCELLED && r->status != KV_RESOURCE_EXHAUSTED)
         f->answered++; /* a verdict (RESOURCE_EXHAUSTED: the node shed the call) */
     pthread_cond_broadcast(&f->cv);
+    /* an armed waiter holds its reference until its fire ran: this one is not the last */
+    bool fire = f->fire && !f->fired && f->ready(f->fire_arg, f);
+    f->fired |= fire;
     bool last = --f->refs == 0;
     pthread_mutex_unlock(&f->mu);
-    if (last)
+    if (fire)
+        f->fire(f->fire_arg, true); /* may release the waiter's reference: f may go */
+    else if (last)
         fan_free(f);
 }
 
@@ -187,6 +192,41 @@ void fan_release(fanout *f)
     pthread_mutex_unlock(&f->mu);
     if (last)
         fan_free(f);
+}
+
+bool fan_arm(fanout *f, fan_ready_fn ready, fan_fire_fn fire, void *arg, bool *now_ready)
+{
+    pthread_mutex_lock(&f->mu);
+    *now_ready = ready(arg, f);
+    bool now = *now_ready || f->poked;
+    if (!now) {
+        f->ready = ready;
+        f->fire = fire;
+        f->fire_arg = arg;
+    }
+    f->fired = now;
+    pthread_mutex_unlock(&f->mu);
+    return now;
+}
+
+int fan_answers(fanout *f)
+{
+    pthread_mutex_lock(&f->mu);
+    int n = f->answered;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+void fan_poke(fanout *f)
+{
+    pthread_mutex_lock(&f->mu);
+    f->poked = true;
+    bool fire = f->fire && !f->fired;
+    bool ready = fire && f->ready(f->fire_arg, f);
+    f->fired |= fire;
+    pthread_mutex_unlock(&f->mu);
+    if (fire)
+        f->fire(f->fire_arg, ready);
 }
 
 void fan_on_late(fanout *f, fan_late_fn fn, void *arg, void (*free_arg)(void *arg))

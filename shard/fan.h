@@ -29,6 +29,13 @@ typedef struct fan_ctr {
  * must not call into the fanout. first_ok: the first send that answered OK,
  * -1 when none did. */
 typedef void (*fan_late_fn)(void *arg, int i, const rpc_reply *r, int first_ok);
+/* Completion-driven waiting (fan_arm): whether the replies in so far are
+ * enough for the waiter, evaluated with the fanout's lock held (read f's
+ * counters and have[]/rep[] statuses; must not block or call into f). */
+typedef bool (*fan_ready_fn)(void *arg, const struct fanout *f);
+/* Called once when the armed waiter may go on, without the lock: ready
+ * tells whether the replies satisfy it (else fan_poke triggered it). */
+typedef void (*fan_fire_fn)(void *arg, bool ready);
 typedef struct fan_slot {
     fanout *f;
     int i;
@@ -47,6 +54,12 @@ struct fanout {
     bool taken;       /* fan_take ran: later replies are late */
     int first_ok;     /* first send that answered OK, -1 = none yet */
     fan_late_fn late; /* may be NULL */
+    /* fan_arm's waiter: fire runs once, when ready holds or on a poke */
+    fan_ready_fn ready;
+    fan_fire_fn fire;
+    void *fire_arg;
+    bool poked; /* fan_poke ran */
+    bool fired; /* the armed fire ran (or fan_arm triggered at once) */
     void *late_arg;
     void (*late_free)(void *arg); /* frees late_arg with the fanout */
 };
@@ -84,6 +97,19 @@ bool fan_wait_slot(fanout *f, int i, uint32_t wait_ms);
  * i below the number of sends made) and returns the number of sends. */
 int fan_take(fanout *f, rpc_reply *out, bool *have);
 void fan_release(fanout *f);
+/* Arms fire(arg, ready) to run once, from the thread of the send's
+ * completion after which ready(arg, f) holds (or fan_poke's), instead of a
+ * thread waiting in fan_wait. Returns true without arming when it holds
+ * already or fan_poke ran, with *now_ready = ready(arg, f): the caller goes
+ * on itself. Arm once, after the sends; the caller keeps its reference
+ * (fan_release) until fire ran, and fire may release it. */
+bool fan_arm(fanout *f, fan_ready_fn ready, fan_fire_fn fire, void *arg, bool *now_ready);
+/* Replies that are verdicts so far (see fan_wait_answers), without waiting. */
+int fan_answers(fanout *f);
+/* Triggers the armed fire now (with ready as ready(arg, f) says), e.g. at a
+ * timeout; before fan_arm, makes fan_arm trigger at once. No-op once fired.
+ * Any thread. */
+void fan_poke(fanout *f);
 /* Registers fn for late replies (call it before any fan_send);
  * free_arg(arg) runs when the fanout is freed. */
 void fan_on_late(fanout *f, fan_late_fn fn, void *arg, void (*free_arg)(void *arg));

@@ -102,6 +102,20 @@ kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl
 kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out);
 kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, repl_call **out);
 kv_err repl_finish(repl_call *rc, rpc_ctx *c);
+/* repl_finish without a thread that waits (a router's asynchronous calls,
+ * rpc_async_fn): after a successful start, repl_await(rc, done, arg) calls
+ * done(arg, ready) exactly once, from the thread of the reply after which
+ * the verdict needs no more waiting, or from this one when that is so
+ * already; ready = false when the rest must block: a read whose first
+ * replicas gave no verdict (or none by half the deadline: the others are
+ * asked then), a write with pending replicas (their hints may be stored
+ * synchronously). done must not block. With ready, done calls
+ * repl_complete(rc, c, &rv): true when the verdict was reached (rv, c as
+ * repl_finish leaves them, rc freed); false when the rest must block after
+ * all (a retry on a newer map). Whenever the rest must block, the caller
+ * passes rc to repl_finish on a thread that may. */
+void repl_await(repl_call *rc, void (*done)(void *arg, bool ready), void *arg);
+bool repl_complete(repl_call *rc, rpc_ctx *c, kv_err *rv);
 /* kv.Batch: writes to every current and pending replica, reads to every
  * replica at QUORUM/ALL or the first reachable one at ONE, one sub-batch
  * per node sent at once, per-op results merged in order (an op's status is

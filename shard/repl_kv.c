@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "proto/rpc_timer.h"
 #include "shard/repl_int.h"
 
 /* Index of the reply to return for a read: the OK reply with the newest
@@ -356,6 +357,12 @@ struct repl_call {
     Kv__Consistency cons, dflt;
     cmap *m;
     fanout *f;
+    /* repl_await */
+    void (*done)(void *arg, bool ready);
+    void *done_arg;
+    rpc_timer_ent timer; /* a read's half deadline: fan_poke */
+    bool timer_armed;
+    bool retry; /* repl_complete's verdict was refused on an old map: repl_finish retries */
     /* what a write's key_call points into */
     Kv__Record rec;
     union {
@@ -388,20 +395,12 @@ static kv_err key_start(repl_call *rc, rpc_ctx *c)
     return KV_OK;
 }
 
-/* Waits for enough replies to rc's sends and turns them into the verdict;
- * *stale when a replica showed a newer map. */
-static kv_err key_wait(repl_call *rc, rpc_ctx *c, bool *stale)
+/* Turns the replies to rc's `sent` sends into the verdict; *stale when a
+ * replica showed a newer map. */
+static kv_err key_collect(repl_call *rc, rpc_ctx *c, bool *stale, int sent)
 {
     const repl_env *env = rc->env;
     key_call *k = &rc->k;
-    int sent = k->t.n;
-    if (k->rec == NULL) {
-        uint32_t left;
-        sent = read_rest(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl, k->t0, &left);
-        fan_wait(rc->f, k->t.need, left);
-    } else {
-        wait_write(rc->f, &k->t, k->t0, k->dl);
-    }
     atomic_fetch_add_explicit(&env->stats->forwards, (uint64_t)sent, memory_order_relaxed);
     rpc_reply reps[2 * REPL_MAX_RF];
     bool have[2 * REPL_MAX_RF] = {false}; /* fan_take fills only the sends made */
@@ -417,10 +416,42 @@ static kv_err key_wait(repl_call *rc, rpc_ctx *c, bool *stale)
     return rv;
 }
 
+/* Waits for enough replies to rc's sends and turns them into the verdict;
+ * *stale when a replica showed a newer map. */
+static kv_err key_wait(repl_call *rc, rpc_ctx *c, bool *stale)
+{
+    const repl_env *env = rc->env;
+    key_call *k = &rc->k;
+    int sent = k->t.n;
+    if (k->rec == NULL) {
+        uint32_t left;
+        sent = read_rest(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl, k->t0, &left);
+        fan_wait(rc->f, k->t.need, left);
+    } else {
+        wait_write(rc->f, &k->t, k->t0, k->dl);
+    }
+    return key_collect(rc, c, stale, sent);
+}
+
+/* Stops rc's half-deadline timer (repl_await), waiting for its function to
+ * return if it runs: rc's fanout and rc itself may go after this. */
+static void await_stop(repl_call *rc)
+{
+    if (rc->timer_armed) {
+        rpc_timer_cancel(&rc->timer);
+        rc->timer_armed = false;
+    }
+}
+
 kv_err repl_finish(repl_call *rc, rpc_ctx *c)
 {
+    await_stop(rc);
     bool stale = false;
-    kv_err rv = key_wait(rc, c, &stale);
+    kv_err rv = KV_FAILED_PRECONDITION;
+    if (rc->retry) /* repl_complete reached a verdict on an old map */
+        stale = true;
+    else
+        rv = key_wait(rc, c, &stale);
     if (rv != KV_OK && stale) { /* once more, on the newer map */
         free(c->reply);
         c->reply = NULL;
@@ -573,4 +604,78 @@ kv_err repl_delete(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req)
     repl_call *rc;
     kv_err rv = repl_delete_start(env, c, req, &rc);
     return rv == KV_OK ? repl_finish(rc, c) : rv;
+}
+
+/* ---- completion-driven finish (repl_await) ------------------------------ */
+
+/* Whether the replies in so far let rc reach its verdict without waiting,
+ * as key_wait's waits would return: a read's first sends all answered (a
+ * verdict each, or no more to wait for); a write's level of OK acks with
+ * the primary's among them (wait_write), or every send answered. Under
+ * f's lock. */
+static bool await_ready(void *arg, const fanout *f)
+{
+    const repl_call *rc = arg;
+    const targets *t = &rc->k.t;
+    if (f->done == f->sent)
+        return true;
+    if (rc->k.rec == NULL)
+        return f->answered >= t->need;
+    return f->ok >= t->need && (t->ncur <= 1 || f->have[0]);
+}
+
+static void await_fire(void *arg, bool ready)
+{
+    repl_call *rc = arg;
+    rc->done(rc->done_arg, ready);
+}
+
+/* The timer thread, at half a staged read's deadline: the first replicas
+ * are slow; fan_poke hands the read to a thread that may ask the others. */
+static void await_timer(void *arg)
+{
+    repl_call *rc = arg;
+    fan_poke(rc->f);
+}
+
+void repl_await(repl_call *rc, void (*done)(void *arg, bool ready), void *arg)
+{
+    key_call *k = &rc->k;
+    rc->done = done;
+    rc->done_arg = arg;
+    if (k->rec && k->t.n > k->t.ncur) { /* pending replicas: hint_pending may block */
+        done(arg, false);
+        return;
+    }
+    /* a read with more replicas to ask if the first are slow (read_rest):
+     * the timer is armed before the fanout, so whoever completes rc finds
+     * it armed and stops it first */
+    if (!k->rec && k->t.need < k->t.n && k->t.readable >= k->t.need) {
+        rc->timer = (rpc_timer_ent){.fn = await_timer, .arg = rc};
+        uint32_t half = k->dl / 2 ? k->dl / 2 : 1;
+        rc->timer_armed = rpc_timer_arm(&rc->timer, k->t0 + (uint64_t)half * 1000000ull);
+    }
+    bool ready;
+    if (fan_arm(rc->f, await_ready, await_fire, rc, &ready))
+        done(arg, ready);
+}
+
+bool repl_complete(repl_call *rc, rpc_ctx *c, kv_err *out)
+{
+    await_stop(rc);
+    key_call *k = &rc->k;
+    if (k->rec == NULL) {
+        /* a read needs `need` verdicts from its first sends, else the others */
+        if (fan_answers(rc->f) < k->t.need)
+            return false;
+    }
+    bool stale = false;
+    kv_err rv = key_collect(rc, c, &stale, k->rec ? k->t.n : k->t.need);
+    if (rv != KV_OK && stale) {
+        rc->retry = true;
+        return false;
+    }
+    free(rc);
+    *out = rv;
+    return true;
 }

@@ -55,6 +55,8 @@ typedef struct router_target {
     fan_ctr ctr;
 } router_target;
 #define ROUTER_MAX_TARGETS 1024
+/* Hot-key sketches for nng threads (asynchronous calls), after the workers' */
+#define ROUTER_HOT_NNG_SLOTS 16
 
 typedef struct router_dash router_dash; /* router_dash.c */
 
@@ -66,8 +68,9 @@ typedef struct router {
     rpc_server *rpc;
     pthread_t refresher;
     bool refresher_started;
-    hk_window *hot;  /* NULL when detection is off */
-    router_mit *mit; /* NULL when no mitigation is on */
+    hk_window *hot;            /* NULL when detection is off */
+    _Atomic int hot_nng_slots; /* nng threads given a sketch (router_hot.c) */
+    router_mit *mit;           /* NULL when no mitigation is on */
     pthread_t hot_thread;
     bool hot_started;
     atomic_bool stopping;
@@ -143,6 +146,11 @@ kv_err router_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **stat
 kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 kv_err router_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 kv_err router_finish(rpc_ctx *c, void *state);
+/* The same started on the receiving nng thread and completed by the replies
+ * (rpc_async_fn): no worker waits for the nodes. */
+bool router_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
+bool router_put_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
+bool router_delete_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
 kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 /* kv.Scan: the nodes' ordered pages merged (router_scan.c). */
 kv_err router_h_scan(rpc_ctx *c, const uint8_t *body, size_t len);

@@ -205,9 +205,10 @@ kv_err router_h_stats(rpc_ctx *c, const uint8_t *body, size_t len)
 }
 
 static const rpc_method router_methods[] = {
-    {"kv.Get", NULL, router_get_start, router_finish, RPC_DATA},
-    {"kv.Put", NULL, router_put_start, router_finish, RPC_DATA},
-    {"kv.Delete", NULL, router_delete_start, router_finish, RPC_DATA},
+    {"kv.Get", NULL, router_get_start, router_finish, RPC_DATA, .start_async = router_get_async},
+    {"kv.Put", NULL, router_put_start, router_finish, RPC_DATA, .start_async = router_put_async},
+    {"kv.Delete", NULL, router_delete_start, router_finish, RPC_DATA,
+     .start_async = router_delete_async},
     {"kv.Batch", router_h_batch, .access = RPC_DATA},
     {"kv.Scan", router_h_scan, .access = RPC_DATA},
     {"admin.Ping", router_h_ping, .access = RPC_DATA},

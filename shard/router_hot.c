@@ -18,9 +18,29 @@
 #include "shard/router.h"
 #include "shard/fan.h"
 
+/* The sketch of the calling nng thread (asynchronous calls run on nng's
+ * threads, not on workers): one of ROUTER_HOT_NNG_SLOTS after the
+ * workers', each thread its own, taken on its first sample; -1 once they
+ * are all taken (that thread's keys then go unsampled). */
+static int nng_slot(router *r)
+{
+    static _Thread_local const router *owner;
+    static _Thread_local int slot;
+    if (owner != r) {
+        int i = atomic_fetch_add_explicit(&r->hot_nng_slots, 1, memory_order_relaxed);
+        slot = i < ROUTER_HOT_NNG_SLOTS ? (int)r->cfg.workers + i : -1;
+        owner = r;
+    }
+    return slot;
+}
+
 void router_hot_sample(router *r, int worker, const void *key, size_t klen)
 {
-    if (r->hot && worker >= 0)
+    if (!r->hot)
+        return;
+    if (worker < 0)
+        worker = nng_slot(r);
+    if (worker >= 0)
         hk_window_sample(r->hot, (size_t)worker, key, klen);
 }
 
@@ -105,8 +125,8 @@ kv_err router_hot_start(router *r)
         (rv = router_mit_create(&r->mit, r->cfg.hot_replica_reads, r->cfg.hot_cache_ms,
                                 r->cfg.hot_flag_rate)) != KV_OK)
         return rv;
-    rv = hk_window_create(&r->hot, (size_t)r->cfg.workers, (size_t)r->cfg.hot_k,
-                          (uint32_t)r->cfg.hot_sample, kv_now_ns());
+    rv = hk_window_create(&r->hot, (size_t)r->cfg.workers + ROUTER_HOT_NNG_SLOTS,
+                          (size_t)r->cfg.hot_k, (uint32_t)r->cfg.hot_sample, kv_now_ns());
     if (rv != KV_OK)
         return rv;
     if (pthread_create(&r->hot_thread, NULL, hot_main, r) != 0)

@@ -66,6 +66,8 @@ typedef struct router_call {
     const ProtobufCBinaryData *key;
     bool write; /* the finish drops the key from the hot-key cache */
     repl_call *rc;
+    rpc_async *a; /* the asynchronous form's call (router_*_async), and its c */
+    rpc_ctx *c;
 } router_call;
 
 /* Starts req's replication (or completes a call that failed already: the
@@ -191,4 +193,77 @@ kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
             router_mit_invalidate(r->mit, req->ops[i]->key.data, req->ops[i]->key.len);
     kv__batch_request__free_unpacked(req, NULL);
     return rv;
+}
+
+/* ---- the asynchronous form (rpc_method.start_async) ----------------------
+ * The same calls, started on the nng thread that received them and
+ * completed from the reply that decides them (repl_await), so no worker
+ * waits for a node: a worker only takes the rest of a call that must block
+ * (a read's other replicas, a retry on a newer map, hints stored
+ * synchronously). */
+
+/* repl_await's completion: the verdict here, or the rest on a worker. */
+static void call_ready(void *arg, bool ready)
+{
+    router_call *rc = arg;
+    kv_err rv;
+    if (ready && repl_complete(rc->rc, rc->c, &rv)) {
+        rpc_async *a = rc->a;
+        if (rc->write)
+            router_mit_invalidate(rc->r->mit, rc->key->data, rc->key->len);
+        protobuf_c_message_free_unpacked(rc->req, NULL);
+        free(rc);
+        rpc_async_done(a, rv);
+        return;
+    }
+    rpc_async_handoff(rc->a, router_finish, rc);
+}
+
+/* Takes call a whose start gave rv and state (see call_start). */
+static bool go_async(rpc_ctx *c, kv_err rv, void *state, rpc_async *a)
+{
+    if (!state) {
+        rpc_async_done(a, rv);
+        return true;
+    }
+    router_call *rc = state;
+    rc->a = a;
+    rc->c = c;
+    repl_await(rc->rc, call_ready, rc);
+    return true;
+}
+
+bool router_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    router *r = c->user;
+    if (r->mit) { /* a flagged hot key's read may block (get_hot): a worker's */
+        rpc_budget b;
+        Kv__GetRequest *req =
+            kv__get_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
+        bool hot = req &&
+                   (req->consistency == KV__CONSISTENCY__DEFAULT ||
+                    req->consistency == KV__CONSISTENCY__ONE) &&
+                   router_mit_flagged(r->mit, req->key.data, req->key.len);
+        if (req)
+            kv__get_request__free_unpacked(req, NULL);
+        if (hot)
+            return false;
+    }
+    void *state = NULL;
+    kv_err rv = router_get_start(c, body, len, &state);
+    return go_async(c, rv, state, a);
+}
+
+bool router_put_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    void *state = NULL;
+    kv_err rv = router_put_start(c, body, len, &state);
+    return go_async(c, rv, state, a);
+}
+
+bool router_delete_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    void *state = NULL;
+    kv_err rv = router_delete_start(c, body, len, &state);
+    return go_async(c, rv, state, a);
 }

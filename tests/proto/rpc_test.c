@@ -657,3 +657,203 @@ Test(rpc, inline_calls_and_declined_ones_keep_their_replies)
     rpc_chan_close(ch);
     rpc_server_close(s);
 }
+
+/* ---- start_async: calls completed by other threads' callbacks ----------- */
+
+static rpc_chan *g_self; /* a channel to the test's own server */
+static int async_taken;  /* __atomic */
+
+typedef struct async_call {
+    rpc_async *a;
+    rpc_ctx *c;
+    char tag[8];
+} async_call;
+
+/* Replies key + tag (as inline_reply: keys starting with 'f' fail). */
+static kv_err async_reply(rpc_ctx *c, const char *key, size_t klen, const char *tag)
+{
+    Kv__GetRequest req = KV__GET_REQUEST__INIT;
+    req.key = (ProtobufCBinaryData){klen, (uint8_t *)key};
+    uint8_t buf[128];
+    size_t n = kv__get_request__pack(&req, buf);
+    return inline_reply(c, buf, n, tag);
+}
+
+/* The echo that an 'a' or 's' call waits for came back: complete it. */
+static void async_echoed(void *arg, rpc_reply *r)
+{
+    async_call *ac = arg;
+    Kv__GetReply *g = r->status == KV_OK ? kv__get_reply__unpack(NULL, r->len, r->body) : NULL;
+    kv_err rv = g ? async_reply(ac->c, (const char *)g->value.data, g->value.len, ac->tag)
+                  : rpc_fail(ac->c, r->status, "echo failed");
+    if (g && g->value.data[0] == 's')
+        nng_msleep(150); /* past the call's 100 ms deadline */
+    if (g)
+        kv__get_reply__free_unpacked(g, NULL);
+    rpc_reply_free(r);
+    rpc_async *a = ac->a;
+    free(ac);
+    rpc_async_done(a, rv);
+}
+
+static kv_err async_rest(rpc_ctx *c, void *arg)
+{
+    cr_assert_geq(c->worker, 0, "a handoff runs on a worker");
+    char *key = arg;
+    kv_err rv = async_reply(c, key, strlen(key), "@h");
+    free(key);
+    return rv;
+}
+
+/* 'a'/'f'/'s' keys: completed by the echo's callback; 'n': at once, in
+ * here; 'h': handed to a worker; others (and 'd'): declined. */
+static bool h_async_start(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    cr_assert_eq(c->worker, -1);
+    Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
+    if (!req || !req->key.len || !strchr("afnhs", req->key.data[0])) {
+        if (req)
+            kv__get_request__free_unpacked(req, NULL);
+        return false;
+    }
+    __atomic_fetch_add(&async_taken, 1, __ATOMIC_SEQ_CST);
+    char k0 = (char)req->key.data[0];
+    if (k0 == 'n') {
+        kv_err rv = async_reply(c, (const char *)req->key.data, req->key.len, "@n");
+        kv__get_request__free_unpacked(req, NULL);
+        rpc_async_done(a, rv);
+        return true;
+    }
+    if (k0 == 'h') {
+        char *key = strndup((const char *)req->key.data, req->key.len);
+        kv__get_request__free_unpacked(req, NULL);
+        rpc_async_handoff(a, async_rest, key);
+        return true;
+    }
+    async_call *ac = calloc(1, sizeof(*ac));
+    *ac = (async_call){.a = a, .c = c};
+    snprintf(ac->tag, sizeof(ac->tag), "@a");
+    rpc_call_async(g_self, "test.Echo", 0, &req->base, 5000, async_echoed, ac);
+    kv__get_request__free_unpacked(req, NULL);
+    return true;
+}
+
+/* The worker form: start keeps the key, finish replies "@w". */
+static kv_err h_async_wstart(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
+{
+    Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
+    if (!req)
+        return rpc_fail(c, KV_INVALID_ARGUMENT, "bad GetRequest");
+    *state = strndup((const char *)req->key.data, req->key.len);
+    kv__get_request__free_unpacked(req, NULL);
+    return KV_OK;
+}
+
+static kv_err h_async_finish(rpc_ctx *c, void *state)
+{
+    cr_assert_geq(c->worker, 0);
+    __atomic_fetch_add(&worker_served, 1, __ATOMIC_SEQ_CST);
+    kv_err rv = async_reply(c, state, strlen(state), "@w");
+    free(state);
+    return rv;
+}
+
+static const rpc_method async_methods[] = {
+    {"test.Async", NULL, h_async_wstart, h_async_finish, RPC_DATA, .start_async = h_async_start},
+    {"test.Mixed", h_mixed, .access = RPC_DATA, .try_inline = h_mixed_try},
+    {"test.Echo", h_echo, .access = RPC_DATA}};
+
+/* Asynchronous calls, alone and in rpc.Calls messages beside inline and
+ * declined ones (each declined call runs alone on a worker, the calls
+ * after it stay asynchronous): each gets its own reply, status and deadline, whichever
+ * thread completes it (a reply's callback, the receive callback itself, a
+ * worker after a handoff); declined ones run start/finish on a worker; a
+ * wrong token is refused before start_async; and the server closes
+ * cleanly with asynchronous calls still out. */
+Test(rpc, async_calls_complete_from_callbacks_and_workers)
+{
+    rpc_server_opts o = {.url = "tcp://127.0.0.1:0",
+                         .methods = async_methods,
+                         .nmethods = 3,
+                         .workers = 2,
+                         .handlers_wait = true,
+                         .auth = "tok"};
+    /* the 's' calls end past their deadlines on purpose: that slowness
+     * must not make the server shed the echoes the others wait for */
+    setenv("KV_RPC_SHED_SLOW_PCT", "0", 1);
+    rpc_server *s = NULL;
+    char err[256], url[64];
+    cr_assert_eq(rpc_server_open(&s, &o, err, sizeof(err)), KV_OK, "%s", err);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", rpc_server_port(s));
+    rpc_chan *ch, *bad;
+    rpc_chan_opts co = {.auth = "tok", .coalesce_after = 1}, cb = {.auth = "nope"},
+                  cs = {.auth = "tok", .coalesce_after = -1};
+    cr_assert_eq(rpc_chan_open(&ch, url, &co), KV_OK);
+    cr_assert_eq(rpc_chan_open(&bad, url, &cb), KV_OK);
+    cr_assert_eq(rpc_chan_open(&g_self, url, &cs), KV_OK);
+    enum { N = 400 };
+    static mixed_call calls[N];
+    int done = 0;
+    const char kinds[] = "afnhdsi"; /* i: test.Mixed, served inline */
+    for (int i = 0; i < N; i++) {
+        char kind = kinds[i % 7];
+        calls[i] = (mixed_call){.done = &done, .got = KV_UNKNOWN};
+        snprintf(calls[i].key, sizeof(calls[i].key), "%c%d", kind, i);
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(calls[i].key), (uint8_t *)calls[i].key};
+        rpc_call_async(ch, kind == 'i' ? "test.Mixed" : "test.Async", 0, &req.base,
+                       kind == 's' ? 100 : 5000, mixed_done, &calls[i]);
+    }
+    for (int i = 0; i < 1000 && __atomic_load_n(&done, __ATOMIC_SEQ_CST) < N; i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&done, __ATOMIC_SEQ_CST), N);
+    for (int i = 0; i < N; i++) {
+        const mixed_call *k = &calls[i];
+        char kind = k->key[0];
+        if (kind == 'f') {
+            cr_assert_eq(k->got, KV_ALREADY_EXISTS, "%s: %s", k->key, kv_strerror(k->got));
+            cr_assert(strstr(k->val, "refused @a"), "%s: message '%s'", k->key, k->val);
+            continue;
+        }
+        if (kind == 's') {
+            cr_assert_eq(k->got, KV_DEADLINE_EXCEEDED, "%s: %s %s", k->key, kv_strerror(k->got),
+                         k->val);
+            continue;
+        }
+        cr_assert_eq(k->got, KV_OK, "%s: %s (%s)", k->key, kv_strerror(k->got), k->val);
+        const char *want = kind == 'a'   ? "@a"
+                           : kind == 'n' ? "@n"
+                           : kind == 'h' ? "@h"
+                           : kind == 'i' ? "@i"
+                                         : "@w";
+        char full[64];
+        snprintf(full, sizeof(full), "%.15s%.3s", k->key, want);
+        cr_assert_str_eq(k->val, full, "%s", k->key);
+    }
+    cr_assert_gt(__atomic_load_n(&async_taken, __ATOMIC_SEQ_CST), 0);
+    /* a wrong token is refused before the method sees the call */
+    int before = __atomic_load_n(&async_taken, __ATOMIC_SEQ_CST);
+    rpc_reply r;
+    Kv__GetRequest req = KV__GET_REQUEST__INIT;
+    req.key = (ProtobufCBinaryData){2, (uint8_t *)"n1"};
+    cr_assert_eq(rpc_call(bad, "test.Async", 0, &req.base, 2000, &r), KV_UNAUTHENTICATED);
+    rpc_reply_free(&r);
+    cr_assert_eq(__atomic_load_n(&async_taken, __ATOMIC_SEQ_CST), before);
+    /* close with calls out: the close waits for their completions */
+    static mixed_call late[8];
+    int late_done = 0;
+    for (int i = 0; i < 8; i++) {
+        late[i] = (mixed_call){.done = &late_done, .got = KV_UNKNOWN};
+        snprintf(late[i].key, sizeof(late[i].key), "a-late%d", i);
+        req.key = (ProtobufCBinaryData){strlen(late[i].key), (uint8_t *)late[i].key};
+        rpc_call_async(ch, "test.Async", 0, &req.base, 5000, mixed_done, &late[i]);
+    }
+    nng_msleep(5);
+    cr_assert(rpc_server_close(s), "the server closed with its asynchronous calls completed");
+    for (int i = 0; i < 500 && __atomic_load_n(&late_done, __ATOMIC_SEQ_CST) < 8; i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&late_done, __ATOMIC_SEQ_CST), 8, "every call got an answer");
+    rpc_chan_close(g_self);
+    rpc_chan_close(bad);
+    rpc_chan_close(ch);
+}
