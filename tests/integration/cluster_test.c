@@ -3,9 +3,10 @@
  * End-to-end tests of a real cluster (3 kvnode + kvrouter on loopback)
  * through libkvclient: bulk puts/gets with values from 0 bytes to 1 MiB,
  * batches across all nodes, conditional writes and TTL, direct node access,
- * and node failure with rf=1 and rf=3.
+ * and node failure with rf=1 and rf=3, a stalled replica (SIGSTOP) included.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -355,6 +356,77 @@ Test(cluster, rf3_survives_one_dead_node, .timeout = 120)
     kv_put_opts all = {.consistency = KV_CONSISTENCY_ALL};
     cr_assert_eq(kv_put(c, "x", 1, "y", 1, &all, NULL), KV_UNAVAILABLE,
                  "ALL cannot be met with a node down");
+    kv_client_close(c);
+    stop();
+}
+
+/* One read of the stall test, on a thread of its own. */
+typedef struct stall_read {
+    int i;
+    bool ok;
+    uint64_t took_ns;
+} stall_read;
+
+static void *stall_read_main(void *arg)
+{
+    stall_read *r = arg;
+    kv_client *c = client(cl.router_url, 3000);
+    char key[32];
+    snprintf(key, sizeof(key), "st%d", r->i);
+    uint64_t t0 = kv_now_ns();
+    kv_value v;
+    kv_err rv = kv_get_ex(c, key, strlen(key), KV_CONSISTENCY_ONE, &v);
+    r->took_ns = kv_now_ns() - t0;
+    if (rv == KV_OK) {
+        r->ok = v.len == strlen(key) && memcmp(v.data, key, v.len) == 0;
+        kv_value_free(&v);
+    }
+    kv_client_close(c);
+    return NULL;
+}
+
+/* A replica that stops answering without closing its connections (SIGSTOP:
+ * a hung process, a partition the failure detector has not seen yet):
+ * reads at ONE whose first replica it is, all sent at once before the
+ * detector can notice, are asked of the others at half their deadline and
+ * succeed within it; writes at QUORUM go on. */
+Test(cluster, rf3_reads_go_on_when_a_replica_stalls, .timeout = 180)
+{
+    start3(3);
+    kv_client *c = client(cl.router_url, 3000);
+    kv_put_opts all = {.consistency = KV_CONSISTENCY_ALL};
+    char key[32];
+    enum { N = 24 };
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof(key), "st%d", i);
+        cr_assert_eq(kv_put(c, key, strlen(key), key, strlen(key), &all, NULL), KV_OK);
+    }
+    kvt_kill_node(&cl, 0, SIGSTOP);
+    stall_read reads[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        reads[i] = (stall_read){.i = i};
+        cr_assert_eq(pthread_create(&th[i], NULL, stall_read_main, &reads[i]), 0);
+    }
+    int ok = 0, slow = 0;
+    uint64_t worst = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        ok += reads[i].ok;
+        slow += reads[i].took_ns > 1000000000ull; /* waited for the stalled one */
+        worst = reads[i].took_ns > worst ? reads[i].took_ns : worst;
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof(key), "st%d", i);
+        kv_put_opts q = {.consistency = KV_CONSISTENCY_QUORUM};
+        kv_err rv = kv_put(c, key, strlen(key), key, strlen(key), &q, NULL);
+        cr_expect_eq(rv, KV_OK, "QUORUM write %s with a replica stalled: %s", key, kv_err_name(rv));
+    }
+    kvt_kill_node(&cl, 0, SIGCONT);
+    cr_expect_eq(ok, N, "%d of %d reads at ONE answered with a replica stalled (slowest %llu ms)",
+                 ok, N, (unsigned long long)(worst / 1000000u));
+    cr_expect_gt(slow, 0, "some reads asked the stalled replica first (slowest %llu ms)",
+                 (unsigned long long)(worst / 1000000u));
     kv_client_close(c);
     stop();
 }
