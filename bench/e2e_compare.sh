@@ -25,6 +25,9 @@
 #   cluster_router_get, cluster_router_a   kvbench through the 3-node cluster's router
 #   cluster_direct_get, cluster_direct_a   kvbench --direct against the 3-node cluster
 #                             (the smart client; skipped when kvbench has no --direct)
+#   cluster_direct_get3       the same at 3 x IN_FLIGHT: each node sees what s1 sees in
+#                             node_get (per-CPU figures at equal load per node, the
+#                             scaling question; at IN_FLIGHT each node gets a third)
 # Each run's line (stdout, JSON) has its throughput, p50 and the CPU time the
 # server processes and the load generator used (/proc/PID/stat, or
 # /usr/bin/time for the generator); then a table of the medians with their
@@ -211,6 +214,8 @@ run() { # KIND ROUND
       --concurrency "$half") ;;
     cluster_direct_get) res=$(kvb "$rt" "$secs" --direct --workload C --dist uniform \
       --threads 2 --concurrency "$half") ;;
+    cluster_direct_get3) res=$(kvb "$rt" "$secs" --direct --workload C --dist uniform \
+      --threads 2 --concurrency $((half * 3))) ;;
     cluster_direct_a) res=$(kvb "$rt" "$secs" --direct --workload A --dist uniform \
       --threads 2 --concurrency "$half") ;;
   esac
@@ -243,7 +248,7 @@ run() { # KIND ROUND
 kinds=(redis_get redis_set redis_get_p16 redis_get_1 node_get node_a node_zipf node_get_1
   node_batch16 router_get router_zipf router_get_1 router_batch16 cluster_router_get
   cluster_router_a)
-[ "$have_direct" = 1 ] && kinds+=(cluster_direct_get cluster_direct_a)
+[ "$have_direct" = 1 ] && kinds+=(cluster_direct_get cluster_direct_a cluster_direct_get3)
 log "warm-up (load average $(load1))"
 for k in redis_get redis_set redis_get_p16 redis_get_1; do redis_run "${k#redis_}" > /dev/null; done
 kvb "$ns" 2 --workload C --dist uniform --threads 2 --concurrency "$half" > /dev/null
@@ -312,6 +317,10 @@ jq -cs --argjson keys "$keys" --argjson vsize "$vsize" --argjson conc "$conc" \
                                         "ops_per_s")),
    cluster_direct_per_cpu_vs_node: stat([per_cpu("cluster_direct_get"), per_cpu("node_get")] |
      transpose | map(select(.[0] != null and .[1] != null) | .[0] / .[1])),
+   cluster_direct3_per_cpu_vs_node: stat([per_cpu("cluster_direct_get3"), per_cpu("node_get")] |
+     transpose | map(select(.[0] != null and .[1] != null) | .[0] / .[1])),
+   cluster_direct3_vs_node: stat(ratio("cluster_direct_get3"; "ops_per_s"; "node_get";
+                                       "ops_per_s")),
    cluster_router_per_cpu_vs_node: stat([per_cpu("cluster_router_get"), per_cpu("node_get")] |
      transpose | map(select(.[0] != null and .[1] != null) | .[0] / .[1])),
    cpu_s_per_1k: {
@@ -322,6 +331,7 @@ jq -cs --argjson keys "$keys" --argjson vsize "$vsize" --argjson conc "$conc" \
      cluster_router_get_router: stat5(cpu1k("cluster_router_get"; ["rt"])),
      cluster_router_get_nodes: stat5(cpu1k("cluster_router_get"; ["t1", "t2", "t3"])),
      cluster_direct_get_nodes: stat5(cpu1k("cluster_direct_get"; ["t1", "t2", "t3"])),
+     cluster_direct_get3_nodes: stat5(cpu1k("cluster_direct_get3"; ["t1", "t2", "t3"])),
      cluster_router_a_nodes: stat5(cpu1k("cluster_router_a"; ["t1", "t2", "t3"])),
      cluster_direct_a_nodes: stat5(cpu1k("cluster_direct_a"; ["t1", "t2", "t3"]))},
    errors: (map(.errors) | add)}' "$tmp/runs.jsonl"

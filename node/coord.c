@@ -40,7 +40,8 @@ void node_coord_init(node *n)
                         .chan = env_chan,
                         .learn_map = env_learn_map,
                         .self_id = n->cfg.id,
-                        .local = node_local_call};
+                        .local = node_local_call,
+                        .local_try = node_local_try};
 }
 
 /* What unpacking a len-byte request may allocate (issue 16 item 4). */
@@ -121,6 +122,31 @@ kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
     return coord_start(n, c, rv, &req->base, state);
+}
+
+/* kv.Get's asynchronous form (rpc_async_fn), for coordinate calls: a read
+ * this node's own replica answers alone from its memory tier is served on
+ * the receiving nng thread, without the hand-off to a coordinate worker;
+ * every other call is declined and runs on a worker as before. */
+bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    node *n = c->user;
+    uint64_t have = cmap_slot_epoch(n->maps);
+    if (!have || c->map_epoch > have) /* coord_begin's map work: a worker's */
+        return false;
+    rpc_budget b;
+    Kv__GetRequest *req =
+        kv__get_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
+    kv_err rv = KV_OK;
+    bool served = req && kv_check_key(&n->cfg.limits, req->key.len, NULL, 0) == KV_OK &&
+                  repl_get_try_self(&n->env, c, req, &rv);
+    if (req)
+        kv__get_request__free_unpacked(req, NULL);
+    if (!served)
+        return false;
+    atomic_fetch_add_explicit(&n->coord_requests, 1, memory_order_relaxed);
+    rpc_async_done(a, rv);
+    return true;
 }
 
 kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)

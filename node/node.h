@@ -177,8 +177,10 @@ void node_coord_init(node *n);
 /* kv.* with c->coordinate: checked against the limits, then coordinated by
  * the replication library (shard/repl.h) as a router would; Get/Put/Delete
  * in two phases (rpc_method.start: sent at the start, waited for at
- * node_coord_finish), Batch in one. */
+ * node_coord_finish), Batch in one; Get also asynchronously
+ * (node_coord_get_async: reads its own replica answers from memory). */
 kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
 kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 kv_err node_coord_finish(rpc_ctx *c, void *state);
@@ -189,6 +191,10 @@ void node_coord_stats(node *n, kv_stats *l);
  * from a coordinator with map epoch epoch. user is the node. */
 void node_local_call(void *user, const char *method, uint64_t epoch, const uint8_t *body,
                      size_t len, uint32_t deadline_ms, rpc_reply *out);
+/* The same through the method's try_inline (repl_env.local_try): false,
+ * nothing done, when it would block (a read the memory tier cannot answer). */
+bool node_local_try(void *user, const char *method, uint64_t epoch, const uint8_t *body, size_t len,
+                    uint32_t deadline_ms, rpc_reply *out);
 
 /* Creates the data directory, loads a persisted map, opens the engine and
  * starts serving on cfg->listen. On failure writes a message to err. */

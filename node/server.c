@@ -520,7 +520,8 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
 
 static const rpc_method node_methods[] = {
     /* coordinate calls (smart clients) take the two-phase form */
-    {"kv.Get", h_get, node_coord_get_start, node_coord_finish, RPC_DATA, h_get_inline},
+    {"kv.Get", h_get, node_coord_get_start, node_coord_finish, RPC_DATA, h_get_inline,
+     node_coord_get_async},
     {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA},
     {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA},
     {"kv.Batch", h_batch, .access = RPC_DATA},
@@ -542,25 +543,53 @@ static const rpc_method node_methods[] = {
     {"admin.Repaired", node_h_repaired},
 };
 
+static const rpc_method *local_method(const char *method)
+{
+    for (size_t i = 0; i < sizeof(node_methods) / sizeof(node_methods[0]); i++)
+        if (strcmp(node_methods[i].name, method) == 0)
+            return &node_methods[i];
+    return NULL;
+}
+
+/* The context of a call the node makes to itself. */
+static rpc_ctx local_ctx(void *user, const char *method, uint64_t epoch, uint32_t deadline_ms)
+{
+    return (rpc_ctx){.method = method,
+                     .admin = true, /* the node calling itself */
+                     .map_epoch = epoch,
+                     .deadline_ns = kv_now_ns() + (uint64_t)deadline_ms * 1000000ull,
+                     .worker = -1,
+                     .user = user};
+}
+
+static void local_reply(rpc_ctx *c, kv_err st, rpc_reply *out)
+{
+    *out = (rpc_reply){.status = st, .map_epoch = c->reply_epoch};
+    if (st != KV_OK && c->message[0])
+        out->message = strdup(c->message);
+    out->body = c->reply; /* moves to the reply (also for FAILED_PRECONDITION's map) */
+    out->len = c->reply_len;
+}
+
+bool node_local_try(void *user, const char *method, uint64_t epoch, const uint8_t *body, size_t len,
+                    uint32_t deadline_ms, rpc_reply *out)
+{
+    const rpc_method *m = local_method(method);
+    rpc_ctx c = local_ctx(user, method, epoch, deadline_ms);
+    kv_err st;
+    if (!m || !m->try_inline || !m->try_inline(&c, body, len, &st))
+        return false;
+    local_reply(&c, st, out);
+    return true;
+}
+
 void node_local_call(void *user, const char *method, uint64_t epoch, const uint8_t *body,
                      size_t len, uint32_t deadline_ms, rpc_reply *out)
 {
-    rpc_ctx c = {.method = method,
-                 .admin = true, /* the node calling itself */
-                 .map_epoch = epoch,
-                 .deadline_ns = kv_now_ns() + (uint64_t)deadline_ms * 1000000ull,
-                 .worker = -1,
-                 .user = user};
-    const rpc_method *m = NULL;
-    for (size_t i = 0; !m && i < sizeof(node_methods) / sizeof(node_methods[0]); i++)
-        if (strcmp(node_methods[i].name, method) == 0)
-            m = &node_methods[i];
+    const rpc_method *m = local_method(method);
+    rpc_ctx c = local_ctx(user, method, epoch, deadline_ms);
     kv_err st = m ? m->fn(&c, body, len) : rpc_fail(&c, KV_UNIMPLEMENTED, "no local %s", method);
-    *out = (rpc_reply){.status = st, .map_epoch = c.reply_epoch};
-    if (st != KV_OK && c.message[0])
-        out->message = strdup(c.message);
-    out->body = c.reply; /* moves to the reply (also for FAILED_PRECONDITION's map) */
-    out->len = c.reply_len;
+    local_reply(&c, st, out);
 }
 
 /* ---- lifecycle --------------------------------------------------------- */

@@ -150,6 +150,19 @@ void repl_call_local(const repl_env *env, const char *method, uint64_t epoch,
     free(buf);
 }
 
+bool repl_try_local(const repl_env *env, const char *method, uint64_t epoch,
+                    const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        return false;
+    protobuf_c_message_pack(msg, buf);
+    bool done = env->local_try(env->user, method, epoch, buf, len, deadline_ms, out);
+    free(buf);
+    return done;
+}
+
 void repl_run_local(const repl_env *env, fanout *f, repl_local_call *lc)
 {
     if (lc->slot < 0)

@@ -492,8 +492,10 @@ static repl_call *call_new(const repl_env *env, Kv__Consistency cons, Kv__Consis
  * coordinator's own node: that replica's verdict is the read's (one answer,
  * nothing to repair), without a fan-out. Returns false, doing nothing, when
  * the read is not such a read or the node gave no verdict (it does not
- * serve reads, say): the fan-out then asks it and the others. */
-static bool read_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_err *rv)
+ * serve reads, say): the fan-out then asks it and the others. try_only:
+ * only when env->local_try serves it without blocking. */
+static bool read_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, bool try_only,
+                      kv_err *rv)
 {
     cmap *m = env->local ? cmap_slot_get(env->maps) : NULL;
     if (!m)
@@ -504,7 +506,10 @@ static bool read_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_e
     bool mine =
         need == 1 && repl_read_order(m, cur, n, order) > 0 && repl_is_self(env, m, order[0]);
     rpc_reply r = {0};
-    if (mine)
+    if (mine && try_only)
+        mine =
+            repl_try_local(env, "kv.Get", cmap_epoch(m), &req->base, repl_forward_deadline(c), &r);
+    else if (mine)
         repl_call_local(env, "kv.Get", cmap_epoch(m), &req->base, repl_forward_deadline(c), &r);
     bool done = mine && !repl_transport_err(r.status) && !repl_carries_map(&r);
     if (done) {
@@ -529,7 +534,7 @@ static bool read_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_e
 kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out)
 {
     kv_err rv;
-    if (read_self(env, c, req, &rv)) {
+    if (read_self(env, c, req, false, &rv)) {
         *out = NULL;
         return rv;
     }
@@ -538,6 +543,11 @@ kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     rc->k = (key_call){.method = "kv.Get", .msg = &req->base, .key = &req->key};
     return start_call(rc, c, out);
+}
+
+bool repl_get_try_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_err *rv)
+{
+    return env->local_try && read_self(env, c, req, true, rv);
 }
 
 kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out)
