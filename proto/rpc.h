@@ -6,15 +6,20 @@
  *
  * Server: REP contexts driven by their completions queue each call for a
  * pool of worker threads, which run handlers synchronously and send the
- * reply (a method's try_inline may serve a call that needs no blocking on
- * the receiving nng thread itself, without the hand-off); methods are dispatched through a table by
- * name. Calls that ask a node to coordinate (Envelope.coordinate) may have workers of their own.
- * Deadlines are relative on the wire, counted from the request's arrival, and absolute
- * (CLOCK_MONOTONIC) in handlers; a call whose deadline passed in the queue is not run, and a
- * handler that finishes past its deadline is answered DEADLINE_EXCEEDED. Under overload calls are
- * refused on arrival with RESOURCE_EXHAUSTED (rpc_server_opts.max_inflight). Malformed envelopes
- * get INVALID_ARGUMENT, unknown methods UNIMPLEMENTED, wrong tokens UNAUTHENTICATED, admin methods
- * called without admin credentials PERMISSION_DENIED; the connection keeps serving in every case.
+ * reply. A method's try_inline may serve a call that needs no blocking on
+ * the receiving nng thread itself, without the hand-off, and its
+ * start_async may start a call there that another thread's completion
+ * finishes (a router's forwards). Methods are dispatched through a table by
+ * name. Calls that ask a node to coordinate (Envelope.coordinate) may have
+ * workers of their own. Deadlines are relative on the wire, counted from
+ * the request's arrival, and absolute (CLOCK_MONOTONIC) in handlers; a call
+ * whose deadline passed in the queue is not run, and a handler that
+ * finishes past its deadline is answered DEADLINE_EXCEEDED. Under overload
+ * calls are refused on arrival with RESOURCE_EXHAUSTED
+ * (rpc_server_opts.max_inflight). Malformed envelopes get INVALID_ARGUMENT,
+ * unknown methods UNIMPLEMENTED, wrong tokens UNAUTHENTICATED, admin
+ * methods called without admin credentials PERMISSION_DENIED; the
+ * connection keeps serving in every case.
  *
  * Authentication (docs/protocol.md "Authentication"): a data token (kv.*,
  * admin.Ping, admin.GetMap) and an admin token (every other method, and the

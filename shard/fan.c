@@ -2,9 +2,10 @@
 /*
  * Fan-out of one request to several nodes at once, for replicated writes,
  * quorum reads and split batches (the router's and a coordinating node's). The handler thread waits
- * until enough replies are OK (or all are in, or the deadline passes) and returns; the fanout is
- * reference counted, so replies that arrive after the handler returned are released by the last
- * callback.
+ * until enough replies are OK (or all are in, or the deadline passes) and returns, or, armed
+ * (fan_arm), no thread waits and the reply that satisfies the waiter runs its continuation; the
+ * fanout is reference counted, so replies that arrive after the handler returned are released by
+ * the last callback.
  */
 #include "shard/fan.h"
 
