@@ -79,9 +79,14 @@ static void push_node(router *r, cmap *m, size_t j, const hk_report *rep, Kv__Ho
     req.n_keys = n;
     req.keys = ptrs;
     rpc_chan *ch = router_chan(r, cmap_node_at(m, j)->addr);
+    /* A report stays useful for as long as the node keeps it (3 windows):
+     * a deadline of one window let a busy node's queue drop or shed every
+     * report (its admission refuses a call once the queue has waited half
+     * of its deadline), and the cluster then had no hot keys at all. */
+    uint32_t dl = (uint32_t)r->cfg.hot_window_ms * 3;
     if (ch) /* the request is packed before this returns: stack memory is fine */
-        rpc_call_async(ch, "admin.HotKeys", cmap_epoch(m), &req.base,
-                       (uint32_t)r->cfg.hot_window_ms, push_done, NULL);
+        rpc_call_async(ch, "admin.HotKeys", cmap_epoch(m), &req.base, dl < 1000 ? 1000 : dl,
+                       push_done, NULL);
 }
 
 static void push_report(router *r, const hk_report *rep)

@@ -333,9 +333,16 @@ def dashboard_mode(tmp):
     st, _ = http_get(rhttp + "/health")
     check(st == 200, f"/health needs no token ({st})")
     page = rhttp + "/?token=" + urllib.parse.quote(token, safe="")
-    st, api = http_get(rhttp + "/api/hotkeys", token=token)
+    # on a loaded host the reports take a few windows to reach the nodes'
+    # views: wait (bounded) for the first hot key before rendering the page
+    end = time.time() + 30
+    while True:
+        st, api = http_get(rhttp + "/api/hotkeys", token=token)
+        hot_api = json.loads(api)["keys"] if st == 200 else []
+        if hot_api or time.time() > end:
+            break
+        time.sleep(0.5)
     check(st == 200, f"/api/hotkeys 200 ({st})")
-    hot_api = json.loads(api)["keys"] if st == 200 else []
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--user-data-dir=" + os.path.join(tmp, "chrome")]
     # the page as a browser renders it; the hot keys come from the nodes'
