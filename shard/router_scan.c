@@ -36,7 +36,8 @@
 /* memcmp order, a shorter key first on a common prefix (the engine's). */
 static int key_cmp(const void *a, size_t alen, const void *b, size_t blen)
 {
-    int c = memcmp(a, b, alen < blen ? alen : blen);
+    size_t n = alen < blen ? alen : blen;
+    int c = n ? memcmp(a, b, n) : 0; /* an empty key's data may be NULL (protobuf-c) */
     return c ? c : (alen > blen) - (alen < blen);
 }
 
@@ -79,7 +80,8 @@ static bool set_cursor(scan_out *o, const void *key, size_t len)
     uint8_t *c = malloc(len ? len : 1);
     if (!c)
         return false;
-    memcpy(c, key, len);
+    if (len) /* an empty key's data may be NULL */
+        memcpy(c, key, len);
     free(o->cursor);
     o->cursor = c;
     o->cursor_len = len;
@@ -100,7 +102,8 @@ static bool emit(scan_out *o, const Kv__ScanItem *src, bool keys_only)
         return false;
     }
     kv__scan_item__init(d);
-    memcpy(k, src->key.data, src->key.len);
+    if (src->key.len)
+        memcpy(k, src->key.data, src->key.len);
     if (vlen)
         memcpy(v, src->value.data, vlen);
     d->key = (ProtobufCBinaryData){src->key.len, k};
