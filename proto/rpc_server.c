@@ -259,9 +259,10 @@ int rpc_server_port(const rpc_server *s)
     return port;
 }
 
+/* The method called name; NULL for an unknown or missing (NULL) name. */
 static const rpc_method *find_method(const rpc_server *s, const char *name)
 {
-    for (size_t i = 0; i < s->opts.nmethods; i++)
+    for (size_t i = 0; name && i < s->opts.nmethods; i++)
         if (strcmp(s->opts.methods[i].name, name) == 0)
             return &s->opts.methods[i];
     return NULL;
@@ -297,7 +298,7 @@ static const rpc_method *dispatch(rpc_server *s, rpc_ctx *c, const Kv__Envelope 
         *rv = KV_UNAUTHENTICATED;
         return NULL;
     }
-    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    const rpc_method *m = find_method(s, env->method);
     if (!m) {
         *rv = rpc_fail(c, KV_UNIMPLEMENTED, "unknown method '%.100s'", env->method);
     } else if (m->access != RPC_DATA && !c->admin) {
@@ -690,7 +691,7 @@ static void handle_one(rpc_worker *w, rpc_scall *k)
 static bool try_call(rpc_server *s, const Kv__Envelope *env, bool verified, uint64_t arrival_ns,
                      rpc_ctx *c, kv_err *out)
 {
-    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    const rpc_method *m = find_method(s, env->method);
     if (!m || !m->try_inline || split(m, env->coordinate))
         return false;
     uint64_t t0 = kv_now_ns();
@@ -746,8 +747,7 @@ static void group_run(rpc_server *s, int w, rpc_group *g, size_t i)
 static bool group_split(rpc_server *s, const rpc_group *g)
 {
     for (size_t i = 0; i < g->calls->n_calls; i++) {
-        const char *name = g->calls->calls[i]->method;
-        const rpc_method *m = find_method(s, name ? name : "");
+        const rpc_method *m = find_method(s, g->calls->calls[i]->method);
         if (!m || !split(m, g->calls->calls[i]->coordinate))
             return false;
     }
@@ -958,7 +958,7 @@ static void handle_async(rpc_worker *w, rpc_async *a)
  * credentials, method or deadline failed the checks. */
 static bool try_async(rpc_server *s, rpc_scall *k, const Kv__Envelope *env, rpc_group *g, size_t i)
 {
-    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    const rpc_method *m = find_method(s, env->method);
     if (!m || !m->start_async || !split(m, env->coordinate))
         return false;
     rpc_async *a = calloc(1, sizeof(*a));
@@ -996,17 +996,8 @@ static bool try_async(rpc_server *s, rpc_scall *k, const Kv__Envelope *env, rpc_
 /* Whether env's method serves it with start_async. */
 static bool async_method(rpc_server *s, const Kv__Envelope *env)
 {
-    const rpc_method *m = find_method(s, env->method ? env->method : "");
+    const rpc_method *m = find_method(s, env->method);
     return m && m->start_async && split(m, env->coordinate);
-}
-
-/* Whether call i of g is for a split method without start_async (a
- * worker's group_split_run serves such messages best). */
-static bool split_not_async(rpc_server *s, const rpc_group *g, size_t i)
-{
-    const Kv__Envelope *env = g->calls->calls[i];
-    const rpc_method *m = find_method(s, env->method ? env->method : "");
-    return m && split(m, env->coordinate) && !m->start_async;
 }
 
 /* Serves what it can of rpc.Calls message k on the receive callback's
@@ -1022,7 +1013,8 @@ static bool calls_inline(rpc_server *s, rpc_scall *k)
     rpc_ctx c = {0};
     kv_err status = KV_OK;
     rpc_group *g = authenticate(s, &c, k->env, k->verified) ? group_new(k, &c, &status) : NULL;
-    if (g && group_split(s, g) && split_not_async(s, g, 0)) {
+    /* split methods without start_async: a worker's group_split_run */
+    if (g && group_split(s, g) && !async_method(s, g->calls->calls[0])) {
         group_free(g);
         g = NULL;
     }

@@ -54,14 +54,14 @@ struct fanout {
     bool taken;       /* fan_take ran: later replies are late */
     int first_ok;     /* first send that answered OK, -1 = none yet */
     fan_late_fn late; /* may be NULL */
+    void *late_arg;
+    void (*late_free)(void *arg); /* frees late_arg with the fanout */
     /* fan_arm's waiter: fire runs once, when ready holds or on a poke */
     fan_ready_fn ready;
     fan_fire_fn fire;
     void *fire_arg;
     bool poked; /* fan_poke ran */
     bool fired; /* the armed fire ran (or fan_arm triggered at once) */
-    void *late_arg;
-    void (*late_free)(void *arg); /* frees late_arg with the fanout */
 };
 
 /* A fanout for at most max sends; NULL when out of memory. */

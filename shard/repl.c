@@ -135,17 +135,26 @@ void repl_send(const repl_env *env, fanout *f, cmap *m, uint32_t i, const char *
                  env->target_ctr ? env->target_ctr(env->user, node->id) : NULL);
 }
 
+/* msg packed into a malloc'ed buffer (*len bytes); NULL when out of memory. */
+static uint8_t *pack(const ProtobufCMessage *msg, size_t *len)
+{
+    *len = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = malloc(*len ? *len : 1);
+    if (buf)
+        protobuf_c_message_pack(msg, buf);
+    return buf;
+}
+
 /* Runs method(msg) on the coordinator's own replica into *out. */
 void repl_call_local(const repl_env *env, const char *method, uint64_t epoch,
                      const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out)
 {
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    uint8_t *buf = malloc(len ? len : 1);
+    size_t len;
+    uint8_t *buf = pack(msg, &len);
     if (!buf) {
         *out = (rpc_reply){.status = KV_RESOURCE_EXHAUSTED, .local = true};
         return;
     }
-    protobuf_c_message_pack(msg, buf);
     env->local(env->user, method, epoch, buf, len, deadline_ms, out);
     free(buf);
 }
@@ -153,12 +162,9 @@ void repl_call_local(const repl_env *env, const char *method, uint64_t epoch,
 bool repl_try_local(const repl_env *env, const char *method, uint64_t epoch,
                     const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out)
 {
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-        return false;
-    protobuf_c_message_pack(msg, buf);
-    bool done = env->local_try(env->user, method, epoch, buf, len, deadline_ms, out);
+    size_t len;
+    uint8_t *buf = pack(msg, &len);
+    bool done = buf && env->local_try(env->user, method, epoch, buf, len, deadline_ms, out);
     free(buf);
     return done;
 }

@@ -446,12 +446,9 @@ static void await_stop(repl_call *rc)
 kv_err repl_finish(repl_call *rc, rpc_ctx *c)
 {
     await_stop(rc);
-    bool stale = false;
-    kv_err rv = KV_FAILED_PRECONDITION;
-    if (rc->retry) /* repl_complete reached a verdict on an old map */
-        stale = true;
-    else
-        rv = key_wait(rc, c, &stale);
+    /* rc->retry: repl_complete reached a verdict on an old map already */
+    bool stale = rc->retry;
+    kv_err rv = rc->retry ? KV_FAILED_PRECONDITION : key_wait(rc, c, &stale);
     if (rv != KV_OK && stale) { /* once more, on the newer map */
         free(c->reply);
         c->reply = NULL;
@@ -674,11 +671,9 @@ bool repl_complete(repl_call *rc, rpc_ctx *c, kv_err *out)
 {
     await_stop(rc);
     key_call *k = &rc->k;
-    if (k->rec == NULL) {
-        /* a read needs `need` verdicts from its first sends, else the others */
-        if (fan_answers(rc->f) < k->t.need)
-            return false;
-    }
+    /* a read needs `need` verdicts from its first sends, else the others */
+    if (k->rec == NULL && fan_answers(rc->f) < k->t.need)
+        return false;
     bool stale = false;
     kv_err rv = key_collect(rc, c, &stale, k->rec ? k->t.n : k->t.need);
     if (rv != KV_OK && stale) {

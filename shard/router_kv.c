@@ -100,14 +100,21 @@ static kv_err call_start(router *r, rpc_ctx *c, kv_err rv, ProtobufCMessage *req
     return rv;
 }
 
-kv_err router_finish(rpc_ctx *c, void *state)
+/* Ends a call whose replication finished: drops a written key from the
+ * hot-key cache and frees the request and rc. */
+static void call_end(router_call *rc)
 {
-    router_call *rc = state;
-    kv_err rv = repl_finish(rc->rc, c);
     if (rc->write)
         router_mit_invalidate(rc->r->mit, rc->key->data, rc->key->len);
     protobuf_c_message_free_unpacked(rc->req, NULL);
     free(rc);
+}
+
+kv_err router_finish(rpc_ctx *c, void *state)
+{
+    router_call *rc = state;
+    kv_err rv = repl_finish(rc->rc, c);
+    call_end(rc);
     return rv;
 }
 
@@ -209,10 +216,7 @@ static void call_ready(void *arg, bool ready)
     kv_err rv;
     if (ready && repl_complete(rc->rc, rc->c, &rv)) {
         rpc_async *a = rc->a;
-        if (rc->write)
-            router_mit_invalidate(rc->r->mit, rc->key->data, rc->key->len);
-        protobuf_c_message_free_unpacked(rc->req, NULL);
-        free(rc);
+        call_end(rc);
         rpc_async_done(a, rv);
         return;
     }

@@ -20,15 +20,21 @@ static void hello(void *arg, const char *path, const char *query, kv_http_res *r
     res->status = strcmp(query, "fail") == 0 ? 503 : 200;
 }
 
-/* Runs cmd (a shell command printing an HTTP response): the status, the
- * response in out. */
-static int response(const char *cmd, char *out, size_t len)
+/* Runs shell command cmd: what it printed, in out. */
+static void run(const char *cmd, char *out, size_t len)
 {
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     size_t n = fread(out, 1, len - 1, p);
     out[n] = '\0';
     pclose(p);
+}
+
+/* Runs cmd (a shell command printing an HTTP response): the status, the
+ * response in out. */
+static int response(const char *cmd, char *out, size_t len)
+{
+    run(cmd, out, len);
     int status = 0;
     sscanf(out, "HTTP/1.%*d %d", &status);
     return status;
@@ -110,20 +116,40 @@ Test(http, token_guards_every_route_but_open_ones)
     kv_http_close(h);
 }
 
-Test(http, https_serves_with_the_process_certificate, .timeout = 60)
+/* A temporary directory (mkdtemp) holding a self-signed certificate for
+ * 127.0.0.1 (cert) and its key. */
+typedef struct tls_dir {
+    char dir[32], cert[64], key[64];
+} tls_dir;
+
+static void tls_dir_make(tls_dir *t)
 {
-    char dir[] = "/tmp/hotkv-http-tls-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    char cmd[1024], out[4096];
+    snprintf(t->dir, sizeof(t->dir), "/tmp/hotkv-http-tls-XXXXXX"); /* mkdtemp's template */
+    cr_assert_not_null(mkdtemp(t->dir));
+    char cmd[512];
     snprintf(cmd, sizeof(cmd),
              "cd %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
              "-keyout k.pem -out c.pem -days 2 -subj /CN=127.0.0.1 >/dev/null 2>&1",
-             dir);
+             t->dir);
     cr_assert_eq(system(cmd), 0, "openssl req failed (is openssl installed?)");
-    char cert[256], key[256];
-    snprintf(cert, sizeof(cert), "%s/c.pem", dir);
-    snprintf(key, sizeof(key), "%s/k.pem", dir);
-    rpc_tls t = {.cert = cert, .key = key, .ca = cert};
+    snprintf(t->cert, sizeof(t->cert), "%s/c.pem", t->dir);
+    snprintf(t->key, sizeof(t->key), "%s/k.pem", t->dir);
+}
+
+static void tls_dir_remove(const tls_dir *t)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", t->dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+Test(http, https_serves_with_the_process_certificate, .timeout = 60)
+{
+    tls_dir td;
+    tls_dir_make(&td);
+    const char *cert = td.cert;
+    char cmd[1024], out[4096];
+    rpc_tls t = {.cert = cert, .key = td.key, .ca = cert};
     kv_http_opts o = {.token = "tok", .tls = &t};
     kv_http_route routes[] = {{"/metrics", hello, "m"}};
     kv_http *h = NULL;
@@ -143,8 +169,7 @@ Test(http, https_serves_with_the_process_certificate, .timeout = 60)
     cr_expect_neq(get_h(port, "/metrics", "Authorization: Bearer tok", out, sizeof(out)), 200, "%s",
                   out);
     kv_http_close(h);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    cr_expect_eq(system(cmd), 0);
+    tls_dir_remove(&td);
 }
 
 /* A client that asks to close (HTTP/1.0) and reads each reply up to its
@@ -183,23 +208,15 @@ static const char closing_client[] =
  * (nng's TLS stream once dropped a queued last record on close). */
 Test(http, https_closing_replies_arrive_whole, .timeout = 120)
 {
-    char dir[] = "/tmp/hotkv-http-tls-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd),
-             "cd %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-             "-keyout k.pem -out c.pem -days 2 -subj /CN=127.0.0.1 >/dev/null 2>&1",
-             dir);
-    cr_assert_eq(system(cmd), 0, "openssl req failed (is openssl installed?)");
-    char cert[256], key[256], script[256];
-    snprintf(cert, sizeof(cert), "%s/c.pem", dir);
-    snprintf(key, sizeof(key), "%s/k.pem", dir);
-    snprintf(script, sizeof(script), "%s/client.py", dir);
+    tls_dir td;
+    tls_dir_make(&td);
+    char cmd[1024], script[64];
+    snprintf(script, sizeof(script), "%s/client.py", td.dir);
     FILE *f = fopen(script, "w");
     cr_assert_not_null(f);
     fputs(closing_client, f);
     fclose(f);
-    rpc_tls t = {.cert = cert, .key = key};
+    rpc_tls t = {.cert = td.cert, .key = td.key};
     kv_http_opts o = {.tls = &t};
     kv_http_route routes[] = {{"/metrics", hello, "m"}};
     kv_http *h = NULL;
@@ -207,17 +224,12 @@ Test(http, https_closing_replies_arrive_whole, .timeout = 120)
     cr_assert_eq(kv_http_open(&h, "https://127.0.0.1:0", routes, 1, &o, err, sizeof(err)), KV_OK,
                  "%s", err);
     int n = 150;
-    snprintf(cmd, sizeof(cmd), "python3 %s %d %d %s 2>&1", script, kv_http_port(h), n, cert);
+    snprintf(cmd, sizeof(cmd), "python3 %s %d %d %s 2>&1", script, kv_http_port(h), n, td.cert);
     char out[4096];
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t got = fread(out, 1, sizeof(out) - 1, p);
-    out[got] = '\0';
-    pclose(p);
+    run(cmd, out, sizeof(out));
     cr_expect_eq(atoi(out), n, "replies that arrived whole, of %d: %s", n, out);
     kv_http_close(h);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    cr_expect_eq(system(cmd), 0);
+    tls_dir_remove(&td);
 }
 
 Test(prom, samples_and_histograms)
