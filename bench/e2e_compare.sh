@@ -5,7 +5,7 @@
 #
 #   bench/e2e_compare.sh [-b BUILD_DIR] [-s SECONDS] [-r ROUNDS] [-k KEYS]
 #                        [-d VALUE_SIZE] [-c IN_FLIGHT] [-p BASE_PORT]
-#                        [-o OUT_DIR] [-q]
+#                        [-o OUT_DIR] [-K "KIND ..."] [-q]
 #
 # Starts redis-server (Debian's redis-server package, a bench-only
 # dependency: installed with apt-get when missing and run as root), a
@@ -35,10 +35,12 @@
 # target ratio: per round, its median and its spread (min, max). Progress on
 # stderr. Every process started here is stopped and the temp dir removed on
 # exit and on Ctrl-C. -q: a quick smoke run (1 round of 2 s, 20k keys).
+# -K runs only the kinds named (e.g. -K "redis_set node_a" for an A/B of the
+# write path); the ratios whose runs are missing come out null.
 set -euo pipefail
 
-build=build secs=5 rounds=3 keys=100000 vsize=100 conc=50 port=18600 out=""
-while getopts "b:s:r:k:d:c:p:o:qh" o; do
+build=build secs=5 rounds=3 keys=100000 vsize=100 conc=50 port=18600 out="" only=""
+while getopts "b:s:r:k:d:c:p:o:K:qh" o; do
   case "$o" in
     b) build=$OPTARG ;;
     s) secs=$OPTARG ;;
@@ -48,8 +50,9 @@ while getopts "b:s:r:k:d:c:p:o:qh" o; do
     c) conc=$OPTARG ;;
     p) port=$OPTARG ;;
     o) out=$OPTARG ;;
+    K) only=$OPTARG ;;
     q) secs=2 rounds=1 keys=20000 ;;
-    *) sed -n '3,33p' "$0" >&2; exit 2 ;;
+    *) sed -n '3,35p' "$0" >&2; exit 2 ;;
   esac
 done
 log() { echo "e2e_compare: $*" >&2; }
@@ -249,6 +252,12 @@ kinds=(redis_get redis_set redis_get_p16 redis_get_1 node_get node_a node_zipf n
   node_batch16 router_get router_zipf router_get_1 router_batch16 cluster_router_get
   cluster_router_a)
 [ "$have_direct" = 1 ] && kinds+=(cluster_direct_get cluster_direct_a cluster_direct_get3)
+if [ -n "$only" ]; then
+  for k in $only; do
+    [[ " ${kinds[*]} " == *" $k "* ]] || { echo "$0: -K: no kind $k (${kinds[*]})" >&2; exit 2; }
+  done
+  read -r -a kinds <<< "$only"
+fi
 log "warm-up (load average $(load1))"
 for k in redis_get redis_set redis_get_p16 redis_get_1; do redis_run "${k#redis_}" > /dev/null; done
 kvb "$ns" 2 --workload C --dist uniform --threads 2 --concurrency "$half" > /dev/null

@@ -611,25 +611,48 @@ static kv_err check_write(const engine *e, const engine_write *w, char *err, siz
     return KV_OK;
 }
 
-kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
-                        size_t errlen)
+/* engine_write_one, or with mem_only engine_write_mem: then every wait
+ * engine_write_one may make declines the write (*declined, nothing done or
+ * counted) before anything is changed. */
+static kv_err write_run(engine *e, const engine_write *w, engine_result *out, bool mem_only,
+                        bool *declined, char *err, size_t errlen)
 {
     kv_err rv = check_write(e, w, err, errlen);
     if (rv != KV_OK)
         return rv;
+    if (mem_only &&
+        (e->o.sync == ENGINE_SYNC_ALWAYS || atomic_load(&e->dirty_bytes) >= 2 * e->write_buffer)) {
+        *declined = true; /* an fsync, or engine_wait_room, would wait */
+        return KV_OK;
+    }
+    pthread_mutex_t *stripe = engine_stripe(e, w->key, w->klen);
+    current c;
+    if (mem_only) {
+        if (pthread_mutex_trylock(stripe) != 0) {
+            *declined = true;
+            return KV_OK;
+        }
+        c = (current){.now_ms = engine_now_ms(e)};
+        if (hr_get(e->idx, w->key, w->klen, cur_visit, &c) != KV_OK) {
+            pthread_mutex_unlock(stripe); /* the current record is in the LSM: block reads */
+            *declined = true;
+            return KV_OK;
+        }
+    } else {
+        rv = engine_wait_room(e);
+        if (rv != KV_OK) {
+            snprintf(err, errlen, "write buffer full: flushing to the fast volume is behind");
+            return rv;
+        }
+        pthread_mutex_lock(stripe);
+        rv = find_current(e, w, &c, err, errlen);
+    }
+    /* the version is drawn under the stripe lock: a writer of the same key
+     * that drew an older one before has applied it, or LWW drops it */
     uint64_t version = w->version ? w->version : kv_hlc_now(&e->hlc);
     if (w->version)
         kv_hlc_observe(&e->hlc, w->version);
     atomic_fetch_add_explicit(w->is_delete ? &e->deletes : &e->puts, 1, memory_order_relaxed);
-    rv = engine_wait_room(e);
-    if (rv != KV_OK) {
-        snprintf(err, errlen, "write buffer full: flushing to the fast volume is behind");
-        return rv;
-    }
-    pthread_mutex_t *stripe = engine_stripe(e, w->key, w->klen);
-    pthread_mutex_lock(stripe);
-    current c;
-    rv = find_current(e, w, &c, err, errlen);
     if (rv == KV_OK)
         rv = check_conditions(w, &c, err, errlen);
     engine_result r = {.found = c.live};
@@ -649,6 +672,20 @@ kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, ch
         engine_bg_kick(e);
     *out = r;
     return KV_OK;
+}
+
+kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
+                        size_t errlen)
+{
+    bool declined = false;
+    return write_run(e, w, out, false, &declined, err, errlen);
+}
+
+kv_err engine_write_mem(engine *e, const engine_write *w, engine_result *out, bool *declined,
+                        char *err, size_t errlen)
+{
+    *declined = false;
+    return write_run(e, w, out, true, declined, err, errlen);
 }
 
 const char *engine_durability(const engine *e)

@@ -183,6 +183,17 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
  * WAL write itself failed half-way and its truncation failed too (logged). */
 kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, char *err,
                         size_t errlen);
+/* engine_write_one for a caller that should not block (an RPC receive
+ * callback): declines (*declined = true; nothing stored, counted or
+ * versioned) where engine_write_one would wait on the disk or for room:
+ * sync mode "always" (the fsync), a write buffer at its cap, the key's
+ * record not in memory (the lookup may read blocks), or another writer of
+ * the key's stripe. Else the same result as engine_write_one. It still
+ * waits as any writer does for the WAL's group write (one write(2) of a
+ * batch of records, the page cache in sync mode "batch") and, rarely, for
+ * a WAL segment rotation. Registered threads only. */
+kv_err engine_write_mem(engine *e, const engine_write *w, engine_result *out, bool *declined,
+                        char *err, size_t errlen);
 
 /* Cluster hot-key hint. on: the key's record is loaded into the memory
  * tier if absent (straight from the LSM, no admission check), kept there

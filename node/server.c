@@ -226,10 +226,28 @@ static bool h_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv
     return get_run(c, body, len, true, rv);
 }
 
-static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
+/* Applies w for c: engine_write_one, or with mem_only engine_write_mem
+ * (*declined when that declines). */
+static kv_err write_engine(node *n, rpc_ctx *c, const engine_write *w, bool mem_only,
+                           engine_result *r, bool *declined)
+{
+    return mem_only ? engine_write_mem(n->eng, w, r, declined, c->message, sizeof(c->message))
+                    : engine_write_one(n->eng, w, r, c->message, sizeof(c->message));
+}
+
+/* kv.Put; mem_only as get_run's: false, with nothing done but checks that
+ * have no effect, when the write needs a thread that may block
+ * (engine_write_mem declined); else true with the status in *out. */
+static bool put_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, kv_err *out)
 {
     node *n = c->user;
-    UNPACK_OR_FAIL(req, Kv__PutRequest, kv__put_request__unpack, c, body, len);
+    rpc_budget b;
+    Kv__PutRequest *req =
+        kv__put_request__unpack(rpc_budget_init(&b, NODE_BUDGET(c, len)), len, body);
+    if (!req) {
+        *out = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__PutRequest body");
+        return true;
+    }
     kv_err rv = check_write_version(c, req->version, c->message, sizeof(c->message));
     cmap *m = NULL;
     if (rv == KV_OK)
@@ -239,6 +257,7 @@ static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
     if (rv == KV_OK)
         rv = kv_check_value(&n->cfg.limits, req->value.len, c->message, sizeof(c->message));
     engine_result r = {0};
+    bool declined = false;
     if (rv == KV_OK) {
         engine_write w = {.key = req->key.data,
                           .klen = req->key.len,
@@ -248,22 +267,30 @@ static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
                           .ttl_ms = req->ttl_ms,
                           .if_version = req->if_version,
                           .if_absent = req->if_absent};
-        rv = engine_write_one(n->eng, &w, &r, c->message, sizeof(c->message));
+        rv = write_engine(n, c, &w, mem_only, &r, &declined);
     }
-    if (rv == KV_OK) {
+    if (rv == KV_OK && !declined) {
         Kv__PutReply rep = KV__PUT_REPLY__INIT;
         rep.version = r.version;
         rv = rpc_reply_msg(c, &rep.base);
     }
     cmap_unref(m);
     kv__put_request__free_unpacked(req, NULL);
-    return rv;
+    *out = rv;
+    return !declined;
 }
 
-static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
+/* kv.Delete, as put_run. */
+static bool delete_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, kv_err *out)
 {
     node *n = c->user;
-    UNPACK_OR_FAIL(req, Kv__DeleteRequest, kv__delete_request__unpack, c, body, len);
+    rpc_budget b;
+    Kv__DeleteRequest *req =
+        kv__delete_request__unpack(rpc_budget_init(&b, NODE_BUDGET(c, len)), len, body);
+    if (!req) {
+        *out = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
+        return true;
+    }
     kv_err rv = check_write_version(c, req->version, c->message, sizeof(c->message));
     cmap *m = NULL;
     if (rv == KV_OK)
@@ -271,22 +298,52 @@ static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
     if (rv == KV_OK)
         rv = check_key(n, c, m, &req->key);
     engine_result r = {0};
+    bool declined = false;
     if (rv == KV_OK) {
         engine_write w = {.key = req->key.data,
                           .klen = req->key.len,
                           .version = req->version,
                           .if_version = req->if_version,
                           .is_delete = true};
-        rv = engine_write_one(n->eng, &w, &r, c->message, sizeof(c->message));
+        rv = write_engine(n, c, &w, mem_only, &r, &declined);
     }
-    if (rv == KV_OK) {
+    if (rv == KV_OK && !declined) {
         Kv__DeleteReply rep = KV__DELETE_REPLY__INIT;
         rep.existed = r.found;
         rv = rpc_reply_msg(c, &rep.base);
     }
     cmap_unref(m);
     kv__delete_request__free_unpacked(req, NULL);
+    *out = rv;
+    return !declined;
+}
+
+static kv_err h_put(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    kv_err rv;
+    put_run(c, body, len, false, &rv);
     return rv;
+}
+
+static kv_err h_delete(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    kv_err rv;
+    delete_run(c, body, len, false, &rv);
+    return rv;
+}
+
+/* kv.Put and kv.Delete from the receive callback (rpc_method.try_inline):
+ * writes whose record is in memory, in sync modes that do not fsync them. */
+static bool h_put_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv)
+{
+    inline_thread_ready();
+    return put_run(c, body, len, true, rv);
+}
+
+static bool h_delete_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv)
+{
+    inline_thread_ready();
+    return delete_run(c, body, len, true, rv);
 }
 
 /* The status message of a batch op that succeeded (not malloc'ed). */
@@ -522,8 +579,8 @@ static const rpc_method node_methods[] = {
     /* coordinate calls (smart clients) take the two-phase form */
     {"kv.Get", h_get, node_coord_get_start, node_coord_finish, RPC_DATA, h_get_inline,
      node_coord_get_async},
-    {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA},
-    {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA},
+    {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA, h_put_inline},
+    {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA, h_delete_inline},
     {"kv.Batch", h_batch, .access = RPC_DATA},
     {"kv.Scan", node_h_scan, .access = RPC_DATA},
     {"admin.Ping", h_ping, .access = RPC_DATA},

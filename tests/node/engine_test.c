@@ -8,6 +8,7 @@
  * routing reads of promoted records to the slow volume.
  */
 #include "tests/kv_testfw.h"
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,8 @@ typedef struct mrec {
 /* The engines' clock: real time, except in the tests that move it. */
 static tclock test_clock;
 
-static engine *open_engine_mb(const char *dir, const char *slow, uint64_t fast_mb)
+static engine *open_engine_sync(const char *dir, const char *slow, uint64_t fast_mb,
+                                engine_sync sync)
 {
     if (!tclock_now(&test_clock))
         tclock_init(&test_clock);
@@ -42,7 +44,7 @@ static engine *open_engine_mb(const char *dir, const char *slow, uint64_t fast_m
                      .mem_mb = 1,
                      .write_buffer_kb = 96,
                      .index_rehash_cost = 2.0, /* rehashes run under the model test */
-                     .sync = ENGINE_SYNC_NONE,
+                     .sync = sync,
                      .clock = tclock_now,
                      .clock_arg = &test_clock};
     tk_engine_opts(&o);
@@ -51,6 +53,11 @@ static engine *open_engine_mb(const char *dir, const char *slow, uint64_t fast_m
     kv_err rv = engine_open(&e, &o, err, sizeof(err));
     cr_assert_eq(rv, KV_OK, "engine_open: %s", err);
     return e;
+}
+
+static engine *open_engine_mb(const char *dir, const char *slow, uint64_t fast_mb)
+{
+    return open_engine_sync(dir, slow, fast_mb, ENGINE_SYNC_NONE);
 }
 
 static engine *open_engine(const char *dir, const char *slow)
@@ -100,6 +107,8 @@ static void check_get_many(engine *e, const mrec *m, unsigned *seed)
     }
 }
 
+static unsigned long mem_writes; /* do_write's writes engine_write_mem took */
+
 static void do_write(engine *e, mrec *m, int k, unsigned *seed)
 {
     char key[16], err[256];
@@ -116,7 +125,16 @@ static void do_write(engine *e, mrec *m, int k, unsigned *seed)
     w.if_absent = kind == 1;
     w.if_version = kind == 2 ? (m[k].live ? m[k].version : 1) : 0;
     engine_result r;
-    kv_err rv = engine_write_one(e, &w, &r, err, sizeof(err));
+    /* half the writes try the non-blocking form first, as a node's receive
+     * callback does; declined, they take the blocking one */
+    bool declined = true;
+    kv_err rv = KV_OK;
+    if (rand_r(seed) % 2) {
+        rv = engine_write_mem(e, &w, &r, &declined, err, sizeof(err));
+        mem_writes += !declined;
+    }
+    if (declined)
+        rv = engine_write_one(e, &w, &r, err, sizeof(err));
     bool expect_ok = !(w.if_absent && m[k].live) && !(kind == 2 && !m[k].live);
     if (!expect_ok) {
         cr_assert(rv == KV_ALREADY_EXISTS || rv == KV_FAILED_PRECONDITION, "%s: %s", key,
@@ -166,6 +184,7 @@ Test(engine, model_100k_ops_with_flushes_and_reopens, .timeout = 280)
                  (unsigned long long)total.reads_fd);
     cr_assert_gt(total.evictions, 0, "clean items were evicted");
     cr_assert_gt(total.fills, 0, "re-read records were filled into memory");
+    cr_assert_gt(mem_writes, 1000, "engine_write_mem took writes (%lu)", mem_writes);
     engine_close(e);
     engine_thread_unregister();
     free(m);
@@ -216,6 +235,157 @@ Test(engine, last_writer_wins_and_ttl)
     char cmd[400];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+static void rm_dir(const char *dir)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* engine_write_mem (a node's receive callback) declines, with nothing done
+ * or counted, what could wait on the disk: a key whose record is not in
+ * memory, sync mode "always"; it applies the rest as engine_write_one
+ * would, conditions and bad input included, durably. */
+Test(engine, write_mem_declines_what_would_block)
+{
+    char dir[] = "/tmp/hotkv-engine-XXXXXX", err[256];
+    cr_assert_not_null(mkdtemp(dir));
+    engine_thread_register();
+    engine *e = open_engine_sync(dir, NULL, 2, ENGINE_SYNC_BATCH);
+    engine_result r;
+    bool declined;
+    engine_write fresh = {.key = "fresh", .klen = 5, .val = "v", .vlen = 1};
+    uint64_t puts = atomic_load(&e->puts);
+    cr_assert_eq(engine_write_mem(e, &fresh, &r, &declined, err, sizeof(err)), KV_OK);
+    cr_assert(declined, "a key not in memory may have its record in the LSM: declined");
+    cr_assert_eq(atomic_load(&e->puts), puts, "a declined write is not counted");
+    cr_assert_eq(engine_get(e, "fresh", 5, &r), KV_OK);
+    cr_assert_not(r.found, "a declined write stored nothing");
+    engine_write empty = {.key = "", .klen = 0, .val = "v", .vlen = 1};
+    cr_assert_eq(engine_write_mem(e, &empty, &r, &declined, err, sizeof(err)), KV_INVALID_ARGUMENT,
+                 "bad input is refused, not declined");
+    cr_assert_not(declined);
+    engine_write w1 = {.key = "k", .klen = 1, .val = "one", .vlen = 3};
+    cr_assert_eq(engine_write_one(e, &w1, &r, err, sizeof(err)), KV_OK);
+    uint64_t v1 = r.version;
+    engine_write w2 = {.key = "k", .klen = 1, .val = "two", .vlen = 3};
+    cr_assert_eq(engine_write_mem(e, &w2, &r, &declined, err, sizeof(err)), KV_OK, "%s", err);
+    cr_assert_not(declined, "the record is in memory");
+    cr_assert(r.applied && r.found && r.version > v1, "applied over v%llu: v%llu",
+              (unsigned long long)v1, (unsigned long long)r.version);
+    uint64_t v2 = r.version;
+    engine_write absent = {.key = "k", .klen = 1, .val = "x", .vlen = 1, .if_absent = true};
+    cr_assert_eq(engine_write_mem(e, &absent, &r, &declined, err, sizeof(err)), KV_ALREADY_EXISTS);
+    cr_assert_not(declined);
+    engine_write stale = {.key = "k", .klen = 1, .val = "x", .vlen = 1, .if_version = v1};
+    cr_assert_eq(engine_write_mem(e, &stale, &r, &declined, err, sizeof(err)),
+                 KV_FAILED_PRECONDITION, "%s", err);
+    engine_write old = {.key = "k", .klen = 1, .val = "old", .vlen = 3, .version = v1};
+    cr_assert_eq(engine_write_mem(e, &old, &r, &declined, err, sizeof(err)), KV_OK);
+    cr_assert(!declined && !r.applied && r.version == v2, "last writer wins");
+    engine_write del = {.key = "d", .klen = 1, .val = "x", .vlen = 1};
+    cr_assert_eq(engine_write_one(e, &del, &r, err, sizeof(err)), KV_OK);
+    del = (engine_write){.key = "d", .klen = 1, .is_delete = true};
+    cr_assert_eq(engine_write_mem(e, &del, &r, &declined, err, sizeof(err)), KV_OK);
+    cr_assert(!declined && r.found, "the delete found the key");
+    engine_close(e);
+    /* the WAL kept them; "always" fsyncs each write: declined */
+    e = open_engine_sync(dir, NULL, 2, ENGINE_SYNC_ALWAYS);
+    cr_assert_eq(engine_get(e, "k", 1, &r), KV_OK);
+    cr_assert(r.found && r.version == v2 && r.vlen == 3 && !memcmp(r.val, "two", 3),
+              "the write engine_write_mem took survived a reopen");
+    free(r.val);
+    cr_assert_eq(engine_get(e, "d", 1, &r), KV_OK);
+    cr_assert_not(r.found, "the delete survived a reopen");
+    engine_write w3 = {.key = "k", .klen = 1, .val = "three", .vlen = 5};
+    cr_assert_eq(engine_write_mem(e, &w3, &r, &declined, err, sizeof(err)), KV_OK);
+    cr_assert(declined, "sync mode always: the write waits for its fsync elsewhere");
+    engine_close(e);
+    engine_thread_unregister();
+    rm_dir(dir);
+}
+
+/* Writers racing on a few keys with both forms: every key ends with the
+ * write that got the highest version (versions are drawn under the key's
+ * stripe lock, so the last to apply has the highest). ThreadSanitizer runs
+ * it too. */
+#define RACE_THREADS 4
+#define RACE_KEYS 8
+#define RACE_WRITES 3000
+
+typedef struct race_arg {
+    engine *e;
+    int id;
+    uint64_t best[RACE_KEYS]; /* the highest version this thread applied per key */
+    char best_val[RACE_KEYS][32];
+} race_arg;
+
+static void *race_main(void *p)
+{
+    race_arg *a = p;
+    engine_thread_register();
+    unsigned seed = (unsigned)a->id * 7919u + 1;
+    for (int i = 0; i < RACE_WRITES; i++) {
+        int k = (int)(rand_r(&seed) % RACE_KEYS);
+        char key[16], val[32], err[256];
+        snprintf(key, sizeof(key), "race%d", k);
+        snprintf(val, sizeof(val), "t%d-w%d", a->id, i);
+        engine_write w = {.key = key, .klen = strlen(key), .val = val, .vlen = strlen(val)};
+        engine_result r = {0};
+        bool declined = true;
+        kv_err rv = KV_OK;
+        if (i % 2)
+            rv = engine_write_mem(a->e, &w, &r, &declined, err, sizeof(err));
+        if (rv == KV_OK && declined)
+            rv = engine_write_one(a->e, &w, &r, err, sizeof(err));
+        if (rv != KV_OK)
+            return (void *)"write failed";
+        if (r.applied && r.version > a->best[k]) {
+            a->best[k] = r.version;
+            snprintf(a->best_val[k], sizeof(a->best_val[k]), "%s", val);
+        }
+    }
+    engine_thread_unregister();
+    return NULL;
+}
+
+Test(engine, racing_mem_and_blocking_writes_keep_last_writer_wins, .timeout = 120)
+{
+    char dir[] = "/tmp/hotkv-engine-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    engine_thread_register();
+    engine *e = open_engine_sync(dir, NULL, 8, ENGINE_SYNC_BATCH);
+    race_arg a[RACE_THREADS];
+    pthread_t th[RACE_THREADS];
+    for (int t = 0; t < RACE_THREADS; t++) {
+        a[t] = (race_arg){.e = e, .id = t};
+        cr_assert_eq(pthread_create(&th[t], NULL, race_main, &a[t]), 0);
+    }
+    for (int t = 0; t < RACE_THREADS; t++) {
+        void *res;
+        pthread_join(th[t], &res);
+        cr_assert_null(res, "thread %d: %s", t, (const char *)res);
+    }
+    for (int k = 0; k < RACE_KEYS; k++) {
+        int w = 0;
+        for (int t = 1; t < RACE_THREADS; t++)
+            if (a[t].best[k] > a[w].best[k])
+                w = t;
+        char key[16];
+        snprintf(key, sizeof(key), "race%d", k);
+        engine_result r;
+        cr_assert_eq(engine_get(e, key, strlen(key), &r), KV_OK);
+        cr_assert(r.found && r.version == a[w].best[k], "%s: version %llu, highest applied %llu",
+                  key, (unsigned long long)r.version, (unsigned long long)a[w].best[k]);
+        cr_assert(r.vlen == strlen(a[w].best_val[k]) && !memcmp(r.val, a[w].best_val[k], r.vlen),
+                  "%s holds the value of its highest version", key);
+        free(r.val);
+    }
+    engine_close(e);
+    engine_thread_unregister();
+    rm_dir(dir);
 }
 
 /* A flush's cut keeps the oldest records up to the limit, and every record
