@@ -230,7 +230,9 @@ void fz_run_calls(const fz_calls *t, fz_in *in, int max_calls)
                          kv_now_ns() + (t->deadline_ms ? t->deadline_ms : 2000) * 1000000ull,
                      .user = t->user};
         /* split handlers as rpc_server.c runs them; both forms when a
-         * method has both (the split one for coordinate calls) */
+         * method has both (the split one for coordinate calls); every
+         * other plain call of a method with a try_inline form tries that
+         * first, and a declined one runs the handler with a fresh ctx */
         kv_err rv;
         if (m->start && (!m->fn || (sel & 0x80))) {
             void *state = NULL;
@@ -238,6 +240,13 @@ void fz_run_calls(const fz_calls *t, fz_in *in, int max_calls)
             rv = m->start(&c, copy, len, &state);
             if (rv == KV_OK && state)
                 rv = m->finish(&c, state);
+        } else if (m->try_inline && (i & 1)) {
+            rpc_ctx fresh = c;
+            if (!m->try_inline(&c, copy, len, &rv)) {
+                FZ_CHECK(!c.reply, "%s: a declined inline call left a reply", m->name);
+                c = fresh;
+                rv = m->fn(&c, copy, len);
+            }
         } else {
             rv = m->fn(&c, copy, len);
         }
