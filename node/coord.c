@@ -72,10 +72,14 @@ static kv_err coord_begin(node *n, rpc_ctx *c)
 typedef struct coord_call {
     ProtobufCMessage *req; /* unpacked request, freed at the finish */
     repl_call *rc;
+    rpc_async *a; /* the asynchronous form's call (node_coord_*_async), and its c */
+    rpc_ctx *c;
 } coord_call;
 
-/* Starts req's replication (or frees req when the call failed already). */
-static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, ProtobufCMessage *req, void **state)
+/* Starts req's replication (or frees req when the call failed already);
+ * nb: without blocking (repl_*_start_nb), for the asynchronous form. */
+static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, ProtobufCMessage *req, bool nb,
+                          void **state)
 {
     if (rv == KV_OK)
         rv = coord_begin(n, c);
@@ -85,13 +89,19 @@ static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, ProtobufCMessage *req,
     if (cc) {
         cc->req = req;
         if (req->descriptor == &kv__get_request__descriptor) {
-            rv = repl_get_start(&n->env, c, (Kv__GetRequest *)req, &cc->rc);
+            Kv__GetRequest *g = (Kv__GetRequest *)req;
+            rv = nb ? repl_get_start_nb(&n->env, c, g, &cc->rc)
+                    : repl_get_start(&n->env, c, g, &cc->rc);
         } else if (req->descriptor == &kv__put_request__descriptor) {
-            ((Kv__PutRequest *)req)->version = 0; /* the coordinator's clock gives it */
-            rv = repl_put_start(&n->env, c, (Kv__PutRequest *)req, &cc->rc);
+            Kv__PutRequest *p = (Kv__PutRequest *)req;
+            p->version = 0; /* the coordinator's clock gives it */
+            rv = nb ? repl_put_start_nb(&n->env, c, p, &cc->rc)
+                    : repl_put_start(&n->env, c, p, &cc->rc);
         } else {
-            ((Kv__DeleteRequest *)req)->version = 0;
-            rv = repl_delete_start(&n->env, c, (Kv__DeleteRequest *)req, &cc->rc);
+            Kv__DeleteRequest *d = (Kv__DeleteRequest *)req;
+            d->version = 0;
+            rv = nb ? repl_delete_start_nb(&n->env, c, d, &cc->rc)
+                    : repl_delete_start(&n->env, c, d, &cc->rc);
         }
     }
     if (cc && rv == KV_OK && cc->rc) { /* NULL: the node's own replica answered (read_self) */
@@ -103,16 +113,67 @@ static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, ProtobufCMessage *req,
     return rv;
 }
 
+static void coord_end(coord_call *cc)
+{
+    protobuf_c_message_free_unpacked(cc->req, NULL);
+    free(cc);
+}
+
 kv_err node_coord_finish(rpc_ctx *c, void *state)
 {
     coord_call *cc = state;
     kv_err rv = repl_finish(cc->rc, c);
-    protobuf_c_message_free_unpacked(cc->req, NULL);
-    free(cc);
+    coord_end(cc);
     return rv;
 }
 
-kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
+/* ---- the asynchronous form (rpc_method.start_async) ----------------------
+ * Coordinate calls started on the receiving nng thread and completed from
+ * the reply that decides them (repl_await), as a router's are: no
+ * coordinate worker waits for the other replicas. The node's own replica
+ * is written (or read) there when it can be without blocking (its
+ * try_inline form: a record in memory, no fsync per write); otherwise, and
+ * whenever the rest of a call must block (repl_await), a coordinate worker
+ * finishes it. Calls whose map work must block (no map yet, a newer epoch
+ * from the client) are declined before anything starts. */
+
+/* repl_await's completion: the verdict here, or the rest on a worker. */
+static void coord_ready(void *arg, bool ready)
+{
+    coord_call *cc = arg;
+    kv_err rv;
+    if (ready && repl_complete(cc->rc, cc->c, &rv)) {
+        rpc_async *a = cc->a;
+        coord_end(cc);
+        rpc_async_done(a, rv);
+        return;
+    }
+    rpc_async_handoff(cc->a, node_coord_finish, cc);
+}
+
+/* Whether a coordinate call may start here: coord_begin's map work (a
+ * node without a map, a client with a newer epoch) is left to a worker. */
+static bool coord_nb_ok(node *n, const rpc_ctx *c)
+{
+    uint64_t have = cmap_slot_epoch(n->maps);
+    return have && c->map_epoch <= have;
+}
+
+/* Takes call a whose start gave rv and state (see coord_start). */
+static bool coord_go_async(rpc_ctx *c, kv_err rv, void *state, rpc_async *a)
+{
+    if (!state) {
+        rpc_async_done(a, rv);
+        return true;
+    }
+    coord_call *cc = state;
+    cc->a = a;
+    cc->c = c;
+    repl_await(cc->rc, coord_ready, cc);
+    return true;
+}
+
+static kv_err get_begin(rpc_ctx *c, const uint8_t *body, size_t len, bool nb, void **state)
 {
     node *n = c->user;
     rpc_budget b;
@@ -121,35 +182,10 @@ kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    return coord_start(n, c, rv, &req->base, state);
+    return coord_start(n, c, rv, &req->base, nb, state);
 }
 
-/* kv.Get's asynchronous form (rpc_async_fn), for coordinate calls: a read
- * this node's own replica answers alone from its memory tier is served on
- * the receiving nng thread, without the hand-off to a coordinate worker;
- * every other call is declined and runs on a worker as before. */
-bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
-{
-    node *n = c->user;
-    uint64_t have = cmap_slot_epoch(n->maps);
-    if (!have || c->map_epoch > have) /* coord_begin's map work: a worker's */
-        return false;
-    rpc_budget b;
-    Kv__GetRequest *req =
-        kv__get_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
-    kv_err rv = KV_OK;
-    bool served = req && kv_check_key(&n->cfg.limits, req->key.len, NULL, 0) == KV_OK &&
-                  repl_get_try_self(&n->env, c, req, &rv);
-    if (req)
-        kv__get_request__free_unpacked(req, NULL);
-    if (!served)
-        return false;
-    atomic_fetch_add_explicit(&n->coord_requests, 1, memory_order_relaxed);
-    rpc_async_done(a, rv);
-    return true;
-}
-
-kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
+static kv_err put_begin(rpc_ctx *c, const uint8_t *body, size_t len, bool nb, void **state)
 {
     node *n = c->user;
     rpc_budget b;
@@ -162,10 +198,10 @@ kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **
         rv = kv_check_value(&n->cfg.limits, req->value.len, c->message, sizeof(c->message));
     if (rv == KV_OK) /* before now + ttl_ms is computed for hints */
         rv = kv_check_ttl(req->ttl_ms, c->message, sizeof(c->message));
-    return coord_start(n, c, rv, &req->base, state);
+    return coord_start(n, c, rv, &req->base, nb, state);
 }
 
-kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
+static kv_err delete_begin(rpc_ctx *c, const uint8_t *body, size_t len, bool nb, void **state)
 {
     node *n = c->user;
     rpc_budget b;
@@ -174,7 +210,49 @@ kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void
     if (!req)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
     kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    return coord_start(n, c, rv, &req->base, state);
+    return coord_start(n, c, rv, &req->base, nb, state);
+}
+
+kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
+{
+    return get_begin(c, body, len, false, state);
+}
+
+kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
+{
+    return put_begin(c, body, len, false, state);
+}
+
+kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
+{
+    return delete_begin(c, body, len, false, state);
+}
+
+bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    if (!coord_nb_ok(c->user, c))
+        return false;
+    void *state = NULL;
+    kv_err rv = get_begin(c, body, len, true, &state);
+    return coord_go_async(c, rv, state, a);
+}
+
+bool node_coord_put_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    if (!coord_nb_ok(c->user, c))
+        return false;
+    void *state = NULL;
+    kv_err rv = put_begin(c, body, len, true, &state);
+    return coord_go_async(c, rv, state, a);
+}
+
+bool node_coord_delete_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    if (!coord_nb_ok(c->user, c))
+        return false;
+    void *state = NULL;
+    kv_err rv = delete_begin(c, body, len, true, &state);
+    return coord_go_async(c, rv, state, a);
 }
 
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len)

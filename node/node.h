@@ -177,12 +177,14 @@ void node_coord_init(node *n);
 /* kv.* with c->coordinate: checked against the limits, then coordinated by
  * the replication library (shard/repl.h) as a router would; Get/Put/Delete
  * in two phases (rpc_method.start: sent at the start, waited for at
- * node_coord_finish), Batch in one; Get also asynchronously
- * (node_coord_get_async: reads its own replica answers from memory). */
+ * node_coord_finish) and asynchronously (rpc_method.start_async, coord.c:
+ * no worker waits for the other replicas), Batch in one. */
 kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
-bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
 kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
 kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state);
+bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
+bool node_coord_put_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
+bool node_coord_delete_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
 kv_err node_coord_finish(rpc_ctx *c, void *state);
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 void node_coord_stats(node *n, kv_stats *l);

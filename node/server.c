@@ -579,8 +579,10 @@ static const rpc_method node_methods[] = {
     /* coordinate calls (smart clients) take the two-phase form */
     {"kv.Get", h_get, node_coord_get_start, node_coord_finish, RPC_DATA, h_get_inline,
      node_coord_get_async},
-    {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA, h_put_inline},
-    {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA, h_delete_inline},
+    {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA, h_put_inline,
+     node_coord_put_async},
+    {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA, h_delete_inline,
+     node_coord_delete_async},
     {"kv.Batch", h_batch, .access = RPC_DATA},
     {"kv.Scan", node_h_scan, .access = RPC_DATA},
     {"admin.Ping", h_ping, .access = RPC_DATA},

@@ -108,6 +108,20 @@ void rpc_server_stats(const rpc_server *s, kv_stats *l, const char *prefix)
                     "Calls refused on arrival with RESOURCE_EXHAUSTED because the server was at "
                     "its in-flight limit (overload).",
                     k.shed);
+    snprintf(metric, sizeof(metric), "%s_rpc_inline_calls_total", prefix);
+    kv_stat_counter(l, "rpc.inline", metric, NULL,
+                    "Calls served on the thread that received them, without a worker (reads "
+                    "and writes of records in memory).",
+                    k.inline_served);
+    snprintf(metric, sizeof(metric), "%s_rpc_async_calls_total", prefix);
+    kv_stat_counter(l, "rpc.async", metric, NULL,
+                    "Calls started on the thread that received them and completed by the "
+                    "replies they waited for, without a waiting worker (forwards).",
+                    k.async_started);
+    snprintf(metric, sizeof(metric), "%s_rpc_async_handoffs_total", prefix);
+    kv_stat_counter(l, "rpc.async_handoffs", metric, NULL,
+                    "Asynchronous calls whose rest had to block and ran on a worker.",
+                    k.async_handoffs);
     snprintf(metric, sizeof(metric), "%s_rpc_inflight_calls", prefix);
     kv_stat_gauge(l, "rpc.inflight", metric, NULL, "Calls admitted and not answered yet.",
                   k.inflight);

@@ -186,6 +186,7 @@ struct rpc_server {
     unsigned max_inflight;
     _Atomic unsigned inflight; /* calls admitted and not answered */
     _Atomic uint64_t n_calls, n_expired, n_shed;
+    _Atomic uint64_t n_inline, n_async, n_handoff; /* rpc_server_counters */
     /* admission: the longest queue wait, in percent of a call's deadline;
      * the slowness (per mille) over which calls are refused (0 = never) */
     unsigned shed_queue_pct, shed_slow_pct;
@@ -701,6 +702,7 @@ static bool try_call(rpc_server *s, const Kv__Envelope *env, bool verified, uint
             free(c->reply);
             return false;
         }
+        atomic_fetch_add_explicit(&s->n_inline, 1, memory_order_relaxed);
         rv = past_deadline(c, m, rv);
     }
     observe(s, c, rv, t0);
@@ -936,6 +938,7 @@ void rpc_async_done(rpc_async *a, kv_err status)
 
 void rpc_async_handoff(rpc_async *a, kv_err (*fn)(rpc_ctx *c, void *arg), void *arg)
 {
+    atomic_fetch_add_explicit(&a->s->n_handoff, 1, memory_order_relaxed);
     a->work = fn;
     a->work_arg = arg;
     a->job.kind = JOB_ASYNC;
@@ -978,8 +981,10 @@ static bool try_async(rpc_server *s, rpc_scall *k, const Kv__Envelope *env, rpc_
         rpc_async_done(a, rv);
         return true;
     }
-    if (m->start_async(&a->c, env->body.data, env->body.len, a))
+    if (m->start_async(&a->c, env->body.data, env->body.len, a)) {
+        atomic_fetch_add_explicit(&s->n_async, 1, memory_order_relaxed);
         return true;
+    }
     /* declined: undo (a's c holds nothing: see rpc_async_fn) */
     if (g)
         atomic_fetch_sub_explicit(&g->left, 1, memory_order_relaxed);
@@ -1271,6 +1276,9 @@ void rpc_server_counters_get(const rpc_server *s, rpc_server_counters *out)
     *out = (rpc_server_counters){.calls = atomic_load(&m->n_calls),
                                  .expired = atomic_load(&m->n_expired),
                                  .shed = atomic_load(&m->n_shed),
+                                 .inline_served = atomic_load(&m->n_inline),
+                                 .async_started = atomic_load(&m->n_async),
+                                 .async_handoffs = atomic_load(&m->n_handoff),
                                  .inflight = atomic_load(&m->inflight),
                                  .max_inflight = m->max_inflight};
 }

@@ -106,6 +106,17 @@ kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl
 kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out);
 kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, repl_call **out);
 kv_err repl_finish(repl_call *rc, rpc_ctx *c);
+/* The same starts for a caller that must not block (an rpc_async_fn,
+ * followed by repl_await): the coordinator's own replica, when it is a
+ * target, is asked through env->local_try, and a call that declines is
+ * held; repl_await then hands the rest to the caller's worker (done(arg,
+ * false)), whose repl_finish makes the held call first. A read the own
+ * replica answers alone completes as in repl_get_start when local_try
+ * serves it. */
+kv_err repl_get_start_nb(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out);
+kv_err repl_put_start_nb(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out);
+kv_err repl_delete_start_nb(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req,
+                            repl_call **out);
 /* repl_finish without a thread that waits (a router's asynchronous calls,
  * rpc_async_fn): after a successful start, repl_await(rc, done, arg) calls
  * done(arg, ready) exactly once, from the thread of the reply after which

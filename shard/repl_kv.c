@@ -166,16 +166,34 @@ static void plan_targets(cmap *m, const ProtobufCBinaryData *key, Kv__Consistenc
     t->n = t->ncur + (int)cmap_pending(m, key->data, key->len, t->idx + t->ncur);
 }
 
+/* Runs the own replica's reserved call lc after a fan-out's sends: now, or
+ * for a start that must not block (held non-NULL) through env->local_try,
+ * keeping the call in *held when that declines (repl_finish runs it). */
+static void run_local(const repl_env *env, fanout *f, repl_local_call *lc, repl_local_call *held)
+{
+    if (!held || lc->slot < 0) {
+        repl_run_local(env, f, lc);
+        return;
+    }
+    rpc_reply r;
+    if (env->local_try && repl_try_local(env, lc->method, lc->epoch, lc->msg, lc->deadline_ms, &r))
+        fan_complete(f, lc->slot, &r);
+    else
+        *held = *lc;
+    lc->slot = -1;
+}
+
 /* Sends a read to `need` replicas (healthy ones first, the primary first
  * among them, so each key's reads warm one node's memory tier); the rest
- * get it only when those give no verdict (read_rest). */
+ * get it only when those give no verdict (read_rest). held: see run_local. */
 static void read_first(const repl_env *env, cmap *m, fanout *f, const targets *t,
-                       const char *method, const ProtobufCMessage *msg, uint32_t dl)
+                       const char *method, const ProtobufCMessage *msg, uint32_t dl,
+                       repl_local_call *held)
 {
     repl_local_call lc = {.slot = -1};
     for (int i = 0; i < t->need; i++)
         repl_send(env, f, m, t->idx[i], method, msg, dl, &lc);
-    repl_run_local(env, f, &lc);
+    run_local(env, f, &lc, held);
 }
 
 /* The rest of the replicas, when the first ones gave no verdict: a dead
@@ -200,9 +218,11 @@ static int read_rest(const repl_env *env, cmap *m, fanout *f, const targets *t, 
 
 /* Sends a write to every current and pending replica but those the failure
  * detector holds down (they fail at once and get a hint); the
- * coordinator's own replica, if it is one, last, in-process. */
+ * coordinator's own replica, if it is one, last, in-process. held: see
+ * run_local. */
 static void send_write(const repl_env *env, cmap *m, fanout *f, const targets *t,
-                       const char *method, const ProtobufCMessage *msg, uint32_t dl)
+                       const char *method, const ProtobufCMessage *msg, uint32_t dl,
+                       repl_local_call *held)
 {
     repl_local_call lc = {.slot = -1};
     for (int i = 0; i < t->n; i++) {
@@ -216,7 +236,7 @@ static void send_write(const repl_env *env, cmap *m, fanout *f, const targets *t
         }
         repl_send(env, f, m, t->idx[i], method, msg, dl, &lc);
     }
-    repl_run_local(env, f, &lc);
+    run_local(env, f, &lc, held);
 }
 
 /* Waits for a write's acks: the level's from the current replicas, every
@@ -363,6 +383,10 @@ struct repl_call {
     rpc_timer_ent timer; /* a read's half deadline: fan_poke */
     bool timer_armed;
     bool retry; /* repl_complete's verdict was refused on an old map: repl_finish retries */
+    /* a start that must not block (repl_*_start_nb): the own replica's call
+     * that env->local_try declined, run by repl_finish (slot < 0: none) */
+    bool nb;
+    repl_local_call held;
     /* what a write's key_call points into */
     Kv__Record rec;
     union {
@@ -388,10 +412,11 @@ static kv_err key_start(repl_call *rc, rpc_ctx *c)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     }
     k->t0 = kv_now_ns();
+    repl_local_call *held = rc->nb ? &rc->held : NULL;
     if (k->rec == NULL)
-        read_first(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl);
+        read_first(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl, held);
     else
-        send_write(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl);
+        send_write(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl, held);
     return KV_OK;
 }
 
@@ -446,6 +471,9 @@ static void await_stop(repl_call *rc)
 kv_err repl_finish(repl_call *rc, rpc_ctx *c)
 {
     await_stop(rc);
+    rc->nb = false; /* a retry's start may block here */
+    if (rc->held.slot >= 0 && !rc->retry)
+        repl_run_local(rc->env, rc->f, &rc->held);
     /* rc->retry: repl_complete reached a verdict on an old map already */
     bool stale = rc->retry;
     kv_err rv = rc->retry ? KV_FAILED_PRECONDITION : key_wait(rc, c, &stale);
@@ -474,13 +502,15 @@ static kv_err start_call(repl_call *rc, rpc_ctx *c, repl_call **out)
     return KV_OK;
 }
 
-static repl_call *call_new(const repl_env *env, Kv__Consistency cons, Kv__Consistency dflt)
+static repl_call *call_new(const repl_env *env, Kv__Consistency cons, Kv__Consistency dflt, bool nb)
 {
     repl_call *rc = calloc(1, sizeof(*rc));
     if (rc) {
         rc->env = env;
         rc->cons = cons;
         rc->dflt = dflt;
+        rc->nb = nb;
+        rc->held.slot = -1;
     }
     return rc;
 }
@@ -528,18 +558,29 @@ static bool read_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, bool
     return done;
 }
 
-kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out)
+static kv_err get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, bool nb,
+                        repl_call **out)
 {
     kv_err rv;
-    if (read_self(env, c, req, false, &rv)) {
+    if ((!nb || env->local_try) && read_self(env, c, req, nb, &rv)) {
         *out = NULL;
         return rv;
     }
-    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__ONE);
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__ONE, nb);
     if (!rc)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     rc->k = (key_call){.method = "kv.Get", .msg = &req->base, .key = &req->key};
     return start_call(rc, c, out);
+}
+
+kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out)
+{
+    return get_start(env, c, req, false, out);
+}
+
+kv_err repl_get_start_nb(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out)
+{
+    return get_start(env, c, req, true, out);
 }
 
 bool repl_get_try_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_err *rv)
@@ -547,9 +588,10 @@ bool repl_get_try_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_
     return env->local_try && read_self(env, c, req, true, rv);
 }
 
-kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out)
+static kv_err put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, bool nb,
+                        repl_call **out)
 {
-    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM);
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM, nb);
     if (!rc)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     if (!req->version)
@@ -571,9 +613,20 @@ kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl
     return start_call(rc, c, out);
 }
 
-kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, repl_call **out)
+kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out)
 {
-    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM);
+    return put_start(env, c, req, false, out);
+}
+
+kv_err repl_put_start_nb(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out)
+{
+    return put_start(env, c, req, true, out);
+}
+
+static kv_err delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, bool nb,
+                           repl_call **out)
+{
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM, nb);
     if (!rc)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     if (!req->version)
@@ -590,6 +643,17 @@ kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req
                        .key = &req->key,
                        .rec = &rc->rec};
     return start_call(rc, c, out);
+}
+
+kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, repl_call **out)
+{
+    return delete_start(env, c, req, false, out);
+}
+
+kv_err repl_delete_start_nb(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req,
+                            repl_call **out)
+{
+    return delete_start(env, c, req, true, out);
 }
 
 kv_err repl_get(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req)
@@ -650,6 +714,10 @@ void repl_await(repl_call *rc, void (*done)(void *arg, bool ready), void *arg)
     key_call *k = &rc->k;
     rc->done = done;
     rc->done_arg = arg;
+    if (rc->held.slot >= 0) { /* the own replica's call must block: repl_finish runs it */
+        done(arg, false);
+        return;
+    }
     if (k->rec && k->t.n > k->t.ncur) { /* pending replicas: hint_pending may block */
         done(arg, false);
         return;

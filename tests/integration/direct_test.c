@@ -41,13 +41,14 @@ static void start(int nodes, int rf)
     cr_assert_eq(rv, KV_OK, "cluster start: %s (logs in %s)", kv_err_name(rv), cl.dir);
 }
 
-/* A statistic of url (admin.Stats), -1 when missing. */
+/* A statistic of url (admin.Stats, verbose), -1 when missing. */
 static long stat_of(const char *url, const char *name)
 {
     rpc_chan *ch;
     rpc_chan_opts o = {0};
     cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
     Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
+    req.verbose = true; /* rpc.* are among the verbose figures */
     rpc_reply r;
     long v = -1;
     if (rpc_call_retry(ch, "admin.Stats", 0, &req.base, 5000, &r) == KV_OK) {
@@ -146,6 +147,74 @@ Test(direct, writes_reach_rf_replicas_at_the_level, .timeout = 300)
         cr_expect(ops[i].status == KV_OK && ops[i].found, "batch op %d", i);
     kv_batch_free(ops, 8);
     cr_expect_eq(stat_of(cl.router_url, "requests"), routed, "requests went through the router");
+    kv_client_close(c);
+    kvt_cluster_stop(&cl);
+}
+
+static long nodes_stat(const char *name)
+{
+    long sum = 0;
+    for (int i = 0; i < cl.nnodes; i++)
+        if (cl.node_pid[i])
+            sum += stat_of(cl.node_url[i], name);
+    return sum;
+}
+
+/* Writes n keys "pfx-i" (value: the key and round) through c at ALL. */
+static void write_keys(kv_client *c, const char *pfx, int n, int round)
+{
+    for (int i = 0; i < n; i++) {
+        char key[32], val[48];
+        snprintf(key, sizeof(key), "%s-%d", pfx, i);
+        snprintf(val, sizeof(val), "%s-r%d", key, round);
+        kv_put_opts po = {.consistency = KV_CONSISTENCY_ALL};
+        cr_assert_eq(kv_put(c, key, strlen(key), val, strlen(val), &po, NULL), KV_OK, "%s: %s", key,
+                     kv_last_error());
+    }
+}
+
+/* Every replica holds round's value of each key. */
+static void check_keys(const char *pfx, int n, int round)
+{
+    for (int node = 0; node < cl.nnodes; node++) {
+        kv_client *c = client(cl.node_url[node], false);
+        for (int i = 0; i < n; i++) {
+            char key[32], val[48];
+            snprintf(key, sizeof(key), "%s-%d", pfx, i);
+            snprintf(val, sizeof(val), "%s-r%d", key, round);
+            kv_value v;
+            cr_assert_eq(kv_get_ex(c, key, strlen(key), KV_CONSISTENCY_ONE, &v), KV_OK);
+            cr_assert(v.len == strlen(val) && memcmp(v.data, val, v.len) == 0,
+                      "node %d: %s is not %s", node + 1, key, val);
+            kv_value_free(&v);
+        }
+        kv_client_close(c);
+    }
+}
+
+/* A coordinating node takes a smart client's writes without a waiting
+ * worker (rpc.async): its own replica is written on the receiving thread
+ * when the record is in memory; a first write of a key (its record may be
+ * in the LSM) hands the rest to a worker (rpc.async_handoffs). Either way
+ * every replica gets the write. */
+Test(direct, coordinated_writes_complete_asynchronously, .timeout = 300)
+{
+    start(3, 3);
+    kv_client *c = client(cl.router_url, true);
+    wait_direct(c);
+    long async0 = nodes_stat("rpc.async"), hand0 = nodes_stat("rpc.async_handoffs");
+    cr_assert(async0 >= 0 && hand0 >= 0, "the nodes report rpc.async and rpc.async_handoffs");
+    write_keys(c, "async", 100, 1); /* new keys */
+    long async1 = nodes_stat("rpc.async"), hand1 = nodes_stat("rpc.async_handoffs");
+    cr_assert_geq(async1 - async0, 100, "new keys' writes were asynchronous calls");
+    cr_assert_geq(hand1 - hand0, 100, "a new key's own-replica write went to a worker");
+    check_keys("async", 100, 1);
+    write_keys(c, "async", 100, 2); /* the records are in memory now */
+    long async2 = nodes_stat("rpc.async"), hand2 = nodes_stat("rpc.async_handoffs");
+    cr_assert_geq(async2 - async1, 100, "overwrites were asynchronous calls");
+    cr_assert_lt(hand2 - hand1, 10, "overwrites finished without a worker (%ld of %ld handed off)",
+                 hand2 - hand1, async2 - async1);
+    check_keys("async", 100, 2);
     kv_client_close(c);
     kvt_cluster_stop(&cl);
 }
