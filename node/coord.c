@@ -9,10 +9,13 @@
  * version is always the coordinator's: a version sent by a client is
  * ignored, since only internal traffic may carry one.
  *
- * Coordinate calls run on the RPC server's coordinate lane (--coord-workers):
- * they wait for other nodes' replica calls, which run on the other lane and
- * never wait on another node, so two nodes coordinating for each other
- * cannot take each other's last worker.
+ * Coordinate calls start on the receiving nng thread (node_coord_*_async)
+ * and complete from the reply that decides them; what must block (a map to
+ * fetch, the own replica's disk work, a slow first replica, a retry, hints
+ * for pending replicas) runs on the RPC server's coordinate lane
+ * (--coord-workers). Such a worker waits for other nodes' replica calls,
+ * which run on the other lane and never wait on another node, so two nodes
+ * coordinating for each other cannot take each other's last worker.
  */
 #include <stdlib.h>
 #include <string.h>
