@@ -231,31 +231,32 @@ kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void
     return delete_begin(c, body, len, false, state);
 }
 
-bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+/* Starts a coordinate call with begin (get_begin, ...) without blocking
+ * and completes it asynchronously; false, nothing started, when its map
+ * work must block. */
+static bool coord_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a,
+                        kv_err (*begin)(rpc_ctx *, const uint8_t *, size_t, bool, void **))
 {
     if (!coord_nb_ok(c->user, c))
         return false;
     void *state = NULL;
-    kv_err rv = get_begin(c, body, len, true, &state);
+    kv_err rv = begin(c, body, len, true, &state);
     return coord_go_async(c, rv, state, a);
+}
+
+bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    return coord_async(c, body, len, a, get_begin);
 }
 
 bool node_coord_put_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
 {
-    if (!coord_nb_ok(c->user, c))
-        return false;
-    void *state = NULL;
-    kv_err rv = put_begin(c, body, len, true, &state);
-    return coord_go_async(c, rv, state, a);
+    return coord_async(c, body, len, a, put_begin);
 }
 
 bool node_coord_delete_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
 {
-    if (!coord_nb_ok(c->user, c))
-        return false;
-    void *state = NULL;
-    kv_err rv = delete_begin(c, body, len, true, &state);
-    return coord_go_async(c, rv, state, a);
+    return coord_async(c, body, len, a, delete_begin);
 }
 
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len)

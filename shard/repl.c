@@ -162,6 +162,8 @@ void repl_call_local(const repl_env *env, const char *method, uint64_t epoch,
 bool repl_try_local(const repl_env *env, const char *method, uint64_t epoch,
                     const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out)
 {
+    if (!env->local_try)
+        return false;
     size_t len;
     uint8_t *buf = pack(msg, &len);
     bool done = buf && env->local_try(env->user, method, epoch, buf, len, deadline_ms, out);

@@ -130,11 +130,6 @@ kv_err repl_delete_start_nb(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *
  * all (a retry on a newer map). Whenever the rest must block, the caller
  * passes rc to repl_finish on a thread that may. */
 void repl_await(repl_call *rc, void (*done)(void *arg, bool ready), void *arg);
-/* A read that the coordinator's own replica answers alone (what
- * repl_get_start does without a fan-out), when env->local_try serves it
- * without blocking: true with *rv and c filled as repl_get would; false,
- * nothing done, otherwise. For a coordinating node's receive thread. */
-bool repl_get_try_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_err *rv);
 bool repl_complete(repl_call *rc, rpc_ctx *c, kv_err *rv);
 /* kv.Batch: writes to every current and pending replica, reads to every
  * replica at QUORUM/ALL or the first reachable one at ONE, one sub-batch

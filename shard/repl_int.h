@@ -27,7 +27,7 @@ void repl_send(const repl_env *env, fanout *f, cmap *m, uint32_t i, const char *
 void repl_call_local(const repl_env *env, const char *method, uint64_t epoch,
                      const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out);
 /* The same through env->local_try: false, *out untouched, when it would
- * block (or memory runs out). */
+ * block, memory runs out or env has no local_try. */
 bool repl_try_local(const repl_env *env, const char *method, uint64_t epoch,
                     const ProtobufCMessage *msg, uint32_t deadline_ms, rpc_reply *out);
 /* Runs the reserved local call, if any, and completes its send. */

@@ -176,7 +176,7 @@ static void run_local(const repl_env *env, fanout *f, repl_local_call *lc, repl_
         return;
     }
     rpc_reply r;
-    if (env->local_try && repl_try_local(env, lc->method, lc->epoch, lc->msg, lc->deadline_ms, &r))
+    if (repl_try_local(env, lc->method, lc->epoch, lc->msg, lc->deadline_ms, &r))
         fan_complete(f, lc->slot, &r);
     else
         *held = *lc;
@@ -385,7 +385,6 @@ struct repl_call {
     bool retry; /* repl_complete's verdict was refused on an old map: repl_finish retries */
     /* a start that must not block (repl_*_start_nb): the own replica's call
      * that env->local_try declined, run by repl_finish (slot < 0: none) */
-    bool nb;
     repl_local_call held;
     /* what a write's key_call points into */
     Kv__Record rec;
@@ -396,8 +395,9 @@ struct repl_call {
 };
 
 /* Plans rc's targets on the current map and sends: a read to its first
- * replicas, a write to all of them. */
-static kv_err key_start(repl_call *rc, rpc_ctx *c)
+ * replicas, a write to all of them; nb: without blocking (run_local's
+ * held is rc->held). */
+static kv_err key_start(repl_call *rc, rpc_ctx *c, bool nb)
 {
     const repl_env *env = rc->env;
     key_call *k = &rc->k;
@@ -412,7 +412,7 @@ static kv_err key_start(repl_call *rc, rpc_ctx *c)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     }
     k->t0 = kv_now_ns();
-    repl_local_call *held = rc->nb ? &rc->held : NULL;
+    repl_local_call *held = nb ? &rc->held : NULL;
     if (k->rec == NULL)
         read_first(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl, held);
     else
@@ -471,7 +471,6 @@ static void await_stop(repl_call *rc)
 kv_err repl_finish(repl_call *rc, rpc_ctx *c)
 {
     await_stop(rc);
-    rc->nb = false; /* a retry's start may block here */
     if (rc->held.slot >= 0 && !rc->retry)
         repl_run_local(rc->env, rc->f, &rc->held);
     /* rc->retry: repl_complete reached a verdict on an old map already */
@@ -482,7 +481,7 @@ kv_err repl_finish(repl_call *rc, rpc_ctx *c)
         c->reply = NULL;
         c->reply_len = 0;
         stale = false;
-        rv = key_start(rc, c);
+        rv = key_start(rc, c, false);
         if (rv == KV_OK)
             rv = key_wait(rc, c, &stale);
     }
@@ -491,9 +490,9 @@ kv_err repl_finish(repl_call *rc, rpc_ctx *c)
 }
 
 /* Starts rc (heap) and hands it to the caller, or frees it on failure. */
-static kv_err start_call(repl_call *rc, rpc_ctx *c, repl_call **out)
+static kv_err start_call(repl_call *rc, rpc_ctx *c, bool nb, repl_call **out)
 {
-    kv_err rv = key_start(rc, c);
+    kv_err rv = key_start(rc, c, nb);
     if (rv != KV_OK) {
         free(rc);
         return rv;
@@ -502,14 +501,13 @@ static kv_err start_call(repl_call *rc, rpc_ctx *c, repl_call **out)
     return KV_OK;
 }
 
-static repl_call *call_new(const repl_env *env, Kv__Consistency cons, Kv__Consistency dflt, bool nb)
+static repl_call *call_new(const repl_env *env, Kv__Consistency cons, Kv__Consistency dflt)
 {
     repl_call *rc = calloc(1, sizeof(*rc));
     if (rc) {
         rc->env = env;
         rc->cons = cons;
         rc->dflt = dflt;
-        rc->nb = nb;
         rc->held.slot = -1;
     }
     return rc;
@@ -562,15 +560,15 @@ static kv_err get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, bo
                         repl_call **out)
 {
     kv_err rv;
-    if ((!nb || env->local_try) && read_self(env, c, req, nb, &rv)) {
+    if (read_self(env, c, req, nb, &rv)) {
         *out = NULL;
         return rv;
     }
-    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__ONE, nb);
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__ONE);
     if (!rc)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     rc->k = (key_call){.method = "kv.Get", .msg = &req->base, .key = &req->key};
-    return start_call(rc, c, out);
+    return start_call(rc, c, nb, out);
 }
 
 kv_err repl_get_start(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, repl_call **out)
@@ -583,15 +581,10 @@ kv_err repl_get_start_nb(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, r
     return get_start(env, c, req, true, out);
 }
 
-bool repl_get_try_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, kv_err *rv)
-{
-    return env->local_try && read_self(env, c, req, true, rv);
-}
-
 static kv_err put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, bool nb,
                         repl_call **out)
 {
-    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM, nb);
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM);
     if (!rc)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     if (!req->version)
@@ -610,7 +603,7 @@ static kv_err put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, bo
                        .repair = conditional ? &rc->repair.put.base : NULL,
                        .key = &req->key,
                        .rec = &rc->rec};
-    return start_call(rc, c, out);
+    return start_call(rc, c, nb, out);
 }
 
 kv_err repl_put_start(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, repl_call **out)
@@ -626,7 +619,7 @@ kv_err repl_put_start_nb(const repl_env *env, rpc_ctx *c, Kv__PutRequest *req, r
 static kv_err delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, bool nb,
                            repl_call **out)
 {
-    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM, nb);
+    repl_call *rc = call_new(env, req->consistency, KV__CONSISTENCY__QUORUM);
     if (!rc)
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     if (!req->version)
@@ -642,7 +635,7 @@ static kv_err delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *r
                        .repair = req->if_version ? &rc->repair.del.base : NULL,
                        .key = &req->key,
                        .rec = &rc->rec};
-    return start_call(rc, c, out);
+    return start_call(rc, c, nb, out);
 }
 
 kv_err repl_delete_start(const repl_env *env, rpc_ctx *c, Kv__DeleteRequest *req, repl_call **out)
