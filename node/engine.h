@@ -56,6 +56,7 @@ typedef struct engine_opts {
     const char *fast_dir;   /* FD: WAL, MANIFEST and the upper levels (required) */
     const char *slow_dir;   /* SD: the lower levels; NULL = every level on FD */
     uint64_t fast_mb;       /* FD capacity for the levels */
+    unsigned fast_stop_pct; /* lsm_opts.fd_stop_pct (flushes wait above it); 0 = 100 */
     size_t mem_mb;          /* memory-tier budget */
     size_t write_buffer_mb; /* dirty bytes that trigger a flush (may be 0 for KiB below) */
     size_t write_buffer_kb; /* finer setting for tests; wins when non-zero */

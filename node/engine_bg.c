@@ -12,6 +12,7 @@
  * then clear the dirty bit of each item whose seqno is still the one
  * flushed (hr_set_flags compares it atomically).
  */
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,6 +321,7 @@ static void bg_wait(engine *e, uint64_t ns)
 static void *bg_main(void *arg)
 {
     engine *e = arg;
+    prctl(PR_SET_NAME, "engine:flush"); /* shown by top -H, perf, gdb */
     hr_thread_register();
     pthread_mutex_lock(&e->bg_mu);
     while (!e->stop) {

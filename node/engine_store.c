@@ -39,6 +39,7 @@ static kv_err lsm_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errl
     lo.fast_dir = e->o.fast_dir;
     lo.slow_dir = e->o.slow_dir;
     lo.fast_mb = e->o.fast_mb ? e->o.fast_mb : 1024;
+    lo.fd_stop_pct = e->o.fast_stop_pct;
     lo.sync = store_sync(e->o.sync);
     lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     lo.disable_io_uring = e->o.disable_io_uring;

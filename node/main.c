@@ -116,6 +116,7 @@ int main(int argc, char **argv)
     n.cfg.coord_workers = 8;
     n.cfg.max_inflight = RPC_DEFAULT_MAX_INFLIGHT;
     n.cfg.fast_mb = 1024;
+    n.cfg.fast_stop_pct = 100;
     n.cfg.sync = ENGINE_SYNC_BATCH;
     n.cfg.sync_ms = 5;
     n.cfg.write_buffer_mb = 64;
@@ -154,6 +155,10 @@ int main(int argc, char **argv)
          NULL, 0, 0},
         {"fast-mb", KV_OPT_INT, &n.cfg.fast_mb, "fast-volume capacity for LSM levels in MiB", NULL,
          1, 1L << 30},
+        {"fast-stop-pct", KV_OPT_INT, &n.cfg.fast_stop_pct,
+         "with --slow-dir: flushes wait while the fast volume's SSTs exceed this % of --fast-mb "
+         "and compaction has work there",
+         NULL, 50, 100000},
         {"sync", KV_OPT_ENUM, &n.cfg.sync, "WAL sync: always|batch|none", sync_modes, 0, 0},
         {"sync-ms", KV_OPT_INT, &n.cfg.sync_ms, "batch sync period in ms", NULL, 1, 10000},
         {"write-buffer-mb", KV_OPT_INT, &n.cfg.write_buffer_mb,

@@ -33,7 +33,8 @@ typedef struct node_config {
     char *fast_dir; /* default DATA_DIR/fast */
     char *slow_dir; /* NULL = every level on the fast volume */
     long fast_mb;
-    int sync; /* engine_sync */
+    long fast_stop_pct; /* flushes wait above this % of fast_mb (lsm_opts.fd_stop_pct) */
+    int sync;           /* engine_sync */
     long sync_ms;
     long write_buffer_mb;
     long write_buffer_kb; /* finer, for tests; wins when set */

@@ -704,6 +704,7 @@ kv_err node_start(node *n, char *err, size_t errlen)
     engine_opts eo = {.fast_dir = n->cfg.fast_dir,
                       .slow_dir = n->cfg.slow_dir,
                       .fast_mb = (uint64_t)n->cfg.fast_mb,
+                      .fast_stop_pct = (unsigned)n->cfg.fast_stop_pct,
                       .mem_mb = (size_t)n->cfg.mem_mb,
                       .write_buffer_mb = (size_t)n->cfg.write_buffer_mb,
                       .write_buffer_kb = (size_t)n->cfg.write_buffer_kb,

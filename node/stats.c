@@ -155,6 +155,17 @@ void node_engine_store_stats(engine *e, kv_stats *l)
                     "Memory-tier flushes to L0.", s.flushes);
     kv_stat_counter(l, "lsm.flush_bytes", "hotkv_node_flush_written_bytes_total", NULL,
                     "Bytes written by flushes.", s.flush_bytes);
+    kv_stat_counter(l, "lsm.flush_stalls_l0", "hotkv_node_flush_stalls_total", "reason=\"l0\"",
+                    "Flushes that waited for compaction.", s.stalls_l0);
+    kv_stat_counter(l, "lsm.flush_stalls_fast", "hotkv_node_flush_stalls_total",
+                    "reason=\"fast_volume\"", "Flushes that waited for compaction.", s.stalls_fd);
+    kv_stat_gaugef(l, "lsm.flush_stall_s", 3, "hotkv_node_flush_stall_seconds_total", NULL,
+                   "Seconds flushes waited for compaction.", (double)s.stall_ns / 1e9, 1);
+    kv_stat_gauge(l, "lsm.fast_bytes", "hotkv_node_fast_volume_sst_bytes", NULL,
+                  "SST bytes on the fast volume.", s.fd_bytes);
+    kv_stat_gauge(l, "lsm.fast_peak_bytes", "hotkv_node_fast_volume_sst_peak_bytes", NULL,
+                  "The most SST bytes the fast volume held since the node started.",
+                  s.fd_peak_bytes);
     kv_stat_counter(l, "lsm.compactions", "hotkv_node_compactions_total", NULL,
                     "Compactions completed.", s.compactions);
     kv_stat_counter(l, "lsm.compact_read_bytes", "hotkv_node_compaction_read_bytes_total", NULL,

@@ -32,6 +32,7 @@ typedef struct hk {
     char levels[512];
     char wa_parts[96];       /* write amplification by source, at the last stats call */
     char hotrap_state[1024]; /* JSON members: HotRAP counters at the last stats call */
+    char fd_state[256];      /* JSON members: FD bytes and flush stalls, likewise */
 } hk;
 
 static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax, char *err,
@@ -45,6 +46,7 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax,
     eo.fast_dir = o->fast_dir;
     eo.slow_dir = o->slow_dir;
     eo.fast_mb = (uint64_t)o->fast_mb;
+    eo.fast_stop_pct = (unsigned)o->fast_stop_pct;
     /* Equal memory: RocksDB gets a block cache of --mem-mb plus its memtable
      * (--write-buffer-mb, more while one is flushed) beside it; hotkv's
      * memory tier holds both its cache and its dirty records (the
@@ -247,6 +249,15 @@ static void hk_stats(void *h, tb_stats *out)
     }
     hk_hotrap(k, &l);
     hk_levels(k, &l, out);
+    const char *fb = stat_value(&l, "lsm.fast_bytes"), *fp = stat_value(&l, "lsm.fast_peak_bytes");
+    const char *sl0 = stat_value(&l, "lsm.flush_stalls_l0");
+    const char *sfd = stat_value(&l, "lsm.flush_stalls_fast");
+    const char *ss = stat_value(&l, "lsm.flush_stall_s");
+    if (fb && fp && sl0 && sfd && ss)
+        snprintf(k->fd_state, sizeof(k->fd_state),
+                 ",\"fd_bytes\":%s,\"fd_peak_bytes\":%s,\"flush_stalls_l0\":%s,"
+                 "\"flush_stalls_fd\":%s,\"flush_stall_s\":%s",
+                 fb, fp, sl0, sfd, ss);
     const char *wal = stat_value(&l, "lsm.wal_bytes"), *fl = stat_value(&l, "lsm.flush_bytes");
     const char *co = stat_value(&l, "lsm.compact_write_bytes");
     const char *pb = stat_value(&l, "hotrap.promoted_bytes");
@@ -295,11 +306,11 @@ static void hk_json_extra(void *h, char *buf, size_t len)
     snprintf(buf, len,
              ",\"hotrap_available\":%s,\"hotrap_requested\":%s,\"write_stall_ms\":%llu,"
              "\"write_waits\":%llu,\"write_wait_s\":%.3f,"
-             "\"levels\":\"%s\",\"wa_parts\":\"%s\",\"hotrap_state\":{%s},"
+             "\"levels\":\"%s\",\"wa_parts\":\"%s\",\"hotrap_state\":{%s}%s,"
              "\"note\":\"sd_read_bytes counts every slow-volume read (gets and compactions)\"",
              k->kallax ? "false" : "true", k->hotrap ? "true" : "false",
              (unsigned long long)atomic_load(&k->stalls), (unsigned long long)es.write_waits,
-             (double)es.write_wait_ns / 1e9, k->levels, k->wa_parts, k->hotrap_state);
+             (double)es.write_wait_ns / 1e9, k->levels, k->wa_parts, k->hotrap_state, k->fd_state);
 }
 
 const tb_engine tb_hotkv_engine = {

@@ -212,6 +212,10 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
         {"compression", KV_OPT_STR, &o->compression,
          "hotkv and RocksDB: SST block codecs, auto (lz4 on SD levels, none on FD levels) | "
          "none|lz4|zstd | per level from L0 (none,none,none,lz4) | fast=X,slow=Y"},
+        {"fast-stop-pct", KV_OPT_INT, &o->fast_stop_pct,
+         "hotkv: flushes wait while FD's SSTs exceed this % of --fast-mb and an FD level is due "
+         "(kvnode --fast-stop-pct; default 100)",
+         NULL, 0, 100000},
         {"value-ratio", KV_OPT_DOUBLE, &o->value_ratio,
          "share of each value's bytes that are random, the rest repeats them (1 = "
          "incompressible; db_bench's compression_ratio 0.5)"},
@@ -271,6 +275,9 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
                                "\"shift_recovery\":%s,\"recovery_s\":%s",
                                o->shift_at, steady, end, ratio, rec);
     }
+    if (r->fd_dir_peak_bytes)
+        off += (size_t)snprintf(extra + off, sizeof(extra) - off, ",\"fd_dir_peak_bytes\":%llu",
+                                (unsigned long long)r->fd_dir_peak_bytes);
     if (a->have_vol_bytes)
         off += (size_t)snprintf(
             extra + off, sizeof(extra) - off, ",\"fd_sst_bytes\":%llu,\"sd_sst_bytes\":%llu",

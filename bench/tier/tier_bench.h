@@ -52,6 +52,7 @@ typedef struct tb_opts {
      * --compression_ratio; 1 = incompressible, the default). */
     const char *compression;
     double value_ratio;
+    long fast_stop_pct; /* hotkv: lsm_opts.fd_stop_pct (kvnode --fast-stop-pct), 0 = default */
     bool load_only, no_load;
     int nhc_idx;                           /* hotkv: the NHC scheduler (node/nhc) on or off */
     const char *workload_name, *dist_name; /* as given: "RO", "hotspot5", ... */
@@ -130,6 +131,10 @@ typedef struct tb_result {
      * a 2 s window reached 90% of the former (-1 = never) */
     bool have_shift;
     double shift_steady, shift_end, shift_recovery_s;
+    /* The most bytes (allocated blocks of every file: SSTs, WAL, logs)
+     * --fast-dir held, sampled every 100 ms from the load to the end of the
+     * run: what the fast volume must have room for, whatever the engine. */
+    uint64_t fd_dir_peak_bytes;
 } tb_result;
 
 /* The value of record id (vlen bytes, deterministic): the runner writes it

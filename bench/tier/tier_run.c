@@ -9,14 +9,18 @@
  * a percentile is within ~6%), merged after the run. Engine statistics are
  * taken right before and right after the timed phase.
  */
+#define _GNU_SOURCE /* nftw */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench/tier/tier_bench.h"
 #include "common/clock.h"
@@ -526,10 +530,43 @@ static double engine_wa(const tb_engine *eng, void *h)
     return s.write_amp;
 }
 
+/* ---- fast-volume usage (tb_result.fd_dir_peak_bytes) ---- */
+
+typedef struct dirwatch {
+    pthread_t tid;
+    const char *dir;
+    _Atomic bool stop;
+    uint64_t peak;
+} dirwatch;
+
+static _Thread_local uint64_t g_du; /* nftw has no argument: the walking thread's sum */
+
+static int du_one(const char *path, const struct stat *st, int type, struct FTW *f)
+{
+    (void)path, (void)f;
+    if (type == FTW_F)
+        g_du += (uint64_t)st->st_blocks * 512u;
+    return 0; /* files vanish under compaction: nftw skips them */
+}
+
+static void *dirwatch_main(void *arg)
+{
+    dirwatch *d = arg;
+    while (!atomic_load(&d->stop)) {
+        g_du = 0;
+        if (nftw(d->dir, du_one, 16, FTW_PHYS) == 0 && g_du > d->peak)
+            d->peak = g_du;
+        usleep(100 * 1000);
+    }
+    return NULL;
+}
+
 kv_err tb_run(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
 {
     worker *ws = NULL;
     memset(res, 0, sizeof(*res));
+    dirwatch dw = {.dir = o->fast_dir};
+    bool watching = o->fast_dir && pthread_create(&dw.tid, NULL, dirwatch_main, &dw) == 0;
     kv_err rv = workers_init(o, eng, h, &ws);
     res->load_wa = res->settled_wa = -1.0;
     if (rv == KV_OK && !o->no_load)
@@ -546,6 +583,11 @@ kv_err tb_run(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
         eng->stats(h, &res->after);
     if (rv != KV_OK)
         fprintf(stderr, "tier_bench: %s: %s\n", o->engine_name, kv_strerror(rv));
+    if (watching) {
+        atomic_store(&dw.stop, true);
+        pthread_join(dw.tid, NULL);
+        res->fd_dir_peak_bytes = dw.peak;
+    }
     workers_free(o, ws);
     return rv;
 }

@@ -29,6 +29,7 @@
  * Threads: compaction_threads background threads plus callers of
  * lsm_compact_all; all coordination is under db->mu / db->cv.
  */
+#include <sys/prctl.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -82,6 +83,24 @@ static double score(const lsm_db *db, const lsm_version *v, int l)
         return files > bytes ? files : bytes;
     }
     return (double)lsm_level_bytes(v, l) / (double)db->target[l];
+}
+
+uint64_t lsm_fd_bytes(const lsm_db *db, const lsm_version *v)
+{
+    uint64_t b = 0;
+    for (int l = 0; l <= db->last_fd; l++)
+        b += lsm_level_bytes(v, l);
+    return b;
+}
+
+bool lsm_fd_full(const lsm_db *db, const lsm_version *v)
+{
+    if (!db->has_sd || lsm_fd_bytes(db, v) <= (db->o.fast_mb << 20) / 100 * db->o.fd_stop_pct)
+        return false;
+    for (int l = 0; l <= db->last_fd && l < LSM_MAX_LEVELS - 1; l++)
+        if (v->nfiles[l] && score(db, v, l) >= 1.0)
+            return true;
+    return false;
 }
 
 static bool overlaps(const lsm_file *f, const uint8_t *lo, size_t ll, const uint8_t *hi, size_t hl)
@@ -580,6 +599,7 @@ static void wait_until(lsm_db *db, uint64_t until)
 static void *cthread_main(void *arg)
 {
     lsm_db *db = arg;
+    prctl(PR_SET_NAME, "lsm:compact"); /* shown by top -H, perf, gdb */
     pthread_mutex_lock(&db->mu);
     while (!db->stop) {
         cjob j;

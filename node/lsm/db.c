@@ -42,6 +42,7 @@ void lsm_opts_default(lsm_opts *o)
     o->block_size = 4096;
     o->l0_trigger = 4;
     o->l0_stop = 20;
+    o->fd_stop_pct = 100;
     o->compaction_threads = 1;
     o->hotrap = true;
 }
@@ -55,6 +56,7 @@ static void fill_defaults(lsm_opts *o)
     o->block_size = o->block_size ? o->block_size : d.block_size;
     o->l0_trigger = o->l0_trigger ? o->l0_trigger : d.l0_trigger;
     o->l0_stop = o->l0_stop ? o->l0_stop : d.l0_stop;
+    o->fd_stop_pct = o->fd_stop_pct ? o->fd_stop_pct : d.fd_stop_pct;
     o->compaction_threads = o->compaction_threads ? o->compaction_threads : 1;
     o->compaction_threads = o->compaction_threads > 16 ? 16 : o->compaction_threads;
     if (o->l0_stop <= o->l0_trigger)
@@ -164,6 +166,9 @@ kv_err lsm_db_install(lsm_db *db, lsm_edit *e)
     if (!nv)
         return KV_RESOURCE_EXHAUSTED;
     mark_obsolete(db->cur, e);
+    uint64_t fd = lsm_fd_bytes(db, nv);
+    if (fd > atomic_load(&db->fd_peak))
+        atomic_store(&db->fd_peak, fd); /* mu held: installs are serialized */
     pthread_mutex_lock(&db->vmu);
     lsm_version *old = db->cur;
     db->cur = nv;
@@ -565,13 +570,24 @@ static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, 
     return lsm_sst_builder_finish(b, 0, out);
 }
 
-/* Waits (mu held) while L0 is at l0_stop and compaction can drain it. */
-static void stall_l0(lsm_db *db)
+/* Waits (mu held) while compaction runs and L0 is at l0_stop or the FD
+ * levels are over their stop (lsm_fd_full); counts the stall once. */
+static void stall(lsm_db *db)
 {
     KV_ASSERT_LOCKED(&db->mu);
-    while (!db->stop && db->nthreads && !db->o.no_auto_compaction && db->bg_err == KV_OK &&
-           db->cur->nfiles[0] >= db->o.l0_stop)
+    uint64_t t0 = 0;
+    while (!db->stop && db->nthreads && !db->o.no_auto_compaction && db->bg_err == KV_OK) {
+        bool l0 = db->cur->nfiles[0] >= db->o.l0_stop;
+        if (!l0 && !lsm_fd_full(db, db->cur))
+            break;
+        if (!t0) {
+            t0 = kv_now_ns();
+            atomic_fetch_add(l0 ? &db->stalls_l0 : &db->stalls_fd, 1);
+        }
         pthread_cond_wait(&db->cv, &db->mu);
+    }
+    if (t0)
+        atomic_fetch_add(&db->stall_ns, kv_now_ns() - t0);
 }
 
 static kv_err install_flush(lsm_db *db, lsm_file *f, uint64_t max_seqno, uint64_t wal_no)
@@ -610,7 +626,7 @@ kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno
         pthread_mutex_unlock(&db->flush_mu);
         return rv;
     }
-    stall_l0(db);
+    stall(db);
     uint64_t sst_no = lsm_db_new_number(db), wal_no = lsm_db_new_number(db);
     pthread_mutex_unlock(&db->mu);
 
@@ -1016,6 +1032,7 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
         for (size_t i = 0; i < v->nfiles[l]; i++)
             out->index_mem_bytes += lsm_sst_mem(v->files[l][i]->sst);
     }
+    out->fd_bytes = lsm_fd_bytes(db, v);
     lsm_version_unref(v);
     lsm_vol_counters(&db->vols[0], &out->fd);
     if (db->has_sd)
@@ -1029,6 +1046,12 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
     lsm_wal_counters(db->wal, &out->wal_bytes, &out->wal_fsyncs, &out->wal_segments);
     out->flush_bytes = atomic_load(&db->flush_bytes);
     out->flushes = atomic_load(&db->flushes);
+    out->stalls_l0 = atomic_load(&db->stalls_l0);
+    out->stalls_fd = atomic_load(&db->stalls_fd);
+    out->stall_ns = atomic_load(&db->stall_ns);
+    out->fd_peak_bytes = atomic_load(&db->fd_peak);
+    if (out->fd_peak_bytes < out->fd_bytes)
+        out->fd_peak_bytes = out->fd_bytes;
     out->compact_read_bytes = atomic_load(&db->c_read);
     out->compact_write_bytes = atomic_load(&db->c_write);
     out->compactions = atomic_load(&db->compactions);

@@ -5,7 +5,8 @@
  * says which volume calls fail: the kinds of call (read, write, fsync,
  * create, truncate), the files (a substring of their path), how many
  * matching calls pass first and how many fail after them, with which errno,
- * and whether a failing write first writes half its bytes (a short write).
+ * and whether a failing write first writes half its bytes (a short write);
+ * or, instead of failing, how long the matching calls wait (a slow device).
  * volume.c asks lsm_fault_hit before (or, for a write's fsync, after) each
  * call. Unarmed, that is one atomic load; armed, matching is serialised by
  * a mutex and the path of a file descriptor comes from /proc/self/fd.
@@ -67,17 +68,22 @@ int lsm_fault_hit(unsigned op, int fd, const char *name, size_t len, size_t *kee
     if (!atomic_load_explicit(&fault_armed, memory_order_acquire))
         return 0;
     int e = 0;
+    unsigned delay = 0;
     pthread_mutex_lock(&fault_mu);
     if (atomic_load(&fault_armed) && (fault_rule.ops & op) && path_matches(fd, name)) {
         uint64_t n = fault_seen++;
         if (n >= fault_rule.after &&
             (!fault_rule.times || n - fault_rule.after < fault_rule.times)) {
-            e = fault_rule.err ? fault_rule.err : EIO;
             atomic_fetch_add(&fault_hits, 1);
-            if (keep && op == LSM_FOP_WRITE && fault_rule.short_write)
-                *keep = len / 2;
+            if ((delay = fault_rule.delay_us) == 0) {
+                e = fault_rule.err ? fault_rule.err : EIO;
+                if (keep && op == LSM_FOP_WRITE && fault_rule.short_write)
+                    *keep = len / 2;
+            }
         }
     }
     pthread_mutex_unlock(&fault_mu);
+    if (delay)
+        usleep(delay); /* outside fault_mu: other calls go on meanwhile */
     return -e;
 }

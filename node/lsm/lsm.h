@@ -164,8 +164,15 @@ typedef struct lsm_opts {
     lsm_compression_spec compression; /* block codec per level (zero: lz4 on SD levels) */
     unsigned l0_trigger;              /* L0 file count that triggers compaction, default 4 */
     unsigned l0_stop;                 /* lsm_flush waits while L0 has this many files, default 20 */
-    uint64_t file_mb;                 /* target SST size for L1+, 0 = derived from fast_mb */
-    bool disable_io_uring;            /* force the pread/pwrite path (tests, old kernels) */
+    /* With a slow_dir: lsm_flush also waits while the FD levels' SSTs
+     * exceed this percentage of fast_mb and one of them is due for
+     * compaction, so that writes faster than compaction into SD cannot fill
+     * the fast volume past its capacity. (HotRAP's promotions, bounded by
+     * the hot-set limit and by SD reads, are not held back: compaction
+     * pushes cold bytes out for them.) Default (and 0) 100. */
+    unsigned fd_stop_pct;
+    uint64_t file_mb;            /* target SST size for L1+, 0 = derived from fast_mb */
+    bool disable_io_uring;       /* force the pread/pwrite path (tests, old kernels) */
     unsigned compaction_threads; /* background compaction threads, default (and 0) = 1, max 16 */
     bool no_auto_compaction;     /* only lsm_compact_all compacts (tests) */
     lsm_route_fn route;          /* NULL = plain leveled compaction, or HotRAP's rule */
@@ -384,6 +391,10 @@ typedef struct lsm_stats {
     uint64_t user_bytes; /* key+value bytes given to lsm_wal_append */
     uint64_t wal_bytes, wal_fsyncs, wal_segments;
     uint64_t flush_bytes, flushes;
+    /* Flushes that waited for compaction since open: at l0_stop L0 files, or
+     * with the FD levels over fd_stop_pct of fast_mb; their summed wait. */
+    uint64_t stalls_l0, stalls_fd, stall_ns;
+    uint64_t fd_bytes, fd_peak_bytes; /* SST bytes on FD now, and the most since open */
     uint64_t compact_read_bytes, compact_write_bytes, compactions;
     /* Data blocks written since open by flushes, compactions and promotion
      * into levels with a codec: their bytes before and after compression

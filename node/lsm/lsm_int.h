@@ -144,7 +144,8 @@ kv_err lsm_vol_truncate(lsm_vol *v, int fd, uint64_t len);
  * with errno err (0 = EIO; ENOSPC gives RESOURCE_EXHAUSTED). A failing
  * write writes nothing, or half its bytes with short_write; a failing
  * fsync of a durable write (lsm_vol_write with sync) comes after the write.
- * A failing read returns -err in its lsm_io. Any thread. */
+ * A failing read returns -err in its lsm_io. With delay_us the matching
+ * calls are slowed down instead of failed. Any thread. */
 enum {
     LSM_FOP_READ = 1u,
     LSM_FOP_WRITE = 2u,
@@ -160,6 +161,9 @@ typedef struct lsm_fault {
     uint64_t after, times;
     int err;
     bool short_write;
+    /* > 0: the matching calls do not fail but wait this long first (a slow
+     * device; err and short_write are then ignored) */
+    unsigned delay_us;
 } lsm_fault;
 
 /* Installs f (replacing the rule and its counts); NULL disarms. */
@@ -473,6 +477,7 @@ struct lsm_db {
     uint64_t retry_at; /* kv_now_ns() before which threads do not compact */
 
     _Atomic uint64_t reads_fd, reads_sd, user_bytes, flush_bytes, flushes;
+    _Atomic uint64_t stalls_l0, stalls_fd, stall_ns, fd_peak;       /* lsm_stats */
     _Atomic uint64_t check_calls, check_blocks_fd, check_blocks_sd; /* lsm_get_meta */
     _Atomic uint64_t c_read, c_write, compactions;
     _Atomic uint64_t comp_in, comp_out; /* data block bytes before / after compression */
@@ -520,6 +525,16 @@ uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f);
  * volume (fast_mb minus their bytes), at least L1's target and at most
  * l0_trigger times it. Any thread holding a reference to v. */
 uint64_t lsm_l0_room(const lsm_db *db, const lsm_version *v);
+
+/* SST bytes of the FD levels (L0..last_fd) of v. */
+uint64_t lsm_fd_bytes(const lsm_db *db, const lsm_version *v);
+/* With a slow volume: true when v's FD levels hold more than fd_stop_pct of
+ * fast_mb and one of them is due for compaction (a score >= 1), i.e. when a
+ * flush should wait: the due job will run, and while an FD
+ * level is over its target the jobs go on until the bytes move to SD. False
+ * when no FD level is due, so a waiter never waits for a job that will not
+ * come. db->mu held (or v pinned). */
+bool lsm_fd_full(const lsm_db *db, const lsm_version *v);
 
 /* Promotion buffer: create before WAL replay (marks), start after. */
 kv_err lsm_promo_create(lsm_db *db);

@@ -31,6 +31,7 @@
  *
  * Threads: any reader adds (mu); one checker thread; marks are atomics.
  */
+#include <sys/prctl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 
@@ -390,6 +391,7 @@ static void check_one(lsm_db *db, pbuf *b)
 static void *checker_main(void *arg)
 {
     lsm_db *db = arg;
+    prctl(PR_SET_NAME, "lsm:promote"); /* shown by top -H, perf, gdb */
     lsm_promo *p = db->promo;
     if (db->o.newer_thread)
         db->o.newer_thread(db->o.newer_arg, true);

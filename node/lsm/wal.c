@@ -33,6 +33,7 @@
  * there and later segments are deleted, both logged (etcd's and RocksDB's
  * modes). A read error is never taken for a bad frame.
  */
+#include <sys/prctl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -215,6 +216,7 @@ kv_err lsm_wal_write(lsm_wal *w, const lsm_rec *recs, size_t n)
 static void *syncer_main(void *arg)
 {
     lsm_wal *w = arg;
+    prctl(PR_SET_NAME, "lsm:walsync"); /* shown by top -H, perf, gdb */
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {
         struct timespec ts;

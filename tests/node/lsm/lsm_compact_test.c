@@ -112,3 +112,71 @@ Test(pick, last_fd_level_breaks_benefit_ties_by_least_overlap)
         get_id(&t, id, NULL, NULL);
     lt_db_close(&t);
 }
+
+/* ---- the fast volume's stop (lsm_opts.fd_stop_pct) ---- */
+
+/* Writes `rounds` flushes of 100 new keys each (about 21 KiB of records per
+ * L0 file, uncompressed) while every write to the slow volume takes delay_us, so that
+ * compaction into SD falls far behind; returns the store's stats after the
+ * last flush. Two compaction threads: one keeps compacting FD levels while
+ * the other waits on SD, as a busy node's would. */
+static lsm_stats overfill(tdb *t, unsigned stop_pct, int rounds, unsigned delay_us)
+{
+    t->o.no_auto_compaction = false;
+    t->o.hotrap = false; /* plain tiering: no retention or promotion adds FD bytes */
+    t->o.compaction_threads = 2;
+    t->o.fd_stop_pct = stop_pct;
+    char err[128];
+    cr_assert_eq(lsm_compression_parse("none", &t->o.compression, err, sizeof(err)), KV_OK);
+    lt_db_start(t);
+    lsm_fault_set(&(lsm_fault){.ops = LSM_FOP_WRITE, .path_has = t->sd, .delay_us = delay_us});
+    for (int r = 0; r < rounds; r++)
+        put_range(t, r * 100, r * 100 + 100);
+    lsm_stats s = stats_of(t);
+    lsm_fault_set(NULL);
+    return s;
+}
+
+/* Flushes wait while the FD levels hold more than fast_mb (1 MiB here) and
+ * an FD level is due, so FD never holds more than its capacity plus the
+ * flush that found it under; every key written stays readable, and once
+ * compaction catches up FD is back within its levels' targets. */
+Test(fd_stop, flushes_wait_while_the_fast_volume_is_full)
+{
+    tdb t;
+    lt_db_init(&t, "fdstop");
+    lsm_stats s = overfill(&t, 100, 160, 15000);
+    uint64_t cap = t.o.fast_mb << 20, flush_max = 64u << 10;
+    cr_assert_gt(s.stalls_fd, 0, "no flush waited for the fast volume (peak %llu of %llu)",
+                 (unsigned long long)s.fd_peak_bytes, (unsigned long long)cap);
+    cr_assert_leq(s.fd_peak_bytes, cap + flush_max, "FD held %llu bytes, capacity %llu",
+                  (unsigned long long)s.fd_peak_bytes, (unsigned long long)cap);
+    cr_assert_gt(s.stall_ns, 0);
+    cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
+    s = stats_of(&t);
+    cr_assert_leq(s.fd_bytes, cap, "after the catch-up FD holds %llu",
+                  (unsigned long long)s.fd_bytes);
+    cr_assert_gt(s.levels[3].bytes, 2u << 20, "the data moved to SD (L3 %llu bytes)",
+                 (unsigned long long)s.levels[3].bytes);
+    for (int id = 0; id < 160 * 100; id += 37)
+        get_id(&t, id, NULL, NULL);
+    lt_db_close(&t);
+}
+
+/* The same writes with the stop set far above the capacity: FD fills past
+ * it, which is what the stop prevents (and shows that the slowed SD makes
+ * compaction fall behind at all in this test). */
+Test(fd_stop, without_the_stop_the_same_writes_overfill_the_fast_volume)
+{
+    tdb t;
+    lt_db_init(&t, "fdnostop");
+    lsm_stats s = overfill(&t, 100000, 160, 15000);
+    uint64_t cap = t.o.fast_mb << 20;
+    cr_assert_eq(s.stalls_fd, 0);
+    cr_assert_gt(s.fd_peak_bytes, 2 * cap, "FD peaked at %llu bytes only",
+                 (unsigned long long)s.fd_peak_bytes);
+    cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
+    for (int id = 0; id < 160 * 100; id += 37)
+        get_id(&t, id, NULL, NULL);
+    lt_db_close(&t);
+}
