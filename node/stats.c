@@ -126,12 +126,13 @@ void node_engine_store_stats(engine *e, kv_stats *l)
         snprintf(key, sizeof(key), "lsm.L%d", i);
         kv_stat_text(l, key,
                      "files=%llu bytes=%llu target=%llu volume=%s codec=%s compact_read_above=%llu "
-                     "compact_read_level=%llu compact_written=%llu compact_jobs=%llu moved=%llu",
+                     "compact_read_level=%llu compact_written=%llu compact_jobs=%llu moved=%llu "
+                     "compact_s=%.3f",
                      (unsigned long long)v->files, (unsigned long long)v->bytes,
                      (unsigned long long)v->target_bytes, vol, lsm_compression_name(v->codec),
                      (unsigned long long)v->comp_read_above, (unsigned long long)v->comp_read_level,
                      (unsigned long long)v->comp_written, (unsigned long long)v->comp_jobs,
-                     (unsigned long long)v->comp_moved);
+                     (unsigned long long)v->comp_moved, (double)v->comp_ns / 1e9);
         snprintf(lab, sizeof(lab), "level=\"%d\",volume=\"%s\"", i, vol);
         kv_stat_gauge(l, NULL, "hotkv_node_lsm_level_files", lab, "SST files in an LSM level.",
                       v->files);

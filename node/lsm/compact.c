@@ -538,7 +538,9 @@ static uint64_t files_bytes(lsm_file *const *f, size_t n)
 static kv_err run_job(lsm_db *db, cjob *j)
 {
     lsm_edit e = {0};
+    uint64_t t0 = kv_now_ns();
     kv_err rv = j->trivial ? trivial_move(db, j, &e) : merge(db, j, &e);
+    uint64_t took = kv_now_ns() - t0;
     for (int s = 0; s < 2 && rv == KV_OK; s++)
         for (size_t i = 0; i < j->nin[s] && rv == KV_OK; i++)
             rv = lsm_edit_del(&e, s ? j->to : j->from, j->in[s][i]->number);
@@ -559,6 +561,7 @@ static kv_err run_job(lsm_db *db, cjob *j)
             atomic_fetch_add(&db->lc_above[to], files_bytes(j->in[0], j->nin[0]));
             atomic_fetch_add(&db->lc_level[to], files_bytes(j->in[1], j->nin[1]));
             atomic_fetch_add(&db->lc_written[to], files_bytes(e.adds, e.nadd));
+            atomic_fetch_add(&db->lc_ns[to], took);
         }
         KV_DEBUG(LSM_LOG,
                  "compaction L%d -> L%d%s: %zu + %zu inputs (%" PRIu64 " + %" PRIu64

@@ -379,6 +379,7 @@ typedef struct lsm_level_stats {
      * above (its Rn) and from this level (Rnp1), bytes written (retained
      * records included), jobs, and bytes moved here by trivial moves. */
     uint64_t comp_read_above, comp_read_level, comp_written, comp_jobs, comp_moved;
+    uint64_t comp_ns; /* the merging jobs' summed wall time (RocksDB's Comp(sec)) */
 } lsm_level_stats;
 
 typedef struct lsm_stats {

@@ -483,7 +483,7 @@ struct lsm_db {
     _Atomic uint64_t comp_in, comp_out; /* data block bytes before / after compression */
     /* per output level (lsm_level_stats) */
     _Atomic uint64_t lc_above[LSM_MAX_LEVELS], lc_level[LSM_MAX_LEVELS], lc_written[LSM_MAX_LEVELS];
-    _Atomic uint64_t lc_jobs[LSM_MAX_LEVELS], lc_moved[LSM_MAX_LEVELS];
+    _Atomic uint64_t lc_jobs[LSM_MAX_LEVELS], lc_moved[LSM_MAX_LEVELS], lc_ns[LSM_MAX_LEVELS];
 
     /* HotRAP: both NULL when off or without SD */
     ralt *ralt;
