@@ -8,7 +8,7 @@
 #   bench/tier_compare.sh [--matrix issue5|issue4] [--engines "hotkv rocksdb-tiering"]
 #       [--baseline rocksdb-tiering] [--records 2000000] [--fast-mb 200] [--mem-mb 256]
 #       [--write-buffer-mb 64] [--tracker-mb 0] [--runs "RO:hotspot5 RO:hotspot5:shift"]
-#       [--nhc on|off]
+#       [--nhc on|off] [--fast-stop-pct 100]
 #       [--seconds 30] [--warmup 30] [--threads 4] [--plain] [--fast-plain]
 #       [--base /tmp/tier_compare] [--out results.jsonl] [--repeat 1]
 #
@@ -17,6 +17,8 @@
 #   (set it to hotkv's RALT memory, hotrap_state.ralt_mem_bytes) and its
 #   memtable of --write-buffer-mb beside it.
 # --nhc: hotkv's NHC scheduler (tier_bench --nhc; off = HotRAP alone).
+# --fast-stop-pct: hotkv's flush stop (tier_bench --fast-stop-pct, kvnode's
+#   flag; default 100, 100000 = none).
 # --runs overrides the matrix's runs (WORKLOAD:DIST, read-only ones first);
 #   WORKLOAD:DIST:shift moves the hot set halfway through the timed phase
 #   (--shift-at) and the table adds the FD hit rate before / at the end.
@@ -40,7 +42,7 @@ source "$here/slowfs/mount_pair.sh"
 
 matrix=issue5 engines="hotkv rocksdb-tiering" baseline=rocksdb-tiering
 records=2000000 fast_mb=200 mem_mb=256 seconds=30 warmup=30 threads=4
-plain=0 fast_plain=0 base=/tmp/tier_compare out="" repeat=1 wb_mb=64 tracker_mb=0 runs_arg="" nhc=on
+plain=0 fast_plain=0 base=/tmp/tier_compare out="" repeat=1 wb_mb=64 tracker_mb=0 runs_arg="" nhc=on fast_stop=""
 while [[ $# -gt 0 ]]; do
   case $1 in
   --matrix) matrix=$2; shift ;;
@@ -53,6 +55,7 @@ while [[ $# -gt 0 ]]; do
   --tracker-mb) tracker_mb=$2; shift ;;
   --runs) runs_arg=$2; shift ;;
   --nhc) nhc=$2; shift ;;
+  --fast-stop-pct) fast_stop=$2; shift ;;
   --seconds) seconds=$2; shift ;;
   --warmup) warmup=$2; shift ;;
   --threads) threads=$2; shift ;;
@@ -95,6 +98,7 @@ bench() {
   local e=$1 w=$2 d=$3
   shift 3
   [[ $e == hotkv* ]] && set -- --nhc "$nhc" "$@"
+  [[ $e == hotkv* && -n $fast_stop ]] && set -- --fast-stop-pct "$fast_stop" "$@"
   echo "tier_compare: $e $w $d $*" >&2
   "$TIER_BENCH" --engine "$e" --fast-dir "$FAST_DIR" --slow-dir "$SLOW_DIR" --fast-mb "$fast_mb" \
     --mem-mb "$mem_mb" --write-buffer-mb "$wb_mb" --tracker-mb "$tracker_mb" \

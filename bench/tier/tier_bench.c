@@ -275,6 +275,9 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
                                "\"shift_recovery\":%s,\"recovery_s\":%s",
                                o->shift_at, steady, end, ratio, rec);
     }
+    if (r->insert_id_max)
+        off += (size_t)snprintf(extra + off, sizeof(extra) - off, ",\"insert_id_max\":%llu",
+                                (unsigned long long)r->insert_id_max);
     if (r->fd_dir_peak_bytes)
         off += (size_t)snprintf(extra + off, sizeof(extra) - off, ",\"fd_dir_peak_bytes\":%llu",
                                 (unsigned long long)r->fd_dir_peak_bytes);

@@ -135,6 +135,7 @@ typedef struct tb_result {
      * --fast-dir held, sampled every 100 ms from the load to the end of the
      * run: what the fast volume must have room for, whatever the engine. */
     uint64_t fd_dir_peak_bytes;
+    uint64_t insert_id_max; /* the highest id the run's inserts wrote (0: none) */
 } tb_result;
 
 /* The value of record id (vlen bytes, deterministic): the runner writes it

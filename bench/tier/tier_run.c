@@ -48,6 +48,7 @@ typedef struct worker {
     _Atomic uint64_t done; /* ops so far (progress), any phase */
     _Atomic bool finished; /* the thread returned */
     uint64_t ops, gets, found, puts, version, get_ns;
+    uint64_t insert_max; /* highest id inserted (tb_result.insert_id_max), 0 = none */
     hist hget, hput;
     kv_err rv;
     unsigned char *val;
@@ -132,9 +133,18 @@ static void *load_main(void *arg)
     return NULL;
 }
 
-/* One op of the trace; counts and times it when measuring. */
-static kv_err do_op(worker *w, wl_op op, bool measuring)
+/* One op of the trace; counts and times it when measuring. pass is how
+ * many times the thread has gone round its trace: an insert of a later pass
+ * writes its id shifted past every id a pass can insert (n x threads), so
+ * that inserts stay new keys however long the run, as the workloads say
+ * (replayed, they would overwrite the first pass's keys: a workload of
+ * updates to keys that by then live on the slow volume). */
+static kv_err do_op(worker *w, wl_op op, uint64_t pass, bool measuring)
 {
+    if (op.type == WL_OP_INSERT) {
+        op.key += pass * (uint64_t)w->n * (uint64_t)w->o->threads;
+        w->insert_max = op.key > w->insert_max ? op.key : w->insert_max;
+    }
     unsigned char key[WL_KEY8_LEN];
     bool found = false;
     kv_err rv = KV_OK;
@@ -176,7 +186,7 @@ static void *run_main(void *arg)
             seen = ph;
         }
         int sh = atomic_load_explicit(&g_run.shift, memory_order_relaxed);
-        w->rv = do_op(w, w->trace[sh][i % w->n], seen == PH_MEASURE);
+        w->rv = do_op(w, w->trace[sh][i % w->n], i / w->n, seen == PH_MEASURE);
         atomic_fetch_add_explicit(&w->done, 1, memory_order_relaxed);
     }
     if (seen == PH_MEASURE)
@@ -449,6 +459,8 @@ static void merge(const tb_opts *o, worker *ws, tb_result *res, double run_s)
         res->gets += ws[t].gets;
         res->gets_found += ws[t].found;
         res->puts += ws[t].puts;
+        res->insert_id_max =
+            ws[t].insert_max > res->insert_id_max ? ws[t].insert_max : res->insert_id_max;
         for (unsigned b = 0; b < NBUCKETS; b++) {
             hg.n[b] += ws[t].hget.n[b];
             hp.n[b] += ws[t].hput.n[b];

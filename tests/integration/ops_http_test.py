@@ -124,6 +124,7 @@ def cluster(tmp, router_token=None):
         start([os.path.join(BUILD, "node/kvnode"), "--id", f"n{i}", "--listen",
                f"tcp://127.0.0.1:{rpc}", "--data-dir", f"{tmp}/n{i}", "--mem-mb", "64",
                "--slow-dir", f"{tmp}/n{i}-slow",  # HotRAP and NHC run: their metrics too
+               "--fast-stop-pct", "150",
                "--http-listen", f"http://127.0.0.1:{http}"], f"{tmp}/n{i}.log")
         nodes.append(f"http://127.0.0.1:{http}")
         specs.append(f"n{i}=tcp://127.0.0.1:{rpc}")
@@ -280,8 +281,14 @@ def metrics_mode(tmp):
                     "hotkv_node_nhc_state", "hotkv_node_compaction_written_bytes",
                     "hotkv_node_volume_write_bytes", "hotkv_node_hot_keys_pinned",
                     "hotkv_node_hot_keys_tracked", "hotkv_node_memory_bytes",
-                    "hotkv_node_serving_state"):
+                    "hotkv_node_serving_state", "hotkv_node_flush_stalls",
+                    "hotkv_node_fast_volume_sst_bytes", "hotkv_node_fast_volume_sst_peak_bytes"):
             check(fam in b, f"{who}: {fam} exported")
+        fb = value(b, "hotkv_node_fast_volume_sst_bytes", "hotkv_node_fast_volume_sst_bytes")
+        fp = value(b, "hotkv_node_fast_volume_sst_peak_bytes",
+                   "hotkv_node_fast_volume_sst_peak_bytes")
+        check(fb is not None and fp is not None and fp >= fb,
+              f"{who}: fast-volume SST bytes {fb} within their peak {fp}")
         w1 = value(a, "hotkv_node_wal_written_bytes", "hotkv_node_wal_written_bytes_total")
         w2 = value(b, "hotkv_node_wal_written_bytes", "hotkv_node_wal_written_bytes_total")
         check(w2 > w1, f"{who}: WAL bytes move: {w1} -> {w2}")

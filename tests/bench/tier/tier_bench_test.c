@@ -199,3 +199,17 @@ Test(tier_bench, bad_flags)
     free(run("--engine hotkv --fast-dir /tmp --slow-dir /tmp --load-only --no-load", &st));
     cr_assert_eq(WEXITSTATUS(st), 2);
 }
+
+/* Inserts stay new keys when a thread goes round its trace again: with
+ * 1024 ops per thread the run replays its traces many times, and the
+ * highest id inserted must be at least one per insert past the loaded
+ * ids (replayed as they were drawn, the inserts stopped at records + 2 x
+ * 1024 and became overwrites). */
+Test(tier_bench, rw_inserts_stay_new_keys_past_the_trace)
+{
+    char *out = smoke_with("hotkv", "RW", "uniform", "--trace-ops 1024");
+    double puts = field(out, "ops") - field(out, "gets"), max = field(out, "insert_id_max");
+    cr_assert_gt(puts, 4 * 1024, "the run went round its traces (%g inserts):\n%s", puts, out);
+    cr_assert_geq(max, 5000 + puts - 1, "the inserts reused ids:\n%s", out);
+    free(out);
+}
