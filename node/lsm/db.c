@@ -251,6 +251,8 @@ static kv_err open_files(lsm_db *db, lsm_recovered *st, uint64_t *max_seq)
         *max_seq = f->max_seq > *max_seq ? f->max_seq : *max_seq;
     }
     db->cur = lsm_version_apply(NULL, &st->state);
+    if (db->cur) /* the peak since open starts at what the manifest left */
+        atomic_store(&db->fd_peak, lsm_fd_bytes(db, db->cur));
     return db->cur ? KV_OK : KV_RESOURCE_EXHAUSTED;
 }
 
@@ -1051,8 +1053,6 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
     out->stalls_fd = atomic_load(&db->stalls_fd);
     out->stall_ns = atomic_load(&db->stall_ns);
     out->fd_peak_bytes = atomic_load(&db->fd_peak);
-    if (out->fd_peak_bytes < out->fd_bytes)
-        out->fd_peak_bytes = out->fd_bytes;
     out->compact_read_bytes = atomic_load(&db->c_read);
     out->compact_write_bytes = atomic_load(&db->c_write);
     out->compactions = atomic_load(&db->compactions);

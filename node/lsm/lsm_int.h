@@ -168,7 +168,7 @@ typedef struct lsm_fault {
 
 /* Installs f (replacing the rule and its counts); NULL disarms. */
 void lsm_fault_set(const lsm_fault *f);
-/* Calls failed since the rule was set. */
+/* Calls failed (or, with delay_us, delayed) since the rule was set. */
 uint64_t lsm_fault_hits(void);
 /* volume.c: 0, or -errno when this call must fail; *keep (may be NULL) =
  * the bytes a failing write writes first. name: the file name when the
