@@ -105,7 +105,8 @@ static void check_verdict(const Kv__Envelope *req, const Kv__Envelope *rep, bool
                               memcmp(req->auth.data, TOKEN, req->auth.len) == 0);
     if (!token_ok)
         FZ_CHECK(code == KV_UNAUTHENTICATED, "wrong token answered %d", code);
-    bool known = false;
+    /* rpc.Calls is the server's own method (a batch of calls), not unknown */
+    bool known = req->method && strcmp(req->method, "rpc.Calls") == 0;
     for (size_t i = 0; req->method && i < sizeof(methods) / sizeof(methods[0]); i++)
         known |= strcmp(req->method, methods[i].name) == 0;
     if (token_ok && !known)
