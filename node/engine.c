@@ -103,6 +103,16 @@ static void account(engine *e, const put_acct *a, uint64_t bytes, bool dirty)
     }
 }
 
+/* Raises e->max_version to at least v. */
+static void raise_max_version(engine *e, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(&e->max_version, memory_order_relaxed);
+    /* the CAS only ever raises it; a failed one reloads cur and retries
+     * while v is still above it */
+    while (v > cur && !atomic_compare_exchange_weak(&e->max_version, &cur, v))
+        ;
+}
+
 static kv_err replay_one(void *arg, const lsm_rec *r)
 {
     engine *e = arg;
@@ -114,6 +124,7 @@ static kv_err replay_one(void *arg, const lsm_rec *r)
     if (rv == KV_OK)
         account(e, &a, engine_rec_bytes(r->klen, r->vlen), true);
     kv_hlc_observe(&e->hlc, r->version);
+    raise_max_version(e, r->version);
     return rv == SKIP ? KV_OK : rv;
 }
 
@@ -177,6 +188,7 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
     engine_thread_unregister();
     if (rv != KV_OK)
         return rv;
+    raise_max_version(e, e->st->max_version ? e->st->max_version(e->db) : UINT64_MAX);
     atomic_store(&e->next_seqno, e->st->last_seqno(e->db) + 1);
     return KV_OK;
 }
@@ -584,6 +596,7 @@ static kv_err apply(engine *e, const engine_write *w, uint64_t version, bool *ap
                                              : "WAL append failed (I/O error, see the log)");
         return rv;
     }
+    raise_max_version(e, version); /* logged: it is stored, whatever memory says */
     put_acct a = {.version = version};
     rv = hr_upsert_prepared(e->idx, w->key, w->klen, val, rec.vlen, &m, newer_cond, &a, &prep);
     pthread_rwlock_unlock(&e->apply_lock);
@@ -626,15 +639,8 @@ static kv_err write_run(engine *e, const engine_write *w, engine_result *out, bo
         return KV_OK;
     }
     pthread_mutex_t *stripe = engine_stripe(e, w->key, w->klen);
-    current c;
     if (mem_only) {
         if (pthread_mutex_trylock(stripe) != 0) {
-            *declined = true;
-            return KV_OK;
-        }
-        c = (current){.now_ms = engine_now_ms(e)};
-        if (hr_get(e->idx, w->key, w->klen, cur_visit, &c) != KV_OK) {
-            pthread_mutex_unlock(stripe); /* the current record is in the LSM: block reads */
             *declined = true;
             return KV_OK;
         }
@@ -645,11 +651,29 @@ static kv_err write_run(engine *e, const engine_write *w, engine_result *out, bo
             return rv;
         }
         pthread_mutex_lock(stripe);
-        rv = find_current(e, w, &c, err, errlen);
     }
     /* the version is drawn under the stripe lock: a writer of the same key
-     * that drew an older one before has applied it, or LWW drops it */
+     * that drew an older one before has applied it, or LWW drops it (a
+     * declined write's drawn version is simply not used) */
     uint64_t version = w->version ? w->version : kv_hlc_now(&e->hlc);
+    /* A plain put above every version stored (max_version, raised under
+     * this stripe by every earlier write of the key) cannot lose to the
+     * key's current record, and needs nothing else of it: it is applied
+     * blind. Conditions and a delete's `existed` need the record. */
+    bool blind =
+        !w->is_delete && !w->if_absent && !w->if_version && version > atomic_load(&e->max_version);
+    current c = {.now_ms = engine_now_ms(e)};
+    if (blind) {
+        atomic_fetch_add_explicit(&e->blind_puts, 1, memory_order_relaxed);
+    } else if (mem_only) {
+        if (hr_get(e->idx, w->key, w->klen, cur_visit, &c) != KV_OK) {
+            pthread_mutex_unlock(stripe); /* the current record is in the LSM: block reads */
+            *declined = true;
+            return KV_OK;
+        }
+    } else {
+        rv = find_current(e, w, &c, err, errlen);
+    }
     if (w->version)
         kv_hlc_observe(&e->hlc, w->version);
     atomic_fetch_add_explicit(w->is_delete ? &e->deletes : &e->puts, 1, memory_order_relaxed);

@@ -125,6 +125,10 @@ typedef struct engine_result {
 typedef struct engine_stats {
     uint64_t items, mem_bytes, mem_limit, dirty_bytes;
     uint64_t gets, puts, deletes;
+    /* puts applied without looking the key up: their version was above
+     * every version in memory and in the store, so last-writer-wins could
+     * not reject them (no condition, not a delete) */
+    uint64_t blind_puts;
     uint64_t reads_mem, reads_fd, reads_sd, reads_miss, fills, evictions, flushes;
     uint64_t index_reads, index_visited, index_head_hits, index_head_moves;
     uint64_t index_sample_rounds, index_rehashes, index_buckets;
@@ -188,7 +192,10 @@ kv_err engine_write_one(engine *e, const engine_write *w, engine_result *out, ch
  * callback): declines (*declined = true; nothing stored, counted or
  * versioned) where engine_write_one would wait on the disk or for room:
  * sync mode "always" (the fsync), a write buffer at its cap, the key's
- * record not in memory (the lookup may read blocks), or another writer of
+ * record not in memory when the write needs it (a condition, a delete, or a
+ * version not above every stored one: the lookup may read blocks; a plain
+ * put with a newer version than any stored is applied blind, see
+ * engine_stats.blind_puts), or another writer of
  * the key's stripe. Else the same result as engine_write_one. It still
  * waits as any writer does for the WAL's group write (one write(2) of a
  * batch of records, the page cache in sync mode "batch") and, rarely, for

@@ -434,6 +434,7 @@ void engine_get_stats(engine *e, engine_stats *out)
     s.gets = atomic_load(&e->gets);
     s.puts = atomic_load(&e->puts);
     s.deletes = atomic_load(&e->deletes);
+    s.blind_puts = atomic_load(&e->blind_puts);
     s.reads_mem = atomic_load(&e->reads_mem);
     s.reads_fd = atomic_load(&e->reads_fd);
     s.reads_sd = atomic_load(&e->reads_sd);

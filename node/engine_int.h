@@ -38,6 +38,10 @@ typedef struct engine_store {
      * only (key and value NULL: nothing to free), not counted as a read
      * (lsm_get_meta). */
     kv_err (*get_meta)(void *db, const void *key, size_t klen, lsm_rec *out);
+    /* The highest version of any record the store holds, outside its WAL
+     * (lsm_max_version); UINT64_MAX when unknown. NULL: always unknown, so
+     * every write looks its key up. */
+    uint64_t (*max_version)(void *db);
     /* A memory-tier hit, for HotRAP's tracker (a no-op for kallax). */
     void (*note_access)(void *db, const void *key, size_t klen, size_t vlen);
     /* The iteration order is (order(key), lsm_key_cmp): 0 for the LSM (key
@@ -83,6 +87,14 @@ struct engine {
     _Atomic uint8_t *sketch; /* admission: saturating per-slot counters */
     _Atomic uint64_t sketch_adds;
     _Atomic uint64_t gets, puts, deletes, reads_mem, reads_fd, reads_sd, reads_miss;
+    /* At least the highest version of any record in memory or in the store
+     * (UINT64_MAX when the store cannot tell): raised under the key's stripe
+     * before a write's stripe is released, so a writer of key k holding k's
+     * stripe sees every version k was ever written with below it. A plain
+     * put whose version is above it cannot lose to a record already stored
+     * (last-writer-wins), so it is applied without looking the key up
+     * (blind_puts counts those). */
+    _Atomic uint64_t max_version, blind_puts;
     /* tracker samples drawn by engine_get_mem and owed by engine_get (the
      * read deferred to a thread that may block takes one) */
     _Atomic uint64_t samples_owed;

@@ -80,6 +80,11 @@ static uint64_t lsm_store_last_seqno(void *db)
     return lsm_last_seqno(db);
 }
 
+static uint64_t lsm_store_max_version(void *db)
+{
+    return lsm_max_version(db);
+}
+
 static kv_err lsm_store_wal_append(void *db, const lsm_rec *recs, size_t n)
 {
     return lsm_wal_append(db, recs, n);
@@ -172,6 +177,7 @@ const engine_store engine_store_lsm = {
     .close = lsm_store_close,
     .last_seqno = lsm_store_last_seqno,
     .wal_append = lsm_store_wal_append,
+    .max_version = lsm_store_max_version,
     .flush = lsm_store_flush,
     .flush_generation = lsm_store_flush_gen,
     .get = lsm_store_get,

@@ -361,6 +361,9 @@ void node_collect_stats(node *n, const rpc_server *srv, kv_stats *l, bool verbos
                     "Engine operations (replica reads and writes).", es.gets);
     kv_stat_counter(l, "puts", "hotkv_node_engine_ops_total", "op=\"put\"", NULL, es.puts);
     kv_stat_counter(l, "deletes", "hotkv_node_engine_ops_total", "op=\"delete\"", NULL, es.deletes);
+    kv_stat_counter(l, "blind_puts", "hotkv_node_engine_blind_puts_total", NULL,
+                    "Puts applied without looking the key up (version above every stored one).",
+                    es.blind_puts);
     kv_stat_gauge(l, "dirty_bytes", "hotkv_node_memory_dirty_bytes", NULL,
                   "Unflushed bytes of the memory tier.", es.dirty_bytes);
     kv_stat_gauge(l, "hot.pinned", "hotkv_node_hot_keys_pinned", NULL,

@@ -506,6 +506,7 @@ static kv_err trivial_move(lsm_db *db, cjob *j, lsm_edit *e)
                     .nentries = src->nentries,
                     .min_seq = src->min_seq,
                     .max_seq = src->max_seq,
+                    .max_version = src->max_version,
                     .level = j->to,
                     .tier = src->tier,
                     .vol = src->vol,

@@ -492,6 +492,17 @@ uint64_t lsm_last_seqno(lsm_db *db)
     return atomic_load(&db->last_seq);
 }
 
+uint64_t lsm_max_version(lsm_db *db)
+{
+    lsm_version *v = lsm_db_current(db);
+    uint64_t max = 0;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        for (size_t i = 0; i < v->nfiles[l]; i++)
+            max = v->files[l][i]->max_version > max ? v->files[l][i]->max_version : max;
+    lsm_version_unref(v);
+    return max;
+}
+
 uint64_t lsm_flush_generation(lsm_db *db)
 {
     return atomic_load(&db->flush_gen);

@@ -247,6 +247,15 @@ void lsm_close(lsm_db *db);
  * where to continue after lsm_open. */
 uint64_t lsm_last_seqno(lsm_db *db);
 
+/* The highest version (HLC) of any record in the installed SSTs, 0 when
+ * there are none, or UINT64_MAX when a file's is unknown (recorded by a
+ * manifest older than the field; compaction rewrites such files with it).
+ * The WAL's records are not included: the caller replays them. A writer
+ * holding a version above every version its store and memory hold knows
+ * that last-writer-wins lets it apply without looking the key up. Any
+ * thread. */
+uint64_t lsm_max_version(lsm_db *db);
+
 /* Appends n records to the WAL as one atomic group (all or none survive a
  * crash) and returns when they are durable per the sync mode; concurrent
  * callers are group-committed (one write [+ fsync] for many callers).

@@ -182,6 +182,9 @@ typedef struct lsm_sst lsm_sst;
 /* Metadata of one SST, shared by versions (refcounted). */
 typedef struct lsm_file {
     uint64_t number, size, nentries, min_seq, max_seq;
+    /* The highest version (HLC) of the file's records; LSM_VERSION_UNKNOWN
+     * for a file recorded before manifests carried it (lsm_max_version). */
+    uint64_t max_version;
     int level;
     lsm_tier tier;
     uint8_t *smallest, *largest;
@@ -191,6 +194,8 @@ typedef struct lsm_file {
     _Atomic int refs;
     _Atomic bool obsolete; /* unlink when the last reference goes */
 } lsm_file;
+
+#define LSM_VERSION_UNKNOWN UINT64_MAX
 
 void lsm_file_ref(lsm_file *f);
 void lsm_file_unref(lsm_file *f);

@@ -27,7 +27,10 @@
 #include "common/log.h"
 #include "node/lsm/lsm_int.h"
 
-enum { TAG_FLUSHED = 1, TAG_NEXT = 2, TAG_LOG = 3, TAG_DEL = 4, TAG_ADD = 5 };
+/* TAG_ADD2 is TAG_ADD followed by the file's max_version; manifests written
+ * before it existed hold TAG_ADD only (their files' max_version is unknown
+ * until compaction rewrites them). */
+enum { TAG_FLUSHED = 1, TAG_NEXT = 2, TAG_LOG = 3, TAG_DEL = 4, TAG_ADD = 5, TAG_ADD2 = 6 };
 
 /* MANIFEST frame: [u32 crc32c(len || payload)][u32 len][u32 crc32c(len)]
  * [payload]. The header's own checksum tells a torn last append (header
@@ -61,8 +64,10 @@ struct lsm_manifest {
 lsm_file *lsm_file_new(void)
 {
     lsm_file *f = calloc(1, sizeof(*f));
-    if (f)
+    if (f) {
         atomic_init(&f->refs, 1);
+        f->max_version = LSM_VERSION_UNKNOWN; /* until a builder or the manifest says */
+    }
     return f;
 }
 
@@ -141,7 +146,7 @@ static kv_err put_key(lsm_buf *b, const uint8_t *k, size_t len)
 static kv_err encode_add(lsm_buf *b, const lsm_file *f)
 {
     uint8_t tier = (uint8_t)f->tier;
-    kv_err rv = lsm_buf_put(b, (uint8_t[]){TAG_ADD}, 1);
+    kv_err rv = lsm_buf_put(b, (uint8_t[]){TAG_ADD2}, 1);
     if (rv == KV_OK)
         rv = lsm_buf_put32(b, (uint32_t)f->level);
     if (rv == KV_OK)
@@ -153,6 +158,8 @@ static kv_err encode_add(lsm_buf *b, const lsm_file *f)
         rv = put_key(b, f->smallest, f->slen);
     if (rv == KV_OK)
         rv = put_key(b, f->largest, f->llen);
+    if (rv == KV_OK)
+        rv = lsm_buf_put64(b, f->max_version);
     return rv;
 }
 
@@ -200,7 +207,7 @@ static bool take_key(const uint8_t **p, const uint8_t *end, uint8_t **k, size_t 
     return true;
 }
 
-static bool decode_add(const uint8_t **p, const uint8_t *end, lsm_recovered *st)
+static bool decode_add(const uint8_t **p, const uint8_t *end, lsm_recovered *st, bool v2)
 {
     if (end - *p < 4 + 1 + 40)
         return false;
@@ -219,6 +226,11 @@ static bool decode_add(const uint8_t **p, const uint8_t *end, lsm_recovered *st)
     bool ok = f->level >= 0 && f->level < LSM_MAX_LEVELS &&
               (f->tier == LSM_TIER_FD || f->tier == LSM_TIER_SD) &&
               take_key(p, end, &f->smallest, &f->slen) && take_key(p, end, &f->largest, &f->llen);
+    if (ok && v2) {
+        ok = end - *p >= 8;
+        f->max_version = ok ? lsm_get64(*p) : 0;
+        *p += ok ? 8 : 0;
+    }
     ok = ok && lsm_edit_add(&st->state, f) == KV_OK;
     lsm_file_unref(f);
     return ok;
@@ -259,8 +271,8 @@ static bool edit_apply_raw(const uint8_t *p, size_t len, lsm_recovered *st)
                 return false;
             state_del(st, lsm_get64(p + 4));
             p += 12;
-        } else if (tag == TAG_ADD) {
-            if (!decode_add(&p, end, st))
+        } else if (tag == TAG_ADD || tag == TAG_ADD2) {
+            if (!decode_add(&p, end, st, tag == TAG_ADD2))
                 return false;
         } else {
             return false;

@@ -244,10 +244,88 @@ static void rm_dir(const char *dir)
     cr_assert_eq(system(cmd), 0);
 }
 
+static uint64_t write_checks(engine *e)
+{
+    lsm_stats s = {0};
+    if (!tk_kallax())
+        cr_assert_eq(lsm_stats_get(e->db, &s), KV_OK);
+    return s.check_calls;
+}
+
+/* A plain put whose version is above every stored one is applied without
+ * looking its key up (blind); one that is not, a delete and a conditional
+ * put still look it up, in the store after a reopen, so last-writer-wins,
+ * `existed` and the conditions are exactly as before. The store's highest
+ * version survives the reopen (the manifest records it per file; kallax
+ * cannot tell it, so every write there looks up). */
+Test(engine, blind_puts_only_above_every_stored_version)
+{
+    char dir[] = "/tmp/hotkv-engine-XXXXXX", err[256];
+    cr_assert_not_null(mkdtemp(dir));
+    engine_thread_register();
+    engine *e = open_engine(dir, NULL);
+    bool lsm = !tk_kallax();
+    engine_result r;
+    char k[16], v[16];
+    uint64_t vmax = 0;
+    for (int i = 0; i < 100; i++) {
+        snprintf(k, sizeof(k), "b%03d", i);
+        engine_write w = {.key = k, .klen = 4, .val = k, .vlen = 4};
+        cr_assert_eq(engine_write_one(e, &w, &r, err, sizeof(err)), KV_OK, "%s", err);
+        vmax = r.version > vmax ? r.version : vmax;
+    }
+    cr_assert_eq(atomic_load(&e->blind_puts), lsm ? 100 : 0);
+    cr_assert_eq(write_checks(e), 0, "no key was looked up");
+    cr_assert_eq(engine_flush(e), KV_OK);
+    engine_close(e);
+    e = open_engine(dir, NULL); /* memory empty: the store holds every record */
+    cr_assert_eq(atomic_load(&e->max_version), lsm ? vmax : UINT64_MAX);
+
+    engine_write old = {.key = "b005", .klen = 4, .val = "old", .vlen = 3, .version = 1};
+    cr_assert_eq(engine_write_one(e, &old, &r, err, sizeof(err)), KV_OK, "%s", err);
+    cr_assert(!r.applied && r.version > 1, "the stored record wins (v%llu)",
+              (unsigned long long)r.version);
+    cr_assert_eq(write_checks(e), lsm ? 1 : 0, "the older put looked its key up");
+    engine_write nw = {.key = "b006", .klen = 4, .val = "new", .vlen = 3};
+    cr_assert_eq(engine_write_one(e, &nw, &r, err, sizeof(err)), KV_OK, "%s", err);
+    cr_assert(r.applied && r.version > vmax);
+    cr_assert_eq(write_checks(e), lsm ? 1 : 0, "a newer put is blind");
+    cr_assert_eq(atomic_load(&e->blind_puts), lsm ? 1 : 0);
+    engine_write del = {.key = "b007", .klen = 4, .is_delete = true};
+    cr_assert_eq(engine_write_one(e, &del, &r, err, sizeof(err)), KV_OK, "%s", err);
+    cr_assert(r.found, "the delete found the stored key (existed)");
+    engine_write absent = {.key = "b008", .klen = 4, .val = "x", .vlen = 1, .if_absent = true};
+    cr_assert_eq(engine_write_one(e, &absent, &r, err, sizeof(err)), KV_ALREADY_EXISTS,
+                 "if_absent sees the stored record");
+    engine_write ifv = {.key = "b009", .klen = 4, .val = "x", .vlen = 1, .if_version = 1};
+    cr_assert_eq(engine_write_one(e, &ifv, &r, err, sizeof(err)), KV_FAILED_PRECONDITION,
+                 "if_version compares with the stored record");
+    cr_assert_eq(write_checks(e), lsm ? 4 : 0);
+    cr_assert_eq(atomic_load(&e->blind_puts), lsm ? 1 : 0);
+    struct {
+        const char *key, *val;
+    } want[] = {
+        {"b005", "b005"}, {"b006", "new"}, {"b007", NULL}, {"b008", "b008"}, {"b009", "b009"}};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        cr_assert_eq(engine_get(e, want[i].key, 4, &r), KV_OK);
+        if (!want[i].val) {
+            cr_assert_not(r.found, "%s deleted", want[i].key);
+            continue;
+        }
+        snprintf(v, sizeof(v), "%.*s", (int)r.vlen, r.found ? (char *)r.val : "");
+        cr_assert_str_eq(v, want[i].val, "%s", want[i].key);
+        free(r.val);
+    }
+    engine_close(e);
+    engine_thread_unregister();
+    rm_dir(dir);
+}
+
 /* engine_write_mem (a node's receive callback) declines, with nothing done
- * or counted, what could wait on the disk: a key whose record is not in
- * memory, sync mode "always"; it applies the rest as engine_write_one
- * would, conditions and bad input included, durably. */
+ * or counted, what could wait on the disk: a write that must look up a key
+ * whose record is not in memory, sync mode "always"; it applies the rest as
+ * engine_write_one would, conditions and bad input included, durably. A
+ * plain put newer than every stored version needs no lookup (LSM only). */
 Test(engine, write_mem_declines_what_would_block)
 {
     char dir[] = "/tmp/hotkv-engine-XXXXXX", err[256];
@@ -256,13 +334,6 @@ Test(engine, write_mem_declines_what_would_block)
     engine *e = open_engine_sync(dir, NULL, 2, ENGINE_SYNC_BATCH);
     engine_result r;
     bool declined;
-    engine_write fresh = {.key = "fresh", .klen = 5, .val = "v", .vlen = 1};
-    uint64_t puts = atomic_load(&e->puts);
-    cr_assert_eq(engine_write_mem(e, &fresh, &r, &declined, err, sizeof(err)), KV_OK);
-    cr_assert(declined, "a key not in memory may have its record in the LSM: declined");
-    cr_assert_eq(atomic_load(&e->puts), puts, "a declined write is not counted");
-    cr_assert_eq(engine_get(e, "fresh", 5, &r), KV_OK);
-    cr_assert_not(r.found, "a declined write stored nothing");
     engine_write empty = {.key = "", .klen = 0, .val = "v", .vlen = 1};
     cr_assert_eq(engine_write_mem(e, &empty, &r, &declined, err, sizeof(err)), KV_INVALID_ARGUMENT,
                  "bad input is refused, not declined");
@@ -270,11 +341,29 @@ Test(engine, write_mem_declines_what_would_block)
     engine_write w1 = {.key = "k", .klen = 1, .val = "one", .vlen = 3};
     cr_assert_eq(engine_write_one(e, &w1, &r, err, sizeof(err)), KV_OK);
     uint64_t v1 = r.version;
+    /* an older version than one stored: last-writer-wins needs the key's
+     * record, which is not in memory */
+    engine_write fresh = {.key = "fresh", .klen = 5, .val = "v", .vlen = 1, .version = v1 - 1};
+    uint64_t puts = atomic_load(&e->puts), blind = atomic_load(&e->blind_puts);
+    cr_assert_eq(engine_write_mem(e, &fresh, &r, &declined, err, sizeof(err)), KV_OK);
+    cr_assert(declined, "a key not in memory may have its record in the LSM: declined");
+    cr_assert_eq(atomic_load(&e->puts), puts, "a declined write is not counted");
+    cr_assert_eq(engine_get(e, "fresh", 5, &r), KV_OK);
+    cr_assert_not(r.found, "a declined write stored nothing");
+    engine_write fresh2 = {.key = "fresh2", .klen = 6, .val = "v", .vlen = 1};
+    cr_assert_eq(engine_write_mem(e, &fresh2, &r, &declined, err, sizeof(err)), KV_OK);
+    if (tk_kallax()) {
+        cr_assert(declined, "kallax cannot tell its newest version: every write looks up");
+        cr_assert_eq(atomic_load(&e->blind_puts), blind);
+    } else {
+        cr_assert(!declined && r.applied, "a put newer than everything stored needs no lookup");
+        cr_assert_eq(atomic_load(&e->blind_puts), blind + 1);
+    }
     engine_write w2 = {.key = "k", .klen = 1, .val = "two", .vlen = 3};
     cr_assert_eq(engine_write_mem(e, &w2, &r, &declined, err, sizeof(err)), KV_OK, "%s", err);
-    cr_assert_not(declined, "the record is in memory");
-    cr_assert(r.applied && r.found && r.version > v1, "applied over v%llu: v%llu",
-              (unsigned long long)v1, (unsigned long long)r.version);
+    cr_assert_not(declined, "the record is in memory, or the put is blind");
+    cr_assert(r.applied && r.version > v1, "applied over v%llu: v%llu", (unsigned long long)v1,
+              (unsigned long long)r.version);
     uint64_t v2 = r.version;
     engine_write absent = {.key = "k", .klen = 1, .val = "x", .vlen = 1, .if_absent = true};
     cr_assert_eq(engine_write_mem(e, &absent, &r, &declined, err, sizeof(err)), KV_ALREADY_EXISTS);

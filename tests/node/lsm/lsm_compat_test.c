@@ -139,6 +139,20 @@ static void check_all(lsm_db *db, int max, bool gone)
     cr_assert_eq(lsm_get(db, absent, strlen(absent), &r, NULL), KV_NOT_FOUND);
 }
 
+/* The highest version among the newest records of gens <= max, the keys
+ * deleted at their newest left out when gone. */
+static uint64_t newest_version(int max, bool gone)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < FX_KEYS; i++) {
+        bool del;
+        int gen = newest_upto(i, max, &del);
+        if (gen && !(del && gone) && fx_version(i, gen) > v)
+            v = fx_version(i, gen);
+    }
+    return v;
+}
+
 typedef struct replayed {
     lsm_rec recs[FX_KEYS];
     char keys[FX_KEYS][16];
@@ -217,9 +231,13 @@ Test(compat, sst_v1_fixture_reads_and_compacts_into_v2)
         expect_rec(&w.recs[k], i, 5, false);
     }
     check_all(db, 4, false);
+    cr_assert_eq(lsm_max_version(db), UINT64_MAX,
+                 "the old manifest does not record its files' versions: unknown");
 
     /* Everything into L3 on SD: v1 inputs, v2 lz4 outputs. */
     cr_assert_eq(lsm_compact_all(db), KV_OK);
+    cr_assert_eq(lsm_max_version(db), newest_version(4, true),
+                 "rewritten files carry their highest version");
     lsm_stats_get(db, &st);
     cr_assert_eq(st.levels[0].files + st.levels[1].files + st.levels[2].files, 0);
     cr_assert_gt(st.compress_in_bytes, 0);
@@ -228,6 +246,8 @@ Test(compat, sst_v1_fixture_reads_and_compacts_into_v2)
     cr_assert_eq(count_magic(slow, MAGIC_V2, &all), all);
     cr_assert_eq(lsm_flush(db, w.recs, w.n, w.max_seq), KV_OK); /* gen 5 into L0 */
     check_all(db, 5, true);
+    uint64_t maxv = lsm_max_version(db);
+    cr_assert_eq(maxv, newest_version(5, true));
     lsm_close(db);
 
     /* Reopen with zstd everywhere: the lz4 files read, new files zstd. */
@@ -235,6 +255,7 @@ Test(compat, sst_v1_fixture_reads_and_compacts_into_v2)
     lsm_stats_get(db, &st);
     cr_assert_eq(st.levels[0].codec, LSM_COMPRESS_ZSTD);
     check_all(db, 5, true);
+    cr_assert_eq(lsm_max_version(db), maxv, "the manifest keeps the files' versions");
     cr_assert_eq(lsm_compact_all(db), KV_OK);
     check_all(db, 5, true);
     lsm_close(db);
