@@ -38,9 +38,9 @@ typedef struct engine_store {
      * only (key and value NULL: nothing to free), not counted as a read
      * (lsm_get_meta). */
     kv_err (*get_meta)(void *db, const void *key, size_t klen, lsm_rec *out);
-    /* The highest version of any record the store holds, outside its WAL
-     * (lsm_max_version); UINT64_MAX when unknown. NULL: always unknown, so
-     * every write looks its key up. */
+    /* At least the highest version of any record the store holds, outside
+     * its WAL (lsm_max_version, kallax_max_version); UINT64_MAX when unknown
+     * (then every write looks its key up). */
     uint64_t (*max_version)(void *db);
     /* A memory-tier hit, for HotRAP's tracker (a no-op for kallax). */
     void (*note_access)(void *db, const void *key, size_t klen, size_t vlen);

@@ -234,6 +234,11 @@ static uint64_t kx_store_last_seqno(void *db)
     return kallax_last_seqno(db);
 }
 
+static uint64_t kx_store_max_version(void *db)
+{
+    return kallax_max_version(db);
+}
+
 static kv_err kx_store_wal_append(void *db, const lsm_rec *recs, size_t n)
 {
     return kallax_wal_append(db, recs, n);
@@ -339,6 +344,7 @@ const engine_store engine_store_kallax = {
     .close = kx_store_close,
     .last_seqno = kx_store_last_seqno,
     .wal_append = kx_store_wal_append,
+    .max_version = kx_store_max_version,
     .flush = kx_store_flush,
     .flush_generation = kx_store_flush_gen,
     .get = kx_store_get,

@@ -163,6 +163,11 @@ void kallax_close(kallax *kx);
 /* Highest seqno seen (stored records, replayed WAL records, appends). */
 uint64_t kallax_last_seqno(kallax *kx);
 
+/* As lsm_max_version: at least the highest version of any stored record
+ * (the WAL's not included), 0 for an empty store, UINT64_MAX when a block
+ * found corrupt at open hid some. Any thread. */
+uint64_t kallax_max_version(kallax *kx);
+
 /* As lsm_wal_append (group commit, atomic per call, durable per the sync
  * mode). INVALID_ARGUMENT also for a key over KALLAX_MAX_KEY. recs borrowed. */
 kv_err kallax_wal_append(kallax *kx, const lsm_rec *recs, size_t n);

@@ -41,6 +41,7 @@ typedef struct kx_slot {
 /* Summary of an image, for the store's counters. */
 typedef struct kx_sum {
     uint64_t records, tombstones, used, spilled, ext_pages;
+    uint64_t max_version; /* of the block's records */
 } kx_sum;
 
 void kx_block_init(uint8_t *img);
@@ -102,6 +103,11 @@ struct kallax {
     uint64_t jhdr; /* header pages before the images */
     /* counters */
     _Atomic uint64_t records, tombstones, used_bytes, spilled;
+    /* At least the highest version of any stored record (kallax_max_version):
+     * raised by kx_count for every block image counted in (the open scan,
+     * flushed images), never lowered; UINT64_MAX after a corrupt block,
+     * whose records' versions are unknown. */
+    _Atomic uint64_t max_version;
     _Atomic uint64_t block_reads, spill_reads, block_writes, journal_bytes, flushes, moves;
     _Atomic uint64_t corrupt, repaired, retries, user_bytes;
 };

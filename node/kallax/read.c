@@ -198,6 +198,11 @@ uint64_t kallax_last_seqno(kallax *kx)
     return atomic_load(&kx->last_seq);
 }
 
+uint64_t kallax_max_version(kallax *kx)
+{
+    return atomic_load(&kx->max_version);
+}
+
 uint64_t kallax_flush_generation(kallax *kx)
 {
     return atomic_load(&kx->flush_gen);

@@ -194,8 +194,10 @@ static kv_err scan_chunk(kallax *kx, uint64_t b, uint64_t n, uint8_t *buf)
     for (uint64_t i = 0; i < n; i++) {
         uint8_t *img = buf + i * KALLAX_BLOCK;
         kv_err rv = kx_check_read(kx, b + i, img); /* repaired from the journal if there */
-        if (rv == KV_DATA_LOSS)
-            continue; /* logged and counted: its keys read as DATA_LOSS */
+        if (rv == KV_DATA_LOSS) { /* logged and counted: its keys read as DATA_LOSS */
+            atomic_store(&kx->max_version, UINT64_MAX); /* their versions are unknown */
+            continue;
+        }
         if (rv != KV_OK)
             return rv;
         kx_sum s;
@@ -243,6 +245,11 @@ void kx_count(kallax *kx, const kx_sum *s, int sign)
     atomic_fetch_add(&kx->tombstones, s->tombstones * m);
     atomic_fetch_add(&kx->used_bytes, s->used * m);
     atomic_fetch_add(&kx->spilled, s->spilled * m);
+    uint64_t cur = atomic_load(&kx->max_version);
+    /* raise only (a failed CAS reloads cur); a block counted out keeps it */
+    while (sign > 0 && s->max_version > cur &&
+           !atomic_compare_exchange_weak(&kx->max_version, &cur, s->max_version))
+        ;
 }
 
 /* ---- open / close ---- */
@@ -696,6 +703,7 @@ void kx_block_sum(const kallax *kx, const uint8_t *img, uint64_t blk, kx_sum *ou
         out->tombstones += (s.flags & KX_F_TOMB) != 0;
         out->spilled += kallax_home(kx, s.key, s.klen) != blk;
         out->ext_pages += s.flags & KX_F_EXTENT ? kx_ext_pages(s.vlen) : 0;
+        out->max_version = s.version > out->max_version ? s.version : out->max_version;
     }
 }
 

@@ -256,8 +256,8 @@ static uint64_t write_checks(engine *e)
  * looking its key up (blind); one that is not, a delete and a conditional
  * put still look it up, in the store after a reopen, so last-writer-wins,
  * `existed` and the conditions are exactly as before. The store's highest
- * version survives the reopen (the manifest records it per file; kallax
- * cannot tell it, so every write there looks up). */
+ * version survives the reopen (the LSM's manifest records it per file;
+ * kallax's open scan finds it). The lookups are counted by the LSM only. */
 Test(engine, blind_puts_only_above_every_stored_version)
 {
     char dir[] = "/tmp/hotkv-engine-XXXXXX", err[256];
@@ -274,12 +274,12 @@ Test(engine, blind_puts_only_above_every_stored_version)
         cr_assert_eq(engine_write_one(e, &w, &r, err, sizeof(err)), KV_OK, "%s", err);
         vmax = r.version > vmax ? r.version : vmax;
     }
-    cr_assert_eq(atomic_load(&e->blind_puts), lsm ? 100 : 0);
+    cr_assert_eq(atomic_load(&e->blind_puts), 100);
     cr_assert_eq(write_checks(e), 0, "no key was looked up");
     cr_assert_eq(engine_flush(e), KV_OK);
     engine_close(e);
     e = open_engine(dir, NULL); /* memory empty: the store holds every record */
-    cr_assert_eq(atomic_load(&e->max_version), lsm ? vmax : UINT64_MAX);
+    cr_assert_eq(atomic_load(&e->max_version), vmax);
 
     engine_write old = {.key = "b005", .klen = 4, .val = "old", .vlen = 3, .version = 1};
     cr_assert_eq(engine_write_one(e, &old, &r, err, sizeof(err)), KV_OK, "%s", err);
@@ -290,7 +290,7 @@ Test(engine, blind_puts_only_above_every_stored_version)
     cr_assert_eq(engine_write_one(e, &nw, &r, err, sizeof(err)), KV_OK, "%s", err);
     cr_assert(r.applied && r.version > vmax);
     cr_assert_eq(write_checks(e), lsm ? 1 : 0, "a newer put is blind");
-    cr_assert_eq(atomic_load(&e->blind_puts), lsm ? 1 : 0);
+    cr_assert_eq(atomic_load(&e->blind_puts), 1);
     engine_write del = {.key = "b007", .klen = 4, .is_delete = true};
     cr_assert_eq(engine_write_one(e, &del, &r, err, sizeof(err)), KV_OK, "%s", err);
     cr_assert(r.found, "the delete found the stored key (existed)");
@@ -301,7 +301,7 @@ Test(engine, blind_puts_only_above_every_stored_version)
     cr_assert_eq(engine_write_one(e, &ifv, &r, err, sizeof(err)), KV_FAILED_PRECONDITION,
                  "if_version compares with the stored record");
     cr_assert_eq(write_checks(e), lsm ? 4 : 0);
-    cr_assert_eq(atomic_load(&e->blind_puts), lsm ? 1 : 0);
+    cr_assert_eq(atomic_load(&e->blind_puts), 1);
     struct {
         const char *key, *val;
     } want[] = {
@@ -325,7 +325,7 @@ Test(engine, blind_puts_only_above_every_stored_version)
  * or counted, what could wait on the disk: a write that must look up a key
  * whose record is not in memory, sync mode "always"; it applies the rest as
  * engine_write_one would, conditions and bad input included, durably. A
- * plain put newer than every stored version needs no lookup (LSM only). */
+ * plain put newer than every stored version needs no lookup. */
 Test(engine, write_mem_declines_what_would_block)
 {
     char dir[] = "/tmp/hotkv-engine-XXXXXX", err[256];
@@ -352,13 +352,8 @@ Test(engine, write_mem_declines_what_would_block)
     cr_assert_not(r.found, "a declined write stored nothing");
     engine_write fresh2 = {.key = "fresh2", .klen = 6, .val = "v", .vlen = 1};
     cr_assert_eq(engine_write_mem(e, &fresh2, &r, &declined, err, sizeof(err)), KV_OK);
-    if (tk_kallax()) {
-        cr_assert(declined, "kallax cannot tell its newest version: every write looks up");
-        cr_assert_eq(atomic_load(&e->blind_puts), blind);
-    } else {
-        cr_assert(!declined && r.applied, "a put newer than everything stored needs no lookup");
-        cr_assert_eq(atomic_load(&e->blind_puts), blind + 1);
-    }
+    cr_assert(!declined && r.applied, "a put newer than everything stored needs no lookup");
+    cr_assert_eq(atomic_load(&e->blind_puts), blind + 1);
     engine_write w2 = {.key = "k", .klen = 1, .val = "two", .vlen = 3};
     cr_assert_eq(engine_write_mem(e, &w2, &r, &declined, err, sizeof(err)), KV_OK, "%s", err);
     cr_assert_not(declined, "the record is in memory, or the put is blind");

@@ -58,12 +58,15 @@ Test(kallax_fault, corrupt_block_is_data_loss, .timeout = 60)
     kx_world w;
     uint8_t v[256];
     unsigned victim = setup(&w, v);
+    cr_assert_eq(kallax_max_version(w.kx), (uint64_t)200 << 16, "the newest record's version");
     kallax_close(w.kx);
     flip_block(&w, home_of(victim), 40);
     kx_world_open(&w, NULL, NULL);
     kallax_stats s;
     kallax_stats_get(w.kx, &s);
     cr_assert_geq(s.corrupt_blocks, 1);
+    cr_assert_eq(kallax_max_version(w.kx), UINT64_MAX,
+                 "a corrupt block hides versions: the highest is unknown");
     uint64_t sq;
     size_t vl;
     bool tomb;
@@ -162,6 +165,8 @@ Test(kallax_fault, torn_block_restored_from_journal, .timeout = 60)
     cr_assert_eq(s.repaired, 1u);
     cr_assert_eq(s.corrupt_blocks, 0u);
     all_keys_ok(&w);
+    cr_assert_eq(kallax_max_version(w.kx), (uint64_t)200 << 16,
+                 "the open scan (repair included) finds the newest version");
     kx_world_fini(&w);
 }
 
