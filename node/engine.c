@@ -459,25 +459,67 @@ static kv_err get_many_lsm(engine *e, size_t m, const void **mk, size_t *ml, siz
     return rv;
 }
 
+/* hr_get_batch's visitor for engine_get_many: get_visit for key i. */
+typedef struct many_state {
+    uint64_t now_ms;
+    engine_result *out;
+    kv_err *errs; /* KV_OK for a hit */
+    bool *oom;    /* the hit's value could not be copied */
+} many_state;
+
+static void many_visit(void *arg, size_t i, const hr_view *v)
+{
+    many_state *m = arg;
+    get_state g = {m->now_ms, &m->out[i], false};
+    get_visit(&g, v);
+    m->errs[i] = KV_OK;
+    m->oom[i] = g.oom;
+}
+
+/* The memory tier's answers for all n keys (hk: n slots): one batched
+ * lookup (the index overlaps the keys' cache misses, hotring.h), each hit
+ * visited as hr_get would; errs[i] is KV_OK for a hit, NOT_FOUND for a miss.
+ * A batch with an invalid key is looked up key by key instead, so that only
+ * that key gets INVALID_ARGUMENT, as from hr_get. */
+static void mem_get_many(engine *e, size_t n, const void *const *keys, const size_t *klens,
+                         hr_key *hk, engine_result *out, kv_err *errs, bool *oom, uint64_t now_ms)
+{
+    many_state m = {now_ms, out, errs, oom};
+    for (size_t i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof(out[i]));
+        errs[i] = KV_NOT_FOUND;
+        oom[i] = false;
+        hk[i] = (hr_key){keys[i], klens[i]};
+    }
+    if (hr_get_batch(e->idx, hk, n, many_visit, &m, NULL) == KV_OK)
+        return;
+    for (size_t i = 0; i < n; i++) { /* nothing was looked up */
+        get_state g = {now_ms, &out[i], false};
+        errs[i] = hr_get(e->idx, keys[i], klens[i], get_visit, &g);
+        oom[i] = g.oom;
+    }
+}
+
 kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_t *klens,
                        engine_result *out, kv_err *errs)
 {
     uint64_t now_ms = engine_now_ms(e), gen = e->st->flush_generation(e->db);
     const void **mk = calloc(n ? n : 1, sizeof(*mk));
     size_t *ml = calloc(n ? n : 1, sizeof(*ml)), *pos = calloc(n ? n : 1, sizeof(*pos)), m = 0;
-    kv_err rv = mk && ml && pos ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    hr_key *hk = calloc(n ? n : 1, sizeof(*hk));
+    bool *oom = calloc(n ? n : 1, sizeof(*oom));
+    kv_err rv = mk && ml && pos && hk && oom ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    if (rv == KV_OK)
+        mem_get_many(e, n, keys, klens, hk, out, errs, oom, now_ms);
     for (size_t i = 0; rv == KV_OK && i < n; i++) {
-        memset(&out[i], 0, sizeof(out[i]));
-        get_state g = {now_ms, &out[i], false};
         atomic_fetch_add_explicit(&e->gets, 1, memory_order_relaxed);
-        errs[i] = hr_get(e->idx, keys[i], klens[i], get_visit, &g);
         if (errs[i] == KV_OK) {
             atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);
             if (sample_hit()) {
                 e->st->note_access(e->db, keys[i], klens[i], out[i].vlen);
                 engine_touch(e, keys[i], klens[i]);
             }
-            errs[i] = g.oom ? KV_RESOURCE_EXHAUSTED : KV_OK;
+            errs[i] = oom[i] ? KV_RESOURCE_EXHAUSTED : KV_OK;
         } else if (errs[i] == KV_NOT_FOUND) {
             mk[m] = keys[i];
             ml[m] = klens[i];
@@ -489,6 +531,8 @@ kv_err engine_get_many(engine *e, size_t n, const void *const *keys, const size_
     free(mk);
     free(ml);
     free(pos);
+    free(hk);
+    free(oom);
     return rv;
 }
 

@@ -82,22 +82,24 @@ static void check_get(engine *e, const mrec *m, int k)
 }
 
 /* engine_get_many over 16 random keys agrees with the model too. */
+/* 1..40 keys: the memory tier looks them up in batches of 16 */
 static void check_get_many(engine *e, const mrec *m, unsigned *seed)
 {
-    char keys[16][16];
-    const void *kp[16];
-    size_t kl[16];
-    int ks[16];
-    engine_result r[16];
-    kv_err errs[16];
-    for (int i = 0; i < 16; i++) {
+    char keys[40][16];
+    const void *kp[40];
+    size_t kl[40];
+    int ks[40];
+    engine_result r[40];
+    kv_err errs[40];
+    int n = 1 + (int)(rand_r(seed) % 40);
+    for (int i = 0; i < n; i++) {
         ks[i] = (int)(rand_r(seed) % KEYS);
         snprintf(keys[i], sizeof(keys[i]), "m%d", ks[i]);
         kp[i] = keys[i];
         kl[i] = strlen(keys[i]);
     }
-    cr_assert_eq(engine_get_many(e, 16, kp, kl, r, errs), KV_OK);
-    for (int i = 0; i < 16; i++) {
+    cr_assert_eq(engine_get_many(e, (size_t)n, kp, kl, r, errs), KV_OK);
+    for (int i = 0; i < n; i++) {
         cr_assert_eq(errs[i], KV_OK, "get_many %s: %s", keys[i], kv_err_name(errs[i]));
         cr_assert_eq(r[i].found, m[ks[i]].live, "get_many %s found", keys[i]);
         if (r[i].found)
@@ -242,6 +244,40 @@ static void rm_dir(const char *dir)
     char cmd[400];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+/* An invalid key in engine_get_many fails that key only; the others are
+ * answered from memory and from the store as by engine_get. */
+Test(engine, get_many_with_an_invalid_key)
+{
+    char dir[] = "/tmp/hotkv-engine-XXXXXX", err[256];
+    cr_assert_not_null(mkdtemp(dir));
+    engine_thread_register();
+    engine *e = open_engine(dir, NULL);
+    engine_write a = {.key = "a", .klen = 1, .val = "va", .vlen = 2};
+    cr_assert_eq(engine_write_one(e, &a, &(engine_result){0}, err, sizeof(err)), KV_OK);
+    cr_assert_eq(engine_flush(e), KV_OK);
+    engine_close(e);
+    e = open_engine(dir, NULL); /* "a" is in the store only */
+    engine_write b = {.key = "b", .klen = 1, .val = "vb", .vlen = 2};
+    cr_assert_eq(engine_write_one(e, &b, &(engine_result){0}, err, sizeof(err)), KV_OK);
+    const void *kp[4] = {"a", "", "b", "c"};
+    size_t kl[4] = {1, 0, 1, 1};
+    engine_result r[4];
+    kv_err errs[4];
+    cr_assert_eq(engine_get_many(e, 4, kp, kl, r, errs), KV_OK);
+    cr_assert_eq(errs[0], KV_OK);
+    cr_assert(r[0].found && r[0].vlen == 2 && !memcmp(r[0].val, "va", 2), "a from the store");
+    cr_assert_eq(errs[1], KV_INVALID_ARGUMENT, "the empty key: %s", kv_err_name(errs[1]));
+    cr_assert_eq(errs[2], KV_OK);
+    cr_assert(r[2].found && r[2].vlen == 2 && !memcmp(r[2].val, "vb", 2), "b from memory");
+    cr_assert_eq(errs[3], KV_OK);
+    cr_assert_not(r[3].found, "c was never written");
+    free(r[0].val);
+    free(r[2].val);
+    engine_close(e);
+    engine_thread_unregister();
+    rm_dir(dir);
 }
 
 static uint64_t write_checks(engine *e)
