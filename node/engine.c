@@ -19,6 +19,7 @@
 #include <urcu/urcu-memb.h>
 
 #include "common/assert.h"
+#include "common/atomic.h"
 #include "common/hash.h"
 #include "common/limits.h"
 #include "common/log.h"
@@ -103,16 +104,6 @@ static void account(engine *e, const put_acct *a, uint64_t bytes, bool dirty)
     }
 }
 
-/* Raises e->max_version to at least v. */
-static void raise_max_version(engine *e, uint64_t v)
-{
-    uint64_t cur = atomic_load_explicit(&e->max_version, memory_order_relaxed);
-    /* the CAS only ever raises it; a failed one reloads cur and retries
-     * while v is still above it */
-    while (v > cur && !atomic_compare_exchange_weak(&e->max_version, &cur, v))
-        ;
-}
-
 static kv_err replay_one(void *arg, const lsm_rec *r)
 {
     engine *e = arg;
@@ -124,7 +115,7 @@ static kv_err replay_one(void *arg, const lsm_rec *r)
     if (rv == KV_OK)
         account(e, &a, engine_rec_bytes(r->klen, r->vlen), true);
     kv_hlc_observe(&e->hlc, r->version);
-    raise_max_version(e, r->version);
+    kv_atomic_max(&e->max_version, r->version);
     return rv == SKIP ? KV_OK : rv;
 }
 
@@ -188,7 +179,7 @@ static kv_err open_tiers(engine *e, char *err, size_t errlen)
     engine_thread_unregister();
     if (rv != KV_OK)
         return rv;
-    raise_max_version(e, e->st->max_version ? e->st->max_version(e->db) : UINT64_MAX);
+    kv_atomic_max(&e->max_version, e->st->max_version ? e->st->max_version(e->db) : UINT64_MAX);
     atomic_store(&e->next_seqno, e->st->last_seqno(e->db) + 1);
     return KV_OK;
 }
@@ -640,7 +631,7 @@ static kv_err apply(engine *e, const engine_write *w, uint64_t version, bool *ap
                                              : "WAL append failed (I/O error, see the log)");
         return rv;
     }
-    raise_max_version(e, version); /* logged: it is stored, whatever memory says */
+    kv_atomic_max(&e->max_version, version); /* logged: it is stored, whatever memory says */
     put_acct a = {.version = version};
     rv = hr_upsert_prepared(e->idx, w->key, w->klen, val, rec.vlen, &m, newer_cond, &a, &prep);
     pthread_rwlock_unlock(&e->apply_lock);
@@ -706,10 +697,11 @@ static kv_err write_run(engine *e, const engine_write *w, engine_result *out, bo
      * blind. Conditions and a delete's `existed` need the record. */
     bool blind =
         !w->is_delete && !w->if_absent && !w->if_version && version > atomic_load(&e->max_version);
-    current c = {.now_ms = engine_now_ms(e)};
+    current c = {0}; /* blind: no record looked at */
     if (blind) {
         atomic_fetch_add_explicit(&e->blind_puts, 1, memory_order_relaxed);
     } else if (mem_only) {
+        c.now_ms = engine_now_ms(e);
         if (hr_get(e->idx, w->key, w->klen, cur_visit, &c) != KV_OK) {
             pthread_mutex_unlock(stripe); /* the current record is in the LSM: block reads */
             *declined = true;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/atomic.h"
 #include "common/log.h"
 #include "node/kallax/kallax_int.h"
 
@@ -182,9 +183,7 @@ kv_err kallax_wal_append(kallax *kx, const lsm_rec *recs, size_t n)
     if (rv != KV_OK)
         return rv;
     atomic_fetch_add_explicit(&kx->user_bytes, bytes, memory_order_relaxed);
-    uint64_t cur = atomic_load(&kx->last_seq);
-    while (cur < max && !atomic_compare_exchange_weak(&kx->last_seq, &cur, max))
-        ; /* CAS: last_seq only grows */
+    kv_atomic_max(&kx->last_seq, max);
     return KV_OK;
 }
 

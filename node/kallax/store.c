@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/atomic.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "node/kallax/kallax_int.h"
@@ -245,11 +246,8 @@ void kx_count(kallax *kx, const kx_sum *s, int sign)
     atomic_fetch_add(&kx->tombstones, s->tombstones * m);
     atomic_fetch_add(&kx->used_bytes, s->used * m);
     atomic_fetch_add(&kx->spilled, s->spilled * m);
-    uint64_t cur = atomic_load(&kx->max_version);
-    /* raise only (a failed CAS reloads cur); a block counted out keeps it */
-    while (sign > 0 && s->max_version > cur &&
-           !atomic_compare_exchange_weak(&kx->max_version, &cur, s->max_version))
-        ;
+    if (sign > 0) /* raised only: a block counted out keeps it */
+        kv_atomic_max(&kx->max_version, s->max_version);
 }
 
 /* ---- open / close ---- */

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 
 #include "common/assert.h"
+#include "common/atomic.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "node/lsm/iter.h"
@@ -482,9 +483,7 @@ void lsm_close(lsm_db *db)
 
 static void bump_last(lsm_db *db, uint64_t seq)
 {
-    uint64_t cur = atomic_load(&db->last_seq);
-    while (seq > cur && !atomic_compare_exchange_weak(&db->last_seq, &cur, seq))
-        ;
+    kv_atomic_max(&db->last_seq, seq);
 }
 
 uint64_t lsm_last_seqno(lsm_db *db)

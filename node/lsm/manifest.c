@@ -226,10 +226,9 @@ static bool decode_add(const uint8_t **p, const uint8_t *end, lsm_recovered *st,
     bool ok = f->level >= 0 && f->level < LSM_MAX_LEVELS &&
               (f->tier == LSM_TIER_FD || f->tier == LSM_TIER_SD) &&
               take_key(p, end, &f->smallest, &f->slen) && take_key(p, end, &f->largest, &f->llen);
-    if (ok && v2) {
-        ok = end - *p >= 8;
-        f->max_version = ok ? lsm_get64(*p) : 0;
-        *p += ok ? 8 : 0;
+    if (ok && v2 && (ok = end - *p >= 8)) {
+        f->max_version = lsm_get64(*p);
+        *p += 8;
     }
     ok = ok && lsm_edit_add(&st->state, f) == KV_OK;
     lsm_file_unref(f);

@@ -38,6 +38,7 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/assert.h"
+#include "common/atomic.h"
 #include "common/log.h"
 #include "node/lsm/lsm_int.h"
 
@@ -97,10 +98,8 @@ static bool flushed_since(lsm_promo *p, const pent *e)
 static void mark(_Atomic uint64_t *slots, const lsm_rec *recs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        _Atomic uint64_t *s = &slots[mark_idx(recs[i].key, recs[i].klen)];
-        uint64_t cur = atomic_load(s);
-        while (recs[i].seqno > cur && !atomic_compare_exchange_weak(s, &cur, recs[i].seqno))
-            ; /* seq_cst: the mark is visible before the caller goes on */
+        /* seq_cst: the mark is visible before the caller goes on */
+        kv_atomic_max(&slots[mark_idx(recs[i].key, recs[i].klen)], recs[i].seqno);
     }
 }
 
