@@ -739,9 +739,14 @@ kv_err node_start(node *n, char *err, size_t errlen)
                           .nmethods = sizeof(node_methods) / sizeof(node_methods[0]),
                           .workers = (unsigned)n->cfg.workers,
                           .coord_workers = (unsigned)n->cfg.coord_workers,
-                          /* with --sync always a write waits for the group commit: the
-                           * writes of one rpc.Calls message must wait together */
-                          .handlers_wait = n->cfg.sync == ENGINE_SYNC_ALWAYS,
+                          /* the calls of an rpc.Calls message that reach a worker are the
+                           * ones the memory tier could not serve inline: reads of blocks
+                           * (on a slow volume, a millisecond each), writes that wait for
+                           * the group commit with --sync always. Run them in parallel, as
+                           * if they had come in messages of their own, not one after
+                           * another behind the slowest (channels keep one message in
+                           * flight, so a message carries most of a client's calls) */
+                          .handlers_wait = true,
                           .auth = n->cfg.sec.data_token,
                           .admin_auth = n->cfg.sec.admin_token,
                           .tls = rpc_sec_tls(&n->cfg.sec),

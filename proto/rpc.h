@@ -166,9 +166,10 @@ typedef struct rpc_server_opts {
                                (0 = they share the others) */
     unsigned contexts;      /* REP contexts, i.e. calls taken off the
                                socket at once (0 = 2 x workers + 32) */
-    bool handlers_wait;     /* handlers wait for other processes (a router's forwards): the calls
-                               of an rpc.Calls message run on workers of their own, in parallel
-                               (else one after another on one worker) */
+    bool handlers_wait;     /* handlers wait for other processes (a router's forwards) or
+                               devices (a node's block reads): the calls of an rpc.Calls message
+                               that reach a worker run as jobs of their own, in parallel (else
+                               one after another on one worker) */
     const char *auth;       /* data token, NULL or "" = data methods open */
     /* admin token, NULL or "" = none: then the data token grants admin too
      * when no tls->ca is set (one shared token), and with neither token nor
@@ -210,6 +211,7 @@ bool rpc_server_close(rpc_server *s);
 
 /* Counters of a server's admission control (monotonic but inflight). */
 typedef struct rpc_server_counters {
+    uint64_t messages;       /* requests received (an rpc.Calls message counts once) */
     uint64_t calls;          /* calls received (each call of an rpc.Calls message) */
     uint64_t expired;        /* dropped before their handler: the deadline passed in the queue */
     uint64_t shed;           /* refused on arrival with RESOURCE_EXHAUSTED (overload) */
@@ -278,8 +280,8 @@ typedef struct rpc_chan_opts {
     bool coordinate;          /* set Envelope.coordinate on every call (a smart client's
                                  channels to nodes) */
     int coalesce_after;       /* messages in flight before further small calls wait and go
-                                 out together in one rpc.Calls message (0 = 4 or
-                                 $KV_RPC_COALESCE_AFTER, < 0 = never) */
+                                 out together in one rpc.Calls message (0 =
+                                 $KV_RPC_COALESCE_AFTER, else 1; < 0 = never) */
 } rpc_chan_opts;
 
 /* A reply. body/message are malloc'ed and owned by whoever holds the reply;
@@ -313,6 +315,9 @@ const char *rpc_chan_url(const rpc_chan *ch);
 bool rpc_chan_verified(const rpc_chan *ch);
 /* Number of live connections (0 = peer unreachable right now). */
 int rpc_chan_connected(const rpc_chan *ch);
+/* Messages in flight on ch before further small calls are coalesced (0 =
+ * never: opened so, or the peer does not know rpc.Calls). */
+unsigned rpc_chan_coalesce_after(const rpc_chan *ch);
 
 /* Completion callback: called exactly once per rpc_call_async, from an nng
  * thread, with no runtime lock held; it must not block. It owns r's

@@ -15,7 +15,12 @@
  * COALESCE_MAX_BYTES, or after COALESCE_WAIT_NS (1 ms) at the latest. A lone call
  * is never delayed; under load, calls share messages (like a Redis client's
  * automatic pipelining). Each call keeps its own deadline (its remaining
- * time when the message leaves), status and reply.
+ * time when the message leaves), status and reply. The default,
+ * DEFAULT_COALESCE_AFTER = 1, keeps one message in flight and sends what
+ * queued meanwhile when its reply comes (or the queue's first call has
+ * waited 1 ms): at 50 calls in flight it carried 1.1-1.5x the requests per
+ * second of 4 messages in flight, at less CPU per call on both sides, with
+ * the same latency (bench/README.md, "One message in flight").
  */
 #include "proto/rpc.h"
 
@@ -36,7 +41,7 @@
 #include "proto/rpc_tls.h"
 
 #define DEFAULT_CONNECT_WAIT_MS 1000u
-#define DEFAULT_COALESCE_AFTER 4u
+#define DEFAULT_COALESCE_AFTER 1u
 #define COALESCE_MAX_CALLS 64u
 #define COALESCE_MAX_BYTES (256u * 1024u) /* request bodies in one message */
 #define COALESCE_MAX_BODY (16u * 1024u)   /* larger calls always go alone */
@@ -119,6 +124,15 @@ const char *rpc_chan_url(const rpc_chan *ch)
 bool rpc_chan_verified(const rpc_chan *ch)
 {
     return ch->verified;
+}
+
+unsigned rpc_chan_coalesce_after(const rpc_chan *ch)
+{
+    rpc_chan *c = (rpc_chan *)ch;
+    pthread_mutex_lock(&c->mu); /* calls_finish clears it when the peer refuses rpc.Calls */
+    unsigned v = c->coalesce_after;
+    pthread_mutex_unlock(&c->mu);
+    return v;
 }
 
 int rpc_chan_connected(const rpc_chan *ch)

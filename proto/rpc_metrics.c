@@ -94,6 +94,11 @@ void rpc_server_stats(const rpc_server *s, kv_stats *l, const char *prefix)
     rpc_server_counters k;
     rpc_server_counters_get(s, &k);
     char metric[128];
+    snprintf(metric, sizeof(metric), "%s_rpc_messages_received_total", prefix);
+    kv_stat_counter(l, "rpc.messages", metric, NULL,
+                    "Requests received, admitted or not; an rpc.Calls message of coalesced calls "
+                    "counts once (calls over messages: how many calls a message carries).",
+                    k.messages);
     snprintf(metric, sizeof(metric), "%s_rpc_calls_received_total", prefix);
     kv_stat_counter(l, "rpc.calls", metric, NULL,
                     "Calls received (each call of an rpc.Calls message counts), admitted or not.",

@@ -185,7 +185,7 @@ struct rpc_server {
     _Atomic unsigned async_out; /* asynchronous calls not completed (rpc_async) */
     unsigned max_inflight;
     _Atomic unsigned inflight; /* calls admitted and not answered */
-    _Atomic uint64_t n_calls, n_expired, n_shed;
+    _Atomic uint64_t n_msgs, n_calls, n_expired, n_shed;
     _Atomic uint64_t n_inline, n_async, n_handoff; /* rpc_server_counters */
     /* admission: the longest queue wait, in percent of a call's deadline;
      * the slowness (per mille) over which calls are refused (0 = never) */
@@ -536,6 +536,7 @@ static kv_err admit(rpc_server *s, rpc_scall *k, rpc_ctx *c)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "rpc.Calls message of %zu calls, over the %u limit",
                         n, RPC_MAX_CALLS);
     n = n ? n : 1; /* an empty or malformed Calls body is answered by a worker */
+    atomic_fetch_add_explicit(&s->n_msgs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->n_calls, n, memory_order_relaxed);
     unsigned before = atomic_fetch_add(&s->inflight, (unsigned)n);
     if (before && before + n > s->max_inflight) {
@@ -1273,7 +1274,8 @@ static void drop_queued(rpc_server *s)
 void rpc_server_counters_get(const rpc_server *s, rpc_server_counters *out)
 {
     rpc_server *m = (rpc_server *)s;
-    *out = (rpc_server_counters){.calls = atomic_load(&m->n_calls),
+    *out = (rpc_server_counters){.messages = atomic_load(&m->n_msgs),
+                                 .calls = atomic_load(&m->n_calls),
                                  .expired = atomic_load(&m->n_expired),
                                  .shed = atomic_load(&m->n_shed),
                                  .inline_served = atomic_load(&m->n_inline),

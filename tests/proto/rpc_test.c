@@ -370,6 +370,19 @@ static void coal_done(void *arg, rpc_reply *r)
     rpc_reply_free(r);
 }
 
+/* Waits up to 5 s for n completions of coal_done / async_done; asserts
+ * that all came with the reply they should have. */
+static void wait_coalesced(int *ok, int *bad, int n)
+{
+    for (int i = 0;
+         i < 500 &&
+         __atomic_load_n(ok, __ATOMIC_SEQ_CST) + __atomic_load_n(bad, __ATOMIC_SEQ_CST) < n;
+         i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(bad, __ATOMIC_SEQ_CST), 0, "calls with a wrong reply");
+    cr_assert_eq(__atomic_load_n(ok, __ATOMIC_SEQ_CST), n);
+}
+
 /* With one message in flight, further calls are coalesced: each still gets
  * its own reply (echo of its key), its own status (a failing handler), and
  * its own deadline (a slow call among them). */
@@ -394,13 +407,7 @@ Test(rpc, coalesced_calls_keep_their_replies_statuses_and_deadlines)
         calls[i].want = i % 10 == 3 ? KV_ALREADY_EXISTS : i == 50 ? KV_DEADLINE_EXCEEDED : KV_OK;
         rpc_call_async(ch, m, 1, &req.base, i == 50 ? 100 : 5000, coal_done, &calls[i]);
     }
-    for (int i = 0;
-         i < 500 &&
-         __atomic_load_n(&ok, __ATOMIC_SEQ_CST) + __atomic_load_n(&bad, __ATOMIC_SEQ_CST) < N;
-         i++)
-        nng_msleep(10);
-    cr_assert_eq(__atomic_load_n(&bad, __ATOMIC_SEQ_CST), 0, "calls with a wrong reply");
-    cr_assert_eq(__atomic_load_n(&ok, __ATOMIC_SEQ_CST), N);
+    wait_coalesced(&ok, &bad, N);
     uint64_t slow_ms = (calls[50].end_ns - calls[50].start_ns) / 1000000u;
     cr_assert_lt(slow_ms, 250, "the slow call ended at its deadline (%llu ms)",
                  (unsigned long long)slow_ms);
@@ -451,6 +458,57 @@ Test(rpc, coalescing_channel_shared_by_threads)
     for (int i = 0; i < 1000 && __atomic_load_n(&sh.ok, __ATOMIC_SEQ_CST) < 800; i++)
         nng_msleep(10);
     cr_assert_eq(__atomic_load_n(&sh.ok, __ATOMIC_SEQ_CST), 800);
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+}
+
+/* A channel opened without options coalesces as soon as one message is in
+ * flight ($KV_RPC_COALESCE_AFTER or the options change that): the calls
+ * made while a slow call is out share messages, which the server counts. */
+Test(rpc, default_channel_coalesces_behind_one_message)
+{
+    char url[64], out[16];
+    rpc_server *s = start(NULL, url, sizeof(url));
+    rpc_chan *ch, *c3, *off, *two;
+    unsetenv("KV_RPC_COALESCE_AFTER");
+    cr_assert_eq(rpc_chan_open(&ch, url, NULL), KV_OK);
+    cr_assert_eq(rpc_chan_coalesce_after(ch), 1);
+    setenv("KV_RPC_COALESCE_AFTER", "3", 1);
+    cr_assert_eq(rpc_chan_open(&c3, url, NULL), KV_OK);
+    cr_assert_eq(rpc_chan_coalesce_after(c3), 3, "the environment sets the default");
+    setenv("KV_RPC_COALESCE_AFTER", "-1", 1);
+    cr_assert_eq(rpc_chan_open(&off, url, NULL), KV_OK);
+    cr_assert_eq(rpc_chan_coalesce_after(off), 0, "negative: never");
+    rpc_chan_opts o = {.coalesce_after = 2};
+    cr_assert_eq(rpc_chan_open(&two, url, &o), KV_OK);
+    cr_assert_eq(rpc_chan_coalesce_after(two), 2, "the options win over the environment");
+    unsetenv("KV_RPC_COALESCE_AFTER");
+    rpc_chan_close(c3);
+    rpc_chan_close(off);
+    rpc_chan_close(two);
+
+    cr_assert_eq(echo(ch, "warm", 2000, out, sizeof(out)), KV_OK);
+    rpc_server_counters k0, k1;
+    rpc_server_counters_get(s, &k0);
+    enum { N = 12 };
+    static coal_call calls[N];
+    char keys[N][16];
+    int ok = 0, bad = 0;
+    for (int i = 0; i < N; i++) { /* call 0 sleeps 300 ms in its handler */
+        calls[i] = (coal_call){.i = i, .ok = &ok, .bad = &bad, .start_ns = kv_now_ns()};
+        snprintf(keys[i], sizeof(keys[i]), "c%d", i);
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(keys[i]), (uint8_t *)keys[i]};
+        calls[i].want = KV_OK;
+        rpc_call_async(ch, i == 0 ? "test.Slow" : "test.Echo", 1, &req.base, 5000,
+                       i == 0 ? async_done : coal_done, i == 0 ? (void *)&ok : &calls[i]);
+    }
+    wait_coalesced(&ok, &bad, N);
+    rpc_server_counters_get(s, &k1);
+    cr_assert_eq(k1.calls - k0.calls, N);
+    cr_assert_leq(k1.messages - k0.messages, N / 2,
+                  "%llu messages for %d calls: the calls behind the slow one were not coalesced",
+                  (unsigned long long)(k1.messages - k0.messages), N);
     rpc_chan_close(ch);
     rpc_server_close(s);
 }
