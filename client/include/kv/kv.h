@@ -153,7 +153,10 @@ typedef struct kv_result {
 
 /* Completion callback: called exactly once per async call, from a library
  * thread (or from the calling thread when the call fails before it is
- * sent), with no library lock held. It must not block or close the client. */
+ * sent), with no library lock held. It must not block or close the client.
+ * Async calls in flight together are not ordered with respect to each other
+ * (they may travel in one message and run in parallel): to write a key after
+ * another write of it, start the second from the first's completion. */
 typedef void (*kv_done_fn)(void *arg, kv_err err, const kv_result *res);
 
 KV_API void kv_get_async(kv_client *c, const void *key, size_t klen, kv_done_fn done, void *arg);
