@@ -513,6 +513,84 @@ Test(rpc, default_channel_coalesces_behind_one_message)
     rpc_server_close(s);
 }
 
+/* test.Gate: counts the handlers running at once and waits (up to 1 s) for
+ * a second one to come in, so the calls of one message meet only when they
+ * run in parallel. */
+static int gate_in, gate_max; /* __atomic */
+
+static kv_err h_gate(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    int now = __atomic_add_fetch(&gate_in, 1, __ATOMIC_SEQ_CST);
+    for (int m = __atomic_load_n(&gate_max, __ATOMIC_SEQ_CST); now > m;)
+        if (__atomic_compare_exchange_n(&gate_max, &m, now, false, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
+            break;
+    for (int i = 0; i < 100 && __atomic_load_n(&gate_max, __ATOMIC_SEQ_CST) < 2; i++)
+        nng_msleep(10);
+    __atomic_sub_fetch(&gate_in, 1, __ATOMIC_SEQ_CST);
+    return h_echo(c, body, len);
+}
+
+static const rpc_method gate_methods[] = {
+    {"test.Echo", h_echo}, {"test.Slow", h_slow}, {"test.Gate", h_gate}};
+
+/* Sends a slow call and then three test.Gate calls, which queue behind it
+ * and normally leave together in one rpc.Calls message once they waited
+ * 1 ms; returns the most gates that ran at once, or -1 when the gates did
+ * not leave in one message (a thread preempted between them). */
+static int gates_behind_slow(rpc_server *s, rpc_chan *ch)
+{
+    __atomic_store_n(&gate_in, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&gate_max, 0, __ATOMIC_SEQ_CST);
+    rpc_server_counters k0, k1;
+    rpc_server_counters_get(s, &k0);
+    enum { N = 4 };
+    static coal_call calls[N];
+    static char keys[N][16];
+    int ok = 0, bad = 0;
+    for (int i = 0; i < N; i++) {
+        calls[i] = (coal_call){.i = i, .ok = &ok, .bad = &bad, .want = KV_OK};
+        snprintf(keys[i], sizeof(keys[i]), "c%d", i);
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(keys[i]), (uint8_t *)keys[i]};
+        rpc_call_async(ch, i == 0 ? "test.Slow" : "test.Gate", 1, &req.base, 10000,
+                       i == 0 ? async_done : coal_done, i == 0 ? (void *)&ok : &calls[i]);
+    }
+    wait_coalesced(&ok, &bad, N);
+    rpc_server_counters_get(s, &k1);
+    return k1.messages - k0.messages == 2 ? __atomic_load_n(&gate_max, __ATOMIC_SEQ_CST) : -1;
+}
+
+/* A server whose handlers wait (a node, a router) runs the calls of one
+ * rpc.Calls message in parallel on its workers; one that does not, one
+ * after another on one worker. Each gets its own reply either way. */
+Test(rpc, calls_of_a_message_run_in_parallel_where_handlers_wait)
+{
+    for (int wait = 0; wait < 2; wait++) {
+        rpc_server_opts so = {.url = "tcp://127.0.0.1:0",
+                              .methods = gate_methods,
+                              .nmethods = 3,
+                              .workers = 4,
+                              .handlers_wait = wait};
+        rpc_server *s = NULL;
+        char err[256], url[64], out[16];
+        cr_assert_eq(rpc_server_open(&s, &so, err, sizeof(err)), KV_OK, "%s", err);
+        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", rpc_server_port(s));
+        rpc_chan *ch;
+        rpc_chan_opts co = {.coalesce_after = 1};
+        cr_assert_eq(rpc_chan_open(&ch, url, &co), KV_OK);
+        cr_assert_eq(echo(ch, "warm", 2000, out, sizeof(out)), KV_OK);
+        int most = -1;
+        for (int attempt = 0; attempt < 5 && most < 0; attempt++)
+            most = gates_behind_slow(s, ch);
+        cr_assert_geq(most, 0, "the gates never left in one message");
+        cr_assert(wait ? most >= 2 : most == 1, "handlers_wait %d: %d gate calls ran at once", wait,
+                  most);
+        rpc_chan_close(ch);
+        rpc_server_close(s);
+    }
+}
+
 /* One worker per lane: a coordinate call that waits for a plain call to
  * the same server completes, because the plain call has a lane of its own
  * (with one shared worker it would wait for itself until the deadline). */
