@@ -202,6 +202,17 @@ void node_engine_store_stats(engine *e, kv_stats *l)
                     "Hot records compaction kept on the fast volume.", s.retained_recs);
     kv_stat_counter(l, "hotrap.retained_bytes", "hotkv_node_hotrap_retained_bytes_total", NULL,
                     "Bytes of hot records kept on the fast volume.", s.retained_bytes);
+    kv_stat_counter(l, "hotrap.twins_dropped", "hotkv_node_hotrap_copies_dropped_total", NULL,
+                    "Promoted copies compaction into the slow volume dropped (their "
+                    "originals are there).",
+                    s.twins_dropped);
+    kv_stat_counter(l, "hotrap.twins_dropped_bytes", "hotkv_node_hotrap_copies_dropped_bytes_total",
+                    NULL, "Bytes of promoted copies dropped instead of written down.",
+                    s.twins_dropped_bytes);
+    kv_stat_counter(l, "hotrap.twin_jobs", "hotkv_node_hotrap_copy_only_compactions_total", NULL,
+                    "Compactions into the slow volume of promoted copies only (no slow-volume "
+                    "file read or written).",
+                    s.twin_jobs);
     kv_stat_gauge(l, "hotrap.ralt_entries", "hotkv_node_hotrap_ralt_entries", NULL,
                   "Keys tracked by HotRAP's access tracker (RALT).", s.ralt_entries);
     kv_stat_gauge(l, "hotrap.ralt_bytes", "hotkv_node_hotrap_ralt_bytes", NULL, "Size of RALT.",

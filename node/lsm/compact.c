@@ -22,7 +22,22 @@
  * (retention for FD inputs, promotion for SD inputs) when it lies inside the
  * input level's compacted key range, within a budget bounded by the level's
  * target and the hot-set limit. In compactions inside SD, hot records that
- * no upper level may shadow are offered to the promotion buffer. Outputs go to the volume of their
+ * no upper level may shadow are offered to the promotion buffer.
+ *
+ * Clean copies (LSM_F_TWIN): a record HotRAP promoted keeps its original,
+ * same key and seqno, in a deeper level on SD. A merge that meets the
+ * original (the next record of the key, same seqno) writes the copy without
+ * the flag, since the original goes. A compaction from the last FD level
+ * into SD drops a clean copy it does not retain: the original below already
+ * holds it, and writing it down again would rewrite SD files for nothing
+ * (HotRAP's promotions of reads that are not hot again, under uniform
+ * reads, were all written back that way). A job whose from-level files hold
+ * only clean copies (lsm_file.ntwins) merges no SD file at all: it drops or
+ * retains every record, and SD is not read or written. Why the original is
+ * still there: it leaves its level only by a merge with a newer version of
+ * the key or by a merge with the copy; a newer version lies above the copy
+ * (promote.c never shadows one) and removes it when they merge, and the copy
+ * loses its flag when it meets the original. Outputs go to the volume of their
  * level and are cut at file_size. Errors (ENOSPC, a corrupt input block) abort the job, delete its
  * outputs, set bg_err and back off for a second.
  *
@@ -55,6 +70,7 @@ typedef struct cjob {
     const uint8_t *lo, *hi; /* key range of in[0] */
     size_t lolen, hilen;
     bool trivial;
+    bool twins_only;        /* from-level files of clean copies only: no to-level input */
     uint64_t retain_budget; /* bytes the route hook may keep on the from level */
     uint64_t fread;         /* flushed seqno published before base was pinned */
     /* Cleanup (lsm_compact_all_filter): records of keys the filter rejects
@@ -109,6 +125,16 @@ static bool overlaps(const lsm_file *f, const uint8_t *lo, size_t ll, const uint
            lsm_key_cmp(f->smallest, f->slen, hi, hl) <= 0;
 }
 
+static bool hotrap_level(const lsm_db *db, int l);
+
+static bool all_twins(lsm_file *const *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (f[i]->ntwins != f[i]->nentries)
+            return false;
+    return n > 0;
+}
+
 /* Fills in[0] with files [a, b) of level from; then the range and in[1]. */
 static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
 {
@@ -135,7 +161,8 @@ static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
         j->retain_budget = (db->target[j->from] - (lvl - in_bytes)) / 4 * 3;
     if (!db->o.route && j->retain_budget > db->hot_limit)
         j->retain_budget = db->hot_limit; /* HotRAP retention: at most the hot set */
-    for (size_t i = 0; j->to != j->from && i < v->nfiles[j->to]; i++)
+    j->twins_only = !j->filter && hotrap_level(db, j->from) && all_twins(j->in[0], j->nin[0]);
+    for (size_t i = 0; !j->twins_only && j->to != j->from && i < v->nfiles[j->to]; i++)
         if (j->filter || overlaps(v->files[j->to][i], j->lo, j->lolen, j->hi, j->hilen))
             j->in[1][j->nin[1]++] = v->files[j->to][i];
     j->trivial = j->from > 0 && j->nin[0] == 1 && j->nin[1] == 0 && !db->o.route &&
@@ -194,7 +221,8 @@ uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f)
  * min_overlap_pick. Without hot keys (a load, or the cold part of the key
  * space) full files tie at about the same size, and taking the first of
  * them rewrote 6-8 bytes of L3 per L2 byte instead of 2-2.3 (1M records,
- * FD 100 MiB). */
+ * FD 100 MiB). A file of clean copies only counts as overlapping nothing:
+ * its job reads and writes no SD file. */
 static size_t benefit_pick(lsm_db *db, const lsm_version *v, int l)
 {
     size_t n = v->nfiles[l], best = 0, k = 0;
@@ -212,6 +240,8 @@ static size_t benefit_pick(lsm_db *db, const lsm_version *v, int l)
     bool have = false;
     for (size_t i = 0; i < n; i++) {
         double r = overlap_ratio(v, l, i, &k); /* every i, in order: the sweep */
+        if (all_twins(&v->files[l][i], 1))
+            r = 0; /* its job merges no SD file (twins_only) */
         if (b[i] >= bb - tie && (!have || r < br))
             best = i, br = r, have = true;
     }
@@ -379,9 +409,35 @@ static bool grace_over(const lsm_db *db, const lsm_rec *r, uint64_t now)
     return grace == 0 || (now > t && now - t > grace);
 }
 
+/* A clean copy leaving the last FD level for SD: retained on FD (flag
+ * kept: the original is still below, this job did not merge it) or dropped
+ * (the original holds it; an expired copy's original expired too). */
+static kv_err emit_twin(output *o, const lsm_rec *r, uint64_t now)
+{
+    lsm_db *db = o->db;
+    if (!(r->expire_at && r->expire_at <= now) && route(db, o->j, r) == 1)
+        return out_add(o, 1, r);
+    lsm_twin_drop(db->twin, r->key, r->klen, r->seqno); /* NHC: the FD copy is gone */
+    atomic_fetch_add(&db->twins_dropped, 1);
+    atomic_fetch_add(&db->twins_dropped_bytes, r->klen + r->vlen);
+    return KV_OK;
+}
+
 /* Decides the fate of the newest record of a key and writes it. */
 static kv_err emit(output *o, lsm_rec r, uint64_t now)
 {
+    if ((r.flags & LSM_F_TWIN) && r.type == LSM_PUT && hotrap_level(o->db, o->j->from) &&
+        !o->j->filter)
+        return emit_twin(o, &r, now);
+    if (o->j->twins_only) {
+        /* all_twins() counted every record as a clean copy: none may be
+         * written down, there is no SD input to merge it with */
+        KV_ERROR(LSM_LOG,
+                 "compaction L%d -> L%d: a record that is not a clean copy in a file "
+                 "counted as clean copies only",
+                 o->j->from, o->j->to);
+        return KV_INTERNAL;
+    }
     if (r.type == LSM_PUT && r.expire_at && r.expire_at <= now) {
         r.type = LSM_DELETE; /* expired: it must still shadow older versions */
         r.value = NULL;      /* (expire_at stays: the grace period counts from it) */
@@ -391,7 +447,12 @@ static kv_err emit(output *o, lsm_rec r, uint64_t now)
         !may_exist_below(o->j->base, o->j->to, &r))
         return KV_OK;
     promote_from_sd(o->db, o->j, &r);
-    return out_add(o, route(o->db, o->j, &r), &r);
+    int slot = route(o->db, o->j, &r);
+    /* A clean copy stays one only on FD (the FD levels' merges keep it
+     * apart from its original until the last one); a tombstone is none. */
+    if (r.type == LSM_DELETE || (slot == 0 && o->db->level_tier[o->j->to] == LSM_TIER_SD))
+        r.flags &= (uint8_t)~LSM_F_TWIN;
+    return out_add(o, slot, &r);
 }
 
 /* The job's inputs as merge sources: one per file when from == 0, else one
@@ -427,6 +488,27 @@ static kv_err job_srcs_init(job_srcs *s, const cjob *j)
     return KV_OK;
 }
 
+/* For a clean copy r (its key already in key): copies its value into val,
+ * points r at both buffers and steps the merge to the next record; when
+ * that is r's original (the same key and seqno: ties come from-level
+ * first), this merge consumes it and r is a clean copy no more. */
+static kv_err twin_check(lsm_merge *mg, lsm_rec *r, const lsm_buf *key, lsm_buf *val)
+{
+    val->len = 0;
+    kv_err rv = lsm_buf_put(val, r->value, r->vlen);
+    if (rv != KV_OK)
+        return rv;
+    r->key = key->p;
+    r->value = val->p;
+    lsm_merge_next(mg);
+    if (lsm_merge_valid(mg)) {
+        const lsm_rec *d = lsm_merge_cur(mg);
+        if (d->seqno == r->seqno && lsm_key_cmp(d->key, d->klen, key->p, key->len) == 0)
+            r->flags &= (uint8_t)~LSM_F_TWIN;
+    }
+    return KV_OK;
+}
+
 /* Emits the newest record of each key (unless the cleanup filter rejects
  * the key) and skips its older versions. */
 static kv_err merge_run(output *o, lsm_merge *mg)
@@ -434,14 +516,18 @@ static kv_err merge_run(output *o, lsm_merge *mg)
     lsm_db *db = o->db;
     cfilter *f = o->j->filter;
     uint64_t now = lsm_now_ms(db);
-    lsm_buf key = {0};
+    lsm_buf key = {0}, val = {0};
     kv_err rv = KV_OK;
     lsm_merge_first(mg);
     while (rv == KV_OK && lsm_merge_valid(mg)) {
         lsm_rec r = *lsm_merge_cur(mg);
-        bool keep = !f || f->keep(f->arg, r.key, r.klen);
+        bool keep = !f || f->keep(f->arg, r.key, r.klen), stepped = false;
         key.len = 0;
         rv = lsm_buf_put(&key, r.key, r.klen);
+        if (rv == KV_OK && keep && (r.flags & LSM_F_TWIN) && r.type == LSM_PUT) {
+            rv = twin_check(mg, &r, &key, &val);
+            stepped = rv == KV_OK;
+        }
         if (rv == KV_OK && keep)
             rv = emit(o, r, now);
         if (rv == KV_OK && !keep) {
@@ -450,7 +536,9 @@ static kv_err merge_run(output *o, lsm_merge *mg)
         }
         if (rv != KV_OK)
             break;
-        for (lsm_merge_next(mg); lsm_merge_valid(mg); lsm_merge_next(mg)) { /* older versions */
+        if (!stepped)
+            lsm_merge_next(mg);
+        for (; lsm_merge_valid(mg); lsm_merge_next(mg)) { /* older versions */
             const lsm_rec *d = lsm_merge_cur(mg);
             if (lsm_key_cmp(d->key, d->klen, key.p, key.len) != 0)
                 break;
@@ -461,6 +549,7 @@ static kv_err merge_run(output *o, lsm_merge *mg)
         }
     }
     lsm_buf_free(&key);
+    lsm_buf_free(&val);
     return rv == KV_OK ? lsm_merge_error(mg, NULL, NULL) : rv;
 }
 
@@ -507,6 +596,7 @@ static kv_err trivial_move(lsm_db *db, cjob *j, lsm_edit *e)
                     .min_seq = src->min_seq,
                     .max_seq = src->max_seq,
                     .max_version = src->max_version,
+                    .ntwins = src->ntwins,
                     .level = j->to,
                     .tier = src->tier,
                     .vol = src->vol,
@@ -554,6 +644,8 @@ static kv_err run_job(lsm_db *db, cjob *j)
         KV_ERROR(LSM_LOG, "compaction L%d -> L%d failed: %s", j->from, j->to, kv_strerror(rv));
     } else {
         atomic_fetch_add(&db->compactions, 1);
+        if (j->twins_only)
+            atomic_fetch_add(&db->twin_jobs, 1);
         int to = j->to;
         if (j->trivial) {
             atomic_fetch_add(&db->lc_moved[to], files_bytes(j->in[0], j->nin[0]));
@@ -567,9 +659,12 @@ static kv_err run_job(lsm_db *db, cjob *j)
         KV_DEBUG(LSM_LOG,
                  "compaction L%d -> L%d%s: %zu + %zu inputs (%" PRIu64 " + %" PRIu64
                  " bytes), %zu outputs (%" PRIu64 " bytes)",
-                 j->from, j->to, j->trivial ? " (move)" : "", j->nin[0], j->nin[1],
-                 files_bytes(j->in[0], j->nin[0]), files_bytes(j->in[1], j->nin[1]), e.nadd,
-                 files_bytes(e.adds, e.nadd));
+                 j->from, j->to,
+                 j->trivial      ? " (move)"
+                 : j->twins_only ? " (copies)"
+                                 : "",
+                 j->nin[0], j->nin[1], files_bytes(j->in[0], j->nin[0]),
+                 files_bytes(j->in[1], j->nin[1]), e.nadd, files_bytes(e.adds, e.nadd));
     }
     lsm_edit_free(&e);
     db->busy[j->from] = db->busy[j->to] = false;

@@ -1018,6 +1018,9 @@ static void hotrap_stats(lsm_db *db, lsm_stats *out)
     out->ralt_errors = rs.errors;
     out->retained_recs = atomic_load(&db->retained_recs);
     out->retained_bytes = atomic_load(&db->retained_bytes);
+    out->twins_dropped = atomic_load(&db->twins_dropped);
+    out->twins_dropped_bytes = atomic_load(&db->twins_dropped_bytes);
+    out->twin_jobs = atomic_load(&db->twin_jobs);
     lsm_promo_stats(db, out);
     out->twin_entries = lsm_twin_size(db->twin);
     out->twin_capacity = lsm_twin_capacity(db->twin);

@@ -57,6 +57,11 @@ typedef struct lsm_db lsm_db;
 typedef enum lsm_type { LSM_PUT = 1, LSM_DELETE = 2 } lsm_type;
 
 #define LSM_F_PROMOTED 0x1u /* copied up to FD by HotRAP promotion (keeps its seqno) */
+/* A clean copy: a record with the same key and seqno (the original) lies in
+ * a deeper level. Set on the records HotRAP promotes; a merge that meets the
+ * original clears it (compact.c), so a compaction into SD may drop a copy it
+ * does not keep on FD instead of writing it down again. */
+#define LSM_F_TWIN 0x2u
 
 /* One record. key/value are borrowed by the functions that take an lsm_rec;
  * lsm_get() fills one whose key and value are malloc'ed (see lsm_rec_free). */
@@ -416,14 +421,17 @@ typedef struct lsm_stats {
     bool io_uring;            /* true when I/O goes through io_uring */
     /* HotRAP (zero when off). FD hit rate = reads_fd / (reads_fd + reads_sd). */
     bool hotrap;
-    uint64_t promoted_recs, promoted_bytes;  /* installed by the promotion buffer */
-    uint64_t promo_dropped;                  /* checked and not promoted, of which: */
-    uint64_t promo_drop_dup;                 /* an older read of a key in the same buffer */
-    uint64_t promo_drop_cold;                /* not stably hot per RALT */
-    uint64_t promo_drop_newer;               /* written since the read, or expired */
-    uint64_t promo_drop_on_fd;               /* an FD level may hold the key (bloom) */
-    uint64_t promo_drop_full;                /* buffer sealed while the checker was behind */
-    uint64_t retained_recs, retained_bytes;  /* kept on FD by compaction into SD */
+    uint64_t promoted_recs, promoted_bytes; /* installed by the promotion buffer */
+    uint64_t promo_dropped;                 /* checked and not promoted, of which: */
+    uint64_t promo_drop_dup;                /* an older read of a key in the same buffer */
+    uint64_t promo_drop_cold;               /* not stably hot per RALT */
+    uint64_t promo_drop_newer;              /* written since the read, or expired */
+    uint64_t promo_drop_on_fd;              /* an FD level may hold the key (bloom) */
+    uint64_t promo_drop_full;               /* buffer sealed while the checker was behind */
+    uint64_t retained_recs, retained_bytes; /* kept on FD by compaction into SD */
+    /* clean copies (LSM_F_TWIN) compaction into SD dropped instead of
+     * writing them down, and its jobs that merged no SD file */
+    uint64_t twins_dropped, twins_dropped_bytes, twin_jobs;
     uint64_t ralt_entries, ralt_stable;      /* tracked keys, stably hot keys */
     uint64_t ralt_bytes, ralt_phys_limit;    /* RALT size and its adaptive limit */
     uint64_t ralt_hot_bytes, hot_set_limit;  /* key+value bytes of hot keys, limit */

@@ -182,6 +182,9 @@ typedef struct lsm_sst lsm_sst;
 /* Metadata of one SST, shared by versions (refcounted). */
 typedef struct lsm_file {
     uint64_t number, size, nentries, min_seq, max_seq;
+    /* Records flagged LSM_F_TWIN (clean copies); 0 for a file recorded
+     * before manifests carried it. */
+    uint64_t ntwins;
     /* The highest version (HLC) of the file's records; LSM_VERSION_UNKNOWN
      * for a file recorded before manifests carried it (lsm_max_version). */
     uint64_t max_version;
@@ -497,6 +500,7 @@ struct lsm_db {
     uint64_t hot_limit;           /* hot-set limit (bytes) */
     _Atomic uint64_t flushed_pub; /* flushed_seq, stored after its version is installed */
     _Atomic uint64_t retained_recs, retained_bytes;
+    _Atomic uint64_t twins_dropped, twins_dropped_bytes, twin_jobs; /* compact.c */
 
     /* NHC (node/nhc): the twin map (NULL without HotRAP) and the routing
      * counters; o.nhc may be NULL (every read FD-first). */

@@ -29,8 +29,19 @@
 
 /* TAG_ADD2 is TAG_ADD followed by the file's max_version; manifests written
  * before it existed hold TAG_ADD only (their files' max_version is unknown
- * until compaction rewrites them). */
-enum { TAG_FLUSHED = 1, TAG_NEXT = 2, TAG_LOG = 3, TAG_DEL = 4, TAG_ADD = 5, TAG_ADD2 = 6 };
+ * until compaction rewrites them). TAG_ADD3 is TAG_ADD2 followed by the
+ * file's count of clean copies (lsm_file.ntwins); files added by TAG_ADD or
+ * TAG_ADD2 count none, which only means a compaction treats their copies
+ * as records to write down. */
+enum {
+    TAG_FLUSHED = 1,
+    TAG_NEXT = 2,
+    TAG_LOG = 3,
+    TAG_DEL = 4,
+    TAG_ADD = 5,
+    TAG_ADD2 = 6,
+    TAG_ADD3 = 7
+};
 
 /* MANIFEST frame: [u32 crc32c(len || payload)][u32 len][u32 crc32c(len)]
  * [payload]. The header's own checksum tells a torn last append (header
@@ -146,7 +157,7 @@ static kv_err put_key(lsm_buf *b, const uint8_t *k, size_t len)
 static kv_err encode_add(lsm_buf *b, const lsm_file *f)
 {
     uint8_t tier = (uint8_t)f->tier;
-    kv_err rv = lsm_buf_put(b, (uint8_t[]){TAG_ADD2}, 1);
+    kv_err rv = lsm_buf_put(b, (uint8_t[]){TAG_ADD3}, 1);
     if (rv == KV_OK)
         rv = lsm_buf_put32(b, (uint32_t)f->level);
     if (rv == KV_OK)
@@ -160,6 +171,8 @@ static kv_err encode_add(lsm_buf *b, const lsm_file *f)
         rv = put_key(b, f->largest, f->llen);
     if (rv == KV_OK)
         rv = lsm_buf_put64(b, f->max_version);
+    if (rv == KV_OK)
+        rv = lsm_buf_put64(b, f->ntwins);
     return rv;
 }
 
@@ -207,7 +220,8 @@ static bool take_key(const uint8_t **p, const uint8_t *end, uint8_t **k, size_t 
     return true;
 }
 
-static bool decode_add(const uint8_t **p, const uint8_t *end, lsm_recovered *st, bool v2)
+/* tag: TAG_ADD, TAG_ADD2 or TAG_ADD3 */
+static bool decode_add(const uint8_t **p, const uint8_t *end, lsm_recovered *st, uint8_t tag)
 {
     if (end - *p < 4 + 1 + 40)
         return false;
@@ -226,9 +240,14 @@ static bool decode_add(const uint8_t **p, const uint8_t *end, lsm_recovered *st,
     bool ok = f->level >= 0 && f->level < LSM_MAX_LEVELS &&
               (f->tier == LSM_TIER_FD || f->tier == LSM_TIER_SD) &&
               take_key(p, end, &f->smallest, &f->slen) && take_key(p, end, &f->largest, &f->llen);
-    if (ok && v2 && (ok = end - *p >= 8)) {
+    if (ok && tag >= TAG_ADD2 && (ok = end - *p >= 8)) {
         f->max_version = lsm_get64(*p);
         *p += 8;
+    }
+    if (ok && tag >= TAG_ADD3 && (ok = end - *p >= 8)) {
+        f->ntwins = lsm_get64(*p);
+        *p += 8;
+        ok = f->ntwins <= f->nentries;
     }
     ok = ok && lsm_edit_add(&st->state, f) == KV_OK;
     lsm_file_unref(f);
@@ -270,8 +289,8 @@ static bool edit_apply_raw(const uint8_t *p, size_t len, lsm_recovered *st)
                 return false;
             state_del(st, lsm_get64(p + 4));
             p += 12;
-        } else if (tag == TAG_ADD || tag == TAG_ADD2) {
-            if (!decode_add(&p, end, st, tag == TAG_ADD2))
+        } else if (tag >= TAG_ADD && tag <= TAG_ADD3) {
+            if (!decode_add(&p, end, st, tag))
                 return false;
         } else {
             return false;

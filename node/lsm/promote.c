@@ -164,7 +164,7 @@ void lsm_promo_add(lsm_db *db, const lsm_rec *r, uint64_t fread)
     pent e = {.fread = fread};
     if (lsm_rec_copy(&e.r, r) != KV_OK)
         return;
-    e.r.flags |= LSM_F_PROMOTED;
+    e.r.flags |= LSM_F_PROMOTED | LSM_F_TWIN; /* its original stays on SD */
     pthread_mutex_lock(&p->mu);
     if (pbuf_push(&p->mut, &e) != KV_OK)
         lsm_rec_free(&e.r);

@@ -68,7 +68,7 @@ struct lsm_sst_builder {
     uint32_t nblk;
     uint64_t *hashes;
     size_t nh, hcap;
-    uint64_t count, min_seq, max_seq, max_version;
+    uint64_t count, min_seq, max_seq, max_version, ntwins;
     bool nosync;                  /* lsm_sst_builder_nosync */
     uint8_t codec;                /* LSM_CODEC_* for data blocks */
     lsm_buf cbuf;                 /* compressed block */
@@ -238,6 +238,7 @@ kv_err lsm_sst_builder_add(lsm_sst_builder *b, const lsm_rec *r)
     b->min_seq = r->seqno < b->min_seq ? r->seqno : b->min_seq;
     b->max_seq = r->seqno > b->max_seq ? r->seqno : b->max_seq;
     b->max_version = r->version > b->max_version ? r->version : b->max_version;
+    b->ntwins += (r->flags & LSM_F_TWIN) != 0;
     if (b->blk.len + b->offs.len + 4 >= b->block_size)
         return flush_block(b);
     return KV_OK;
@@ -354,6 +355,7 @@ kv_err lsm_sst_builder_finish(lsm_sst_builder *b, int level, lsm_file **out)
     f->min_seq = b->min_seq;
     f->max_seq = b->max_seq;
     f->max_version = b->max_version;
+    f->ntwins = b->ntwins;
     f->level = level;
     f->tier = b->v->tier;
     f->vol = b->v;

@@ -778,3 +778,170 @@ Test(hotrap, a_bloom_false_positive_on_fd_does_not_block_promotion)
     cr_assert_eq(get_id(t, fp - 1, NULL, NULL), LSM_TIER_FD, "its even neighbour, rewritten");
     t_close(t);
 }
+
+/* ---- clean copies (LSM_F_TWIN) ---- */
+
+/* Reopens the db: RALT starts empty, so nothing is hot any more. */
+static void t_reopen(tdb *t)
+{
+    lsm_close(t->db);
+    lt_db_start(t);
+}
+
+/* id reads back with seqno seq and put_range's value: every record of one
+ * put_range(t, a, b) holds VLEN bytes of its last seqno's low byte. */
+static lsm_tier expect_id(tdb *t, int id, uint64_t seq, uint64_t range_last)
+{
+    char k[KLEN + 1];
+    key_of(k, id);
+    lsm_rec r;
+    lsm_tier tier;
+    kv_err rv = lsm_get(t->db, k, KLEN, &r, &tier);
+    cr_assert_eq(rv, KV_OK, "get %d: %s", id, kv_strerror(rv));
+    cr_assert_eq(r.seqno, seq, "key %d: seqno %llu, not %llu", id, (unsigned long long)r.seqno,
+                 (unsigned long long)seq);
+    cr_assert_eq(r.vlen, VLEN);
+    for (size_t i = 0; i < VLEN; i++)
+        cr_assert_eq(((const uint8_t *)r.value)[i], (uint8_t)range_last, "key %d: value byte %zu",
+                     id, i);
+    lsm_rec_free(&r);
+    return tier;
+}
+
+/* Promotes keys 0, step, 2 x step, ... (n of them) from SD. */
+static void promote_every(tdb *t, int n, int step)
+{
+    for (int i = 0; i < n; i++)
+        read_hot(t, i * step);
+    lsm_promo_sync(t->db);
+    cr_assert_eq(stats_of(t).promoted_recs, (uint64_t)n);
+}
+
+/* Every key of [a, b), written by one put_range whose first seqno is first,
+ * reads back unchanged from SD. */
+static void expect_range_on_sd(tdb *t, int a, int b, uint64_t first)
+{
+    for (int id = a; id < b; id++)
+        cr_assert_eq(expect_id(t, id, first + (uint64_t)(id - a), first + (uint64_t)(b - a) - 1),
+                     LSM_TIER_SD, "key %d", id);
+}
+
+/* The numbers of level l's files, sorted (at most cap). */
+static size_t level_numbers(tdb *t, int l, uint64_t *out, size_t cap)
+{
+    lsm_version *v = lsm_db_current(t->db);
+    size_t n = 0;
+    for (size_t i = 0; i < v->nfiles[l] && n < cap; i++)
+        out[n++] = v->files[l][i]->number;
+    lsm_version_unref(v);
+    return n;
+}
+
+Test(hotrap, promoted_copies_that_cooled_are_dropped_without_touching_sd)
+{
+    tdb *t = t_open("twindrop", true);
+    enum { N = 2000, HOT = 20 };
+    uint64_t first = t->seq + 1;
+    fill_sd(t, N);
+    promote_every(t, HOT, 50);
+    lsm_stats s;
+    uint8_t flags;
+    cr_assert_eq(get_id(t, 50, NULL, &flags), LSM_TIER_FD);
+    cr_assert_eq(flags & (LSM_F_PROMOTED | LSM_F_TWIN), LSM_F_PROMOTED | LSM_F_TWIN);
+    uint64_t sd0[64], sd1[64];
+    size_t nsd0 = level_numbers(t, 3, sd0, 64);
+    cr_assert_gt(nsd0, 0);
+    t_reopen(t); /* the manifest keeps the count of copies; RALT forgets them */
+    lsm_version *v = lsm_db_current(t->db);
+    cr_assert_eq(v->nfiles[0], 1);
+    cr_assert_eq(v->files[0][0]->ntwins, HOT, "the count of copies survives a restart");
+    cr_assert_eq(v->files[0][0]->nentries, HOT);
+    lsm_version_unref(v);
+    cr_assert_eq(lsm_compact_level(t->db, 0), KV_OK); /* inside FD: the flag stays */
+    cr_assert_eq(lsm_compact_level(t->db, 1), KV_OK);
+    cr_assert_eq(get_id(t, 50, NULL, &flags), LSM_TIER_FD);
+    cr_assert(flags & LSM_F_TWIN);
+    s = stats_of(t);
+    uint64_t read0 = s.compact_read_bytes, write0 = s.compact_write_bytes;
+    cr_assert_eq(s.twins_dropped, 0);
+    v = lsm_db_current(t->db);
+    cr_assert_eq(v->nfiles[2], 1);
+    uint64_t l2 = v->files[2][0]->size;
+    lsm_version_unref(v);
+    cr_assert_eq(lsm_compact_level(t->db, 2), KV_OK); /* L2 (last FD) -> L3 (SD) */
+    s = stats_of(t);
+    cr_assert_eq(s.twin_jobs, 1);
+    cr_assert_eq(s.twins_dropped, HOT);
+    cr_assert_eq(s.twins_dropped_bytes, (uint64_t)HOT * (KLEN + VLEN));
+    cr_assert_eq(s.levels[2].files, 0, "nothing hot to retain");
+    cr_assert(s.compact_read_bytes > read0 && s.compact_read_bytes - read0 <= l2,
+              "only the FD file was read");
+    cr_assert_eq(s.compact_write_bytes, write0, "nothing was written");
+    size_t nsd1 = level_numbers(t, 3, sd1, 64);
+    cr_assert_eq(nsd1, nsd0);
+    cr_assert_eq(memcmp(sd0, sd1, nsd0 * sizeof(*sd0)), 0, "the SD files are the same files");
+    expect_range_on_sd(t, 0, N, first); /* the copies' originals included */
+    t_close(t);
+}
+
+/* The case that would lose data if the flag outlived its original: a hot
+ * copy kept on FD by a compaction that merged the SD file holding its
+ * original. It is the only copy then, and once it cools it must be written
+ * down, not dropped. */
+Test(hotrap, a_retained_copy_whose_original_was_merged_is_written_down_later)
+{
+    tdb *t = t_open("twinkeep", true);
+    enum { N = 2000, HOT = 20 };
+    uint64_t first = t->seq + 1;
+    fill_sd(t, N);
+    promote_every(t, HOT, 50);
+    uint64_t nfirst = put_range(t, N, N + 500); /* new keys beside the copies */
+    cr_assert_eq(lsm_compact_level(t->db, 0), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 1), KV_OK);
+    for (int i = 0; i < HOT; i++) /* still hot: read from the FD copy */
+        cr_assert_eq(get_id(t, i * 50, NULL, NULL), LSM_TIER_FD);
+    cr_assert_eq(lsm_compact_level(t->db, 2), KV_OK); /* merges L3, originals included */
+    lsm_stats s = stats_of(t);
+    cr_assert_eq(s.twin_jobs, 0, "the new keys must go down");
+    cr_assert_eq(s.twins_dropped, 0, "every copy met its original");
+    cr_assert_geq(s.retained_recs, HOT);
+    uint8_t flags;
+    for (int i = 0; i < HOT; i++) {
+        cr_assert_eq(get_id(t, i * 50, NULL, &flags), LSM_TIER_FD, "copy %d retained", i * 50);
+        cr_assert_eq(flags & LSM_F_TWIN, 0, "key %d: its original is gone", i * 50);
+    }
+    t_reopen(t); /* cold now */
+    cr_assert_eq(lsm_compact_level(t->db, 2), KV_OK);
+    s = stats_of(t);
+    cr_assert_eq(s.twins_dropped, 0);
+    cr_assert_eq(s.levels[2].files, 0);
+    expect_range_on_sd(t, 0, N, first);
+    expect_range_on_sd(t, N, N + 500, nfirst);
+    t_close(t);
+}
+
+/* A copy whose file also holds other records is dropped from a mixed
+ * compaction into SD when its original lies deeper than the level merged. */
+Test(hotrap, a_copy_is_dropped_from_a_mixed_job_when_its_original_lies_deeper)
+{
+    tdb *t = t_open("twinmix", true);
+    enum { N = 2000, HOT = 10 };
+    uint64_t first = t->seq + 1;
+    fill_sd(t, N);
+    cr_assert_eq(lsm_compact_level(t->db, 3), KV_OK); /* the originals move to L4 */
+    lsm_stats s = stats_of(t);
+    cr_assert_eq(s.levels[3].files, 0);
+    cr_assert_gt(s.levels[4].files, 0);
+    promote_every(t, HOT, 100);
+    uint64_t nfirst = put_range(t, N, N + 300);
+    cr_assert_eq(lsm_compact_level(t->db, 0), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 1), KV_OK);
+    t_reopen(t);
+    cr_assert_eq(lsm_compact_level(t->db, 2), KV_OK);
+    s = stats_of(t);
+    cr_assert_eq(s.twin_jobs, 0);
+    cr_assert_eq(s.twins_dropped, HOT);
+    expect_range_on_sd(t, 0, N, first);
+    expect_range_on_sd(t, N, N + 300, nfirst);
+    t_close(t);
+}
