@@ -195,11 +195,11 @@ static void hk_levels(hk *k, const rpc_statlist *l, tb_stats *out)
 /* Keeps HotRAP's own state at the last stats call, for the result line. */
 static void hk_hotrap(hk *k, const rpc_statlist *l)
 {
-    static const char *const names[] = {"promo_dropped",    "promo_drop_dup",   "promo_drop_cold",
-                                        "promo_drop_newer", "promo_drop_on_fd", "promo_drop_full",
-                                        "checker_backlog",  "ralt_entries",     "ralt_stable",
-                                        "ralt_hot_bytes",   "hot_set_limit",    "ralt_file_bytes",
-                                        "ralt_mem_bytes",   "ralt_errors"};
+    static const char *const names[] = {
+        "promo_dropped",    "promo_drop_dup",  "promo_drop_cold", "promo_drop_newer",
+        "promo_drop_on_fd", "promo_drop_full", "checker_backlog", "ralt_entries",
+        "ralt_stable",      "ralt_hot_bytes",  "hot_set_limit",   "ralt_file_bytes",
+        "ralt_mem_bytes",   "ralt_errors",     "twins_dropped",   "twin_jobs"};
     size_t off = 0;
     k->hotrap_state[0] = '\0';
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
