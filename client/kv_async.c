@@ -257,6 +257,16 @@ static bool async_check(kv_client *c, size_t klen, size_t vlen, kv_done_fn done,
     return false;
 }
 
+void kv_burst_begin(void)
+{
+    rpc_burst_begin();
+}
+
+void kv_burst_end(void)
+{
+    rpc_burst_end();
+}
+
 void kv_get_async(kv_client *c, const void *key, size_t klen, kv_done_fn done, void *arg)
 {
     async_call *a;

@@ -339,6 +339,20 @@ kv_err rpc_call(rpc_chan *ch, const char *method, uint64_t map_epoch, const Prot
 kv_err rpc_call_retry(rpc_chan *ch, const char *method, uint64_t map_epoch,
                       const ProtobufCMessage *req, uint32_t deadline_ms, rpc_reply *out);
 
+/* A burst: between rpc_burst_begin and rpc_burst_end on one thread, small
+ * calls rpc_call_async makes on a coalescing channel wait in its queue even
+ * when the channel has room for a message, and rpc_burst_end sends each
+ * channel's queue as one message (or leaves it behind the message in
+ * flight, as coalescing does). So calls started together leave together:
+ * without it the first goes alone and the rest wait for its reply. A burst
+ * must not block (a queued call waits for its end, at most 1 ms), and the
+ * channels it used must stay open until it ends; rpc_call (blocking) sends
+ * as outside a burst. Bursts nest; only the outermost end sends. The
+ * server runs the asynchronous calls of an rpc.Calls message in one, and a
+ * channel the completions of an rpc.Calls reply. */
+void rpc_burst_begin(void);
+void rpc_burst_end(void);
+
 /* Initialises nng on the calling thread. Call it once from main() before
  * starting threads: nng initialises itself lazily on first use, and two
  * threads making their first nng calls at once race inside that

@@ -15,7 +15,10 @@
  * COALESCE_MAX_BYTES, or after COALESCE_WAIT_NS (1 ms) at the latest. A lone call
  * is never delayed; under load, calls share messages (like a Redis client's
  * automatic pipelining). Each call keeps its own deadline (its remaining
- * time when the message leaves), status and reply. The default,
+ * time when the message leaves), status and reply. Calls started in a burst
+ * (rpc_burst_begin/end: the calls of one incoming message, the calls that
+ * the completions of one reply start) queue even when the channel is idle
+ * and leave as one message when the burst ends. The default,
  * DEFAULT_COALESCE_AFTER = 1, keeps one message in flight and sends what
  * queued meanwhile when its reply comes (or the queue's first call has
  * waited 1 ms): at 50 calls in flight it carried 1.1-1.5x the requests per
@@ -47,6 +50,16 @@
 #define COALESCE_MAX_BODY (16u * 1024u)   /* larger calls always go alone */
 #define COALESCE_WAIT_NS 1000000ull       /* the longest a call waits in the queue */
 #define METHOD_MAX 48
+
+/* The calling thread's burst: its depth, and the channels whose queues it
+ * sends at its end (a burst that touches more channels than that sends the
+ * others' calls as outside one). */
+#define BURST_MAX_CHANS 16
+static _Thread_local struct {
+    unsigned depth;
+    size_t n;
+    rpc_chan *chans[BURST_MAX_CHANS];
+} tl_burst;
 
 /* A call waiting to go out in an rpc.Calls message. */
 typedef struct rpc_pend rpc_pend;
@@ -311,6 +324,7 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
     slot_release(s);
     msg_done(ch);
     size_t i = 0;
+    rpc_burst_begin(); /* the calls these completions start leave together */
     for (rpc_pend *next; p; p = next, i++) {
         next = p->next;
         if (resend && p->done) {
@@ -335,6 +349,7 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
         if (done)
             done(arg, &r);
     }
+    rpc_burst_end();
     if (cs)
         kv__calls__free_unpacked(cs, NULL);
     rpc_reply_free(&outer);
@@ -656,12 +671,10 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
     }
 }
 
-/* Sends call p in a message of its own and frees it. */
-static void send_single(rpc_chan *ch, rpc_pend *p)
+/* Sends call p, counted in flight already, in a message of its own and
+ * frees it. */
+static void send_counted(rpc_chan *ch, rpc_pend *p)
 {
-    pthread_mutex_lock(&ch->mu);
-    ch->inflight++;
-    pthread_mutex_unlock(&ch->mu);
     uint64_t now = kv_now_ns();
     uint64_t left = p->deadline_ns > now ? (p->deadline_ns - now) / 1000000ull : 0;
     Kv__Envelope env;
@@ -672,6 +685,15 @@ static void send_single(rpc_chan *ch, rpc_pend *p)
     void *arg = p->arg;
     pend_free(p);
     send_msg(ch, m, id, dl, done, arg, NULL);
+}
+
+/* Sends call p in a message of its own and frees it. */
+static void send_single(rpc_chan *ch, rpc_pend *p)
+{
+    pthread_mutex_lock(&ch->mu);
+    ch->inflight++;
+    pthread_mutex_unlock(&ch->mu);
+    send_counted(ch, p);
 }
 
 /* Sends queued calls q (linked, in order) as one rpc.Calls message; calls
@@ -756,18 +778,68 @@ static void msg_done(rpc_chan *ch)
         send_calls(ch, q);
 }
 
-/* Queues p when coalesce_after messages are in flight (true: p is the
- * channel's now); otherwise counts the message p is about to become. */
-static bool try_queue(rpc_chan *ch, rpc_pend *p)
+/* With ch->mu held: true when the calling thread is in a burst that sends
+ * ch's queue at its end (ch joins it). */
+static bool burst_join(rpc_chan *ch)
+{
+    if (!tl_burst.depth)
+        return false;
+    for (size_t i = 0; i < tl_burst.n; i++)
+        if (tl_burst.chans[i] == ch)
+            return true;
+    if (tl_burst.n == BURST_MAX_CHANS)
+        return false;
+    tl_burst.chans[tl_burst.n++] = ch;
+    return true;
+}
+
+void rpc_burst_begin(void)
+{
+    tl_burst.depth++;
+}
+
+void rpc_burst_end(void)
+{
+    if (!tl_burst.depth || --tl_burst.depth)
+        return;
+    /* a copy: sending may complete calls whose callbacks start others */
+    rpc_chan *chans[BURST_MAX_CHANS];
+    size_t n = tl_burst.n;
+    memcpy(chans, tl_burst.chans, n * sizeof(*chans));
+    tl_burst.n = 0;
+    for (size_t i = 0; i < n; i++) {
+        rpc_chan *ch = chans[i];
+        rpc_pend *q = NULL;
+        uint64_t arm = 0;
+        pthread_mutex_lock(&ch->mu);
+        if (!ch->coalesce_after || ch->inflight < ch->coalesce_after)
+            q = take_queue(ch);
+        else if (ch->qhead && !ch->closing) /* another thread's message took the room */
+            arm = ch->q_since + COALESCE_WAIT_NS;
+        pthread_mutex_unlock(&ch->mu);
+        if (arm)
+            rpc_timer_arm(&ch->tick, arm);
+        if (q && !q->next)
+            send_counted(ch, q);
+        else if (q)
+            send_calls(ch, q);
+    }
+}
+
+/* Queues p when coalesce_after messages are in flight, or in a burst (true:
+ * p is the channel's now); otherwise counts the message p is about to
+ * become. burst: false for a blocking call, which never waits for a burst. */
+static bool try_queue(rpc_chan *ch, rpc_pend *p, bool burst)
 {
     pthread_mutex_lock(&ch->mu);
-    if (!ch->coalesce_after || ch->inflight < ch->coalesce_after || ch->closing ||
-        p->blen > COALESCE_MAX_BODY) {
+    if (!ch->coalesce_after || ch->closing || p->blen > COALESCE_MAX_BODY ||
+        (ch->inflight < ch->coalesce_after && !(burst && burst_join(ch)))) {
         ch->inflight++;
         pthread_mutex_unlock(&ch->mu);
         return false;
     }
     uint64_t now = kv_now_ns();
+    bool room = ch->inflight < ch->coalesce_after; /* queued for the burst's end */
     p->next = NULL;
     bool first = !ch->qhead;
     if (ch->qtail)
@@ -786,13 +858,14 @@ static bool try_queue(rpc_chan *ch, rpc_pend *p)
     pthread_mutex_unlock(&ch->mu);
     if (q)
         send_calls(ch, q);
-    else if (first)
+    else if (first && !room)
         rpc_timer_arm(&ch->tick, now + COALESCE_WAIT_NS);
     return true;
 }
 
-void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
-                    const ProtobufCMessage *req, uint32_t deadline_ms, rpc_done_fn done, void *arg)
+static void call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
+                       const ProtobufCMessage *req, uint32_t deadline_ms, rpc_done_fn done,
+                       void *arg, bool burst)
 {
     char msg[160];
     if (!deadline_ms)
@@ -832,7 +905,7 @@ void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
                     .body = body,
                     .blen = blen};
     memcpy(p->method, method, strlen(method) + 1);
-    if (!try_queue(ch, p)) {
+    if (!try_queue(ch, p, burst)) {
         /* alone: exactly the deadline the caller gave */
         Kv__Envelope env;
         call_env(ch, p, deadline_ms, &env);
@@ -841,6 +914,12 @@ void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
         pend_free(p);
         send_msg(ch, m, id, dl, done, arg, NULL);
     }
+}
+
+void rpc_call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
+                    const ProtobufCMessage *req, uint32_t deadline_ms, rpc_done_fn done, void *arg)
+{
+    call_async(ch, method, map_epoch, req, deadline_ms, done, arg, true);
 }
 
 typedef struct sync_wait {
@@ -894,8 +973,8 @@ kv_err rpc_call(rpc_chan *ch, const char *method, uint64_t map_epoch, const Prot
     sync_wait w = {.done = false};
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    rpc_call_async(ch, method, map_epoch, req, spent < deadline_ms ? deadline_ms - spent : 1,
-                   sync_done, &w);
+    call_async(ch, method, map_epoch, req, spent < deadline_ms ? deadline_ms - spent : 1, sync_done,
+               &w, false);
     pthread_mutex_lock(&w.mu);
     while (!w.done)
         pthread_cond_wait(&w.cv, &w.mu);

@@ -1028,6 +1028,7 @@ static bool calls_inline(rpc_server *s, rpc_scall *k)
         return false;
     atomic_fetch_add(&s->busy, 1);
     size_t n = g->calls->n_calls, i = 0;
+    rpc_burst_begin(); /* the calls the asynchronous starts make leave together */
     for (; i < n; i++) {
         const Kv__Envelope *env = g->calls->calls[i];
         if (try_call(s, env, k->verified, k->arrival_ns, &c, &status)) {
@@ -1044,6 +1045,7 @@ static bool calls_inline(rpc_server *s, rpc_scall *k)
             break;
         }
     }
+    rpc_burst_end();
     if (i < n) {
         /* the rest is one job holding one reference (drop_queued drops it) */
         atomic_fetch_add_explicit(&g->left, 1, memory_order_relaxed);

@@ -993,3 +993,148 @@ Test(rpc, async_calls_complete_from_callbacks_and_workers)
     rpc_chan_close(bad);
     rpc_chan_close(ch);
 }
+
+/* ---- bursts ---------------------------------------------------------------- */
+
+static void burst_echoes(rpc_chan *ch, coal_call *calls, int from, int n, int *ok, int *bad)
+{
+    for (int i = from; i < from + n; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "c%d", i);
+        calls[i] = (coal_call){.i = i, .ok = ok, .bad = bad, .want = KV_OK};
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(key), (uint8_t *)key};
+        rpc_call_async(ch, "test.Echo", 1, &req.base, 5000, coal_done, &calls[i]);
+    }
+}
+
+/* Calls started in a burst leave in one message when it ends, even on an
+ * idle channel (outside a burst the first would go alone); an inner end
+ * sends nothing; a blocking call inside the burst is not held back. (A
+ * message's completion sends the channel's queue, burst or not: the
+ * blocking call goes first here.) */
+Test(rpc, a_burst_sends_its_calls_in_one_message)
+{
+    char url[64], out[16];
+    rpc_server *s = start(NULL, url, sizeof(url));
+    rpc_chan *ch;
+    unsetenv("KV_RPC_COALESCE_AFTER");
+    cr_assert_eq(rpc_chan_open(&ch, url, NULL), KV_OK);
+    cr_assert_eq(echo(ch, "warm", 2000, out, sizeof(out)), KV_OK);
+    rpc_server_counters k0, k1;
+    rpc_server_counters_get(s, &k0);
+    enum { N = 10 };
+    static coal_call calls[N];
+    int ok = 0, bad = 0;
+    rpc_burst_begin();
+    rpc_burst_begin();
+    uint64_t t0 = kv_now_ns();
+    cr_assert_eq(echo(ch, "sync", 2000, out, sizeof(out)), KV_OK, "a blocking call goes at once");
+    cr_assert_lt(kv_now_ns() - t0, 1000000000ull);
+    burst_echoes(ch, calls, 0, N, &ok, &bad);
+    rpc_burst_end(); /* inner: nothing leaves */
+    nng_msleep(20);
+    cr_assert_eq(__atomic_load_n(&ok, __ATOMIC_SEQ_CST), 0, "calls left before the burst ended");
+    rpc_burst_end();
+    wait_coalesced(&ok, &bad, N);
+    rpc_server_counters_get(s, &k1);
+    cr_assert_eq(k1.calls - k0.calls, N + 1);
+    cr_assert_eq(k1.messages - k0.messages, 2, "%llu messages: the sync call's and the burst's",
+                 (unsigned long long)(k1.messages - k0.messages));
+    rpc_burst_end(); /* unbalanced: ignored */
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+}
+
+/* Each completion of the first burst's reply starts one more call: they
+ * run in the channel's completion burst, so they too leave as one message. */
+static rpc_chan *g_chain;
+static coal_call g_chain_calls[20];
+static int g_chain_ok, g_chain_bad; /* __atomic */
+
+static void chain_done(void *arg, rpc_reply *r)
+{
+    coal_call *k = arg;
+    coal_done(arg, r);
+    burst_echoes(g_chain, g_chain_calls, 10 + k->i, 1, &g_chain_ok, &g_chain_bad);
+}
+
+Test(rpc, calls_that_the_completions_of_a_reply_start_leave_together)
+{
+    char url[64], out[16];
+    rpc_server *s = start(NULL, url, sizeof(url));
+    unsetenv("KV_RPC_COALESCE_AFTER");
+    cr_assert_eq(rpc_chan_open(&g_chain, url, NULL), KV_OK);
+    cr_assert_eq(echo(g_chain, "warm", 2000, out, sizeof(out)), KV_OK);
+    rpc_server_counters k0, k1;
+    rpc_server_counters_get(s, &k0);
+    rpc_burst_begin();
+    for (int i = 0; i < 10; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "c%d", i);
+        g_chain_calls[i] = (coal_call){.i = i, .ok = &g_chain_ok, .bad = &g_chain_bad};
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(key), (uint8_t *)key};
+        rpc_call_async(g_chain, "test.Echo", 1, &req.base, 5000, chain_done, &g_chain_calls[i]);
+    }
+    rpc_burst_end();
+    wait_coalesced(&g_chain_ok, &g_chain_bad, 20);
+    rpc_server_counters_get(s, &k1);
+    cr_assert_eq(k1.calls - k0.calls, 20);
+    cr_assert_eq(k1.messages - k0.messages, 2, "%llu messages for two rounds of 10 calls",
+                 (unsigned long long)(k1.messages - k0.messages));
+    rpc_chan_close(g_chain);
+    rpc_server_close(s);
+}
+
+/* A server starts the asynchronous calls of one message in a burst: the
+ * echoes that ten 'a' calls forward leave in one message, not 1 + 9. */
+Test(rpc, the_forwards_of_one_message_leave_together)
+{
+    rpc_server_opts o = {.url = "tcp://127.0.0.1:0",
+                         .methods = async_methods,
+                         .nmethods = 3,
+                         .workers = 2,
+                         .handlers_wait = true};
+    rpc_server *s = NULL;
+    char err[256], url[64];
+    cr_assert_eq(rpc_server_open(&s, &o, err, sizeof(err)), KV_OK, "%s", err);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", rpc_server_port(s));
+    unsetenv("KV_RPC_COALESCE_AFTER");
+    rpc_chan *ch;
+    cr_assert_eq(rpc_chan_open(&ch, url, NULL), KV_OK);
+    cr_assert_eq(rpc_chan_open(&g_self, url, NULL), KV_OK);
+    cr_assert_eq(rpc_chan_coalesce_after(g_self), 1);
+    Kv__GetRequest warm = KV__GET_REQUEST__INIT;
+    warm.key = (ProtobufCBinaryData){4, (uint8_t *)"warm"};
+    rpc_reply r;
+    cr_assert_eq(rpc_call(g_self, "test.Echo", 0, &warm.base, 2000, &r), KV_OK);
+    rpc_reply_free(&r);
+    rpc_server_counters k0, k1;
+    rpc_server_counters_get(s, &k0);
+    enum { N = 10 };
+    static mixed_call calls[N];
+    int done = 0;
+    rpc_burst_begin();
+    for (int i = 0; i < N; i++) {
+        calls[i] = (mixed_call){.done = &done, .got = KV_UNKNOWN};
+        snprintf(calls[i].key, sizeof(calls[i].key), "a%d", i);
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(calls[i].key), (uint8_t *)calls[i].key};
+        rpc_call_async(ch, "test.Async", 0, &req.base, 5000, mixed_done, &calls[i]);
+    }
+    rpc_burst_end();
+    for (int i = 0; i < 500 && __atomic_load_n(&done, __ATOMIC_SEQ_CST) < N; i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&done, __ATOMIC_SEQ_CST), N);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(calls[i].got, KV_OK, "%s: %s (%s)", calls[i].key, kv_strerror(calls[i].got),
+                     calls[i].val);
+    rpc_server_counters_get(s, &k1);
+    cr_assert_eq(k1.calls - k0.calls, 2 * N, "ten calls and their ten echoes");
+    cr_assert_eq(k1.messages - k0.messages, 2, "%llu messages: the client's and the forwards'",
+                 (unsigned long long)(k1.messages - k0.messages));
+    rpc_chan_close(ch);
+    rpc_chan_close(g_self);
+    rpc_server_close(s);
+}

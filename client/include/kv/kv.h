@@ -164,6 +164,19 @@ KV_API void kv_put_async(kv_client *c, const void *key, size_t klen, const void 
                          const kv_put_opts *opts, kv_done_fn done, void *arg);
 KV_API void kv_delete_async(kv_client *c, const void *key, size_t klen, kv_done_fn done, void *arg);
 
+/* A burst: the async calls this thread starts between kv_burst_begin() and
+ * kv_burst_end() leave together, one message per connection, when the burst
+ * ends (or behind the message already in flight there). Without one, a
+ * client that starts many calls at once sends the first alone and the rest
+ * together after its reply. Use it around a loop that starts calls, e.g.
+ * the restart of every call whose completion came in; do not block inside
+ * it (its calls wait for the end) or close a client it used. Bursts nest:
+ * the outermost end sends. A completion callback runs inside one already:
+ * the calls it starts leave with those of the other completions of its
+ * message. */
+KV_API void kv_burst_begin(void);
+KV_API void kv_burst_end(void);
+
 #ifdef __cplusplus
 }
 #endif
