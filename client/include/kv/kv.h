@@ -170,8 +170,9 @@ KV_API void kv_delete_async(kv_client *c, const void *key, size_t klen, kv_done_
  * client that starts many calls at once sends the first alone and the rest
  * together after its reply. Use it around a loop that starts calls, e.g.
  * the restart of every call whose completion came in; do not block inside
- * it (its calls wait for the end) or close a client it used. Bursts nest:
- * the outermost end sends. A completion callback runs inside one already:
+ * it (its calls wait for the end, with no timer to send them: every begin
+ * needs its end) or close a client it used. Bursts nest: the outermost end
+ * sends. A completion callback runs inside one already:
  * the calls it starts leave with those of the other completions of its
  * message. */
 KV_API void kv_burst_begin(void);
