@@ -345,7 +345,8 @@ kv_err rpc_call_retry(rpc_chan *ch, const char *method, uint64_t map_epoch,
  * channel's queue as one message (or leaves it behind the message in
  * flight, as coalescing does). So calls started together leave together:
  * without it the first goes alone and the rest wait for its reply. A burst
- * must not block (a queued call waits for its end, at most 1 ms), and the
+ * must not block (a queued call waits for its end: no timer sends it, so
+ * every begin needs its end), and the
  * channels it used must stay open until it ends; rpc_call (blocking) sends
  * as outside a burst. Bursts nest; only the outermost end sends. The
  * server runs the asynchronous calls of an rpc.Calls message in one, and a

@@ -792,12 +792,8 @@ static void t_reopen(tdb *t)
  * put_range(t, a, b) holds VLEN bytes of its last seqno's low byte. */
 static lsm_tier expect_id(tdb *t, int id, uint64_t seq, uint64_t range_last)
 {
-    char k[KLEN + 1];
-    key_of(k, id);
     lsm_rec r;
-    lsm_tier tier;
-    kv_err rv = lsm_get(t->db, k, KLEN, &r, &tier);
-    cr_assert_eq(rv, KV_OK, "get %d: %s", id, kv_strerror(rv));
+    lsm_tier tier = get_rec(t, id, &r);
     cr_assert_eq(r.seqno, seq, "key %d: seqno %llu, not %llu", id, (unsigned long long)r.seqno,
                  (unsigned long long)seq);
     cr_assert_eq(r.vlen, VLEN);

@@ -80,16 +80,23 @@ static inline uint64_t put_range(tdb *t, int a, int b)
     return first;
 }
 
+/* Looks id up (it must exist) into *r (lsm_rec_free it); returns its tier. */
+static inline lsm_tier get_rec(tdb *t, int id, lsm_rec *r)
+{
+    char k[KLEN + 1];
+    key_of(k, id);
+    lsm_tier tier;
+    kv_err rv = lsm_get(t->db, k, KLEN, r, &tier);
+    cr_assert_eq(rv, KV_OK, "get %d: %s", id, kv_strerror(rv));
+    return tier;
+}
+
 /* Looks id up (it must exist); returns its tier and fills *seq and *flags
  * when given. */
 static inline lsm_tier get_id(tdb *t, int id, uint64_t *seq, uint8_t *flags)
 {
-    char k[KLEN + 1];
-    key_of(k, id);
     lsm_rec r;
-    lsm_tier tier;
-    kv_err rv = lsm_get(t->db, k, KLEN, &r, &tier);
-    cr_assert_eq(rv, KV_OK, "get %d: %s", id, kv_strerror(rv));
+    lsm_tier tier = get_rec(t, id, &r);
     if (seq)
         *seq = r.seqno;
     if (flags)
