@@ -186,6 +186,10 @@ int main(int argc, char **argv)
         snprintf(err, sizeof(err), "--seconds must be in (0, 3600]");
         rv = KV_INVALID_ARGUMENT;
     }
+    if (rv == KV_OK && rpc_runtime_init(0) != KV_OK) { /* nng's pool as kvbench sizes it */
+        snprintf(err, sizeof(err), "cannot initialise nng");
+        rv = KV_INTERNAL;
+    }
     int rc = rv == KV_CANCELLED ? 0 : rv != KV_OK ? 2 : run(&o);
     if (rv != KV_OK && rv != KV_CANCELLED)
         fprintf(stderr, PROG ": %s\n", err);

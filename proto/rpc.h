@@ -354,11 +354,26 @@ kv_err rpc_call_retry(rpc_chan *ch, const char *method, uint64_t map_epoch,
 void rpc_burst_begin(void);
 void rpc_burst_end(void);
 
-/* Initialises nng on the calling thread. Call it once from main() before
- * starting threads: nng initialises itself lazily on first use, and two
- * threads making their first nng calls at once race inside that
- * initialisation (found by ThreadSanitizer). Returns KV_OK or INTERNAL. */
-kv_err rpc_runtime_init(void);
+/* ---- runtime (rpc_runtime.c; linked into executables, not libkvclient) -- */
+
+/* Initialises nng on the calling thread with task_threads callback threads
+ * (0 = rpc_runtime_default_threads(); at least 2; nng 1.5 rounds it up to
+ * an even count). Call it once from main() before starting threads and
+ * before any other nng call: nng initialises itself lazily on first use,
+ * sizes its thread pools then, and two threads making their first nng
+ * calls at once race inside that initialisation (found by
+ * ThreadSanitizer). Returns KV_OK or INTERNAL. */
+kv_err rpc_runtime_init(unsigned task_threads);
+/* Whether rpc_runtime_init can size the pool here: nng >= 1.7, or nng 1.5
+ * on glibc in a build without sanitizers; otherwise nng keeps its own
+ * default (two per CPU, at most 16). */
+bool rpc_runtime_sizes_threads(void);
+/* One per CPU, at least 2 (nng's own default is two per CPU). */
+unsigned rpc_runtime_default_threads(void);
+/* nng's callback threads running in this process, counted by their names
+ * (0 where /proc is missing). A thread names itself when it first runs, so
+ * right after rpc_runtime_init the count may still be rising. */
+unsigned rpc_runtime_task_threads(void);
 
 /* ---- channel pool (rpc_pool.c) -------------------------------------------- */
 

@@ -1003,12 +1003,3 @@ kv_err rpc_call_retry(rpc_chan *ch, const char *method, uint64_t map_epoch,
         backoff = backoff < 200 ? backoff * 2 : 200;
     }
 }
-
-kv_err rpc_runtime_init(void)
-{
-    nng_socket s;
-    if (nng_req0_open(&s) != 0)
-        return KV_INTERNAL;
-    nng_close(s);
-    return KV_OK;
-}

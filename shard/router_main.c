@@ -25,6 +25,7 @@ int main(int argc, char **argv)
     r.cfg.hot_flag_rate = 100;
     r.cfg.probe_ms = 500;
     r.cfg.probe_fails = 2;
+    long rpc_threads = 0;
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
     char *log_level = "info";
@@ -57,6 +58,9 @@ int main(int argc, char **argv)
          "failure detector: ping every node this often (0 = off)", NULL, 0, 600000},
         {"probe-fails", KV_OPT_INT, &r.cfg.probe_fails,
          "failure detector: consecutive failed pings that mark a node down", NULL, 1, 1000},
+        {"rpc-threads", KV_OPT_INT, &rpc_threads,
+         "nng callback threads (0 = one per CPU, at least 2; nng 1.5 rounds up to even)", NULL, 0,
+         256},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},
@@ -96,7 +100,7 @@ int main(int argc, char **argv)
     rpc_sec_warn(&r.cfg.sec, "kvrouter", r.cfg.listen, r.cfg.http_listen);
     r.cfg.limits =
         (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
-    rpc_runtime_init();
+    rpc_runtime_init((unsigned)rpc_threads);
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
@@ -110,7 +114,8 @@ int main(int argc, char **argv)
         kv_opts_free(&set);
         return 1;
     }
-    KV_INFO("router", "serving on %s, seeds %s", r.cfg.listen, r.cfg.seeds);
+    KV_INFO("router", "serving on %s, seeds %s (%u nng task threads)", r.cfg.listen, r.cfg.seeds,
+            rpc_runtime_task_threads());
     int sig = 0;
     sigwait(&sigs, &sig);
     KV_INFO("router", "%s: shutting down", strsignal(sig));

@@ -22,6 +22,7 @@
 #include "bench/kvbench/kvbench.h"
 #include "common/clock.h"
 #include "common/opts.h"
+#include "proto/rpc.h"
 
 #define PROG "kvbench"
 
@@ -155,6 +156,9 @@ static kv_err parse_opts(kvb_opts *o, int argc, char **argv)
         {"keys", KV_OPT_INT, &o->keys, "records (ids 0..keys-1)", NULL, 1, 1L << 30},
         {"value-size", KV_OPT_INT, &o->value_size, "value bytes of writes", NULL, 0, 1L << 20},
         {"threads", KV_OPT_INT, &o->threads, "worker threads, one kv_client each", NULL, 1, 64},
+        {"rpc-threads", KV_OPT_INT, &o->rpc_threads,
+         "nng callback threads (0 = one per CPU, at least 2, as kvnode and kvrouter)", NULL, 0,
+         256},
         {"concurrency", KV_OPT_INT, &o->concurrency, "async requests in flight per thread", NULL, 1,
          4096},
         {"seconds", KV_OPT_DOUBLE, &o->seconds, "timed run"},
@@ -495,6 +499,10 @@ int main(int argc, char **argv)
         return 0;
     if (rv != KV_OK)
         return 2;
+    if (rpc_runtime_init((unsigned)o.rpc_threads) != KV_OK) {
+        fprintf(stderr, PROG ": cannot initialise nng\n");
+        return 1;
+    }
     kvb_shared sh = {.o = &o};
     FILE *tl = o.timeline_buf[0] ? fopen(o.timeline_buf, "w") : NULL;
     if (o.timeline_buf[0] && !tl) {

@@ -33,6 +33,7 @@ typedef struct kvb_opts {
     int workload_idx;
     char *dist; /* uniform | zipf | hotspotX */
     long keys, value_size, threads, concurrency, report_top, timeout_ms, trace_ops, seed, max_ops;
+    long rpc_threads; /* nng callback threads (0 = rpc_runtime_default_threads) */
     double theta, seconds, shift_at, load_seconds;
     bool load;
     bool direct;    /* smart client: straight to each key's replica (kv_client_opts.direct) */

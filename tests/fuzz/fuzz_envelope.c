@@ -83,7 +83,7 @@ static void open_server(rpc_server **s, nng_socket *sock, const char *url, const
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     fz_quiet();
-    rpc_runtime_init();
+    rpc_runtime_init(0);
     fz_peers_start();
     open_server(&srv, &req_sock, URL, NULL);
     open_server(&srv_auth, &req_auth, URL_AUTH, TOKEN);

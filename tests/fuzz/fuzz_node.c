@@ -84,7 +84,7 @@ static void install_map(node *n, int which)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     fz_quiet();
-    rpc_runtime_init();
+    rpc_runtime_init(0);
     fz_peers_start();
     engine_thread_register();
     return 0;

@@ -72,7 +72,7 @@ static void setup(router *r, uint8_t flags)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     fz_quiet();
-    rpc_runtime_init();
+    rpc_runtime_init(0);
     fz_peers_start();
     return 0;
 }
