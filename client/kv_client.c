@@ -73,6 +73,10 @@ kv_err kv_client_open(kv_client **out, const char *routers, const kv_client_opts
         tls = (rpc_tls){opts->tls_cert, opts->tls_key, opts->tls_ca, false};
         co.auth = opts->admin_auth && *opts->admin_auth ? opts->admin_auth : opts->auth;
         co.tls = opts->tls_cert || opts->tls_ca ? &tls : NULL;
+        /* a smart client's requests ask to be coordinated wherever they go:
+         * its addresses may be nodes, and a node applies a plain request
+         * as one replica (a router coordinates either way) */
+        co.coordinate = opts->direct;
     }
     kv_err rv = KV_OK;
     char *save = NULL;

@@ -218,16 +218,22 @@ static kv_err delete_begin(rpc_ctx *c, const uint8_t *body, size_t len, bool nb,
 
 kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
+    if (!cmap_slot_epoch(((node *)c->user)->maps))
+        return node_plain_call(c, body, len); /* *state stays NULL: complete */
     return get_begin(c, body, len, false, state);
 }
 
 kv_err node_coord_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
+    if (!cmap_slot_epoch(((node *)c->user)->maps))
+        return node_plain_call(c, body, len); /* *state stays NULL: complete */
     return put_begin(c, body, len, false, state);
 }
 
 kv_err node_coord_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
+    if (!cmap_slot_epoch(((node *)c->user)->maps))
+        return node_plain_call(c, body, len); /* *state stays NULL: complete */
     return delete_begin(c, body, len, false, state);
 }
 

@@ -187,6 +187,10 @@ bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async
 bool node_coord_put_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
 bool node_coord_delete_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a);
 kv_err node_coord_finish(rpc_ctx *c, void *state);
+/* A coordinate call on a node without a cluster map runs as its plain call
+ * (server.c): a node in no cluster is every key's only replica, and a smart
+ * client whose address is such a node gets what a plain client gets. */
+kv_err node_plain_call(rpc_ctx *c, const uint8_t *body, size_t len);
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 void node_coord_stats(node *n, kv_stats *l);
 /* The replication library's in-process call to this node's own replica

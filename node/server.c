@@ -99,6 +99,30 @@ static kv_err check_key(node *n, rpc_ctx *c, cmap *m, const ProtobufCBinaryData 
     return KV_OK;
 }
 
+/* A write without a version comes from a client: routers and coordinating
+ * nodes version every write they send. Applied here it would reach this
+ * one replica and no other, acknowledged but not replicated (a smart
+ * client's fallback once sent its writes so). So it is refused unless this
+ * node is the key's only replica (rf 1 and no replica pending), where
+ * applying it is what a coordinator would do. Into err (a batch op's). */
+static kv_err check_client_write(node *n, cmap *m, const ProtobufCBinaryData *key, uint64_t version,
+                                 char *err, size_t errlen)
+{
+    if (version || !m) /* no map: the node is in no cluster, every key is its alone */
+        return KV_OK;
+    uint32_t idx[2 * CMAP_MAX_RF];
+    size_t cur = cmap_replicas(m, key->data, key->len, idx);
+    size_t all = cur + cmap_pending(m, key->data, key->len, idx + cur);
+    if (all <= 1)
+        return KV_OK;
+    snprintf(err, errlen,
+             "a write without a version reached node %s, one of the key's %zu replicas, where it "
+             "would be stored on this replica only: send writes through a router, or ask the "
+             "node to coordinate them (Envelope.coordinate: libkvclient's direct option)",
+             n->cfg.id, all);
+    return KV_FAILED_PRECONDITION;
+}
+
 /* ---- kv.* -------------------------------------------------------------- */
 
 kv_err node_check_version(uint64_t version, char *err, size_t errlen)
@@ -255,6 +279,8 @@ static bool put_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, 
     if (rv == KV_OK)
         rv = check_key(n, c, m, &req->key);
     if (rv == KV_OK)
+        rv = check_client_write(n, m, &req->key, req->version, c->message, sizeof(c->message));
+    if (rv == KV_OK)
         rv = kv_check_value(&n->cfg.limits, req->value.len, c->message, sizeof(c->message));
     engine_result r = {0};
     bool declined = false;
@@ -297,6 +323,8 @@ static bool delete_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_onl
         rv = call_map(n, c, &m);
     if (rv == KV_OK)
         rv = check_key(n, c, m, &req->key);
+    if (rv == KV_OK)
+        rv = check_client_write(n, m, &req->key, req->version, c->message, sizeof(c->message));
     engine_result r = {0};
     bool declined = false;
     if (rv == KV_OK) {
@@ -359,6 +387,8 @@ static void batch_op(node *n, rpc_ctx *c, cmap *m, const Kv__Op *op, Kv__OpResul
     kv_err rv = check_key(n, &tmp, m, &op->key);
     if (rv == KV_OK && op->type != KV__OP_TYPE__GET)
         rv = check_write_version(&tmp, op->version, tmp.message, sizeof(tmp.message));
+    if (rv == KV_OK && op->type != KV__OP_TYPE__GET)
+        rv = check_client_write(n, m, &op->key, op->version, tmp.message, sizeof(tmp.message));
     free(tmp.reply);
     if (rv == KV_OK && op->type == KV__OP_TYPE__GET) {
         rv = pre_err; /* read together with its neighbours (read_run) */
@@ -463,7 +493,7 @@ static kv_err batch_reply(rpc_ctx *c, node *n, cmap *m, const Kv__BatchRequest *
 static kv_err h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     node *n = c->user;
-    if (c->coordinate)
+    if (c->coordinate && cmap_slot_epoch(n->maps)) /* without a map: see node_plain_call */
         return node_coord_batch(c, body, len);
     kv_err rv = repl_check_batch_wire(&n->cfg.limits, c, body, len); /* before unpacking */
     if (rv != KV_OK)
@@ -640,6 +670,13 @@ bool node_local_try(void *user, const char *method, uint64_t epoch, const uint8_
         return false;
     local_reply(&c, st, out);
     return true;
+}
+
+kv_err node_plain_call(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    const rpc_method *m = local_method(c->method);
+    return m && m->fn ? m->fn(c, body, len)
+                      : rpc_fail(c, KV_UNIMPLEMENTED, "node has no plain %s", c->method);
 }
 
 void node_local_call(void *user, const char *method, uint64_t epoch, const uint8_t *body,

@@ -370,3 +370,61 @@ Test(direct, uses_the_router_while_the_map_is_unknown, .timeout = 300)
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     kvt_run(cmd, out, sizeof(out));
 }
+
+/* A smart client given only a node's address: while it has no map its
+ * requests go to that address, still asking to be coordinated, so they
+ * reach every replica (they used to go as plain calls, which the node
+ * applied as one replica: acknowledged, not replicated). */
+Test(direct, a_node_address_alone_gets_coordinated_writes_before_the_map, .timeout = 300)
+{
+    start(3, 3);
+    kv_client *c = client(cl.node_url[0], true);
+    for (int k = 0; k < 20; k++) { /* at once: the first ones before the map is known */
+        char key[32];
+        snprintf(key, sizeof(key), "seed-%d", k);
+        uint64_t ver = 0;
+        cr_assert_eq(kv_put(c, key, strlen(key), key, strlen(key), NULL, &ver), KV_OK, "%s: %s",
+                     key, kv_last_error());
+        cr_assert_gt(ver, 0);
+        cr_expect_geq(copies(key, ver), 2, "%s: acknowledged by fewer than a quorum", key);
+        for (int w = 0; w < 50 && copies(key, ver) < 3; w++)
+            usleep(20000);
+        cr_expect_eq(copies(key, ver), 3, "%s did not reach its 3 replicas", key);
+    }
+    kv_client_close(c);
+    kvt_cluster_stop(&cl);
+}
+
+/* A plain client writing to one node of an rf-3 cluster: the node would
+ * store the write on its own replica only, so it refuses it and says
+ * where writes go; reads are served (from that replica). */
+Test(direct, a_plain_write_to_one_replica_is_refused, .timeout = 300)
+{
+    start(3, 3);
+    kv_client *c = client(cl.node_url[0], false);
+    cr_assert_eq(kv_put(c, "plain", 5, "v", 1, NULL, NULL), KV_FAILED_PRECONDITION);
+    cr_expect(strstr(kv_last_error(), "without a version") &&
+                  strstr(kv_last_error(), "through a router"),
+              "%s", kv_last_error());
+    cr_expect_eq(copies("plain", 0), 3, "no replica may hold the refused write");
+    cr_assert_eq(kv_delete(c, "plain", 5, NULL, NULL), KV_FAILED_PRECONDITION, "%s",
+                 kv_last_error());
+    kv_op ops[2] = {{.type = KV_OP_PUT, .key = "b1", .klen = 2, .val = "v", .vlen = 1},
+                    {.type = KV_OP_GET, .key = "b1", .klen = 2}};
+    cr_assert_eq(kv_batch(c, ops, 2, KV_CONSISTENCY_DEFAULT), KV_OK, "%s", kv_last_error());
+    cr_expect_eq(ops[0].status, KV_FAILED_PRECONDITION, "the batch's write was applied");
+    cr_expect(ops[1].status == KV_OK && !ops[1].found);
+    kv_batch_free(ops, 2);
+    kv_value v;
+    cr_expect_eq(kv_get(c, "plain", 5, &v), KV_NOT_FOUND, "%s", kv_last_error());
+    /* the same write through the router, or coordinated, is replicated */
+    kv_client *r = client(cl.router_url, false);
+    uint64_t ver = 0;
+    cr_assert_eq(kv_put(r, "plain", 5, "v", 1, NULL, &ver), KV_OK, "%s", kv_last_error());
+    for (int w = 0; w < 50 && copies("plain", ver) < 3; w++)
+        usleep(20000);
+    cr_expect_eq(copies("plain", ver), 3);
+    kv_client_close(r);
+    kv_client_close(c);
+    kvt_cluster_stop(&cl);
+}

@@ -101,7 +101,9 @@ typedef struct kv_put_opts {
 
 /* Writes key = val. opts may be NULL. *version_out (may be NULL) receives
  * the version written. Errors: ALREADY_EXISTS (if_absent), FAILED_PRECONDITION
- * (if_version mismatch), INVALID_ARGUMENT (limits), UNAVAILABLE. */
+ * (if_version mismatch; or a client without `direct` whose address is a node
+ * of a cluster with rf > 1: writes go through routers, or direct),
+ * INVALID_ARGUMENT (limits), UNAVAILABLE. */
 KV_API kv_err kv_put(kv_client *c, const void *key, size_t klen, const void *val, size_t vlen,
                      const kv_put_opts *opts, uint64_t *version_out);
 
