@@ -67,7 +67,7 @@ if [ "$mode" = tsan ] && [ ${#ctest_args[@]} -eq 2 ] && [ "${ctest_args[1]}" = t
   "$rel/tests/integration/repair_test" --jobs 1 \
     --filter 'repair/@(hints_bring*|a_read_repairs*|a_wiped*)'
   "$rel/tests/integration/elastic_test" --jobs 1 --filter 'elastic/@(add_a_node*|two_admins*)'
-  "$rel/tests/integration/direct_test" --jobs 1 --filter 'direct/@(writes_reach*|survives*|coordinated*)'
+  "$rel/tests/integration/direct_test" --jobs 1 --filter 'direct/@(writes_reach*|survives*|coordinated*|reads_the*)'
   # the router's asynchronous calls (started and completed on nng's threads)
   "$rel/tests/integration/cluster_test" --jobs 1 \
     --filter 'cluster/@(ten_thousand*|rf3_survives*|conditional*)'

@@ -250,6 +250,41 @@ static bool coord_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *
     return coord_go_async(c, rv, state, a);
 }
 
+bool node_coord_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv)
+{
+    node *n = c->user;
+    cmap *m = coord_nb_ok(n, c) ? cmap_slot_get(n->maps) : NULL;
+    if (!m)
+        return false;
+    rpc_budget b;
+    Kv__GetRequest *req =
+        kv__get_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
+    bool served = false;
+    if (req && req->key.len && req->key.len <= n->cfg.limits.max_key &&
+        repl_read_alone(&n->env, m, &req->key, req->consistency, NULL)) {
+        /* the own replica's call, as read_self makes it: at the node's epoch */
+        uint64_t epoch = c->map_epoch;
+        c->map_epoch = cmap_epoch(m);
+        kv_err st = KV_OK;
+        served = node_get_mem(c, req, &st) && st == KV_OK;
+        if (served) {
+            atomic_fetch_add_explicit(&n->coord_requests, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&n->coord.forwards, 1, memory_order_relaxed);
+            *rv = KV_OK;
+        } else { /* no verdict of its own here: the full path decides (and words) it */
+            free(c->reply);
+            c->reply = NULL;
+            c->reply_len = 0;
+            c->message[0] = '\0';
+            c->map_epoch = epoch;
+        }
+    }
+    if (req)
+        kv__get_request__free_unpacked(req, NULL);
+    cmap_unref(m);
+    return served;
+}
+
 bool node_coord_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
 {
     return coord_async(c, body, len, a, get_begin);

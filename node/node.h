@@ -191,6 +191,15 @@ kv_err node_coord_finish(rpc_ctx *c, void *state);
  * (server.c): a node in no cluster is every key's only replica, and a smart
  * client whose address is such a node gets what a plain client gets. */
 kv_err node_plain_call(rpc_ctx *c, const uint8_t *body, size_t len);
+/* A coordinate kv.Get served on the receiving thread (rpc_method.
+ * inline_coordinate): when this node's own replica answers it alone
+ * (repl_read_alone) from memory, as node_coord_get_async would, without
+ * the replication library's call state; false, c untouched, otherwise. */
+bool node_coord_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv);
+/* server.c: kv.Get of an unpacked request from the memory tier only: false
+ * when the record is not there (c untouched), else true with the status in
+ * *out and c filled as the handler leaves it. */
+bool node_get_mem(rpc_ctx *c, const Kv__GetRequest *req, kv_err *out);
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 void node_coord_stats(node *n, kv_stats *l);
 /* The replication library's in-process call to this node's own replica

@@ -168,16 +168,9 @@ static kv_err check_write_version(rpc_ctx *c, uint64_t version, char *err, size_
  * with nothing done but checks that have no effect, when the read needs a
  * thread that may block (engine_get_mem declined); else true with the
  * status in *out. */
-static bool get_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, kv_err *out)
+static bool get_req(rpc_ctx *c, const Kv__GetRequest *req, bool mem_only, kv_err *out)
 {
     node *n = c->user;
-    rpc_budget b;
-    Kv__GetRequest *req =
-        kv__get_request__unpack(rpc_budget_init(&b, NODE_BUDGET(c, len)), len, body);
-    if (!req) {
-        *out = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
-        return true;
-    }
     cmap *m;
     kv_err rv = call_map(n, c, &m);
     if (rv == KV_OK)
@@ -188,7 +181,6 @@ static bool get_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, 
     if (rv == KV_OK && mem_only &&
         engine_get_mem(n->eng, req->key.data, req->key.len, &r) == KV_NOT_FOUND) {
         cmap_unref(m);
-        kv__get_request__free_unpacked(req, NULL);
         return false;
     }
     if (rv == KV_OK && !mem_only)
@@ -204,9 +196,27 @@ static bool get_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, 
         free(r.val);
     }
     cmap_unref(m);
-    kv__get_request__free_unpacked(req, NULL);
     *out = rv;
     return true;
+}
+
+static bool get_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, kv_err *out)
+{
+    rpc_budget b;
+    Kv__GetRequest *req =
+        kv__get_request__unpack(rpc_budget_init(&b, NODE_BUDGET(c, len)), len, body);
+    if (!req) {
+        *out = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
+        return true;
+    }
+    bool served = get_req(c, req, mem_only, out);
+    kv__get_request__free_unpacked(req, NULL);
+    return served;
+}
+
+bool node_get_mem(rpc_ctx *c, const Kv__GetRequest *req, kv_err *out)
+{
+    return get_req(c, req, true, out);
 }
 
 static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)
@@ -247,6 +257,8 @@ static void inline_thread_ready(void)
 static bool h_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv)
 {
     inline_thread_ready();
+    if (c->coordinate) /* rpc_method.inline_coordinate */
+        return node_coord_get_inline(c, body, len, rv);
     return get_run(c, body, len, true, rv);
 }
 
@@ -608,7 +620,7 @@ static kv_err h_hot_keys(rpc_ctx *c, const uint8_t *body, size_t len)
 static const rpc_method node_methods[] = {
     /* coordinate calls (smart clients) take the two-phase form */
     {"kv.Get", h_get, node_coord_get_start, node_coord_finish, RPC_DATA, h_get_inline,
-     node_coord_get_async},
+     node_coord_get_async, .inline_coordinate = true},
     {"kv.Put", h_put, node_coord_put_start, node_coord_finish, RPC_DATA, h_put_inline,
      node_coord_put_async},
     {"kv.Delete", h_delete, node_coord_delete_start, node_coord_finish, RPC_DATA, h_delete_inline,

@@ -93,7 +93,8 @@ typedef kv_err (*rpc_finish_fn)(rpc_ctx *c, void *state);
  * decline, having changed nothing that matters (the call then goes to a
  * worker and fn as usual, with a fresh c). c->worker is -1. Must not block
  * or wait for another process; only for calls without Envelope.coordinate
- * of methods that are not split (rpc_method.start). */
+ * of methods that are not split (rpc_method.start), unless the method sets
+ * inline_coordinate. */
 typedef bool (*rpc_try_fn)(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv);
 
 /* The completion-driven form of a split method (rpc_method.start_async),
@@ -139,6 +140,11 @@ typedef struct rpc_method {
     /* optional, with start/finish (and used where they are): see
      * rpc_async_fn; calls of rpc.Calls messages too */
     rpc_async_fn start_async;
+    /* try_inline also gets calls with Envelope.coordinate (c->coordinate
+     * set): it serves those it can complete as their coordinator without
+     * blocking (a read this node answers alone) and declines the others,
+     * which then take start_async or a worker as usual */
+    bool inline_coordinate;
 } rpc_method;
 
 /* TLS settings of a listener or a dialer (--tls-cert, --tls-key, --tls-ca),

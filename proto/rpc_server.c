@@ -694,7 +694,7 @@ static bool try_call(rpc_server *s, const Kv__Envelope *env, bool verified, uint
                      rpc_ctx *c, kv_err *out)
 {
     const rpc_method *m = find_method(s, env->method);
-    if (!m || !m->try_inline || split(m, env->coordinate))
+    if (!m || !m->try_inline || (split(m, env->coordinate) && !m->inline_coordinate))
         return false;
     uint64_t t0 = kv_now_ns();
     kv_err rv = run_call_init(s, -1, env, c, arrival_ns);

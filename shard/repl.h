@@ -167,6 +167,13 @@ bool repl_transport_err(kv_err s);
 int repl_read_order(cmap *m, const uint32_t *idx, int n, uint32_t *order);
 /* Whether map node i is this coordinator's own node. */
 bool repl_is_self(const repl_env *env, cmap *m, uint32_t i);
+/* Whether a read of key at level cons, coordinated with map m, is the
+ * coordinator's own replica's alone: a level of one, and this node first
+ * in read order (the primary, unless the failure detector holds it
+ * unhealthy). Then that replica's verdict is the read's (no fan-out, no
+ * repair). *nrep (may be NULL): the key's current replicas. */
+bool repl_read_alone(const repl_env *env, cmap *m, const ProtobufCBinaryData *key,
+                     Kv__Consistency cons, int *nrep);
 /* Asks map node holder to keep recs for map node target (admin.Hint,
  * asynchronous, fire-and-forget; counted in hints_sent / hint_errors). */
 void repl_send_hint(const repl_env *env, cmap *m, uint32_t holder, uint32_t target,

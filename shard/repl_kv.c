@@ -519,17 +519,26 @@ static repl_call *call_new(const repl_env *env, Kv__Consistency cons, Kv__Consis
  * the read is not such a read or the node gave no verdict (it does not
  * serve reads, say): the fan-out then asks it and the others. try_only:
  * only when env->local_try serves it without blocking. */
+bool repl_read_alone(const repl_env *env, cmap *m, const ProtobufCBinaryData *key,
+                     Kv__Consistency cons, int *nrep)
+{
+    uint32_t cur[REPL_MAX_RF], order[REPL_MAX_RF];
+    int n = (int)cmap_replicas(m, key->data, key->len, cur);
+    if (nrep)
+        *nrep = n;
+    int need = repl_acks_needed(cons, KV__CONSISTENCY__ONE, n);
+    return env->local && need == 1 && repl_read_order(m, cur, n, order) > 0 &&
+           repl_is_self(env, m, order[0]);
+}
+
 static bool read_self(const repl_env *env, rpc_ctx *c, Kv__GetRequest *req, bool try_only,
                       kv_err *rv)
 {
     cmap *m = env->local ? cmap_slot_get(env->maps) : NULL;
     if (!m)
         return false;
-    uint32_t cur[REPL_MAX_RF], order[REPL_MAX_RF];
-    int n = (int)cmap_replicas(m, req->key.data, req->key.len, cur);
-    int need = repl_acks_needed(req->consistency, KV__CONSISTENCY__ONE, n);
-    bool mine =
-        need == 1 && repl_read_order(m, cur, n, order) > 0 && repl_is_self(env, m, order[0]);
+    int n;
+    bool mine = repl_read_alone(env, m, &req->key, req->consistency, &n);
     rpc_reply r = {0};
     if (mine && try_only)
         mine =

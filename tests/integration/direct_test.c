@@ -428,3 +428,49 @@ Test(direct, a_plain_write_to_one_replica_is_refused, .timeout = 300)
     kv_client_close(c);
     kvt_cluster_stop(&cl);
 }
+
+/* Reads at ONE that the primary answers alone from memory are served on
+ * the receiving thread (rpc_method.inline_coordinate): same answers as the
+ * full path, counted as coordinated requests; a level above ONE still
+ * takes the replication library (and reaches another replica). */
+Test(direct, reads_the_primary_answers_alone_are_served_inline, .timeout = 300)
+{
+    start(3, 3);
+    kv_client *r = client(cl.router_url, false);
+    uint64_t vers[20];
+    for (int k = 0; k < 20; k++) {
+        char key[32];
+        snprintf(key, sizeof(key), "in-%d", k);
+        cr_assert_eq(kv_put(r, key, strlen(key), key, strlen(key), NULL, &vers[k]), KV_OK);
+    }
+    kv_client *c = client(cl.router_url, true);
+    wait_direct(c);
+    long req0 = coordinated(), inl0 = nodes_stat("rpc.inline");
+    for (int k = 0; k < 20; k++) {
+        char key[32];
+        snprintf(key, sizeof(key), "in-%d", k);
+        kv_value v;
+        cr_assert_eq(kv_get_ex(c, key, strlen(key), KV_CONSISTENCY_ONE, &v), KV_OK, "%s",
+                     kv_last_error());
+        cr_expect(v.len == strlen(key) && memcmp(v.data, key, v.len) == 0 && v.version == vers[k],
+                  "%s", key);
+        kv_value_free(&v);
+    }
+    cr_expect_eq(kv_get_ex(c, "in-none", 7, KV_CONSISTENCY_ONE, &(kv_value){0}), KV_NOT_FOUND);
+    long req1 = coordinated(), inl1 = nodes_stat("rpc.inline");
+    cr_expect_geq(req1 - req0, 21, "every read was coordinated by a node");
+    /* a sixteenth of memory reads, at random, go to a worker on purpose (engine_get_mem:
+     * HotRAP's access sampling), so not all 20: 10 or fewer would take p < 1e-9 */
+    cr_expect_gt(inl1 - inl0, 10, "the reads found in memory were not served inline (%ld)",
+                 inl1 - inl0);
+    /* QUORUM: not the primary's alone, so the replication library asks two */
+    long fw0 = nodes_stat("coord.forwards");
+    kv_value v;
+    cr_assert_eq(kv_get_ex(c, "in-0", 4, KV_CONSISTENCY_QUORUM, &v), KV_OK, "%s", kv_last_error());
+    cr_expect(v.version == vers[0]);
+    kv_value_free(&v);
+    cr_expect_geq(nodes_stat("coord.forwards") - fw0, 2, "a QUORUM read asked one replica");
+    kv_client_close(c);
+    kv_client_close(r);
+    kvt_cluster_stop(&cl);
+}
