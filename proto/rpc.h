@@ -380,6 +380,9 @@ unsigned rpc_runtime_default_threads(void);
  * (0 where /proc is missing). A thread names itself when it first runs, so
  * right after rpc_runtime_init the count may still be rising. */
 unsigned rpc_runtime_task_threads(void);
+/* The threads of this process whose names start with prefix (0 where /proc
+ * is missing); "nng:aio:expire" are nng's timeout threads. */
+unsigned rpc_runtime_count_threads(const char *prefix);
 
 /* ---- channel pool (rpc_pool.c) -------------------------------------------- */
 

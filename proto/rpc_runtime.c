@@ -15,13 +15,14 @@
  *
  * How the count reaches nng: nng >= 1.7 takes it as an init parameter
  * (nng_init_set_parameter). nng 1.5 (Debian 12) has no such knob: it reads
- * sysconf(_SC_NPROCESSORS_ONLN) once, while it initialises, and starts
- * twice that many task threads. So this file defines sysconf for the
- * executables that link it (kvnode, kvrouter, kvbench: libkvclient does
- * not embed it) and answers that one query with the count it wants only
- * while rpc_runtime_init makes nng initialise; every other call, and
- * every call after that window, goes to the C library's sysconf. On nng
- * 1.5 the count is therefore rounded up to an even number. The effect is
+ * sysconf(_SC_NPROCESSORS_ONLN) while it initialises: first to start
+ * twice that many task threads, then as many timeout ("aio expire")
+ * threads. So this file defines sysconf for the executables that link it
+ * (kvnode, kvrouter, kvbench: libkvclient does not embed it) and answers
+ * the first such query that rpc_runtime_init's nng initialisation makes
+ * with half the count it wants; every other call, the timeout threads'
+ * query included, goes to the C library's sysconf. On nng 1.5 the count is
+ * therefore rounded up to an even number. The effect is
  * checked, not assumed: rpc_runtime_task_threads counts the threads nng
  * named "nng:task", and the binaries log it. Sanitized builds with nng 1.5
  * do not interpose (see KV_SANITIZED) and run nng's default pool.
@@ -54,10 +55,11 @@
 
 #if !NNG_AT_LEAST(1, 7) && defined(__GLIBC__) && !defined(KV_SANITIZED)
 #define KV_SYSCONF_WINDOW 1
-/* The CPU count nng is told while it initialises; 0 = the real one. Set
- * and cleared by rpc_runtime_init on the thread that initialises nng,
- * before any other thread exists (relaxed is enough: nothing else is
- * published through it). */
+/* The CPU count nng's next query is told (its task pool's); 0 = the real
+ * one. Set by rpc_runtime_init on the thread that initialises nng, before
+ * any other thread exists, taken by that one query, and cleared after the
+ * initialisation in case nng never asked (relaxed is enough: nothing else
+ * is published through it). */
 static _Atomic long ncpu_window;
 
 /* glibc's own entry point (sysconf is its weak alias). */
@@ -65,9 +67,11 @@ extern long __sysconf(int name);
 
 long sysconf(int name)
 {
-    long n = atomic_load_explicit(&ncpu_window, memory_order_relaxed);
-    if (name == _SC_NPROCESSORS_ONLN && n > 0)
-        return n;
+    if (name == _SC_NPROCESSORS_ONLN) {
+        long n = atomic_exchange_explicit(&ncpu_window, 0, memory_order_relaxed);
+        if (n > 0)
+            return n;
+    }
     return __sysconf(name);
 }
 #endif
@@ -120,6 +124,12 @@ kv_err rpc_runtime_init(unsigned task_threads)
 
 unsigned rpc_runtime_task_threads(void)
 {
+    return rpc_runtime_count_threads("nng:task");
+}
+
+unsigned rpc_runtime_count_threads(const char *prefix)
+{
+    size_t plen = strlen(prefix);
     DIR *d = opendir("/proc/self/task");
     if (!d)
         return 0;
@@ -133,7 +143,7 @@ unsigned rpc_runtime_task_threads(void)
         FILE *f = fopen(path, "r");
         if (!f)
             continue;
-        if (fgets(comm, sizeof(comm), f) && strncmp(comm, "nng:task", 8) == 0)
+        if (fgets(comm, sizeof(comm), f) && strncmp(comm, prefix, plen) == 0)
             n++;
         fclose(f);
     }

@@ -108,6 +108,7 @@ int main(int argc, char **argv)
         n = rpc_runtime_task_threads();
     }
     printf("sizes %d\n", rpc_runtime_sizes_threads());
+    printf("expire %u\n", rpc_runtime_count_threads("nng:aio:expire"));
     printf("threads %u cpus %d sysconf %ld\n", n, get_nprocs(), sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
     return argc > 2 && strcmp(argv[2], "chain") == 0 ? run_chains() : 0;

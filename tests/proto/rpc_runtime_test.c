@@ -31,7 +31,7 @@ static unsigned expected(unsigned n)
 
 typedef struct probe {
     unsigned threads;
-    int sizes, cpus, chains, ok;
+    int sizes, cpus, chains, ok, expire;
     long sysconf;
     int status;
 } probe;
@@ -50,6 +50,7 @@ static probe run_probe(const char *args)
         sscanf(line, "threads %u cpus %d sysconf %ld", &p.threads, &p.cpus, &p.sysconf);
         sscanf(line, "chains %d ok %d", &p.chains, &p.ok);
         sscanf(line, "sizes %d", &p.sizes);
+        sscanf(line, "expire %d", &p.expire);
     }
     p.status = pclose(f);
     return p;
@@ -61,9 +62,12 @@ Test(rpc_runtime, starts_the_task_threads_it_was_asked_for)
     cr_assert_eq(p.status, 0);
     cr_assert_eq(p.sizes, rpc_runtime_sizes_threads());
     cr_assert_eq(p.threads, expected(6));
-    /* the window in which nng is told another CPU count is closed */
+    /* the window in which nng is told another CPU count is closed, and
+     * nng's timeout threads were sized by the real count (one per CPU) */
     cr_assert_eq(p.sysconf, p.cpus);
     cr_assert_eq(p.cpus, get_nprocs());
+    if (!NNG_AT_LEAST_1_7) /* nng 1.5 starts one per CPU (1.7 caps them) */
+        cr_assert_eq(p.expire, get_nprocs(), "%d timeout threads", p.expire);
 }
 
 Test(rpc_runtime, an_odd_count_is_what_this_nng_can_do)
