@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
+#include "tests/kv_testport.h"
 
 const char *const *kvt_router_extra;
 const char *const *kvt_node_extra;
@@ -95,17 +96,7 @@ static const char *sec_shell(void)
 
 int kvt_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
+    return kv_test_free_port();
 }
 
 /* KV_TEST_ENGINE=kallax: every kvnode the harness starts runs over kallax,

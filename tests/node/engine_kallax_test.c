@@ -25,6 +25,7 @@
 #include "node/engine_int.h" /* e->db, for the home block of a key */
 #include "node/kallax/kallax.h"
 #include "node/node.h" /* node_engine_statlist */
+#include "tests/kv_testport.h"
 
 static char dir[64], fast[128];
 
@@ -277,7 +278,7 @@ static int kvnode(const char *const *args, char *out, size_t cap)
     cr_assert_not_null(bdir, "KV_BUILD_DIR is not set");
     char bin[512], listen[64], logp[128], data[128];
     snprintf(bin, sizeof(bin), "%s/node/kvnode", bdir);
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", 20000 + getpid() % 20000);
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", kv_test_free_port());
     snprintf(logp, sizeof(logp), "%s/kvnode.log", dir);
     snprintf(data, sizeof(data), "%s/node", dir);
     const char *argv[32] = {bin, "--id", "n1", "--data-dir", data, "--listen", listen};
@@ -362,7 +363,7 @@ Test(ekallax, kvctl_status_names_the_engine)
     cr_assert_not_null(bdir, "KV_BUILD_DIR is not set");
     char bin[512], listen[64], data[128], logp[128], cmd[1024], out[16384];
     snprintf(bin, sizeof(bin), "%s/node/kvnode", bdir);
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", 20000 + (getpid() + 7) % 20000);
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", kv_test_free_port());
     snprintf(data, sizeof(data), "%s/node", dir);
     snprintf(logp, sizeof(logp), "%s/kvnode.log", dir);
     pid_t pid = fork();

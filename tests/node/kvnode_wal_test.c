@@ -16,11 +16,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include "node/engine.h"
+#include "tests/kv_testport.h"
 
 static char dir[64], fast[128], logp[160];
 
@@ -65,26 +63,13 @@ static void wal_name(char *out, size_t cap)
     cr_assert_gt(best, 0, "no WAL written");
 }
 
-/* A TCP port free on 127.0.0.1 now (the kernel's pick), so the node does
- * not collide with another test's listener. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static pid_t start(const char *recovery)
 {
     const char *bdir = getenv("KV_BUILD_DIR");
     cr_assert_not_null(bdir, "KV_BUILD_DIR is not set");
     char bin[512], listen[64];
     snprintf(bin, sizeof(bin), "%s/node/kvnode", bdir);
-    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", free_port());
+    snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", kv_test_free_port());
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
