@@ -160,6 +160,8 @@ void node_engine_store_stats(engine *e, kv_stats *l)
                     "Flushes that waited for compaction.", s.stalls_l0);
     kv_stat_counter(l, "lsm.flush_stalls_fast", "hotkv_node_flush_stalls_total",
                     "reason=\"fast_volume\"", "Flushes that waited for compaction.", s.stalls_fd);
+    kv_stat_counter(l, "lsm.flush_stalls_space", "hotkv_node_flush_stalls_total",
+                    "reason=\"fast_space\"", "Flushes that waited for compaction.", s.stalls_space);
     kv_stat_gaugef(l, "lsm.flush_stall_s", 3, "hotkv_node_flush_stall_seconds_total", NULL,
                    "Seconds flushes waited for compaction.", (double)s.stall_ns / 1e9, 1);
     kv_stat_gauge(l, "lsm.fast_bytes", "hotkv_node_fast_volume_sst_bytes", NULL,
@@ -167,6 +169,13 @@ void node_engine_store_stats(engine *e, kv_stats *l)
     kv_stat_gauge(l, "lsm.fast_peak_bytes", "hotkv_node_fast_volume_sst_peak_bytes", NULL,
                   "The most SST bytes the fast volume held since the node started.",
                   s.fd_peak_bytes);
+    kv_stat_gauge(l, "lsm.fast_free_bytes", "hotkv_node_fast_volume_free_bytes", NULL,
+                  "Free bytes on the fast volume's filesystem, as compaction last saw them.",
+                  s.fd_free_bytes);
+    kv_stat_counter(l, "lsm.compaction_space_waits", "hotkv_node_compaction_space_waits_total",
+                    NULL,
+                    "Compaction picks that deferred or shrank a job for room on the fast volume.",
+                    s.space_waits);
     kv_stat_counter(l, "lsm.compactions", "hotkv_node_compactions_total", NULL,
                     "Compactions completed.", s.compactions);
     kv_stat_counter(l, "lsm.compact_read_bytes", "hotkv_node_compaction_read_bytes_total", NULL,

@@ -81,6 +81,14 @@ typedef struct cjob {
 
 /* ---- picking ---- */
 
+static uint64_t files_bytes(lsm_file *const *f, size_t n)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < n; i++)
+        b += f[i]->size;
+    return b;
+}
+
 uint64_t lsm_l0_room(const lsm_db *db, const lsm_version *v)
 {
     uint64_t used = 0, fast = db->o.fast_mb << 20;
@@ -255,35 +263,162 @@ static bool hotrap_level(const lsm_db *db, int l)
            db->level_tier[l + 1] == LSM_TIER_SD;
 }
 
-/* With mu held: chooses the most urgent job, marks its levels busy. */
+/* ---- room on the fast volume ----
+ *
+ * A merge writes its outputs before its inputs go, so a job into an FD level
+ * needs free room on the fast device for every byte it reads (the outputs
+ * are at most that), and an L0 -> L1 job of every L0 file behind a fast
+ * load can need as much again as the FD levels hold: on a device sized a
+ * little over fast_mb it failed with ENOSPC, then again every second with
+ * the same inputs, while flushes failed too, and the store never recovered.
+ * So a job starts only when its FD bytes fit the device's free room less a
+ * reserve for the next flushes (lsm_fd_room); L0 jobs shrink to the oldest
+ * files that fit (the files left in L0 are newer by number, hence by seqno
+ * for every key: promote.c installs a copy only when no flushed write of its
+ * key is newer); and while a job had to wait for room, or the room is under
+ * the reserve, the last FD level is pushed down into SD whatever its score
+ * (its outputs go to SD and its inputs free FD), without retention, or,
+ * while that level is empty, the deepest FD level's file (L0's oldest) is
+ * moved down a level when it overlaps nothing there (a move takes no room). Flushes wait
+ * for room meanwhile (db.c). RocksDB defers compactions the same way
+ * (SstFileManager's room check). */
+
+/* What compaction keeps free on FD for flushes: twice the largest of the
+ * biggest flushed file, the SST size and what a waiting flush needs (so a
+ * flush that waits for room always sets off a push-down). mu held. */
+static uint64_t fd_reserve(const lsm_db *db)
+{
+    uint64_t f = atomic_load_explicit(&db->flush_max, memory_order_relaxed);
+    f = f > db->file_size ? f : db->file_size;
+    return 2 * (f > db->space_wanted ? f : db->space_wanted);
+}
+
+uint64_t lsm_fd_room(lsm_db *db)
+{
+    if (!db->has_sd)
+        return UINT64_MAX;
+    uint64_t free = lsm_vol_free_bytes(&db->vols[0]), r = fd_reserve(db);
+    atomic_store_explicit(&db->fd_free, free, memory_order_relaxed);
+    return free == UINT64_MAX ? free : free > r ? free - r : 0;
+}
+
+/* Bytes job j may write to FD: every input byte for a merge into an FD level,
+ * the retention budget for one into SD, nothing for a move. */
+static uint64_t job_fd_bytes(const lsm_db *db, const cjob *j)
+{
+    if (j->trivial)
+        return 0;
+    if (db->level_tier[j->to] != LSM_TIER_FD)
+        return j->retain_budget;
+    return files_bytes(j->in[0], j->nin[0]) + files_bytes(j->in[1], j->nin[1]);
+}
+
+static void job_release(cjob *j)
+{
+    free(j->in[0]);
+    free(j->in[1]);
+    j->in[0] = j->in[1] = NULL;
+    j->nin[0] = j->nin[1] = 0;
+    j->lo = j->hi = NULL;
+    j->lolen = j->hilen = 0;
+}
+
+/* Builds the job of level l into l + 1 on v: files [0, n0) of L0 (n0 = 0:
+ * all), or the chosen file of a sorted level. False when out of memory. */
+static bool job_make(lsm_db *db, lsm_version *v, int l, size_t n0, uint64_t fread, cjob *j)
+{
+    *j = (cjob){.from = l, .to = l + 1, .base = v, .fread = fread};
+    size_t a = 0, b = n0 ? n0 : v->nfiles[l];
+    if (l > 0) {
+        a = hotrap_level(db, l) ? benefit_pick(db, v, l) : min_overlap_pick(v, l);
+        b = a + 1;
+    }
+    if (job_inputs(db, j, a, b) == KV_OK)
+        return true;
+    job_release(j);
+    return false;
+}
+
+/* Whether j fits the room; a job into SD is made to fit by cutting its
+ * retention budget (retention is an optimisation, the push-down is not). */
+static bool job_fits(const lsm_db *db, cjob *j, uint64_t room)
+{
+    if (db->level_tier[j->to] != LSM_TIER_FD && j->retain_budget > room)
+        j->retain_budget = room;
+    return job_fd_bytes(db, j) <= room;
+}
+
+/* With mu held: chooses the most urgent job that fits the fast volume's room
+ * (see above), marks its levels busy. */
 static bool pick(lsm_db *db, cjob *j)
 {
     KV_ASSERT_LOCKED(&db->mu);
     uint64_t fread = atomic_load(&db->flushed_pub);
     lsm_version *v = lsm_db_current(db);
-    int best = -1;
-    double bs = 1.0;
+    int cand[LSM_MAX_LEVELS], n = 0;
+    double sc[LSM_MAX_LEVELS];
     for (int l = 0; l < LSM_MAX_LEVELS - 1; l++) {
         double s = score(db, v, l);
-        if (!db->busy[l] && !db->busy[l + 1] && v->nfiles[l] && s >= bs)
-            best = l, bs = s;
+        if (db->busy[l] || db->busy[l + 1] || !v->nfiles[l] || s < 1.0)
+            continue;
+        int k = n++; /* insertion sort, highest score first */
+        for (; k > 0 && sc[k - 1] < s; k--)
+            cand[k] = cand[k - 1], sc[k] = sc[k - 1];
+        cand[k] = l, sc[k] = s;
     }
-    if (best < 0) {
-        lsm_version_unref(v);
-        return false;
+    uint64_t room = n ? lsm_fd_room(db) : UINT64_MAX;
+    bool refused = false;
+    for (int c = 0; c < n; c++) {
+        int l = cand[c];
+        if (!job_make(db, v, l, 0, fread, j))
+            break;
+        if (job_fits(db, j, room))
+            goto take;
+        for (size_t n0 = l == 0 ? j->nin[0] : 1; n0 > 1;) { /* the oldest L0 files that fit */
+            job_release(j);
+            if (!job_make(db, v, 0, --n0, fread, j))
+                break;
+            if (job_fits(db, j, room))
+                goto take;
+        }
+        job_release(j);
+        refused = true;
     }
-    *j = (cjob){.from = best, .to = best + 1, .base = v, .fread = fread};
-    size_t a = 0, b = v->nfiles[best];
-    if (best > 0) {
-        a = hotrap_level(db, best) ? benefit_pick(db, v, best) : min_overlap_pick(v, best);
-        b = a + 1;
+    if (db->has_sd) {
+        /* No room: push the last FD level down to SD, or, while it is empty,
+         * move the deepest FD level's file down a level when that costs no
+         * room (no overlap below), so that the next pick can push it on. */
+        if (!n)
+            room = lsm_fd_room(db);
+        for (int l = db->last_fd; (refused || room == 0) && l >= 0; l--) {
+            if (!v->nfiles[l])
+                continue;
+            if (db->busy[l] || db->busy[l + 1] || !job_make(db, v, l, l == 0, fread, j))
+                break;
+            j->retain_budget = 0;
+            /* the oldest L0 file may move too: every other L0 file is newer
+             * for each key it holds (see above) */
+            if (l == 0 && !j->nin[1] && !db->o.route && db->level_tier[0] == db->level_tier[1])
+                j->trivial = true;
+            if (db->level_tier[l + 1] == LSM_TIER_SD || j->trivial)
+                goto take;
+            job_release(j);
+            break;
+        }
     }
-    if (job_inputs(db, j, a, b) != KV_OK) {
-        free(j->in[0]);
-        free(j->in[1]);
-        lsm_version_unref(v);
-        return false;
+    if (refused) {
+        atomic_fetch_add(&db->space_waits, 1);
+        if (!db->space_blocked) { /* wakes lsm_compact_wait_idle once */
+            db->space_blocked = true;
+            pthread_cond_broadcast(&db->cv);
+        }
     }
+    lsm_version_unref(v);
+    return false;
+take:
+    db->space_blocked = false;
+    if (refused || (n && j->from == 0 && j->nin[0] < v->nfiles[0]))
+        atomic_fetch_add(&db->space_waits, 1);
     db->busy[j->from] = db->busy[j->to] = true;
     db->running++;
     return true;
@@ -617,14 +752,6 @@ static kv_err trivial_move(lsm_db *db, cjob *j, lsm_edit *e)
     return rv;
 }
 
-static uint64_t files_bytes(lsm_file *const *f, size_t n)
-{
-    uint64_t b = 0;
-    for (size_t i = 0; i < n; i++)
-        b += f[i]->size;
-    return b;
-}
-
 /* Runs a picked job without mu and installs it with mu held on return. */
 static kv_err run_job(lsm_db *db, cjob *j)
 {
@@ -707,7 +834,10 @@ static void *cthread_main(void *arg)
             continue;
         }
         if (db->manual || db->o.no_auto_compaction || !pick(db, &j)) {
-            pthread_cond_wait(&db->cv, &db->mu);
+            if (db->space_blocked) /* room may come back without a signal */
+                wait_until(db, kv_now_ns() + BACKOFF_NS);
+            else
+                pthread_cond_wait(&db->cv, &db->mu);
             continue;
         }
         pthread_mutex_unlock(&db->mu);
@@ -755,7 +885,7 @@ static bool needs_work(lsm_db *db)
     for (int l = 0; l < LSM_MAX_LEVELS - 1 && !need; l++)
         need = v->nfiles[l] && score(db, v, l) >= 1.0;
     lsm_version_unref(v);
-    return need;
+    return need && !db->space_blocked; /* a job that cannot get room is not pending work */
 }
 
 kv_err lsm_compact_wait_idle(lsm_db *db)
@@ -765,6 +895,8 @@ kv_err lsm_compact_wait_idle(lsm_db *db)
            (db->running || (db->nthreads && !db->o.no_auto_compaction && needs_work(db))))
         pthread_cond_wait(&db->cv, &db->mu);
     kv_err rv = db->bg_err;
+    if (rv == KV_OK && db->space_blocked && !db->running && !db->stop)
+        rv = KV_RESOURCE_EXHAUSTED; /* due work waits for room on the fast volume */
     pthread_mutex_unlock(&db->mu);
     return rv;
 }

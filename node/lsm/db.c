@@ -582,22 +582,61 @@ static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, 
     return lsm_sst_builder_finish(b, 0, out);
 }
 
-/* Waits (mu held) while compaction runs and L0 is at l0_stop or the FD
- * levels are over their stop (lsm_fd_full); counts the stall once. */
-static void stall(lsm_db *db)
+/* With a slow volume: true when the fast device lacks room for a flush of
+ * about need bytes and compaction can make some (a job runs, or an FD level
+ * below L0 has files to move or push down to SD). mu held. */
+static bool room_short(lsm_db *db, uint64_t need)
+{
+    if (!db->has_sd)
+        return false;
+    uint64_t free = lsm_vol_free_bytes(&db->vols[0]);
+    atomic_store_explicit(&db->fd_free, free, memory_order_relaxed);
+    if (free == UINT64_MAX || free >= need + need / 8 + (64u << 10))
+        return false;
+    if (db->running > 0)
+        return true;
+    for (int l = 1; l <= db->last_fd; l++) /* a level to push (or move) down */
+        if (db->cur->nfiles[l] > 0)
+            return true;
+    return db->cur->nfiles[0] > 1 && db->cur->nfiles[1] == 0; /* L0's oldest can move */
+}
+
+/* Waits (mu held) while compaction runs and L0 is at l0_stop, the FD levels
+ * are over their stop (lsm_fd_full), or the fast device lacks room for this
+ * flush of about need bytes (room_short; compact.c pushes the last FD level
+ * down meanwhile); counts the stall once. */
+static void stall(lsm_db *db, uint64_t need)
 {
     KV_ASSERT_LOCKED(&db->mu);
     uint64_t t0 = 0;
     while (!db->stop && db->nthreads && !db->o.no_auto_compaction && db->bg_err == KV_OK) {
         bool l0 = db->cur->nfiles[0] >= db->o.l0_stop;
-        if (!l0 && !lsm_fd_full(db, db->cur))
+        bool fd = !l0 && lsm_fd_full(db, db->cur);
+        bool room = !l0 && !fd && room_short(db, need);
+        if (!l0 && !fd && !room)
             break;
         if (!t0) {
             t0 = kv_now_ns();
-            atomic_fetch_add(l0 ? &db->stalls_l0 : &db->stalls_fd, 1);
+            atomic_fetch_add(l0 ? &db->stalls_l0 : fd ? &db->stalls_fd : &db->stalls_space, 1);
         }
-        pthread_cond_wait(&db->cv, &db->mu);
+        if (room) {
+            /* freed room is not signalled (a file goes when its last reader
+             * lets go): look again every 20 ms, and have compaction push down */
+            db->space_wanted = need + need / 8 + (64u << 10);
+            pthread_cond_broadcast(&db->cv);
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&db->cv, &db->mu, &ts);
+        } else {
+            pthread_cond_wait(&db->cv, &db->mu);
+        }
     }
+    db->space_wanted = 0;
     if (t0)
         atomic_fetch_add(&db->stall_ns, kv_now_ns() - t0);
 }
@@ -616,8 +655,11 @@ static kv_err install_flush(lsm_db *db, lsm_file *f, uint64_t max_seqno, uint64_
         db->log_number = wal_no;
         atomic_fetch_add(&db->flush_gen, 1);
         atomic_fetch_add(&db->flushes, 1);
-        if (f)
+        if (f) {
             atomic_fetch_add(&db->flush_bytes, f->size);
+            if (f->size > atomic_load(&db->flush_max))
+                atomic_store(&db->flush_max, f->size); /* mu held: flushes are serialized */
+        }
         pthread_cond_broadcast(&db->cv);
     }
     pthread_mutex_unlock(&db->mu);
@@ -638,7 +680,10 @@ kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno
         pthread_mutex_unlock(&db->flush_mu);
         return rv;
     }
-    stall(db);
+    uint64_t need = 0; /* the L0 file's bytes, about: records and their framing */
+    for (size_t i = 0; i < n; i++)
+        need += sorted[i].klen + sorted[i].vlen + 32;
+    stall(db, need);
     uint64_t sst_no = lsm_db_new_number(db), wal_no = lsm_db_new_number(db);
     pthread_mutex_unlock(&db->mu);
 
@@ -1064,6 +1109,9 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
     out->flushes = atomic_load(&db->flushes);
     out->stalls_l0 = atomic_load(&db->stalls_l0);
     out->stalls_fd = atomic_load(&db->stalls_fd);
+    out->stalls_space = atomic_load(&db->stalls_space);
+    out->space_waits = atomic_load(&db->space_waits);
+    out->fd_free_bytes = db->has_sd ? atomic_load(&db->fd_free) : 0;
     out->stall_ns = atomic_load(&db->stall_ns);
     out->fd_peak_bytes = atomic_load(&db->fd_peak);
     out->compact_read_bytes = atomic_load(&db->c_read);

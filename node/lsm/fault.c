@@ -11,9 +11,12 @@
  * call. Unarmed, that is one atomic load; armed, matching is serialised by
  * a mutex and the path of a file descriptor comes from /proc/self/fd.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "node/lsm/lsm_int.h"
@@ -86,4 +89,82 @@ int lsm_fault_hit(unsigned op, int fd, const char *name, size_t len, size_t *kee
     if (delay)
         usleep(delay); /* outside fault_mu: other calls go on meanwhile */
     return -e;
+}
+
+/* ---- an emulated device size (lsm_fault_space) ---- */
+
+static pthread_mutex_t space_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic bool space_armed;
+static char space_path[PATH_MAX];   /* space_mu */
+static uint64_t space_cap;          /* space_mu */
+static _Atomic uint64_t space_hits; /* writes refused since lsm_fault_space */
+
+void lsm_fault_space(const char *path_has, uint64_t cap)
+{
+    pthread_mutex_lock(&space_mu);
+    snprintf(space_path, sizeof(space_path), "%s", path_has ? path_has : "");
+    space_cap = cap;
+    atomic_store(&space_hits, 0);
+    atomic_store_explicit(&space_armed, path_has != NULL, memory_order_release);
+    pthread_mutex_unlock(&space_mu);
+}
+
+/* Bytes the regular files of dir hold (their sizes). */
+static uint64_t dir_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    uint64_t sum = 0;
+    struct dirent *e;
+    struct stat st;
+    while ((e = readdir(d)) != NULL)
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+            sum += (uint64_t)st.st_size;
+    closedir(d);
+    return sum;
+}
+
+/* space_mu held: is dir the emulated device? */
+static bool space_matches(const char *dir)
+{
+    return atomic_load(&space_armed) && dir && strstr(dir, space_path) != NULL;
+}
+
+bool lsm_fault_space_free(const char *dir, uint64_t *free)
+{
+    if (!atomic_load_explicit(&space_armed, memory_order_acquire))
+        return false;
+    pthread_mutex_lock(&space_mu);
+    bool m = space_matches(dir);
+    if (m && free) {
+        uint64_t used = dir_bytes(dir);
+        *free = used < space_cap ? space_cap - used : 0;
+    }
+    pthread_mutex_unlock(&space_mu);
+    return m;
+}
+
+int lsm_fault_space_hit(const char *dir, int fd, uint64_t off, size_t len)
+{
+    if (!atomic_load_explicit(&space_armed, memory_order_acquire))
+        return 0;
+    int e = 0;
+    pthread_mutex_lock(&space_mu);
+    struct stat st;
+    if (space_matches(dir) && fstat(fd, &st) == 0) {
+        uint64_t end = off + len, size = (uint64_t)st.st_size;
+        uint64_t grow = end > size ? end - size : 0;
+        if (grow && dir_bytes(dir) + grow > space_cap) {
+            e = ENOSPC;
+            atomic_fetch_add(&space_hits, 1);
+        }
+    }
+    pthread_mutex_unlock(&space_mu);
+    return -e;
+}
+
+uint64_t lsm_fault_space_hits(void)
+{
+    return atomic_load(&space_hits);
 }

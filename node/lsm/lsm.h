@@ -409,6 +409,11 @@ typedef struct lsm_stats {
     /* Flushes that waited for compaction since open: at l0_stop L0 files, or
      * with the FD levels over fd_stop_pct of fast_mb; their summed wait. */
     uint64_t stalls_l0, stalls_fd, stall_ns;
+    /* Room on the fast device (with a slow volume): flushes that waited for
+     * it (counted apart from stalls_l0/_fd; their wait is in stall_ns),
+     * compaction picks that deferred or shrank a job for lack of it, and the
+     * free bytes last seen (statvfs; 0 before the first look). */
+    uint64_t stalls_space, space_waits, fd_free_bytes;
     uint64_t fd_bytes, fd_peak_bytes; /* SST bytes on FD now, and the most since open */
     uint64_t compact_read_bytes, compact_write_bytes, compactions;
     /* Data blocks written since open by flushes, compactions and promotion

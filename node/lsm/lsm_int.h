@@ -129,6 +129,10 @@ kv_err lsm_vol_pread(lsm_vol *v, int fd, void *buf, size_t len, uint64_t off);
 /* Writes len bytes at off; with sync, a linked write + fdatasync. */
 kv_err lsm_vol_write(lsm_vol *v, int fd, const void *buf, size_t len, uint64_t off, bool sync);
 kv_err lsm_vol_fsync(lsm_vol *v, int fd);
+/* Bytes free for this process on the volume's filesystem (statvfs's
+ * f_bavail; the emulated device of lsm_fault_space in tests); UINT64_MAX
+ * when unknown. Any thread. */
+uint64_t lsm_vol_free_bytes(const lsm_vol *v);
 void lsm_vol_counters(const lsm_vol *v, lsm_vol_stats *out);
 /* True when io_uring works in this process (probed once, logged). */
 bool lsm_uring_available(void);
@@ -170,6 +174,23 @@ typedef struct lsm_fault {
 void lsm_fault_set(const lsm_fault *f);
 /* Calls failed (or, with delay_us, delayed) since the rule was set. */
 uint64_t lsm_fault_hits(void);
+/* An emulated device size (tests), independent of the rule above: the
+ * volume whose directory path contains path_has holds at most cap bytes of
+ * files. A write that would grow its files past that fails with ENOSPC
+ * (RESOURCE_EXHAUSTED) and writes nothing, and lsm_vol_free_bytes reports
+ * cap minus the bytes its files hold. Concurrent writers are checked one at
+ * a time but write after the check, so they may overshoot cap by what they
+ * write at once. NULL path_has disarms. Any thread. */
+void lsm_fault_space(const char *path_has, uint64_t cap);
+/* Writes the emulated device refused since lsm_fault_space. */
+uint64_t lsm_fault_space_hits(void);
+/* volume.c: whether dir is the emulated device; then *free (may be NULL) is
+ * its room. */
+bool lsm_fault_space_free(const char *dir, uint64_t *free);
+/* volume.c: 0, or -ENOSPC when a write of len bytes at off to fd, a file of
+ * dir, would grow the emulated device past its capacity. */
+int lsm_fault_space_hit(const char *dir, int fd, uint64_t off, size_t len);
+
 /* volume.c: 0, or -errno when this call must fail; *keep (may be NULL) =
  * the bytes a failing write writes first. name: the file name when the
  * call has no descriptor yet (fd is then ignored). */
@@ -485,7 +506,13 @@ struct lsm_db {
     uint64_t retry_at; /* kv_now_ns() before which threads do not compact */
 
     _Atomic uint64_t reads_fd, reads_sd, user_bytes, flush_bytes, flushes;
-    _Atomic uint64_t stalls_l0, stalls_fd, stall_ns, fd_peak;       /* lsm_stats */
+    _Atomic uint64_t stalls_l0, stalls_fd, stall_ns, fd_peak; /* lsm_stats */
+    /* room on the fast device (compact.c, lsm_fd_room): the biggest flushed
+     * file, the last free bytes seen, flushes that waited for room and picks
+     * that deferred or shrank a job for it */
+    _Atomic uint64_t flush_max, fd_free, stalls_space, space_waits;
+    uint64_t space_wanted; /* mu: the room a flush waits for (0 = none) */
+    bool space_blocked;    /* mu: the last pick found no job that fits, none to push down */
     _Atomic uint64_t check_calls, check_blocks_fd, check_blocks_sd; /* lsm_get_meta */
     _Atomic uint64_t c_read, c_write, compactions;
     _Atomic uint64_t comp_in, comp_out; /* data block bytes before / after compression */
@@ -534,6 +561,11 @@ uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f);
  * volume (fast_mb minus their bytes), at least L1's target and at most
  * l0_trigger times it. Any thread holding a reference to v. */
 uint64_t lsm_l0_room(const lsm_db *db, const lsm_version *v);
+
+/* With a slow volume: the fast device's free bytes less the room kept for
+ * flushes (0 when under it); UINT64_MAX without a slow volume or when the
+ * free bytes are unknown. Records the free bytes for lsm_stats. Any thread. */
+uint64_t lsm_fd_room(lsm_db *db);
 
 /* SST bytes of the FD levels (L0..last_fd) of v. */
 uint64_t lsm_fd_bytes(const lsm_db *db, const lsm_version *v);

@@ -15,6 +15,7 @@
 #include <liburing.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -279,6 +280,8 @@ kv_err lsm_vol_write(lsm_vol *v, int fd, const void *buf, size_t len, uint64_t o
 {
     size_t keep;
     int f = lsm_fault_hit(LSM_FOP_WRITE, fd, NULL, len, &keep);
+    if (f == 0)
+        f = lsm_fault_space_hit(v->dir, fd, off, len), keep = 0;
     if (f < 0)
         return fault_write(fd, buf, keep, off, f);
     /* pwrite, not io_uring: a buffered write submitted to a ring is handed
@@ -307,6 +310,17 @@ kv_err lsm_vol_fsync(lsm_vol *v, int fd)
     int res = fsync(fd) < 0 ? -errno : 0; /* not through the ring: see lsm_vol_write */
     atomic_fetch_add_explicit(&v->fsyncs, 1, memory_order_relaxed);
     return res < 0 ? lsm_errno(res) : KV_OK;
+}
+
+uint64_t lsm_vol_free_bytes(const lsm_vol *v)
+{
+    uint64_t free;
+    if (lsm_fault_space_free(v->dir, &free))
+        return free;
+    struct statvfs s;
+    if (v->dirfd < 0 || fstatvfs(v->dirfd, &s) != 0)
+        return UINT64_MAX;
+    return (uint64_t)s.f_bavail * (uint64_t)s.f_frsize;
 }
 
 void lsm_vol_counters(const lsm_vol *v, lsm_vol_stats *o)

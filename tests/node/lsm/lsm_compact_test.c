@@ -183,3 +183,110 @@ Test(fd_stop, without_the_stop_the_same_writes_overfill_the_fast_volume)
         get_id(&t, id, NULL, NULL);
     lt_db_close(&t);
 }
+
+/* ---- room on the fast device (compact.c, lsm_fd_room) ---- */
+
+/* Bytes the regular files of dir hold. */
+static uint64_t dir_usage(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s", dir);
+    uint64_t sum = 0;
+    struct dirent *e;
+    struct stat st;
+    while ((e = readdir(d)) != NULL)
+        if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
+            sum += (uint64_t)st.st_size;
+    closedir(d);
+    return sum;
+}
+
+/* Plain tiering, no compression, 40 flushes of 100 keys compacted by hand
+ * into L2 (about 840 KiB, near its target), L0 and L1 empty. */
+static void fill_l2(tdb *t)
+{
+    t->o.hotrap = false;
+    char err[128];
+    cr_assert_eq(lsm_compression_parse("none", &t->o.compression, err, sizeof(err)), KV_OK);
+    lt_db_start(t);
+    for (int r = 0; r < 40; r++)
+        put_range(t, r * 100, r * 100 + 100);
+    cr_assert_eq(lsm_compact_level(t->db, 0), KV_OK);
+    cr_assert_eq(lsm_compact_level(t->db, 1), KV_OK);
+}
+
+/* The FD levels full (L2 near its target) and 30 flushes in L0 (630 KiB)
+ * behind them, as after a fast load, on a fast device with only 320 KiB
+ * free (emulated: a write that would grow the directory past its capacity
+ * fails with ENOSPC). The L0 -> L1 job of every L0 file needs twice that
+ * while it writes; it used to fail, then fail again every second, and the
+ * flushes after it failed too: the store never recovered. Now compaction
+ * takes the oldest L0 files that fit and pushes the last FD level down to
+ * SD for room, and flushes wait for it: every later write is acknowledged,
+ * no write ever hits the device's limit, every key stays readable. */
+Test(fd_space, a_fast_device_without_room_for_the_l0_job_does_not_wedge, .timeout = 120)
+{
+    tdb t;
+    lt_db_init(&t, "fdspace");
+    fill_l2(&t);
+    for (int r = 40; r < 70; r++)
+        put_range(&t, r * 100, r * 100 + 100);
+    lsm_stats s = stats_of(&t);
+    cr_assert_eq(s.levels[0].files, 30);
+    cr_assert_gt(s.levels[2].bytes, 700u << 10, "L2 holds %llu bytes",
+                 (unsigned long long)s.levels[2].bytes);
+    lsm_close(t.db);
+
+    uint64_t cap = dir_usage(t.fd) + (320u << 10);
+    lsm_fault_space(t.fd, cap);
+    t.o.no_auto_compaction = false;
+    lt_db_start(&t);
+    for (int r = 70; r < 100; r++) /* put_range asserts that every flush succeeds */
+        put_range(&t, r * 100, r * 100 + 100);
+    cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
+    s = stats_of(&t);
+    cr_assert_eq(lsm_fault_space_hits(), 0, "%llu writes hit the device's limit",
+                 (unsigned long long)lsm_fault_space_hits());
+    cr_assert_leq(dir_usage(t.fd), cap);
+    cr_assert_gt(s.space_waits, 0, "no job waited or shrank for room");
+    cr_assert_lt(s.levels[0].files, t.o.l0_trigger, "L0 holds %llu files",
+                 (unsigned long long)s.levels[0].files);
+    cr_assert_gt(s.levels[3].bytes, 0, "nothing was pushed down to SD");
+    for (int id = 0; id < 100 * 100; id += 7)
+        get_id(&t, id, NULL, NULL);
+    lsm_fault_space(NULL, 0);
+    lt_db_close(&t);
+}
+
+/* L2 near its target, L0 empty, and less room on the fast device than one
+ * flush needs: a flush waits while compaction pushes the last FD level down
+ * to SD for room (lsm.flush_stalls_space), instead of failing with ENOSPC
+ * once the device is full, as it did (every flush after that failed too). */
+Test(fd_space, a_flush_waits_for_room_on_the_fast_device, .timeout = 120)
+{
+    tdb t;
+    lt_db_init(&t, "fdroom");
+    fill_l2(&t);
+    lsm_close(t.db);
+
+    uint64_t cap = dir_usage(t.fd) + (24u << 10); /* about one flush's L0 file */
+    lsm_fault_space(t.fd, cap);
+    /* a slow SD, so that the first flush comes while the room is still short */
+    lsm_fault_set(&(lsm_fault){.ops = LSM_FOP_WRITE, .path_has = t.sd, .delay_us = 20000});
+    t.o.no_auto_compaction = false;
+    lt_db_start(&t);
+    for (int r = 40; r < 60; r++)
+        put_range(&t, r * 100, r * 100 + 100);
+    lsm_fault_set(NULL);
+    lsm_stats s = stats_of(&t);
+    cr_assert_gt(s.stalls_space, 0, "no flush waited for room");
+    cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
+    cr_assert_eq(lsm_fault_space_hits(), 0, "%llu writes hit the device's limit",
+                 (unsigned long long)lsm_fault_space_hits());
+    cr_assert_leq(dir_usage(t.fd), cap);
+    cr_assert_gt(stats_of(&t).levels[3].bytes, 0, "nothing was pushed down to SD");
+    for (int id = 0; id < 60 * 100; id += 7)
+        get_id(&t, id, NULL, NULL);
+    lsm_fault_space(NULL, 0);
+    lt_db_close(&t);
+}
