@@ -279,9 +279,9 @@ static bool hotrap_level(const lsm_db *db, int l)
  * the reserve, the last FD level is pushed down into SD whatever its score
  * (its outputs go to SD and its inputs free FD), without retention, or,
  * while that level is empty, the deepest FD level's file (L0's oldest) is
- * moved down a level when it overlaps nothing there (a move takes no room). Flushes wait
- * for room meanwhile (db.c). RocksDB defers compactions the same way
- * (SstFileManager's room check). */
+ * moved down a level when it overlaps nothing there (a move takes no
+ * room). Flushes wait for room meanwhile (db.c). RocksDB defers
+ * compactions the same way (SstFileManager's room check). */
 
 /* What compaction keeps free on FD for flushes: twice the largest of the
  * biggest flushed file, the SST size and what a waiting flush needs (so a
@@ -808,8 +808,7 @@ static kv_err run_job(lsm_db *db, cjob *j)
 
 #define BACKOFF_NS 1000000000ull
 
-/* Waits on db->cv until woken or until the monotonic time `until` (ns). */
-static void wait_until(lsm_db *db, uint64_t until)
+void lsm_db_wait_until(lsm_db *db, uint64_t until)
 {
     uint64_t now = kv_now_ns();
     if (until <= now)
@@ -830,12 +829,12 @@ static void *cthread_main(void *arg)
     while (!db->stop) {
         cjob j;
         if (kv_now_ns() < db->retry_at) { /* back off after a failed job */
-            wait_until(db, db->retry_at);
+            lsm_db_wait_until(db, db->retry_at);
             continue;
         }
         if (db->manual || db->o.no_auto_compaction || !pick(db, &j)) {
             if (db->space_blocked) /* room may come back without a signal */
-                wait_until(db, kv_now_ns() + BACKOFF_NS);
+                lsm_db_wait_until(db, kv_now_ns() + BACKOFF_NS);
             else
                 pthread_cond_wait(&db->cv, &db->mu);
             continue;

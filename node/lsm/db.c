@@ -582,16 +582,16 @@ static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, 
     return lsm_sst_builder_finish(b, 0, out);
 }
 
-/* With a slow volume: true when the fast device lacks room for a flush of
- * about need bytes and compaction can make some (a job runs, or an FD level
- * below L0 has files to move or push down to SD). mu held. */
-static bool room_short(lsm_db *db, uint64_t need)
+/* With a slow volume: true when the fast device has less than want bytes
+ * free and compaction can make some room (a job runs, or an FD level has
+ * files to move or push down to SD). mu held. */
+static bool room_short(lsm_db *db, uint64_t want)
 {
     if (!db->has_sd)
         return false;
     uint64_t free = lsm_vol_free_bytes(&db->vols[0]);
     atomic_store_explicit(&db->fd_free, free, memory_order_relaxed);
-    if (free == UINT64_MAX || free >= need + need / 8 + (64u << 10))
+    if (free == UINT64_MAX || free >= want)
         return false;
     if (db->running > 0)
         return true;
@@ -608,11 +608,11 @@ static bool room_short(lsm_db *db, uint64_t need)
 static void stall(lsm_db *db, uint64_t need)
 {
     KV_ASSERT_LOCKED(&db->mu);
-    uint64_t t0 = 0;
+    uint64_t t0 = 0, want = need + need / 8 + (64u << 10); /* the file's index and bloom */
     while (!db->stop && db->nthreads && !db->o.no_auto_compaction && db->bg_err == KV_OK) {
         bool l0 = db->cur->nfiles[0] >= db->o.l0_stop;
         bool fd = !l0 && lsm_fd_full(db, db->cur);
-        bool room = !l0 && !fd && room_short(db, need);
+        bool room = !l0 && !fd && room_short(db, want);
         if (!l0 && !fd && !room)
             break;
         if (!t0) {
@@ -622,16 +622,9 @@ static void stall(lsm_db *db, uint64_t need)
         if (room) {
             /* freed room is not signalled (a file goes when its last reader
              * lets go): look again every 20 ms, and have compaction push down */
-            db->space_wanted = need + need / 8 + (64u << 10);
+            db->space_wanted = want;
             pthread_cond_broadcast(&db->cv);
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 20 * 1000 * 1000;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&db->cv, &db->mu, &ts);
+            lsm_db_wait_until(db, kv_now_ns() + 20000000u);
         } else {
             pthread_cond_wait(&db->cv, &db->mu);
         }

@@ -184,10 +184,10 @@ uint64_t lsm_fault_hits(void);
 void lsm_fault_space(const char *path_has, uint64_t cap);
 /* Writes the emulated device refused since lsm_fault_space. */
 uint64_t lsm_fault_space_hits(void);
-/* volume.c: whether dir is the emulated device; then *free (may be NULL) is
- * its room. */
+/* For volume.c: whether dir is the emulated device; then *free (may be
+ * NULL) is its room. */
 bool lsm_fault_space_free(const char *dir, uint64_t *free);
-/* volume.c: 0, or -ENOSPC when a write of len bytes at off to fd, a file of
+/* For volume.c: 0, or -ENOSPC when a write of len bytes at off to fd, a file of
  * dir, would grow the emulated device past its capacity. */
 int lsm_fault_space_hit(const char *dir, int fd, uint64_t off, size_t len);
 
@@ -548,6 +548,10 @@ uint64_t lsm_db_new_number(lsm_db *db); /* db->mu held */
 /* Opens a builder for SST `number` of level: on the level's volume, with its
  * block size and codec (counted in the db's compression stats). */
 kv_err lsm_db_builder(lsm_db *db, int level, uint64_t number, lsm_sst_builder **out);
+
+/* Waits on db->cv (db->mu held) until woken or until the monotonic time
+ * `until` (kv_now_ns). */
+void lsm_db_wait_until(lsm_db *db, uint64_t until);
 
 kv_err lsm_compact_start(lsm_db *db);
 /* Compacts every file of level into level + 1 like lsm_compact_all does
