@@ -204,6 +204,9 @@ kv_err engine_open(engine **out, const engine_opts *opts, char *err, size_t errl
     e->write_buffer = opts->write_buffer_kb   ? (uint64_t)opts->write_buffer_kb << 10
                       : opts->write_buffer_mb ? (uint64_t)opts->write_buffer_mb << 20
                                               : 64ull << 20;
+    e->wal_limit = opts->wal_max_kb   ? opts->wal_max_kb << 10
+                   : opts->wal_max_mb ? opts->wal_max_mb << 20
+                                      : 4 * e->write_buffer;
     for (int i = 0; i < ENGINE_STRIPES; i++)
         pthread_mutex_init(&e->stripes[i], NULL);
     pthread_rwlock_init(&e->apply_lock, NULL);
@@ -668,8 +671,7 @@ static kv_err write_run(engine *e, const engine_write *w, engine_result *out, bo
     kv_err rv = check_write(e, w, err, errlen);
     if (rv != KV_OK)
         return rv;
-    if (mem_only &&
-        (e->o.sync == ENGINE_SYNC_ALWAYS || atomic_load(&e->dirty_bytes) >= 2 * e->write_buffer)) {
+    if (mem_only && (e->o.sync == ENGINE_SYNC_ALWAYS || engine_full(e))) {
         *declined = true; /* an fsync, or engine_wait_room, would wait */
         return KV_OK;
     }
@@ -682,7 +684,8 @@ static kv_err write_run(engine *e, const engine_write *w, engine_result *out, bo
     } else {
         rv = engine_wait_room(e);
         if (rv != KV_OK) {
-            snprintf(err, errlen, "write buffer full: flushing to the fast volume is behind");
+            snprintf(err, errlen,
+                     "write buffer or WAL full: flushing to the fast volume is behind");
             return rv;
         }
         pthread_mutex_lock(stripe);
@@ -728,7 +731,7 @@ static kv_err write_run(engine *e, const engine_write *w, engine_result *out, bo
     if (rv != KV_OK)
         return rv;
     if (atomic_load(&e->dirty_bytes) >= e->write_buffer ||
-        atomic_load(&e->mem_bytes) > e->mem_limit)
+        atomic_load(&e->mem_bytes) > e->mem_limit || e->st->wal_bytes(e->db) >= e->wal_limit / 2)
         engine_bg_kick(e);
     *out = r;
     return KV_OK;

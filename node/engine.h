@@ -60,6 +60,14 @@ typedef struct engine_opts {
     size_t mem_mb;          /* memory-tier budget */
     size_t write_buffer_mb; /* dirty bytes that trigger a flush (may be 0 for KiB below) */
     size_t write_buffer_kb; /* finer setting for tests; wins when non-zero */
+    /* The most bytes the WAL may hold on FD (kvnode --wal-max-mb; 0 = 4 x the
+     * write buffer). Overwrites of the same keys grow the WAL while the dirty
+     * bytes stay small: at half of it the whole memory tier is flushed (so
+     * every sealed segment can go), at all of it writers wait for that flush
+     * as they do at twice the write buffer. The LSM keeps what the WAL may
+     * still grow free on FD (lsm_opts.wal_max_bytes). */
+    uint64_t wal_max_mb;
+    uint64_t wal_max_kb; /* finer setting for tests; wins when non-zero */
     engine_sync sync;
     unsigned sync_ms;
     uint64_t index_buckets;   /* initial HotRing buckets (0 = from mem_mb) */
@@ -133,7 +141,10 @@ typedef struct engine_stats {
     uint64_t index_reads, index_visited, index_head_hits, index_head_moves;
     uint64_t index_sample_rounds, index_rehashes, index_buckets;
     uint64_t index_pinned_reads, index_pinned_head_hits; /* reads of pinned keys */
-    uint64_t write_waits, write_wait_ns; /* writes that waited at the 2x write-buffer cap */
+    uint64_t write_waits, write_wait_ns; /* writes that waited for a flush (engine_full) */
+    /* the WAL's live bytes on FD and its limit (engine_opts.wal_max_mb), and
+     * the flushes its size set off (overwrites: the dirty bytes stayed low) */
+    uint64_t wal_bytes, wal_limit, wal_flushes;
 } engine_stats;
 
 void engine_thread_register(void);

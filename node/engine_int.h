@@ -56,6 +56,7 @@ typedef struct engine_store {
      * kallax_cleanup). */
     kv_err (*cleanup)(void *db, lsm_keep_fn keep, void *arg, uint64_t *dropped);
     kv_err (*wal_sync)(void *db);
+    uint64_t (*wal_bytes)(void *db); /* the WAL's live bytes (lsm_wal_live_bytes) */
     void (*estimate)(void *db, uint64_t *records, uint64_t *bytes);
     size_t max_key;
 } engine_store;
@@ -69,6 +70,8 @@ struct engine {
     engine_opts o;
     kv_hlc hlc;
     uint64_t mem_limit, write_buffer;
+    uint64_t wal_limit;           /* engine_opts.wal_max_mb in bytes */
+    _Atomic uint64_t wal_flushes; /* flushes the WAL's size set off */
     _Atomic uint64_t mem_bytes, dirty_bytes, dirty_items, next_seqno;
     /* Writers of one key are serialised by its stripe, so the condition
      * check, the WAL append and the memory-tier update act as one step. */
@@ -160,8 +163,11 @@ kv_err engine_nhc_start(engine *e);
 void engine_nhc_stop(engine *e);
 void engine_nhc_destroy(engine *e);
 bool engine_nhc_admit_sd(engine *e);
-/* Blocks (bounded) while dirty bytes are far over the write buffer. Returns
- * RESOURCE_EXHAUSTED when the flush stays behind. */
+/* True while writers must wait for a flush: the dirty bytes at twice the
+ * write buffer, or the WAL at wal_limit. */
+bool engine_full(engine *e);
+/* Blocks (bounded) while engine_full. Returns RESOURCE_EXHAUSTED when the
+ * flush stays behind. */
 kv_err engine_wait_room(engine *e);
 
 #endif

@@ -40,6 +40,7 @@ static kv_err lsm_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errl
     lo.slow_dir = e->o.slow_dir;
     lo.fast_mb = e->o.fast_mb ? e->o.fast_mb : 1024;
     lo.fd_stop_pct = e->o.fast_stop_pct;
+    lo.wal_max_bytes = e->wal_limit;
     lo.sync = store_sync(e->o.sync);
     lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     lo.disable_io_uring = e->o.disable_io_uring;
@@ -166,6 +167,11 @@ static kv_err lsm_store_wal_sync(void *db)
     return lsm_wal_sync(db);
 }
 
+static uint64_t lsm_store_wal_bytes(void *db)
+{
+    return lsm_wal_live_bytes(db);
+}
+
 static void lsm_store_estimate(void *db, uint64_t *records, uint64_t *bytes)
 {
     lsm_estimate(db, records, bytes);
@@ -192,6 +198,7 @@ const engine_store engine_store_lsm = {
     .iter_close = lsm_store_iter_close,
     .cleanup = lsm_store_cleanup,
     .wal_sync = lsm_store_wal_sync,
+    .wal_bytes = lsm_store_wal_bytes,
     .estimate = lsm_store_estimate,
     .max_key = HR_MAX_KEY_BYTES,
 };
@@ -333,6 +340,11 @@ static kv_err kx_store_wal_sync(void *db)
     return kallax_wal_sync(db);
 }
 
+static uint64_t kx_store_wal_bytes(void *db)
+{
+    return kallax_wal_live_bytes(db);
+}
+
 static void kx_store_estimate(void *db, uint64_t *records, uint64_t *bytes)
 {
     kallax_estimate(db, records, bytes);
@@ -359,6 +371,7 @@ const engine_store engine_store_kallax = {
     .iter_close = kx_store_iter_close,
     .cleanup = kx_store_cleanup,
     .wal_sync = kx_store_wal_sync,
+    .wal_bytes = kx_store_wal_bytes,
     .estimate = kx_store_estimate,
     .max_key = KALLAX_MAX_KEY < HR_MAX_KEY_BYTES ? KALLAX_MAX_KEY : HR_MAX_KEY_BYTES,
 };

@@ -166,6 +166,10 @@ int main(int argc, char **argv)
          "dirty memory-tier bytes that trigger a flush, MiB", NULL, 1, 1 << 20},
         {"write-buffer-kb", KV_OPT_INT, &n.cfg.write_buffer_kb,
          "the same in KiB (tests); wins when set", NULL, 0, 1 << 30},
+        {"wal-max-mb", KV_OPT_INT, &n.cfg.wal_max_mb,
+         "most bytes the WAL may hold on the fast volume, MiB (a flush at half; 0 = 4 x "
+         "--write-buffer-mb)",
+         NULL, 0, 1 << 20},
         {"hot-threshold", KV_OPT_DOUBLE, &n.cfg.hot_threshold,
          "cluster hot-key rate (ops/s) that pins a key in memory (0 = never: hints off)", NULL, 0,
          0},

@@ -37,6 +37,7 @@ typedef struct node_config {
     int sync;           /* engine_sync */
     long sync_ms;
     long write_buffer_mb;
+    long wal_max_mb;      /* the WAL's most bytes on FD, MiB; 0 = 4 x the write buffer */
     long write_buffer_kb; /* finer, for tests; wins when set */
     bool no_io_uring;
     bool hotrap;

@@ -757,6 +757,7 @@ kv_err node_start(node *n, char *err, size_t errlen)
                       .mem_mb = (size_t)n->cfg.mem_mb,
                       .write_buffer_mb = (size_t)n->cfg.write_buffer_mb,
                       .write_buffer_kb = (size_t)n->cfg.write_buffer_kb,
+                      .wal_max_mb = (uint64_t)n->cfg.wal_max_mb,
                       .sync = (engine_sync)n->cfg.sync,
                       .sync_ms = (unsigned)n->cfg.sync_ms,
                       .disable_io_uring = n->cfg.no_io_uring,

@@ -386,6 +386,12 @@ void node_collect_stats(node *n, const rpc_server *srv, kv_stats *l, bool verbos
                     es.blind_puts);
     kv_stat_gauge(l, "dirty_bytes", "hotkv_node_memory_dirty_bytes", NULL,
                   "Unflushed bytes of the memory tier.", es.dirty_bytes);
+    kv_stat_gauge(l, "wal_bytes", "hotkv_node_wal_bytes", NULL,
+                  "Bytes of the write-ahead log's live segments on the fast volume.", es.wal_bytes);
+    kv_stat_gauge(l, "wal_limit", "hotkv_node_wal_limit_bytes", NULL,
+                  "The most the write-ahead log may hold (--wal-max-mb).", es.wal_limit);
+    kv_stat_counter(l, "wal_flushes", "hotkv_node_wal_flushes_total", NULL,
+                    "Flushes set off by the write-ahead log's size (overwrites).", es.wal_flushes);
     kv_stat_gauge(l, "hot.pinned", "hotkv_node_hot_keys_pinned", NULL,
                   "Keys pinned in memory by the cluster's hot-key hints.", node_hot_pinned(n->hot));
     kv_stat_gauge(l, "hot.tracked", "hotkv_node_hot_keys_tracked", NULL,

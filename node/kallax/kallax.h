@@ -235,6 +235,9 @@ kv_err kallax_cleanup(kallax *kx, lsm_keep_fn keep, void *arg, uint64_t *dropped
 /* As lsm_wal_sync. */
 kv_err kallax_wal_sync(kallax *kx);
 
+/* As lsm_wal_live_bytes. */
+uint64_t kallax_wal_live_bytes(kallax *kx);
+
 /* No I/O: *records = stored records, *bytes = bytes they use in blocks
  * plus their extents. Any thread. */
 void kallax_estimate(kallax *kx, uint64_t *records, uint64_t *bytes);
@@ -248,6 +251,7 @@ typedef struct kallax_stats {
      * reads repeated after a torn read or a replaced extent */
     uint64_t corrupt_blocks, repaired, retries, flushed_seqno, last_seqno, flush_generation;
     uint64_t wal_bytes, wal_fsyncs, wal_segments, user_bytes;
+    uint64_t wal_live_bytes;  /* kallax_wal_live_bytes */
     uint64_t index_mem_bytes; /* memory that grows with the store: the extent bitmap */
     double load;              /* used_bytes / (blocks x block payload) */
     lsm_vol_stats vol;

@@ -192,6 +192,11 @@ kv_err kallax_wal_sync(kallax *kx)
     return lsm_wal_sync_all(kx->wal);
 }
 
+uint64_t kallax_wal_live_bytes(kallax *kx)
+{
+    return lsm_wal_live(kx->wal);
+}
+
 uint64_t kallax_last_seqno(kallax *kx)
 {
     return atomic_load(&kx->last_seq);
@@ -243,6 +248,7 @@ kv_err kallax_stats_get(kallax *kx, kallax_stats *out)
     s.flush_generation = atomic_load(&kx->flush_gen);
     s.user_bytes = atomic_load(&kx->user_bytes);
     lsm_wal_counters(kx->wal, &s.wal_bytes, &s.wal_fsyncs, &s.wal_segments);
+    s.wal_live_bytes = lsm_wal_live(kx->wal);
     s.load = (double)s.used_bytes / ((double)s.blocks * KX_PAYLOAD);
     lsm_vol_counters(&kx->vol, &s.vol);
     s.io_uring = kx->vol.uring;

@@ -285,12 +285,19 @@ static bool hotrap_level(const lsm_db *db, int l)
 
 /* What compaction keeps free on FD for flushes: twice the largest of the
  * biggest flushed file, the SST size and what a waiting flush needs (so a
- * flush that waits for room always sets off a push-down). mu held. */
-static uint64_t fd_reserve(const lsm_db *db)
+ * flush that waits for room always sets off a push-down), and what the WAL
+ * may still grow. mu held. */
+static uint64_t fd_reserve(lsm_db *db)
 {
     uint64_t f = atomic_load_explicit(&db->flush_max, memory_order_relaxed);
     f = f > db->file_size ? f : db->file_size;
-    return 2 * (f > db->space_wanted ? f : db->space_wanted);
+    return 2 * (f > db->space_wanted ? f : db->space_wanted) + lsm_wal_headroom(db);
+}
+
+uint64_t lsm_wal_headroom(lsm_db *db)
+{
+    uint64_t live = lsm_wal_live(db->wal), max = db->o.wal_max_bytes;
+    return max > live ? max - live : 0;
 }
 
 uint64_t lsm_fd_room(lsm_db *db)

@@ -109,8 +109,17 @@ void lsm_fault_space(const char *path_has, uint64_t cap)
     pthread_mutex_unlock(&space_mu);
 }
 
-/* Bytes the regular files of dir hold (their sizes). */
-static uint64_t dir_bytes(const char *dir)
+/* The bytes a file takes on the emulated device: its size, plus what was
+ * reserved past its end (fallocate KEEP_SIZE, lsm_vol_reserve: the blocks
+ * beyond the size rounded up to a page). */
+static uint64_t file_used(const struct stat *st)
+{
+    uint64_t size = (uint64_t)st->st_size, blocks = (uint64_t)st->st_blocks * 512;
+    uint64_t whole = (size + 4095) & ~(uint64_t)4095;
+    return size + (blocks > whole ? blocks - whole : 0);
+}
+
+uint64_t lsm_fault_dir_bytes(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -120,7 +129,7 @@ static uint64_t dir_bytes(const char *dir)
     struct stat st;
     while ((e = readdir(d)) != NULL)
         if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
-            sum += (uint64_t)st.st_size;
+            sum += file_used(&st);
     closedir(d);
     return sum;
 }
@@ -138,14 +147,26 @@ bool lsm_fault_space_free(const char *dir, uint64_t *free)
     pthread_mutex_lock(&space_mu);
     bool m = space_matches(dir);
     if (m && free) {
-        uint64_t used = dir_bytes(dir);
+        uint64_t used = lsm_fault_dir_bytes(dir);
         *free = used < space_cap ? space_cap - used : 0;
     }
     pthread_mutex_unlock(&space_mu);
     return m;
 }
 
-int lsm_fault_space_hit(const char *dir, int fd, uint64_t off, size_t len)
+bool lsm_fault_space_cap(const char *dir, uint64_t *cap)
+{
+    if (!atomic_load_explicit(&space_armed, memory_order_acquire))
+        return false;
+    pthread_mutex_lock(&space_mu);
+    bool m = space_matches(dir);
+    if (m)
+        *cap = space_cap;
+    pthread_mutex_unlock(&space_mu);
+    return m;
+}
+
+int lsm_fault_space_hit(const char *dir, int fd, uint64_t off, size_t len, bool count)
 {
     if (!atomic_load_explicit(&space_armed, memory_order_acquire))
         return 0;
@@ -153,11 +174,12 @@ int lsm_fault_space_hit(const char *dir, int fd, uint64_t off, size_t len)
     pthread_mutex_lock(&space_mu);
     struct stat st;
     if (space_matches(dir) && fstat(fd, &st) == 0) {
-        uint64_t end = off + len, size = (uint64_t)st.st_size;
-        uint64_t grow = end > size ? end - size : 0;
-        if (grow && dir_bytes(dir) + grow > space_cap) {
+        uint64_t end = off + len, taken = file_used(&st); /* reserved bytes need no room */
+        uint64_t grow = end > taken ? end - taken : 0;
+        if (grow && lsm_fault_dir_bytes(dir) + grow > space_cap) {
             e = ENOSPC;
-            atomic_fetch_add(&space_hits, 1);
+            if (count)
+                atomic_fetch_add(&space_hits, 1);
         }
     }
     pthread_mutex_unlock(&space_mu);

@@ -176,6 +176,11 @@ typedef struct lsm_opts {
      * the hot-set limit and by SD reads, are not held back: compaction
      * pushes cold bytes out for them.) Default (and 0) 100. */
     unsigned fd_stop_pct;
+    /* The most bytes the caller lets the WAL hold (it flushes and holds
+     * writers by lsm_wal_live_bytes; the engine's wal_max_mb). With a
+     * slow_dir, compaction and flushes keep what the WAL may still grow
+     * free on the fast device besides their own room. 0 = not counted. */
+    uint64_t wal_max_bytes;
     uint64_t file_mb;            /* target SST size for L1+, 0 = derived from fast_mb */
     bool disable_io_uring;       /* force the pread/pwrite path (tests, old kernels) */
     unsigned compaction_threads; /* background compaction threads, default (and 0) = 1, max 16 */
@@ -405,6 +410,7 @@ typedef struct lsm_stats {
     uint64_t check_calls, check_blocks_fd, check_blocks_sd;
     uint64_t user_bytes; /* key+value bytes given to lsm_wal_append */
     uint64_t wal_bytes, wal_fsyncs, wal_segments;
+    uint64_t wal_live_bytes; /* the live segments' bytes on FD (lsm_wal_live_bytes) */
     uint64_t flush_bytes, flushes;
     /* Flushes that waited for compaction since open: at l0_stop L0 files, or
      * with the FD levels over fd_stop_pct of fast_mb; their summed wait. */
@@ -496,6 +502,11 @@ kv_err lsm_compact_all_filter(lsm_db *db, lsm_keep_fn keep, void *arg, uint64_t 
  * INTERNAL (the fsync failed, logged). Any thread; concurrent appends wait
  * during the fsync. */
 kv_err lsm_wal_sync(lsm_db *db);
+
+/* Bytes the WAL's live segments take on the fast volume: appended records
+ * that no flush has covered yet, and the sealed segments that hold them.
+ * A flush deletes the segments it covers. Any thread; no I/O. */
+uint64_t lsm_wal_live_bytes(lsm_db *db);
 
 /* A cheap estimate (no I/O, one version pin) of what the SSTs hold: *records
  * = the sum of their entry counts (a key with versions in several levels

@@ -133,12 +133,20 @@ kv_err lsm_vol_fsync(lsm_vol *v, int fd);
  * f_bavail; the emulated device of lsm_fault_space in tests); UINT64_MAX
  * when unknown. Any thread. */
 uint64_t lsm_vol_free_bytes(const lsm_vol *v);
+/* The size of the filesystem v lives on (statvfs; the emulated device of
+ * lsm_fault_space in tests); UINT64_MAX when unknown. */
+uint64_t lsm_vol_total_bytes(const lsm_vol *v);
 void lsm_vol_counters(const lsm_vol *v, lsm_vol_stats *out);
 /* True when io_uring works in this process (probed once, logged). */
 bool lsm_uring_available(void);
 
 /* Sets the length of a file (ftruncate); KV_OK or the errno's kv_err. */
 kv_err lsm_vol_truncate(lsm_vol *v, int fd, uint64_t len);
+/* Allocates [off, off + len) of fd without changing its size (fallocate
+ * KEEP_SIZE), so later writes there need no free blocks: room held back
+ * for writes that must not fail on a full device. RESOURCE_EXHAUSTED on
+ * ENOSPC, UNIMPLEMENTED where the filesystem cannot. */
+kv_err lsm_vol_reserve(lsm_vol *v, int fd, uint64_t off, uint64_t len);
 
 /* ---- fault injection (fault.c, for tests) ----
  *
@@ -182,14 +190,21 @@ uint64_t lsm_fault_hits(void);
  * a time but write after the check, so they may overshoot cap by what they
  * write at once. NULL path_has disarms. Any thread. */
 void lsm_fault_space(const char *path_has, uint64_t cap);
-/* Writes the emulated device refused since lsm_fault_space. */
+/* Writes the emulated device refused since lsm_fault_space (lsm_vol_reserve's
+ * refusals are not counted). */
 uint64_t lsm_fault_space_hits(void);
+/* The bytes dir's regular files take on the emulated device: their sizes
+ * and what lsm_vol_reserve set aside past their ends. */
+uint64_t lsm_fault_dir_bytes(const char *dir);
 /* For volume.c: whether dir is the emulated device; then *free (may be
  * NULL) is its room. */
 bool lsm_fault_space_free(const char *dir, uint64_t *free);
+/* For volume.c: whether dir is the emulated device; then *cap is its size. */
+bool lsm_fault_space_cap(const char *dir, uint64_t *cap);
 /* For volume.c: 0, or -ENOSPC when a write of len bytes at off to fd, a file of
- * dir, would grow the emulated device past its capacity. */
-int lsm_fault_space_hit(const char *dir, int fd, uint64_t off, size_t len);
+ * dir, would grow the emulated device past its capacity; count: a write
+ * (lsm_fault_space_hits), not an attempt to set room aside. */
+int lsm_fault_space_hit(const char *dir, int fd, uint64_t off, size_t len, bool count);
 
 /* volume.c: 0, or -errno when this call must fail; *keep (may be NULL) =
  * the bytes a failing write writes first. name: the file name when the
@@ -306,6 +321,7 @@ void lsm_sst_builder_abort(lsm_sst_builder *b);
 typedef struct lsm_wal lsm_wal;
 typedef struct lsm_wal_seg {
     uint64_t number, max_seq;
+    uint64_t bytes; /* the segment's size (lsm_wal_open stats recovered ones) */
 } lsm_wal_seg;
 
 /* Replays every *.wal segment of v in number order, calling fn for records
@@ -330,6 +346,8 @@ kv_err lsm_wal_sync_all(lsm_wal *w);
 /* Deletes sealed segments whose records all have seqno <= flushed_seq. */
 void lsm_wal_release(lsm_wal *w, uint64_t flushed_seq);
 void lsm_wal_close(lsm_wal *w);
+/* Bytes of the live segments (sealed and current). Any thread. */
+uint64_t lsm_wal_live(lsm_wal *w);
 void lsm_wal_counters(lsm_wal *w, uint64_t *bytes, uint64_t *fsyncs, uint64_t *segments);
 
 /* WAL frame: [u32 crc32c(len || payload)][u32 len][payload]. */
@@ -570,6 +588,9 @@ uint64_t lsm_l0_room(const lsm_db *db, const lsm_version *v);
  * flushes (0 when under it); UINT64_MAX without a slow volume or when the
  * free bytes are unknown. Records the free bytes for lsm_stats. Any thread. */
 uint64_t lsm_fd_room(lsm_db *db);
+/* What the WAL may still grow on FD before its owner holds writers:
+ * o.wal_max_bytes less its live bytes (0 when not counted). Any thread. */
+uint64_t lsm_wal_headroom(lsm_db *db);
 
 /* SST bytes of the FD levels (L0..last_fd) of v. */
 uint64_t lsm_fd_bytes(const lsm_db *db, const lsm_version *v);

@@ -63,12 +63,38 @@ static kv_err man_frame(lsm_buf *out, const void *payload, size_t len)
     return KV_OK;
 }
 
+/* A MANIFEST keeps this much allocated past its end (RocksDB's
+ * manifest_preallocation_size), topped up when half is used: a compaction
+ * that pushes the fast levels down to make room must be able to record it
+ * on a full fast device, or nothing ever frees room there. */
+#define MAN_RESERVE (1u << 20)
+
 struct lsm_manifest {
     lsm_vol *v;
     int fd;
     uint64_t number, off;
-    bool broken; /* a failed append could not be cut off: append no more */
+    uint64_t reserved; /* allocated up to here (lsm_vol_reserve) */
+    bool broken;       /* a failed append could not be cut off: append no more */
+    bool reserve_warned;
 };
+
+/* Tops the room allocated past the end up to MAN_RESERVE when half is used.
+ * A failure is logged once and costs nothing else: appends then take their
+ * blocks from the free room as any write does. */
+static void man_reserve(lsm_manifest *m)
+{
+    if (m->reserved >= m->off + MAN_RESERVE / 2)
+        return;
+    kv_err rv = lsm_vol_reserve(m->v, m->fd, m->off, MAN_RESERVE);
+    if (rv == KV_OK) {
+        m->reserved = m->off + MAN_RESERVE;
+        m->reserve_warned = false;
+    } else if (!m->reserve_warned) {
+        m->reserve_warned = true;
+        KV_WARN(LSM_LOG, "%s/MANIFEST-%06" PRIu64 ": cannot set %u KiB aside for its edits: %s",
+                m->v->dir, m->number, MAN_RESERVE >> 10, kv_strerror(rv));
+    }
+}
 
 /* ---- files ---- */
 
@@ -542,6 +568,8 @@ kv_err lsm_manifest_create(lsm_manifest **out, lsm_vol *v, uint64_t number,
     if (rv == KV_OK)
         rv = write_current(v, number);
     m->off = frame.len;
+    if (rv == KV_OK)
+        man_reserve(m);
     lsm_buf_free(&payload);
     lsm_buf_free(&frame);
     if (rv != KV_OK) {
@@ -573,6 +601,7 @@ kv_err lsm_manifest_append(lsm_manifest *m, const lsm_edit *e)
         rv = lsm_vol_write(m->v, m->fd, frame.p, frame.len, m->off, true);
     if (rv == KV_OK) {
         m->off += frame.len;
+        man_reserve(m);
     } else if (lsm_vol_truncate(m->v, m->fd, m->off) != KV_OK) {
         /* a torn edit would stay before the next one: never append again */
         KV_ERROR(LSM_LOG,
@@ -605,6 +634,8 @@ void lsm_manifest_close(lsm_manifest *m)
 {
     if (!m)
         return;
+    if (m->reserved > m->off && !m->broken) /* a closed store takes only its bytes */
+        (void)lsm_vol_truncate(m->v, m->fd, m->off);
     close(m->fd);
     free(m);
 }

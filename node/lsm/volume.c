@@ -10,6 +10,7 @@
  * atomic counters and latency EWMAs (alpha 1/8) for the stats. Tests make
  * chosen calls fail through fault.c (lsm_fault_set).
  */
+#define _GNU_SOURCE /* fallocate, FALLOC_FL_KEEP_SIZE */
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -281,7 +282,7 @@ kv_err lsm_vol_write(lsm_vol *v, int fd, const void *buf, size_t len, uint64_t o
     size_t keep;
     int f = lsm_fault_hit(LSM_FOP_WRITE, fd, NULL, len, &keep);
     if (f == 0)
-        f = lsm_fault_space_hit(v->dir, fd, off, len), keep = 0;
+        f = lsm_fault_space_hit(v->dir, fd, off, len, true), keep = 0;
     if (f < 0)
         return fault_write(fd, buf, keep, off, f);
     /* pwrite, not io_uring: a buffered write submitted to a ring is handed
@@ -312,6 +313,16 @@ kv_err lsm_vol_fsync(lsm_vol *v, int fd)
     return res < 0 ? lsm_errno(res) : KV_OK;
 }
 
+kv_err lsm_vol_reserve(lsm_vol *v, int fd, uint64_t off, uint64_t len)
+{
+    int f = lsm_fault_space_hit(v->dir, fd, off, len, false);
+    if (f == 0 && fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
+        f = -errno;
+    if (f == -EOPNOTSUPP || f == -ENOSYS)
+        return KV_UNIMPLEMENTED;
+    return f < 0 ? lsm_errno(f) : KV_OK;
+}
+
 uint64_t lsm_vol_free_bytes(const lsm_vol *v)
 {
     uint64_t free;
@@ -321,6 +332,17 @@ uint64_t lsm_vol_free_bytes(const lsm_vol *v)
     if (v->dirfd < 0 || fstatvfs(v->dirfd, &s) != 0)
         return UINT64_MAX;
     return (uint64_t)s.f_bavail * (uint64_t)s.f_frsize;
+}
+
+uint64_t lsm_vol_total_bytes(const lsm_vol *v)
+{
+    uint64_t cap;
+    if (lsm_fault_space_cap(v->dir, &cap))
+        return cap;
+    struct statvfs s;
+    if (v->dirfd < 0 || fstatvfs(v->dirfd, &s) != 0)
+        return UINT64_MAX;
+    return (uint64_t)s.f_blocks * (uint64_t)s.f_frsize;
 }
 
 void lsm_vol_counters(const lsm_vol *v, lsm_vol_stats *o)

@@ -77,6 +77,9 @@ struct lsm_wal {
     pthread_t syncer;
     bool has_syncer;
     _Atomic uint64_t bytes, fsyncs;
+    /* bytes of the live segments, sealed and current: what the WAL holds on
+     * its volume (the engine flushes and holds writers by it) */
+    _Atomic uint64_t live;
     uint64_t written_max; /* highest seqno written to any segment */
     /* Set when acknowledged records may not be durable (an fsync failed
      * after the write was acknowledged) or a failed write could not be cut
@@ -168,6 +171,7 @@ static void lead(lsm_wal *w)
         w->written_max = max > w->written_max ? max : w->written_max;
         w->dirty = w->mode == LSM_SYNC_BATCH;
         atomic_fetch_add(&w->bytes, buf.len);
+        atomic_fetch_add(&w->live, buf.len);
         if (w->mode == LSM_SYNC_ALWAYS)
             atomic_fetch_add(&w->fsyncs, 1);
     }
@@ -293,12 +297,19 @@ kv_err lsm_wal_open(lsm_wal **out, lsm_vol *v, const lsm_opts *o, uint64_t numbe
     w->number = number;
     w->sealed = segs;
     w->nsealed = w->capsealed = nsegs;
+    for (size_t i = 0; i < nsegs; i++) {
+        char name[64];
+        struct stat st;
+        seg_name(name, sizeof(name), segs[i].number);
+        segs[i].bytes = fstatat(v->dirfd, name, &st, 0) == 0 ? (uint64_t)st.st_size : 0;
+        atomic_fetch_add(&w->live, segs[i].bytes);
+    }
     w->sealed_unsynced = nsegs > 0; /* replayed: maybe written by a process that never synced */
     *out = w;
     return KV_OK;
 }
 
-static kv_err seal_push(lsm_wal *w, uint64_t number, uint64_t max)
+static kv_err seal_push(lsm_wal *w, uint64_t number, uint64_t max, uint64_t bytes)
 {
     if (w->nsealed == w->capsealed) {
         size_t cap = w->capsealed ? w->capsealed * 2 : 8;
@@ -308,7 +319,7 @@ static kv_err seal_push(lsm_wal *w, uint64_t number, uint64_t max)
         w->sealed = s;
         w->capsealed = cap;
     }
-    w->sealed[w->nsealed++] = (lsm_wal_seg){number, max};
+    w->sealed[w->nsealed++] = (lsm_wal_seg){number, max, bytes};
     return KV_OK;
 }
 
@@ -330,7 +341,7 @@ kv_err lsm_wal_rotate(lsm_wal *w, uint64_t number)
     if (synced != KV_OK && w->mode == LSM_SYNC_BATCH) /* always: every group was synced */
         wal_break(w, synced, w->written_max, "fsync of the segment being sealed failed");
     if (rv == KV_OK)
-        rv = seal_push(w, w->number, w->seg_max);
+        rv = seal_push(w, w->number, w->seg_max, w->off);
     if (rv == KV_OK) {
         w->fd = fd;
         w->number = number;
@@ -425,12 +436,18 @@ void lsm_wal_release(lsm_wal *w, uint64_t flushed_seq)
             int e = lsm_vol_unlink(w->v, name);
             if (e < 0 && e != -ENOENT)
                 KV_WARN(LSM_LOG, "delete WAL %s/%s: %s", w->v->dir, name, strerror(-e));
+            atomic_fetch_sub(&w->live, w->sealed[i].bytes);
             continue;
         }
         w->sealed[keep++] = w->sealed[i];
     }
     w->nsealed = keep;
     pthread_mutex_unlock(&w->mu);
+}
+
+uint64_t lsm_wal_live(lsm_wal *w)
+{
+    return atomic_load_explicit(&w->live, memory_order_relaxed);
 }
 
 void lsm_wal_counters(lsm_wal *w, uint64_t *bytes, uint64_t *fsyncs, uint64_t *segments)

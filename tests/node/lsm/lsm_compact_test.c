@@ -186,19 +186,11 @@ Test(fd_stop, without_the_stop_the_same_writes_overfill_the_fast_volume)
 
 /* ---- room on the fast device (compact.c, lsm_fd_room) ---- */
 
-/* Bytes the regular files of dir hold. */
+/* Bytes the regular files of dir take on the emulated device (their sizes
+ * and the room set aside past their ends). */
 static uint64_t dir_usage(const char *dir)
 {
-    DIR *d = opendir(dir);
-    cr_assert_not_null(d, "%s", dir);
-    uint64_t sum = 0;
-    struct dirent *e;
-    struct stat st;
-    while ((e = readdir(d)) != NULL)
-        if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
-            sum += (uint64_t)st.st_size;
-    closedir(d);
-    return sum;
+    return lsm_fault_dir_bytes(dir);
 }
 
 /* Plain tiering, no compression, 40 flushes of 100 keys compacted by hand
@@ -255,6 +247,75 @@ Test(fd_space, a_fast_device_without_room_for_the_l0_job_does_not_wedge, .timeou
     for (int id = 0; id < 100 * 100; id += 7)
         get_id(&t, id, NULL, NULL);
     lsm_fault_space(NULL, 0);
+    lt_db_close(&t);
+}
+
+/* A fast device too small for fast_mb beside the WAL: the fast levels are
+ * sized to half of what the device leaves after the WAL (db.c, fit_fast),
+ * not to fast_mb; a device with room changes nothing. */
+Test(fd_space, the_fast_levels_fit_a_device_smaller_than_fast_mb)
+{
+    tdb t;
+    lt_db_init(&t, "fdfit");
+    t.o.fast_mb = 64;
+    t.o.wal_max_bytes = 2u << 20;
+    lsm_fault_space(t.fd, 10u << 20); /* 10 MiB: 4 MiB for the levels */
+    lt_db_start(&t);
+    lsm_stats s = stats_of(&t);
+    cr_assert_eq(s.levels[1].target_bytes, (4u << 20) / 12, "L1's target: %llu",
+                 (unsigned long long)s.levels[1].target_bytes);
+    cr_assert_eq(s.levels[2].volume, LSM_TIER_FD);
+    cr_assert_eq(s.levels[3].volume, LSM_TIER_SD);
+    lsm_close(t.db);
+    lsm_fault_space(t.fd, 1ull << 40); /* room: fast_mb stands */
+    lt_db_start(&t);
+    s = stats_of(&t);
+    cr_assert_eq(s.levels[1].target_bytes, (64u << 20) / 12);
+    lsm_fault_space(NULL, 0);
+    lt_db_close(&t);
+}
+
+/* A fast device filled to its last byte (here by a file of another owner;
+ * in the 2M load of bench/tier/README.md by the WAL) while L2 sits on it: a
+ * compaction of L2 into SD writes nothing to FD, but it must record its
+ * edit in the MANIFEST, on FD. That append used to fail with ENOSPC, so
+ * the push-down that would have freed the room never installed and the
+ * store stayed full. The MANIFEST now keeps room allocated past its end
+ * (taken while the device had some) for its edits. */
+Test(fd_space, a_full_fast_device_still_records_a_push_down, .timeout = 60)
+{
+    tdb t;
+    lt_db_init(&t, "fdfull");
+    fill_l2(&t);
+    lsm_stats s = stats_of(&t);
+    cr_assert_gt(s.levels[2].bytes, 700u << 10);
+    uint64_t cap = dir_usage(t.fd) + (64u << 10);
+    lsm_fault_space(t.fd, cap);
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/filler", t.fd);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    static char filler[64u << 10];
+    cr_assert_eq(fwrite(filler, 1, sizeof(filler), f), sizeof(filler));
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_geq(dir_usage(t.fd), cap, "the device is full");
+
+    kv_err rv = lsm_compact_level(t.db, 2);
+    cr_assert_eq(rv, KV_OK, "push-down of L2 on a full device: %s", kv_strerror(rv));
+    cr_assert_eq(lsm_fault_space_hits(), 0, "%llu writes hit the device's limit",
+                 (unsigned long long)lsm_fault_space_hits());
+    s = stats_of(&t);
+    cr_assert_eq(s.levels[2].files, 0, "L2 still holds %llu files",
+                 (unsigned long long)s.levels[2].files);
+    cr_assert_gt(s.levels[3].bytes, 700u << 10, "L3 (SD) holds %llu bytes",
+                 (unsigned long long)s.levels[3].bytes);
+    cr_assert_lt(dir_usage(t.fd), cap - (600u << 10), "the push-down freed no room");
+    lsm_fault_space(NULL, 0);
+    lsm_close(t.db); /* the MANIFEST holds the edit: every key is found after a reopen */
+    lt_db_start(&t);
+    cr_assert_eq(stats_of(&t).levels[2].files, 0);
+    for (int id = 0; id < 40 * 100; id += 3)
+        cr_assert_eq(get_id(&t, id, NULL, NULL), LSM_TIER_SD, "key %d", id);
     lt_db_close(&t);
 }
 

@@ -24,6 +24,7 @@ typedef struct tdb {
 
 static inline void lt_db_init(tdb *t, const char *tag)
 {
+    t->seq = 0;
     t->dir = lt_mkdtemp(tag);
     cr_assert(t->dir, "scratch directory for %s", tag);
     snprintf(t->fd, sizeof(t->fd), "%s/fd", t->dir);
