@@ -731,7 +731,7 @@ static kv_err write_run(engine *e, const engine_write *w, engine_result *out, bo
     if (rv != KV_OK)
         return rv;
     if (atomic_load(&e->dirty_bytes) >= e->write_buffer ||
-        atomic_load(&e->mem_bytes) > e->mem_limit || e->st->wal_bytes(e->db) >= e->wal_limit / 2)
+        atomic_load(&e->mem_bytes) > e->mem_limit || engine_wal_due(e))
         engine_bg_kick(e);
     *out = r;
     return KV_OK;

@@ -62,8 +62,9 @@ typedef struct engine_opts {
     size_t write_buffer_kb; /* finer setting for tests; wins when non-zero */
     /* The most bytes the WAL may hold on FD (kvnode --wal-max-mb; 0 = 4 x the
      * write buffer). Overwrites of the same keys grow the WAL while the dirty
-     * bytes stay small: at half of it the whole memory tier is flushed (so
-     * every sealed segment can go), at all of it writers wait for that flush
+     * bytes stay small: past half of it, and two write buffers past the
+     * dirty bytes, every dirty record is flushed (so every sealed segment
+     * can go); at all of it writers wait for that flush
      * as they do at twice the write buffer. The LSM keeps what the WAL may
      * still grow free on FD (lsm_opts.wal_max_bytes). */
     uint64_t wal_max_mb;

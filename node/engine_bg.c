@@ -302,18 +302,22 @@ static void evict(engine *e)
 
 /* ---- the background thread --------------------------------------------- */
 
-/* The WAL at half its limit: overwrites grew it past what the dirty bytes
- * show, and only a flush of every dirty record lets all its sealed segments
- * go (a cut flush covers the oldest write buffer of them). */
-static bool wal_due(engine *e)
+/* The WAL at half its limit and two write buffers past the dirty bytes:
+ * overwrites grew it (a record overwritten in memory stays in the WAL), and
+ * only a flush of every dirty record lets all its sealed segments go (a cut
+ * flush covers the oldest write buffer of them). Under inserts the WAL is
+ * the dirty bytes plus about a segment not yet covered, and flushes stay
+ * cut to the write buffer. */
+bool engine_wal_due(engine *e)
 {
-    return e->st->wal_bytes(e->db) >= e->wal_limit / 2;
+    uint64_t wal = e->st->wal_bytes(e->db);
+    return wal >= e->wal_limit / 2 && wal >= atomic_load(&e->dirty_bytes) + 2 * e->write_buffer;
 }
 
 static bool needs_flush(engine *e)
 {
     return atomic_load(&e->dirty_bytes) >= e->write_buffer || e->flush_req > e->flush_done ||
-           wal_due(e);
+           engine_wal_due(e);
 }
 
 bool engine_full(engine *e)
@@ -345,8 +349,8 @@ static void *bg_main(void *arg)
             continue;
         }
         uint64_t req = e->flush_req;
-        bool wal = wal_due(e), flush = needs_flush(e), forced = req > e->flush_done || wal;
-        if (flush && wal && atomic_load(&e->dirty_bytes) < e->write_buffer)
+        bool wal = engine_wal_due(e), flush = needs_flush(e), forced = req > e->flush_done || wal;
+        if (flush && wal) /* overwrites (engine_wal_due) */
             atomic_fetch_add_explicit(&e->wal_flushes, 1, memory_order_relaxed);
         pthread_mutex_unlock(&e->bg_mu);
         kv_err rv = flush ? flush_now(e, forced) : KV_OK;

@@ -163,6 +163,9 @@ kv_err engine_nhc_start(engine *e);
 void engine_nhc_stop(engine *e);
 void engine_nhc_destroy(engine *e);
 bool engine_nhc_admit_sd(engine *e);
+/* True when the WAL's size calls for a flush of every dirty record
+ * (engine_bg.c). */
+bool engine_wal_due(engine *e);
 /* True while writers must wait for a flush: the dirty bytes at twice the
  * write buffer, or the WAL at wal_limit. */
 bool engine_full(engine *e);

@@ -167,7 +167,7 @@ int main(int argc, char **argv)
         {"write-buffer-kb", KV_OPT_INT, &n.cfg.write_buffer_kb,
          "the same in KiB (tests); wins when set", NULL, 0, 1 << 30},
         {"wal-max-mb", KV_OPT_INT, &n.cfg.wal_max_mb,
-         "most bytes the WAL may hold on the fast volume, MiB (a flush at half; 0 = 4 x "
+         "most bytes the WAL may hold on the fast volume, MiB (writers wait there; 0 = 4 x "
          "--write-buffer-mb)",
          NULL, 0, 1 << 20},
         {"hot-threshold", KV_OPT_DOUBLE, &n.cfg.hot_threshold,
