@@ -307,10 +307,13 @@ static void evict(engine *e)
  * only a flush of every dirty record lets all its sealed segments go (a cut
  * flush covers the oldest write buffer of them). Under inserts the WAL is
  * the dirty bytes plus about a segment not yet covered, and flushes stay
- * cut to the write buffer. */
+ * cut to the write buffer. At the limit always: writers wait there, also
+ * when --wal-max-mb is set below the write buffer. */
 bool engine_wal_due(engine *e)
 {
     uint64_t wal = e->st->wal_bytes(e->db);
+    if (wal >= e->wal_limit) /* writers wait (engine_full): a flush must come */
+        return true;
     return wal >= e->wal_limit / 2 && wal >= atomic_load(&e->dirty_bytes) + 2 * e->write_buffer;
 }
 

@@ -602,13 +602,16 @@ kv_err lsm_manifest_append(lsm_manifest *m, const lsm_edit *e)
     if (rv == KV_OK) {
         m->off += frame.len;
         man_reserve(m);
-    } else if (lsm_vol_truncate(m->v, m->fd, m->off) != KV_OK) {
-        /* a torn edit would stay before the next one: never append again */
-        KV_ERROR(LSM_LOG,
-                 "%s/MANIFEST-%06" PRIu64 ": cannot cut a failed append off at %" PRIu64
-                 "; a new MANIFEST is needed",
-                 m->v->dir, m->number, m->off);
-        m->broken = true;
+    } else {
+        m->reserved = m->off; /* the cut drops the room set aside past it */
+        if (lsm_vol_truncate(m->v, m->fd, m->off) != KV_OK) {
+            /* a torn edit would stay before the next one: never append again */
+            KV_ERROR(LSM_LOG,
+                     "%s/MANIFEST-%06" PRIu64 ": cannot cut a failed append off at %" PRIu64
+                     "; a new MANIFEST is needed",
+                     m->v->dir, m->number, m->off);
+            m->broken = true;
+        }
     }
     lsm_buf_free(&payload);
     lsm_buf_free(&frame);

@@ -632,6 +632,41 @@ Test(engine, overwrites_keep_the_wal_within_its_limit, .timeout = 120)
     cr_assert_eq(system(cmd), 0);
 }
 
+/* --wal-max-mb below the write buffer: writers wait at the WAL's limit
+ * before the dirty bytes call for a flush, so the limit itself must set
+ * one off (it did not: every write after the first 256 KiB waited and
+ * failed with RESOURCE_EXHAUSTED). Distinct keys, both stores. */
+Test(engine, a_wal_limit_under_the_write_buffer_still_flushes, .timeout = 120)
+{
+    char dir[] = "/tmp/hotkv-engine-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    engine_thread_register();
+    engine_opts o = {.fast_dir = dir, .mem_mb = 8, .write_buffer_kb = 4096, .wal_max_kb = 256};
+    tk_engine_opts(&o);
+    engine *e = NULL;
+    char err[256], key[16], val[1000];
+    memset(val, 'q', sizeof(val));
+    cr_assert_eq(engine_open(&e, &o, err, sizeof(err)), KV_OK, "%s", err);
+    engine_result r;
+    engine_stats es;
+    uint64_t most = 0;
+    for (int k = 0; k < 2000; k++) {
+        int kn = snprintf(key, sizeof(key), "d%05d", k);
+        engine_write w = {.key = key, .klen = (size_t)kn, .val = val, .vlen = sizeof(val)};
+        cr_assert_eq(engine_write_one(e, &w, &r, err, sizeof(err)), KV_OK, "write %d: %s", k, err);
+        engine_get_stats(e, &es);
+        most = es.wal_bytes > most ? es.wal_bytes : most;
+    }
+    cr_assert_leq(most, es.wal_limit + 2 * sizeof(val), "the WAL reached %llu bytes",
+                  (unsigned long long)most);
+    cr_assert_gt(es.flushes, 0);
+    engine_close(e);
+    engine_thread_unregister();
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* A numeric nhc.* stat of e (node_engine_nhc_stats), -1 when missing. */
 static double nhc_stat(engine *e, const char *name)
 {
