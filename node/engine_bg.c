@@ -317,10 +317,10 @@ bool engine_wal_due(engine *e)
     return wal >= e->wal_limit / 2 && wal >= atomic_load(&e->dirty_bytes) + 2 * e->write_buffer;
 }
 
-static bool needs_flush(engine *e)
+/* wal: engine_wal_due(e), which the caller has at hand */
+static bool needs_flush(engine *e, bool wal)
 {
-    return atomic_load(&e->dirty_bytes) >= e->write_buffer || e->flush_req > e->flush_done ||
-           engine_wal_due(e);
+    return wal || atomic_load(&e->dirty_bytes) >= e->write_buffer || e->flush_req > e->flush_done;
 }
 
 bool engine_full(engine *e)
@@ -347,13 +347,14 @@ static void *bg_main(void *arg)
     hr_thread_register();
     pthread_mutex_lock(&e->bg_mu);
     while (!e->stop) {
-        if (!needs_flush(e) && atomic_load(&e->mem_bytes) <= e->mem_limit / 10 * 9) {
+        bool wal = engine_wal_due(e), flush = needs_flush(e, wal);
+        if (!flush && atomic_load(&e->mem_bytes) <= e->mem_limit / 10 * 9) {
             bg_wait(e, 1000000000u);
             continue;
         }
         uint64_t req = e->flush_req;
-        bool wal = engine_wal_due(e), flush = needs_flush(e), forced = req > e->flush_done || wal;
-        if (flush && wal) /* overwrites (engine_wal_due) */
+        bool forced = req > e->flush_done || wal;
+        if (wal) /* overwrites (engine_wal_due) */
             atomic_fetch_add_explicit(&e->wal_flushes, 1, memory_order_relaxed);
         pthread_mutex_unlock(&e->bg_mu);
         kv_err rv = flush ? flush_now(e, forced) : KV_OK;

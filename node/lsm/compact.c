@@ -294,12 +294,6 @@ static uint64_t fd_reserve(lsm_db *db)
     return 2 * (f > db->space_wanted ? f : db->space_wanted) + lsm_wal_headroom(db);
 }
 
-uint64_t lsm_wal_headroom(lsm_db *db)
-{
-    uint64_t live = lsm_wal_live(db->wal), max = db->o.wal_max_bytes;
-    return max > live ? max - live : 0;
-}
-
 uint64_t lsm_fd_room(lsm_db *db)
 {
     if (!db->has_sd)

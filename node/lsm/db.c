@@ -542,6 +542,12 @@ uint64_t lsm_wal_live_bytes(lsm_db *db)
     return lsm_wal_live(db->wal);
 }
 
+uint64_t lsm_wal_headroom(lsm_db *db)
+{
+    uint64_t live = lsm_wal_live(db->wal), max = db->o.wal_max_bytes;
+    return max > live ? max - live : 0;
+}
+
 kv_err lsm_wal_sync(lsm_db *db)
 {
     return lsm_wal_sync_all(db->wal);

@@ -140,28 +140,18 @@ static bool space_matches(const char *dir)
     return atomic_load(&space_armed) && dir && strstr(dir, space_path) != NULL;
 }
 
-bool lsm_fault_space_free(const char *dir, uint64_t *free)
+bool lsm_fault_space_of(const char *dir, uint64_t *cap, uint64_t *free)
 {
     if (!atomic_load_explicit(&space_armed, memory_order_acquire))
         return false;
     pthread_mutex_lock(&space_mu);
     bool m = space_matches(dir);
+    if (m && cap)
+        *cap = space_cap;
     if (m && free) {
         uint64_t used = lsm_fault_dir_bytes(dir);
         *free = used < space_cap ? space_cap - used : 0;
     }
-    pthread_mutex_unlock(&space_mu);
-    return m;
-}
-
-bool lsm_fault_space_cap(const char *dir, uint64_t *cap)
-{
-    if (!atomic_load_explicit(&space_armed, memory_order_acquire))
-        return false;
-    pthread_mutex_lock(&space_mu);
-    bool m = space_matches(dir);
-    if (m)
-        *cap = space_cap;
     pthread_mutex_unlock(&space_mu);
     return m;
 }

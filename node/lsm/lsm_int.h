@@ -196,11 +196,9 @@ uint64_t lsm_fault_space_hits(void);
 /* The bytes dir's regular files take on the emulated device: their sizes
  * and what lsm_vol_reserve set aside past their ends. */
 uint64_t lsm_fault_dir_bytes(const char *dir);
-/* For volume.c: whether dir is the emulated device; then *free (may be
- * NULL) is its room. */
-bool lsm_fault_space_free(const char *dir, uint64_t *free);
-/* For volume.c: whether dir is the emulated device; then *cap is its size. */
-bool lsm_fault_space_cap(const char *dir, uint64_t *cap);
+/* For volume.c: whether dir is the emulated device; then *cap is its size
+ * and *free its room (either may be NULL). */
+bool lsm_fault_space_of(const char *dir, uint64_t *cap, uint64_t *free);
 /* For volume.c: 0, or -ENOSPC when a write of len bytes at off to fd, a file of
  * dir, would grow the emulated device past its capacity; count: a write
  * (lsm_fault_space_hits), not an attempt to set room aside. */
@@ -321,7 +319,7 @@ void lsm_sst_builder_abort(lsm_sst_builder *b);
 typedef struct lsm_wal lsm_wal;
 typedef struct lsm_wal_seg {
     uint64_t number, max_seq;
-    uint64_t bytes; /* the segment's size (lsm_wal_open stats recovered ones) */
+    uint64_t bytes; /* the segment's size (lsm_wal_recover: as replayed) */
 } lsm_wal_seg;
 
 /* Replays every *.wal segment of v in number order, calling fn for records

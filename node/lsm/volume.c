@@ -323,26 +323,26 @@ kv_err lsm_vol_reserve(lsm_vol *v, int fd, uint64_t off, uint64_t len)
     return f < 0 ? lsm_errno(f) : KV_OK;
 }
 
-uint64_t lsm_vol_free_bytes(const lsm_vol *v)
+/* The filesystem's free (unprivileged) or total bytes; UINT64_MAX when
+ * unknown. */
+static uint64_t vol_statvfs(const lsm_vol *v, bool total)
 {
-    uint64_t free;
-    if (lsm_fault_space_free(v->dir, &free))
-        return free;
     struct statvfs s;
     if (v->dirfd < 0 || fstatvfs(v->dirfd, &s) != 0)
         return UINT64_MAX;
-    return (uint64_t)s.f_bavail * (uint64_t)s.f_frsize;
+    return (uint64_t)(total ? s.f_blocks : s.f_bavail) * (uint64_t)s.f_frsize;
+}
+
+uint64_t lsm_vol_free_bytes(const lsm_vol *v)
+{
+    uint64_t free;
+    return lsm_fault_space_of(v->dir, NULL, &free) ? free : vol_statvfs(v, false);
 }
 
 uint64_t lsm_vol_total_bytes(const lsm_vol *v)
 {
     uint64_t cap;
-    if (lsm_fault_space_cap(v->dir, &cap))
-        return cap;
-    struct statvfs s;
-    if (v->dirfd < 0 || fstatvfs(v->dirfd, &s) != 0)
-        return UINT64_MAX;
-    return (uint64_t)s.f_blocks * (uint64_t)s.f_frsize;
+    return lsm_fault_space_of(v->dir, &cap, NULL) ? cap : vol_statvfs(v, true);
 }
 
 void lsm_vol_counters(const lsm_vol *v, lsm_vol_stats *o)

@@ -297,13 +297,8 @@ kv_err lsm_wal_open(lsm_wal **out, lsm_vol *v, const lsm_opts *o, uint64_t numbe
     w->number = number;
     w->sealed = segs;
     w->nsealed = w->capsealed = nsegs;
-    for (size_t i = 0; i < nsegs; i++) {
-        char name[64];
-        struct stat st;
-        seg_name(name, sizeof(name), segs[i].number);
-        segs[i].bytes = fstatat(v->dirfd, name, &st, 0) == 0 ? (uint64_t)st.st_size : 0;
+    for (size_t i = 0; i < nsegs; i++)
         atomic_fetch_add(&w->live, segs[i].bytes);
-    }
     w->sealed_unsynced = nsegs > 0; /* replayed: maybe written by a process that never synced */
     *out = w;
     return KV_OK;
@@ -596,7 +591,8 @@ typedef struct seg_scan {
     uint64_t number;
     bool later_data; /* a later segment holds bytes */
     uint64_t seg_max;
-    bool cut; /* truncated at a bad frame: later segments are dropped */
+    uint64_t bytes; /* the segment's size once scanned (cut included) */
+    bool cut;       /* truncated at a bad frame: later segments are dropped */
 } seg_scan;
 
 /* A bad frame at off of a segment of size bytes: a torn tail is cut in
@@ -665,6 +661,7 @@ static kv_err replay_seg(replay_ctx *c, lsm_vol *v, seg_scan *sc)
             break;
         off += LSM_FRAME_HDR + len;
     }
+    sc->bytes = off;      /* the whole file, or where it was cut */
     if (r.err != KV_OK) { /* an I/O error is no reason to cut the log */
         KV_ERROR(LSM_LOG, "WAL %s/%s: read at offset %" PRIu64 " failed: %s", v->dir, name, off,
                  kv_strerror(r.err));
@@ -760,7 +757,7 @@ kv_err lsm_wal_recover(lsm_vol *v, const lsm_opts *o, uint64_t flushed_seq, lsm_
         rv = replay_seg(&c, v, &sc);
         cut = sc.cut;
         if (rv == KV_OK)
-            out[kept++] = (lsm_wal_seg){nums[i], sc.seg_max};
+            out[kept++] = (lsm_wal_seg){nums[i], sc.seg_max, sc.bytes};
     }
     free(later);
     if (rv != KV_OK) {
