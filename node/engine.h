@@ -74,7 +74,8 @@ typedef struct engine_opts {
     uint64_t index_buckets;   /* initial HotRing buckets (0 = from mem_mb) */
     double index_rehash_cost; /* HotRing rehash trigger: items visited per access (0 = 8) */
     bool disable_io_uring;
-    bool no_hotrap; /* plain tiering: no read-hot retention/promotion (HotRAP) */
+    bool no_hotrap;     /* plain tiering: no read-hot retention/promotion (HotRAP) */
+    bool no_promo_gate; /* HotRAP without its promotion gate (benchmarks) */
     /* SST block compression per level or volume (lsm_compression_parse:
      * "auto" = lz4 on the slow volume's levels, none on the fast one's; kvnode
      * --compression). NULL = auto. */

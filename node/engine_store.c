@@ -45,6 +45,7 @@ static kv_err lsm_store_open(engine *e, lsm_replay_fn fn, char *err, size_t errl
     lo.sync_ms = e->o.sync_ms ? e->o.sync_ms : 5;
     lo.disable_io_uring = e->o.disable_io_uring;
     lo.hotrap = !e->o.no_hotrap;
+    lo.no_promo_gate = e->o.no_promo_gate;
     char cerr[256];
     if (lsm_compression_parse(e->o.compression, &lo.compression, cerr, sizeof(cerr)) != KV_OK) {
         snprintf(err, errlen, "--compression: %s", cerr);

@@ -237,6 +237,14 @@ void node_engine_store_stats(engine *e, kv_stats *l)
     kv_stat_counter(l, "hotrap.promo_drop_newer", NULL, NULL, NULL, s.promo_drop_newer);
     kv_stat_counter(l, "hotrap.promo_drop_on_fd", NULL, NULL, NULL, s.promo_drop_on_fd);
     kv_stat_counter(l, "hotrap.promo_drop_full", NULL, NULL, NULL, s.promo_drop_full);
+    kv_stat_counter(l, "hotrap.promo_drop_gated", "hotkv_node_hotrap_promotions_gated_total", NULL,
+                    "Hot keys not promoted because hot keys are read little more often than "
+                    "chance (the read lift) and theirs scored under the bar.",
+                    s.promo_drop_gated);
+    kv_stat_gaugef(l, "hotrap.read_lift", 2, "hotkv_node_hotrap_read_lift", NULL,
+                   "How many times more often than chance reads find their key hot; 0 until "
+                   "measured.",
+                   s.promo_lift, 1);
     kv_stat_gauge(l, "hotrap.ralt_stable", "hotkv_node_hotrap_ralt_stable", NULL,
                   "Keys RALT considers stably hot.", s.ralt_stable);
     kv_stat_gauge(l, "hotrap.ralt_hot_bytes", "hotkv_node_hotrap_hot_bytes", NULL,

@@ -11,7 +11,8 @@
  * (engine_opts.no_hotrap: retention and promotion on / off). promoted and
  * retained are the LSM's records installed on FD by the promotion buffer
  * and kept on FD by compactions into SD (hotrap.promoted_records,
- * hotrap.retained_records; both stay 0 with HotRAP off).
+ * hotrap.retained_records; both stay 0 with HotRAP off). "hotkv-nogate" is
+ * HotRAP without its promotion gate (engine_opts.no_promo_gate; promote.c).
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -35,8 +36,8 @@ typedef struct hk {
     char fd_state[256];      /* JSON members: FD bytes and flush stalls, likewise */
 } hk;
 
-static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax, char *err,
-                           size_t errlen)
+static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool gate, bool kallax,
+                           char *err, size_t errlen)
 {
     hk *k = calloc(1, sizeof(*k));
     if (!k)
@@ -59,6 +60,7 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax,
     eo.sync_ms = (unsigned)o->sync_ms;
     k->hotrap = hotrap;
     eo.no_hotrap = !hotrap;
+    eo.no_promo_gate = !gate;
     eo.compression = o->compression;
     nhc_opts no;
     nhc_opts_default(&no);
@@ -79,17 +81,22 @@ static kv_err hk_open_mode(const tb_opts *o, void **h, bool hotrap, bool kallax,
 
 static kv_err hk_open(const tb_opts *o, void **h, char *err, size_t errlen)
 {
-    return hk_open_mode(o, h, true, false, err, errlen);
+    return hk_open_mode(o, h, true, true, false, err, errlen);
+}
+
+static kv_err hk_open_nogate(const tb_opts *o, void **h, char *err, size_t errlen)
+{
+    return hk_open_mode(o, h, true, false, false, err, errlen);
 }
 
 static kv_err hk_open_nohotrap(const tb_opts *o, void **h, char *err, size_t errlen)
 {
-    return hk_open_mode(o, h, false, false, err, errlen);
+    return hk_open_mode(o, h, false, true, false, err, errlen);
 }
 
 static kv_err hk_open_kallax(const tb_opts *o, void **h, char *err, size_t errlen)
 {
-    return hk_open_mode(o, h, false, true, err, errlen);
+    return hk_open_mode(o, h, false, true, true, err, errlen);
 }
 
 /* The per-level layout and compaction stats (lsm.L*) to stderr, to set
@@ -195,11 +202,12 @@ static void hk_levels(hk *k, const rpc_statlist *l, tb_stats *out)
 /* Keeps HotRAP's own state at the last stats call, for the result line. */
 static void hk_hotrap(hk *k, const rpc_statlist *l)
 {
-    static const char *const names[] = {
-        "promo_dropped",    "promo_drop_dup",  "promo_drop_cold", "promo_drop_newer",
-        "promo_drop_on_fd", "promo_drop_full", "checker_backlog", "ralt_entries",
-        "ralt_stable",      "ralt_hot_bytes",  "hot_set_limit",   "ralt_file_bytes",
-        "ralt_mem_bytes",   "ralt_errors",     "twins_dropped",   "twin_jobs"};
+    static const char *const names[] = {"promo_dropped",    "promo_drop_dup",   "promo_drop_cold",
+                                        "promo_drop_newer", "promo_drop_on_fd", "promo_drop_full",
+                                        "promo_drop_gated", "read_lift",        "checker_backlog",
+                                        "ralt_entries",     "ralt_stable",      "ralt_hot_bytes",
+                                        "hot_set_limit",    "ralt_file_bytes",  "ralt_mem_bytes",
+                                        "ralt_errors",      "twins_dropped",    "twin_jobs"};
     size_t off = 0;
     k->hotrap_state[0] = '\0';
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -328,4 +336,9 @@ const tb_engine tb_hotkv_kallax_engine = {
 const tb_engine tb_hotkv_nohotrap_engine = {
     "hotkv-nohotrap", hk_open_nohotrap, hk_close, hk_thread_begin, hk_thread_end, hk_noop,
     hk_noop,          hk_put,           hk_get,   hk_stats,        hk_settled,    hk_json_extra,
+};
+
+const tb_engine tb_hotkv_nogate_engine = {
+    "hotkv-nogate", hk_open_nogate, hk_close, hk_thread_begin, hk_thread_end, hk_noop,
+    hk_noop,        hk_put,         hk_get,   hk_stats,        hk_settled,    hk_json_extra,
 };

@@ -26,7 +26,7 @@
 
 static const tb_engine *const engines[] = {
     &tb_hotkv_engine,           &tb_hotkv_nohotrap_engine, &tb_kallax_engine,
-    &tb_hotkv_kallax_engine,
+    &tb_hotkv_kallax_engine,    &tb_hotkv_nogate_engine,
 #ifdef KV_TIER_HAVE_ROCKSDB
     &tb_rocksdb_tiering_engine, &tb_rocksdb_fd_engine,     &tb_rocksdb_sd_engine,
 #endif
@@ -103,11 +103,11 @@ static kv_err check_opts(tb_opts *o, const tb_engine **eng, char *err, size_t er
         if (!strcmp(engines[i]->name, o->engine_name))
             *eng = engines[i];
     if (!*eng) {
-        snprintf(
-            err, errlen,
-            "--engine: '%s' is not hotkv, hotkv-nohotrap, hotkv-kallax, kallax, rocksdb-tiering, "
-            "rocksdb-fd or rocksdb-sd (or this build has no RocksDB)",
-            o->engine_name);
+        snprintf(err, errlen,
+                 "--engine: '%s' is not hotkv, hotkv-nohotrap, hotkv-nogate, hotkv-kallax, kallax, "
+                 "rocksdb-tiering, "
+                 "rocksdb-fd or rocksdb-sd (or this build has no RocksDB)",
+                 o->engine_name);
         return KV_INVALID_ARGUMENT;
     }
     bool one_volume = !strcmp(o->engine_name, "rocksdb-fd") || !strcmp(o->engine_name, "kallax") ||
@@ -174,7 +174,8 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
 {
     const kv_opt table[] = {
         {"engine", KV_OPT_STR, &o->engine_name,
-         "hotkv|hotkv-nohotrap|hotkv-kallax|kallax|rocksdb-tiering|rocksdb-fd|rocksdb-sd"},
+         "hotkv|hotkv-nohotrap|hotkv-nogate|hotkv-kallax|kallax|rocksdb-tiering|rocksdb-fd|"
+         "rocksdb-sd"},
         {"kallax-blocks", KV_OPT_INT, &o->kallax_blocks,
          "kallax: home blocks of the store (0 = four times the loaded bytes)", NULL, 0, 1L << 40},
         {"fast-dir", KV_OPT_STR, &o->fast_dir, "fast volume directory (FD)"},

@@ -101,7 +101,7 @@ typedef struct tb_engine {
     void (*json_extra)(void *h, char *buf, size_t len);
 } tb_engine;
 
-extern const tb_engine tb_hotkv_engine, tb_hotkv_nohotrap_engine;
+extern const tb_engine tb_hotkv_engine, tb_hotkv_nohotrap_engine, tb_hotkv_nogate_engine;
 extern const tb_engine tb_rocksdb_tiering_engine, tb_rocksdb_fd_engine, tb_rocksdb_sd_engine;
 extern const tb_engine tb_kallax_engine, tb_hotkv_kallax_engine;
 

@@ -458,13 +458,15 @@ static bool may_exist_above(const cjob *j, const lsm_rec *r)
 }
 
 /* HotRAP promotion by compaction inside SD: a hot record that no upper
- * level may shadow is offered to the promotion buffer, whose checker drops
+ * level may shadow and that passes the gate (promote.c) is offered to the
+ * promotion buffer, whose checker drops
  * it if a newer write appeared since the job's version (promote.c). */
 static void promote_from_sd(lsm_db *db, const cjob *j, const lsm_rec *r)
 {
     if (!db->promo || db->o.route || j->from <= db->last_fd || r->type != LSM_PUT)
         return;
-    if (ralt_is_hot(db->ralt, r->key, r->klen) && !may_exist_above(j, r))
+    if (ralt_is_hot(db->ralt, r->key, r->klen) && !may_exist_above(j, r) &&
+        lsm_promo_gate(db, r->key, r->klen))
         lsm_promo_add(db, r, j->fread);
 }
 

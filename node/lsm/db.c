@@ -968,8 +968,10 @@ static void publish(lsm_db *db, lookup *lk, lsm_rec *outs, lsm_tier *served, kv_
         if (served)
             served[k] = lk->tier[k];
         atomic_fetch_add(lk->tier[k] == LSM_TIER_SD ? &db->reads_sd : &db->reads_fd, 1);
-        if (db->ralt && outs[k].type == LSM_PUT)
+        if (db->ralt && outs[k].type == LSM_PUT) {
+            lsm_promo_note_read(db, outs[k].key, outs[k].klen); /* before RALT hears of it */
             ralt_access(db->ralt, outs[k].key, outs[k].klen, outs[k].vlen);
+        }
         bool sd = lk->tier[k] == LSM_TIER_SD;
         if (sd && admit && !lk->routed[k])
             lsm_promo_add(db, &outs[k], fread);

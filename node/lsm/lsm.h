@@ -191,9 +191,10 @@ typedef struct lsm_opts {
      * retention/promotion in compaction, the promotion buffer. Default on;
      * off = plain tiering. */
     bool hotrap;
-    uint64_t hot_set_mb;        /* hot-set size limit, 0 = 0.85 x last FD level target */
-    uint64_t promo_buf_kb;      /* promotion buffer, 0 = 64 MiB x fast_mb / 1024 (>= 1 MiB) */
-    lsm_newer_fn newer;         /* memory-tier check for promotion, may be NULL */
+    bool no_promo_gate;    /* HotRAP promotes every hot key whatever the read lift (promote.c) */
+    uint64_t hot_set_mb;   /* hot-set size limit, 0 = 0.85 x last FD level target */
+    uint64_t promo_buf_kb; /* promotion buffer, 0 = 64 MiB x fast_mb / 1024 (>= 1 MiB) */
+    lsm_newer_fn newer;    /* memory-tier check for promotion, may be NULL */
     lsm_thread_fn newer_thread; /* checker thread start/exit hook, may be NULL */
     void *newer_arg;
     /* NHC (Orthus non-hierarchical caching, node/nhc/nhc.h), effective with
@@ -439,6 +440,10 @@ typedef struct lsm_stats {
     uint64_t promo_drop_newer;              /* written since the read, or expired */
     uint64_t promo_drop_on_fd;              /* an FD level may hold the key (bloom) */
     uint64_t promo_drop_full;               /* buffer sealed while the checker was behind */
+    uint64_t promo_drop_gated;              /* hot, but held back by the gate (promote.c) */
+    /* How many times more often than chance a lookup reads a key RALT calls
+     * hot (promote.c's gate); 0 until measured. */
+    double promo_lift;
     uint64_t retained_recs, retained_bytes; /* kept on FD by compaction into SD */
     /* clean copies (LSM_F_TWIN) compaction into SD dropped instead of
      * writing them down, and its jobs that merged no SD file */

@@ -453,8 +453,15 @@ uint64_t ralt_hot_bytes(ralt *r, const void *lo, size_t lolen, const void *hi, s
  * several runs counts in each, the buffer not at all. */
 uint64_t ralt_hot_bytes_est(ralt *r, const void *lo, size_t lolen, const void *hi, size_t hilen);
 void ralt_set_hot_limit(ralt *r, uint64_t bytes);
-/* Decayed score of key as of now (sum over runs; tests). */
+/* Decayed score of key as of now (sum over runs; a block read per run). */
 double ralt_score(ralt *r, const void *key, size_t klen);
+/* True when one run holds key as stable, without folding the key's
+ * entries of several runs (a key stable only once folded is not). With
+ * ralt_stable_count it measures the same set: the keys stable in a run. */
+bool ralt_stable_in_run(ralt *r, const void *key, size_t klen);
+/* Entries stable in their run, summed over the runs (a key stable in two
+ * runs counts twice; the buffer is not counted). Cheap: no I/O. */
+uint64_t ralt_stable_count(ralt *r);
 void ralt_stats_get(ralt *r, ralt_stats *out);
 
 /* ---- twin map (twin.c) ---- */
@@ -610,6 +617,14 @@ void lsm_promo_mark(lsm_db *db, const lsm_rec *recs, size_t n);
 void lsm_promo_mark_flushed(lsm_db *db, const lsm_rec *recs, size_t n);
 /* Offers a record read from SD by a lookup that saw flushed seqno fread. */
 void lsm_promo_add(lsm_db *db, const lsm_rec *r, uint64_t fread);
+/* The promotion gate (promote.c). lsm_promo_note_read is called for every
+ * record a lookup reads from the levels, before RALT hears of the access: a
+ * sample of those reads measures how much more often than chance RALT's hot
+ * keys are read (the lift). lsm_promo_gate decides whether a key RALT calls
+ * hot may be promoted (by the promotion buffer or by a compaction inside
+ * SD); false counts the key as gated. Any thread. */
+void lsm_promo_note_read(lsm_db *db, const void *key, size_t klen);
+bool lsm_promo_gate(lsm_db *db, const void *key, size_t klen);
 /* Seals the mutable buffer, has the checker promote it whatever its size,
  * and waits until every sealed buffer is handled (tests). */
 void lsm_promo_sync(lsm_db *db);

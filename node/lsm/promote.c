@@ -29,7 +29,32 @@
  * the memtable's last writes never flush and their slots stay above every
  * fread.) Appended writes keep their own marks for the NHC twin map.
  *
- * Threads: any reader adds (mu); one checker thread; marks are atomics.
+ * The gate. RALT calls a key hot once it is read twice within about five
+ * FD sizes of reads; under uniform reads over a data set ten times FD that
+ * happens by chance to some 9% of the keys, and promoting them buys nothing
+ * (their next read is as likely as any other key's) while every promoted
+ * byte pushes an original out of full FD levels into SD, a merge with SD's
+ * files. So a sample of the lookups' reads (one in GATE_SAMPLE, taken
+ * before RALT hears of the read) measures the lift: the share of reads that
+ * find their key already hot, over the hot keys' share of the records (both
+ * count the keys stable within one RALT run, ralt_stable_in_run and
+ * ralt_stable_count, so that they measure the same set; the windows are
+ * pooled with a decay, so a young table's few hot keys weigh little). A
+ * lift near 1 means "hot" predicts nothing: the keys are read as if at
+ * random. Skewed loads give far more (the tests: 40-50 with 90% of the
+ * reads on 1% of the keys). While the lift is under GATE_HI or not yet
+ * measured, a hot key is promoted only if its RALT score (a decayed read
+ * count whose half-life is the hot-set limit's bytes of reads) reaches a
+ * bar that rises to GATE_SCORE as the lift falls to GATE_LO: a key read
+ * that often within a half-life is no chance under uniform reads, and a few
+ * truly hot keys inside a uniform load still qualify. The lift is measured
+ * from RALT's state, never from what was promoted, so a closed gate does
+ * not hide a hot set that appears (a moving hotspot: the new keys turn hot
+ * and are read, and the lift rises with them).
+ *
+ * Threads: any reader adds (mu); one checker thread; marks are atomics; the
+ * gate's counters are atomics and one reader at a time (gmu, try-locked)
+ * folds a window of samples into the lift.
  */
 #include <sys/prctl.h>
 #include <inttypes.h>
@@ -50,6 +75,14 @@
  * Without the bound, the last few hot keys left on SD (fewer than half an
  * SST of them, once the rest was promoted) waited forever. */
 #define MAX_RETURNS 4
+
+#define GATE_SAMPLE 8          /* one read in 8 is sampled */
+#define GATE_WINDOW 512        /* samples per lift estimate */
+#define GATE_LO 1.25           /* at or under it, the full score bar */
+#define GATE_HI 1.75           /* at or over it, no bar */
+#define GATE_SCORE 2.0         /* the full bar: RALT score, about reads per half-life */
+#define GATE_DECAY 0.75        /* per window: the lift follows the last few windows */
+#define GATE_MIN_EXPECTED 40.0 /* expected hot samples before the lift is used */
 
 typedef struct pent {
     lsm_rec r; /* deep copy */
@@ -75,9 +108,16 @@ struct lsm_promo {
     pthread_t thread;
     _Atomic uint64_t promoted, promoted_bytes, backlog;
     /* dropped candidates by reason (stats report their sum as promo_dropped) */
-    _Atomic uint64_t drop_dup, drop_cold, drop_newer, drop_on_fd, drop_full;
+    _Atomic uint64_t drop_dup, drop_cold, drop_newer, drop_on_fd, drop_full, drop_gated;
     _Atomic uint64_t marks[1u << MARK_BITS];  /* appended writes (NHC twin map) */
     _Atomic uint64_t fmarks[1u << MARK_BITS]; /* flushed writes (promotion) */
+    /* the gate: reads seen, samples taken, samples whose key was hot; the
+     * lift in thousandths (0: not measured), read without a lock */
+    _Atomic uint64_t gate_reads, gate_samples, gate_hot;
+    _Atomic uint64_t lift_milli;
+    pthread_mutex_t gmu;           /* the window below */
+    uint64_t win_samples, win_hot; /* counts where the current window began */
+    double obs, exp;               /* samples hot, samples expected hot; decayed */
 };
 
 static size_t mark_idx(const void *key, size_t klen)
@@ -173,6 +213,94 @@ void lsm_promo_add(lsm_db *db, const lsm_rec *r, uint64_t fread)
     pthread_mutex_unlock(&p->mu);
 }
 
+/* ---- the gate ---- */
+
+/* Records in the levels of the current version, promoted copies left out
+ * (a key overwritten in several levels counts in each: the share of hot
+ * keys comes out lower, the lift higher, the gate more open). */
+static uint64_t live_records(lsm_db *db)
+{
+    lsm_version *v = lsm_db_current(db);
+    uint64_t n = 0;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        for (size_t i = 0; i < v->nfiles[l]; i++)
+            n += v->files[l][i]->nentries > v->files[l][i]->ntwins
+                     ? v->files[l][i]->nentries - v->files[l][i]->ntwins
+                     : 0;
+    lsm_version_unref(v);
+    return n;
+}
+
+/* Folds the samples since the window began into the lift (gmu held). */
+static void gate_fold(lsm_db *db, lsm_promo *p)
+{
+    KV_ASSERT_LOCKED(&p->gmu);
+    uint64_t hot = atomic_load(&p->gate_hot), n = atomic_load(&p->gate_samples);
+    uint64_t dn = n - p->win_samples, dh = hot - p->win_hot;
+    if (dn < GATE_WINDOW / 2) /* another reader folded this window already */
+        return;
+    p->win_samples = n;
+    p->win_hot = hot;
+    uint64_t stable = ralt_stable_count(db->ralt), recs = live_records(db);
+    if (!recs)
+        return;
+    /* Samples hot (dh) against samples expected hot at the hot keys' share
+     * of the records, both decayed per window: a window with few hot keys
+     * (a young table) weighs little, and the estimate is trusted only once
+     * GATE_MIN_EXPECTED samples were expected hot. */
+    double share = stable >= recs ? 1.0 : (double)stable / (double)recs;
+    p->obs = p->obs * GATE_DECAY + (double)dh;
+    p->exp = p->exp * GATE_DECAY + (double)dn * share;
+    double milli = p->exp >= GATE_MIN_EXPECTED ? 1000.0 * p->obs / p->exp : 0;
+    atomic_store(&p->lift_milli, milli <= 0     ? 0
+                                 : milli < 1    ? 1
+                                 : milli > 1e12 ? (uint64_t)1e12
+                                                : (uint64_t)milli);
+}
+
+void lsm_promo_note_read(lsm_db *db, const void *key, size_t klen)
+{
+    lsm_promo *p = db->promo;
+    if (!p || !db->ralt || !key || !klen)
+        return;
+    if (atomic_fetch_add_explicit(&p->gate_reads, 1, memory_order_relaxed) % GATE_SAMPLE)
+        return;
+    if (ralt_stable_in_run(db->ralt, key, klen)) /* the set ralt_stable_count counts */
+        atomic_fetch_add(&p->gate_hot, 1);
+    uint64_t n = atomic_fetch_add(&p->gate_samples, 1) + 1;
+    if (n % GATE_WINDOW == 0 && pthread_mutex_trylock(&p->gmu) == 0) {
+        gate_fold(db, p);
+        pthread_mutex_unlock(&p->gmu);
+    }
+}
+
+/* The score bar for the current lift (0: no bar); the full bar while the
+ * lift is not known, since a key that clears it is hot whatever the load. */
+static double gate_bar(lsm_promo *p)
+{
+    uint64_t m = atomic_load(&p->lift_milli);
+    if (m == 0)
+        return GATE_SCORE;
+    if (m >= (uint64_t)(GATE_HI * 1000))
+        return 0;
+    double lift = m / 1000.0;
+    return lift <= GATE_LO ? GATE_SCORE : GATE_SCORE * (GATE_HI - lift) / (GATE_HI - GATE_LO);
+}
+
+static bool gate_pass(lsm_db *db, const void *key, size_t klen)
+{
+    double bar = db->o.no_promo_gate ? 0 : gate_bar(db->promo);
+    if (bar <= 0 || ralt_score(db->ralt, key, klen) >= bar)
+        return true;
+    atomic_fetch_add(&db->promo->drop_gated, 1);
+    return false;
+}
+
+bool lsm_promo_gate(lsm_db *db, const void *key, size_t klen)
+{
+    return !db->promo || !db->ralt || gate_pass(db, key, klen);
+}
+
 /* ---- the checker ---- */
 
 static int pent_cmp(const void *x, const void *y)
@@ -225,7 +353,14 @@ static bool on_fd(lsm_db *db, const lsm_version *v, const void *key, size_t klen
 /* Why a candidate is not promoted; DROP_NONE keeps it. Checks without I/O
  * first; the FD and RALT checks read a block only where a filter says
  * "maybe" (RALT: per run that may hold the key). */
-typedef enum drop_why { DROP_NONE, DROP_DUP, DROP_NEWER, DROP_ON_FD, DROP_COLD } drop_why;
+typedef enum drop_why {
+    DROP_NONE,
+    DROP_DUP,
+    DROP_NEWER,
+    DROP_ON_FD,
+    DROP_COLD,
+    DROP_GATED
+} drop_why;
 
 static drop_why check(lsm_db *db, const lsm_version *v, const pent *prev, const pent *e,
                       uint64_t now)
@@ -239,6 +374,8 @@ static drop_why check(lsm_db *db, const lsm_version *v, const pent *prev, const 
         return DROP_ON_FD;
     if (!ralt_is_hot(db->ralt, e->r.key, e->r.klen))
         return DROP_COLD;
+    if (!gate_pass(db, e->r.key, e->r.klen))
+        return DROP_GATED; /* counted by lsm_promo_gate */
     return DROP_NONE;
 }
 
@@ -266,6 +403,8 @@ static void filter(lsm_db *db, pbuf *b)
             bytes += lsm_rec_size(&e.r);
             continue;
         }
+        if (why == DROP_GATED)
+            continue;
         _Atomic uint64_t *c = why == DROP_DUP     ? &p->drop_dup
                               : why == DROP_NEWER ? &p->drop_newer
                               : why == DROP_ON_FD ? &p->drop_on_fd
@@ -427,6 +566,7 @@ kv_err lsm_promo_create(lsm_db *db)
         return KV_RESOURCE_EXHAUSTED;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    pthread_mutex_init(&p->gmu, NULL);
     uint64_t auto_kb = (64u << 10) * db->o.fast_mb / 1024;
     p->limit = (db->o.promo_buf_kb ? db->o.promo_buf_kb : auto_kb < 1024 ? 1024 : auto_kb) << 10;
     db->promo = p;
@@ -460,6 +600,7 @@ void lsm_promo_close(lsm_db *db)
         pbuf_free(&p->sealed[i]);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->gmu);
     free(p);
     db->promo = NULL;
 }
@@ -490,8 +631,10 @@ void lsm_promo_stats(lsm_db *db, lsm_stats *out)
     out->promo_drop_newer = atomic_load(&p->drop_newer);
     out->promo_drop_on_fd = atomic_load(&p->drop_on_fd);
     out->promo_drop_full = atomic_load(&p->drop_full);
+    out->promo_drop_gated = atomic_load(&p->drop_gated);
+    out->promo_lift = atomic_load(&p->lift_milli) / 1000.0;
     out->promo_dropped = out->promo_drop_dup + out->promo_drop_cold + out->promo_drop_newer +
-                         out->promo_drop_on_fd + out->promo_drop_full;
+                         out->promo_drop_on_fd + out->promo_drop_full + out->promo_drop_gated;
     out->promo_backlog = atomic_load(&p->backlog);
     pthread_mutex_lock(&p->mu);
     out->promo_buf_bytes = p->mut.bytes;

@@ -886,20 +886,21 @@ kv_err ralt_flush(ralt *r)
     return rv;
 }
 
-bool ralt_is_hot(ralt *r, const void *key, size_t klen)
+/* ralt_is_hot, or with fold false ralt_stable_in_run (runs read-locked by
+ * the caller). */
+static bool is_hot(ralt *r, const void *key, size_t klen, bool fold)
 {
     uint64_t h = kv_hash64(key, klen, RALT_SEED);
     ralt_ent acc = {0}, x;
     bool have = false, hot = false;
     size_t maybe = 0;
-    pthread_rwlock_rdlock(&r->mu);
     for (size_t i = r->nruns; i-- > 0 && !hot;) {
         ralt_run *run = r->runs[i];
         maybe += bloom_may(&run->all, h);
         if (bloom_may(&run->stable, h) && run_get(r, run, key, klen, &x) == KV_OK)
             hot = x.stable;
     }
-    for (size_t i = 0; i < r->nruns && !hot && maybe > 1; i++) { /* seen in several runs */
+    for (size_t i = 0; fold && i < r->nruns && !hot && maybe > 1; i++) { /* in several runs */
         ralt_run *run = r->runs[i];
         if (!bloom_may(&run->all, h) || run_get(r, run, key, klen, &x) != KV_OK)
             continue;
@@ -910,6 +911,21 @@ bool ralt_is_hot(ralt *r, const void *key, size_t klen)
         have = true;
         hot = acc.stable;
     }
+    return hot;
+}
+
+bool ralt_is_hot(ralt *r, const void *key, size_t klen)
+{
+    pthread_rwlock_rdlock(&r->mu);
+    bool hot = is_hot(r, key, klen, true);
+    pthread_rwlock_unlock(&r->mu);
+    return hot;
+}
+
+bool ralt_stable_in_run(ralt *r, const void *key, size_t klen)
+{
+    pthread_rwlock_rdlock(&r->mu);
+    bool hot = is_hot(r, key, klen, false);
     pthread_rwlock_unlock(&r->mu);
     return hot;
 }
@@ -1012,6 +1028,16 @@ void ralt_stats_get(ralt *r, ralt_stats *out)
     out->tick = now_tick(r);
     out->evicted = atomic_load(&r->evicted);
     out->errors = atomic_load(&r->errors);
+}
+
+uint64_t ralt_stable_count(ralt *r)
+{
+    uint64_t n = 0;
+    pthread_rwlock_rdlock(&r->mu);
+    for (size_t i = 0; i < r->nruns; i++)
+        n += r->runs[i]->nstable;
+    pthread_rwlock_unlock(&r->mu);
+    return n;
 }
 
 double ralt_score(ralt *r, const void *key, size_t klen)
