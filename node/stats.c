@@ -252,6 +252,10 @@ void node_engine_store_stats(engine *e, kv_stats *l)
     kv_stat_gauge(l, "hotrap.ralt_file_bytes", NULL, NULL, NULL, s.ralt_file_bytes);
     kv_stat_counter(l, "hotrap.ralt_errors", NULL, NULL, NULL, s.ralt_errors);
     kv_stat_gauge(l, "hotrap.ralt_mem_bytes", NULL, NULL, NULL, s.ralt_mem_bytes);
+    kv_stat_counter(l, "hotrap.ralt_merges", NULL, NULL, NULL, s.ralt_merges);
+    kv_stat_counter(l, "hotrap.ralt_full_merges", NULL, NULL, NULL, s.ralt_full_merges);
+    kv_stat_counter(l, "hotrap.ralt_merge_bytes", "hotkv_node_hotrap_ralt_merge_bytes_total", NULL,
+                    "Bytes written by merges of RALT's runs (its compaction).", s.ralt_merge_bytes);
     vol_stats(l, "fast", &s.fd);
     if (engine_has_slow(e))
         vol_stats(l, "slow", &s.sd);

@@ -32,7 +32,7 @@ typedef struct hk {
     _Atomic uint64_t stalls; /* writes retried on back-pressure (1 ms each) */
     char levels[512];
     char wa_parts[96];       /* write amplification by source, at the last stats call */
-    char hotrap_state[1024]; /* JSON members: HotRAP counters at the last stats call */
+    char hotrap_state[1536]; /* JSON members: HotRAP counters at the last stats call */
     char fd_state[256];      /* JSON members: FD bytes and flush stalls, likewise */
 } hk;
 

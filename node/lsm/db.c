@@ -1096,6 +1096,9 @@ static void hotrap_stats(lsm_db *db, lsm_stats *out)
     out->ralt_hot_bytes = rs.hot_bytes;
     out->hot_set_limit = rs.hot_limit;
     out->ralt_evicted = rs.evicted;
+    out->ralt_merges = rs.merges;
+    out->ralt_full_merges = rs.full_merges;
+    out->ralt_merge_bytes = rs.merge_bytes;
     out->ralt_file_bytes = rs.file_bytes;
     out->ralt_mem_bytes = rs.mem_bytes;
     out->ralt_errors = rs.errors;

@@ -454,6 +454,8 @@ typedef struct lsm_stats {
     uint64_t ralt_evicted;                   /* entries evicted since open */
     uint64_t ralt_file_bytes, ralt_errors;   /* RALT's run files on FD; corrupt runs met */
     uint64_t ralt_mem_bytes;                 /* RALT's memory: run readers, blooms, buffer */
+    uint64_t ralt_merges, ralt_full_merges;  /* RALT's merges of its runs, full ones */
+    uint64_t ralt_merge_bytes;               /* bytes those merges wrote */
     uint64_t promo_buf_bytes, promo_backlog; /* mutable buffer, sealed buffers waiting */
     /* NHC routing (zero without HotRAP): twin map entries, capacity and
      * evictions; lookups sent to SD by load_admit, and how many of those

@@ -422,6 +422,7 @@ typedef struct ralt_stats {
     uint64_t file_bytes; /* bytes of the run files on FD */
     uint64_t mem_bytes;  /* memory of the runs: readers, hot/stable blooms, block hot bytes */
     uint64_t errors;     /* corrupt or unreadable run files met (each logged) */
+    uint64_t merges, full_merges, merge_bytes; /* merges of runs since open, bytes written */
 } ralt_stats;
 
 /* Callback of ralt_hot_range; key is valid during the call only. */

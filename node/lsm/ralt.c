@@ -8,11 +8,16 @@
  * access record {value length, score, last and first tick, counter,
  * stable} (30 bytes, val_encode). Per run only the SST's index and bloom, two more bloom
  * filters (every tracked key, and the stably hot keys; 14 bits/key) and the
- * stably hot bytes per SST block stay in memory. When there are more than
- * RALT_MAX_RUNS runs, or the tracked sizes exceed their limits, every run is
- * merged into one (the table's compaction, size-tiered: all runs at once)
- * with the merge rule of ent_fold(), and the lowest scores are evicted
- * (about 10% at a time) until the table is under both limits.
+ * stably hot bytes per SST block stay in memory. The table's compaction is
+ * size-tiered, with the merge rule of ent_fold() (associative: any split of
+ * the accesses into runs folds to the same entry). When the tracked sizes
+ * exceed their limits, every run is merged into one and the lowest scores
+ * are evicted (about 10% at a time) until the table is under both limits.
+ * When there are more than RALT_MAX_RUNS runs, the newest runs are merged
+ * together, each older run joining while it is at most RALT_TIER_RATIO
+ * times the entries of the run after it; a merge that reaches the oldest
+ * run is a full one (and evicts). Merging every run whenever a ninth
+ * appeared, as before, rewrote the whole table every 9 x 1024 accesses.
  *
  * Scores: an exponentially decayed access count. The clock is a tick that
  * advances every tick_bytes of accessed key + value bytes; a score halves
@@ -59,6 +64,7 @@
 #include "node/lsm/iter.h"
 
 #define RALT_MAX_RUNS 8
+#define RALT_TIER_RATIO 4 /* an older run joins a merge of newer ones up to this */
 #define RALT_BITS_PER_KEY 14
 #define RALT_BLOOM_K 10
 #define RALT_COUNTER0 5
@@ -108,6 +114,7 @@ struct ralt {
     uint64_t id; /* unique per table (ralt_ids), for the per-thread block */
     uint64_t tick_bytes, period_ticks, phys_cap, next_number;
     _Atomic uint64_t accessed, hot_limit, phys_limit, evicted, errors;
+    _Atomic uint64_t merges, full_merges, merge_bytes; /* merges of runs (not flushes) */
 };
 
 static double decay(uint64_t dt)
@@ -691,7 +698,12 @@ static kv_err merge_runs(ralt *r, size_t from, const ralt_ent *buf, size_t nbuf)
     merger_fini(&m);
     free(drop);
     if (rv != KV_OK && !bad)
-        return rv; /* e.g. FD full: the runs stay as they were */
+        return rv;                        /* e.g. FD full: the runs stay as they were */
+    if (rv == KV_OK && from < r->nruns) { /* runs merged, not a buffer written alone */
+        atomic_fetch_add(&r->merges, 1);
+        atomic_fetch_add(&r->full_merges, from == 0);
+        atomic_fetch_add(&r->merge_bytes, run ? run->f->size : 0);
+    }
     size_t keep = rv == KV_OK ? from : 0;
     if (rv != KV_OK) {
         KV_ERROR(LSM_LOG,
@@ -721,6 +733,19 @@ static bool over_limits(ralt *r)
     return hot > atomic_load(&r->hot_limit) || phys > atomic_load(&r->phys_limit);
 }
 
+/* The first of the newest runs to merge when there are too many (fmu
+ * held): at least the two newest; an older run joins while its entries are
+ * at most RALT_TIER_RATIO times those of the run after it, so runs of like
+ * sizes merge and a large one waits until the runs after it have grown
+ * close to it. 0 is a full merge. */
+static size_t tier_from(const ralt *r)
+{
+    size_t from = r->nruns - 2;
+    while (from > 0 && r->runs[from - 1]->n <= RALT_TIER_RATIO * r->runs[from]->n)
+        from--;
+    return from;
+}
+
 /* Sorts and folds a taken buffer and writes it as a new run, then merges
  * when there are too many runs or the limits are passed (fmu held; takes
  * e and its keys). */
@@ -743,8 +768,10 @@ static kv_err add_buffer(ralt *r, ralt_ent *e, size_t n)
     for (size_t i = 0; i < m; i++)
         free(e[i].key);
     free(e);
-    if (rv == KV_OK && (r->nruns > RALT_MAX_RUNS || over_limits(r)))
+    if (rv == KV_OK && over_limits(r))
         rv = merge_runs(r, 0, NULL, 0);
+    else if (rv == KV_OK && r->nruns > RALT_MAX_RUNS)
+        rv = merge_runs(r, tier_from(r), NULL, 0);
     return rv;
 }
 
@@ -1027,6 +1054,9 @@ void ralt_stats_get(ralt *r, ralt_stats *out)
     out->phys_limit = atomic_load(&r->phys_limit);
     out->tick = now_tick(r);
     out->evicted = atomic_load(&r->evicted);
+    out->merges = atomic_load(&r->merges);
+    out->full_merges = atomic_load(&r->full_merges);
+    out->merge_bytes = atomic_load(&r->merge_bytes);
     out->errors = atomic_load(&r->errors);
 }
 

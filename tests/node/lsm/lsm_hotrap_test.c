@@ -358,6 +358,41 @@ Test(ralt, a_failed_full_merge_does_not_overflow_the_runs)
     ralt_close_tmp(r);
 }
 
+/* The table's compaction is tiered: 90 buffers of new keys are merged
+ * mostly among the newest runs, and the whole table is rewritten far less
+ * often than at every ninth run (10 times here, before). A key read in
+ * runs far apart still folds to one score of all its reads. */
+Test(ralt, merges_gather_the_newest_runs_before_rewriting_the_table)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 1u << 30, .tick_bytes = 1u << 20, .buf_entries = 16};
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
+    char k[16];
+    for (int run = 0; run < 90; run++) {
+        for (int i = 0; i < (run % 30 == 0 ? 15 : 16); i++)
+            snprintf(k, sizeof(k), "k%02d-%02d", run, i), acc(r, k, 10);
+        if (run % 30 == 0)
+            acc(r, "again", 10); /* in runs 0, 30 and 60 */
+    }
+    ralt_stats st;
+    ralt_stats_get(r, &st);
+    cr_log_info("90 runs: %llu merges, %llu full, %llu bytes merged, %llu runs",
+                (unsigned long long)st.merges, (unsigned long long)st.full_merges,
+                (unsigned long long)st.merge_bytes, (unsigned long long)st.runs);
+    cr_assert_leq(st.runs, 8);
+    cr_assert_gt(st.merges, 10);
+    cr_assert_lt(st.full_merges, 5, "%llu full merges", (unsigned long long)st.full_merges);
+    cr_assert(fabs(ralt_score(r, "again", 5) - 3.0) < 1e-9, "score %f", ralt_score(r, "again", 5));
+    cr_assert(ralt_is_hot(r, "again", 5));
+    cr_assert_eq(ralt_flush(r), KV_OK);
+    ralt_stats_get(r, &st);
+    cr_assert_eq(st.runs, 1);
+    cr_assert_eq(st.entries, 90 * 16 - 3 + 1, "every key once: %llu",
+                 (unsigned long long)st.entries);
+    cr_assert(fabs(ralt_score(r, "again", 5) - 3.0) < 1e-9);
+    ralt_close_tmp(r);
+}
+
 /* ---- the db ---- */
 
 static const char *newer_key; /* the memory-tier callback's answer */
