@@ -207,7 +207,8 @@ static void hk_hotrap(hk *k, const rpc_statlist *l)
                                         "promo_drop_gated", "read_lift",        "checker_backlog",
                                         "ralt_entries",     "ralt_stable",      "ralt_hot_bytes",
                                         "hot_set_limit",    "ralt_file_bytes",  "ralt_mem_bytes",
-                                        "ralt_errors",      "twins_dropped",    "twin_jobs"};
+                                        "ralt_errors",      "twins_dropped",    "twin_jobs",
+                                        "ralt_merges",      "ralt_full_merges", "ralt_merge_bytes"};
     size_t off = 0;
     k->hotrap_state[0] = '\0';
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
