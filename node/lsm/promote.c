@@ -82,11 +82,11 @@
 #define GATE_LO 1.25    /* at or under it, the full score bar */
 #define GATE_HI 1.75    /* at or over it, no bar */
 #define GATE_SCORE 2.0  /* the full bar: RALT score, about reads per half-life */
-/* Per window: the lift follows some 33 windows (135k reads): under uniform
- * reads some 1000 samples are expected hot, so the lift's noise is a few
- * per cent, well under GATE_LO, and a short dip (right after a
- * hot set moves, the reads find no hot key until the new ones turn hot)
- * does not close the gate. */
+/* Per window: the lift follows some 33 windows (135k reads). Under uniform
+ * reads some 1000 samples are then expected hot, so the lift's noise is a
+ * few per cent, well under GATE_LO; and a short dip (right after a hot set
+ * moves, the reads find no hot key until the new ones turn hot) does not
+ * close the gate. */
 #define GATE_DECAY 0.97
 #define GATE_MIN_SAMPLES 40.0 /* hot samples, seen + expected, before the lift is used */
 
@@ -382,7 +382,7 @@ static drop_why check(lsm_db *db, const lsm_version *v, const pent *prev, const 
     if (!ralt_is_hot(db->ralt, e->r.key, e->r.klen))
         return DROP_COLD;
     if (!gate_pass(db, e->r.key, e->r.klen))
-        return DROP_GATED; /* counted by lsm_promo_gate */
+        return DROP_GATED; /* counted by gate_pass */
     return DROP_NONE;
 }
 
