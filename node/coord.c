@@ -73,24 +73,49 @@ static kv_err coord_begin(node *n, rpc_ctx *c)
 
 /* A coordinate call between its start and node_coord_finish. */
 typedef struct coord_call {
-    ProtobufCMessage *req; /* unpacked request, freed at the finish */
+    ProtobufCMessage *req; /* unpacked request, in ar */
     repl_call *rc;
     rpc_async *a; /* the asynchronous form's call (node_coord_*_async), and its c */
     rpc_ctx *c;
+    rpc_arena ar; /* the request (a GET's fits buf) */
+    uint8_t buf[256];
 } coord_call;
 
-/* Starts req's replication (or frees req when the call failed already);
- * nb: without blocking (repl_*_start_nb), for the asynchronous form. */
-static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, ProtobufCMessage *req, bool nb,
-                          void **state)
+static void coord_free(coord_call *cc)
 {
+    rpc_arena_reset(&cc->ar);
+    free(cc);
+}
+
+/* A call whose request is unpacked from body into its arena (NULL with c's
+ * status in *rv when it is malformed or memory runs out). */
+static coord_call *coord_new(node *n, rpc_ctx *c, const ProtobufCMessageDescriptor *d,
+                             const uint8_t *body, size_t len, kv_err *rv)
+{
+    coord_call *cc = malloc(sizeof(*cc));
+    if (!cc) {
+        *rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    *cc = (coord_call){0};
+    rpc_arena_init(&cc->ar, cc->buf, sizeof(cc->buf));
+    if (!(cc->req = rpc_arena_request(&cc->ar, c, d, body, len, coord_budget(n, len)))) {
+        *rv = KV_INVALID_ARGUMENT;
+        coord_free(cc);
+        return NULL;
+    }
+    *rv = KV_OK;
+    return cc;
+}
+
+/* Starts cc's replication (or frees cc when the call failed already);
+ * nb: without blocking (repl_*_start_nb), for the asynchronous form. */
+static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, coord_call *cc, bool nb, void **state)
+{
+    ProtobufCMessage *req = cc->req;
     if (rv == KV_OK)
         rv = coord_begin(n, c);
-    coord_call *cc = rv == KV_OK ? calloc(1, sizeof(*cc)) : NULL;
-    if (rv == KV_OK && !cc)
-        rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
-    if (cc) {
-        cc->req = req;
+    if (rv == KV_OK) {
         if (req->descriptor == &kv__get_request__descriptor) {
             Kv__GetRequest *g = (Kv__GetRequest *)req;
             rv = nb ? repl_get_start_nb(&n->env, c, g, &cc->rc)
@@ -107,19 +132,17 @@ static kv_err coord_start(node *n, rpc_ctx *c, kv_err rv, ProtobufCMessage *req,
                     : repl_delete_start(&n->env, c, d, &cc->rc);
         }
     }
-    if (cc && rv == KV_OK && cc->rc) { /* NULL: the node's own replica answered (read_self) */
+    if (rv == KV_OK && cc->rc) { /* NULL: the node's own replica answered (read_self) */
         *state = cc;
         return KV_OK;
     }
-    free(cc);
-    protobuf_c_message_free_unpacked(req, NULL);
+    coord_free(cc);
     return rv;
 }
 
 static void coord_end(coord_call *cc)
 {
-    protobuf_c_message_free_unpacked(cc->req, NULL);
-    free(cc);
+    coord_free(cc);
 }
 
 kv_err node_coord_finish(rpc_ctx *c, void *state)
@@ -179,41 +202,41 @@ static bool coord_go_async(rpc_ctx *c, kv_err rv, void *state, rpc_async *a)
 static kv_err get_begin(rpc_ctx *c, const uint8_t *body, size_t len, bool nb, void **state)
 {
     node *n = c->user;
-    rpc_budget b;
-    Kv__GetRequest *req =
-        kv__get_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
-    kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    return coord_start(n, c, rv, &req->base, nb, state);
+    kv_err rv;
+    coord_call *cc = coord_new(n, c, &kv__get_request__descriptor, body, len, &rv);
+    if (!cc)
+        return rv;
+    Kv__GetRequest *req = (Kv__GetRequest *)cc->req;
+    rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    return coord_start(n, c, rv, cc, nb, state);
 }
 
 static kv_err put_begin(rpc_ctx *c, const uint8_t *body, size_t len, bool nb, void **state)
 {
     node *n = c->user;
-    rpc_budget b;
-    Kv__PutRequest *req =
-        kv__put_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__PutRequest body");
-    kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    kv_err rv;
+    coord_call *cc = coord_new(n, c, &kv__put_request__descriptor, body, len, &rv);
+    if (!cc)
+        return rv;
+    Kv__PutRequest *req = (Kv__PutRequest *)cc->req;
+    rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         rv = kv_check_value(&n->cfg.limits, req->value.len, c->message, sizeof(c->message));
     if (rv == KV_OK) /* before now + ttl_ms is computed for hints */
         rv = kv_check_ttl(req->ttl_ms, c->message, sizeof(c->message));
-    return coord_start(n, c, rv, &req->base, nb, state);
+    return coord_start(n, c, rv, cc, nb, state);
 }
 
 static kv_err delete_begin(rpc_ctx *c, const uint8_t *body, size_t len, bool nb, void **state)
 {
     node *n = c->user;
-    rpc_budget b;
-    Kv__DeleteRequest *req =
-        kv__delete_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
-    kv_err rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
-    return coord_start(n, c, rv, &req->base, nb, state);
+    kv_err rv;
+    coord_call *cc = coord_new(n, c, &kv__delete_request__descriptor, body, len, &rv);
+    if (!cc)
+        return rv;
+    Kv__DeleteRequest *req = (Kv__DeleteRequest *)cc->req;
+    rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    return coord_start(n, c, rv, cc, nb, state);
 }
 
 kv_err node_coord_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
@@ -256,9 +279,11 @@ bool node_coord_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *
     cmap *m = coord_nb_ok(n, c) ? cmap_slot_get(n->maps) : NULL;
     if (!m)
         return false;
-    rpc_budget b;
+    uint8_t buf[256];
+    rpc_arena ar; /* the request, gone at the return */
+    rpc_arena_init(&ar, buf, sizeof(buf));
     Kv__GetRequest *req =
-        kv__get_request__unpack(rpc_budget_init(&b, coord_budget(n, len)), len, body);
+        kv__get_request__unpack(rpc_arena_pb(&ar, coord_budget(n, len)), len, body);
     bool served = false;
     if (req && req->key.len && req->key.len <= n->cfg.limits.max_key &&
         repl_read_alone(&n->env, m, &req->key, req->consistency, NULL)) {
@@ -279,8 +304,7 @@ bool node_coord_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *
             c->map_epoch = epoch;
         }
     }
-    if (req)
-        kv__get_request__free_unpacked(req, NULL);
+    rpc_arena_reset(&ar);
     cmap_unref(m);
     return served;
 }

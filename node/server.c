@@ -202,15 +202,18 @@ static bool get_req(rpc_ctx *c, const Kv__GetRequest *req, bool mem_only, kv_err
 
 static bool get_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, kv_err *out)
 {
-    rpc_budget b;
-    Kv__GetRequest *req =
-        kv__get_request__unpack(rpc_budget_init(&b, NODE_BUDGET(c, len)), len, body);
+    uint8_t buf[256];
+    rpc_arena ar; /* the request, gone at the return */
+    rpc_arena_init(&ar, buf, sizeof(buf));
+    Kv__GetRequest *req = (Kv__GetRequest *)rpc_arena_request(&ar, c, &kv__get_request__descriptor,
+                                                              body, len, NODE_BUDGET(c, len));
     if (!req) {
-        *out = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
+        rpc_arena_reset(&ar);
+        *out = KV_INVALID_ARGUMENT;
         return true;
     }
     bool served = get_req(c, req, mem_only, out);
-    kv__get_request__free_unpacked(req, NULL);
+    rpc_arena_reset(&ar);
     return served;
 }
 
@@ -277,11 +280,14 @@ static kv_err write_engine(node *n, rpc_ctx *c, const engine_write *w, bool mem_
 static bool put_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, kv_err *out)
 {
     node *n = c->user;
-    rpc_budget b;
-    Kv__PutRequest *req =
-        kv__put_request__unpack(rpc_budget_init(&b, NODE_BUDGET(c, len)), len, body);
+    uint8_t buf[512];
+    rpc_arena ar; /* the request, gone at the return */
+    rpc_arena_init(&ar, buf, sizeof(buf));
+    Kv__PutRequest *req = (Kv__PutRequest *)rpc_arena_request(&ar, c, &kv__put_request__descriptor,
+                                                              body, len, NODE_BUDGET(c, len));
     if (!req) {
-        *out = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__PutRequest body");
+        rpc_arena_reset(&ar);
+        *out = KV_INVALID_ARGUMENT;
         return true;
     }
     kv_err rv = check_write_version(c, req->version, c->message, sizeof(c->message));
@@ -313,7 +319,7 @@ static bool put_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, 
         rv = rpc_reply_msg(c, &rep.base);
     }
     cmap_unref(m);
-    kv__put_request__free_unpacked(req, NULL);
+    rpc_arena_reset(&ar);
     *out = rv;
     return !declined;
 }
@@ -322,11 +328,14 @@ static bool put_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, 
 static bool delete_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, kv_err *out)
 {
     node *n = c->user;
-    rpc_budget b;
-    Kv__DeleteRequest *req =
-        kv__delete_request__unpack(rpc_budget_init(&b, NODE_BUDGET(c, len)), len, body);
+    uint8_t buf[256];
+    rpc_arena ar; /* the request, gone at the return */
+    rpc_arena_init(&ar, buf, sizeof(buf));
+    Kv__DeleteRequest *req = (Kv__DeleteRequest *)rpc_arena_request(
+        &ar, c, &kv__delete_request__descriptor, body, len, NODE_BUDGET(c, len));
     if (!req) {
-        *out = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
+        rpc_arena_reset(&ar);
+        *out = KV_INVALID_ARGUMENT;
         return true;
     }
     kv_err rv = check_write_version(c, req->version, c->message, sizeof(c->message));
@@ -353,7 +362,7 @@ static bool delete_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_onl
         rv = rpc_reply_msg(c, &rep.base);
     }
     cmap_unref(m);
-    kv__delete_request__free_unpacked(req, NULL);
+    rpc_arena_reset(&ar);
     *out = rv;
     return !declined;
 }

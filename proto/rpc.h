@@ -257,6 +257,39 @@ ProtobufCAllocator *rpc_budget_init(rpc_budget *b, size_t budget);
 /* protobuf_c_message_unpack with such a budget. */
 ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *d, size_t len, const uint8_t *data,
                              size_t budget);
+
+/* ---- unpack arenas (rpc_arena.c) ---------------------------------------------
+ * A bump allocator for messages whose parts all go at once: what protobuf-c
+ * unpacks through rpc_arena_pb(ar, budget), and what rpc_arena_alloc gives,
+ * lives until rpc_arena_reset(ar), which frees it all. Never free such a
+ * message with kv__x__free_unpacked(m, NULL) (the arena owns its memory;
+ * the allocator's own free does nothing). The caller's buf (cap bytes, may
+ * be NULL) is used first, then blocks from the heap. An arena belongs to
+ * one thread at a time; it may be filled on one and reset on another. */
+typedef struct rpc_arena_blk rpc_arena_blk;
+typedef struct rpc_arena {
+    ProtobufCAllocator a;
+    size_t left;        /* what unpacking may still take (rpc_arena_pb) */
+    uint8_t *buf;       /* the caller's buffer, aligned */
+    size_t cap;         /* its bytes */
+    uint8_t *cur, *end; /* the free room of the current block */
+    rpc_arena_blk *blks;
+} rpc_arena;
+void rpc_arena_init(rpc_arena *ar, void *buf, size_t cap);
+/* The allocator to unpack with, which fails (the unpack returns NULL) once
+ * budget bytes (e.g. rpc_unpack_budget) are taken through it. */
+ProtobufCAllocator *rpc_arena_pb(rpc_arena *ar, size_t budget);
+/* n bytes aligned to 16 (NULL when out of memory), outside any budget. */
+void *rpc_arena_alloc(rpc_arena *ar, size_t n);
+void *rpc_arena_calloc(rpc_arena *ar, size_t n, size_t size);
+/* Frees everything allocated since init or the last reset. */
+void rpc_arena_reset(rpc_arena *ar);
+/* A request body of type d unpacked into ar within budget; NULL when it
+ * is malformed or over the budget, with c's INVALID_ARGUMENT status and
+ * message ("malformed <type> body") set for the handler to return. */
+ProtobufCMessage *rpc_arena_request(rpc_arena *ar, rpc_ctx *c, const ProtobufCMessageDescriptor *d,
+                                    const uint8_t *body, size_t len, size_t budget);
+
 /* Counts the occurrences of top-level field number `field` in the
  * wire-format bytes p[0..len) without allocating: elements of a repeated
  * field, before unpacking. False when the bytes are not wire format. */

@@ -68,7 +68,7 @@ struct rpc_pend {
     uint64_t id, epoch, deadline_ns;
     rpc_done_fn done;
     void *arg;
-    uint8_t *body; /* the packed request */
+    uint8_t *body; /* the packed request, in the same allocation (call_async) */
     size_t blen;
     bool claimed; /* completed, or being completed (ch->mu) */
     char method[METHOD_MAX];
@@ -216,18 +216,22 @@ static void reply_from(const rpc_chan *ch, const Kv__Envelope *env, rpc_reply *r
 
 static void parse_reply(rpc_slot *s, nng_msg *m, rpc_reply *r)
 {
-    Kv__Envelope *env = kv__envelope__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+    uint8_t buf[1024];
+    rpc_arena ar;
+    rpc_arena_init(&ar, buf, sizeof(buf));
+    Kv__Envelope *env =
+        kv__envelope__unpack(rpc_arena_pb(&ar, SIZE_MAX), nng_msg_len(m), nng_msg_body(m));
     nng_msg_free(m);
     if (!env) {
         reply_set(r, KV_INTERNAL, "malformed reply envelope");
-        return;
+    } else {
+        reply_from(s->ch, env, r); /* copies what it keeps */
+        if (env->id != s->id && r->status == KV_OK) {
+            rpc_reply_free(r);
+            reply_set(r, KV_INTERNAL, "reply id does not match the request");
+        }
     }
-    reply_from(s->ch, env, r);
-    if (env->id != s->id && r->status == KV_OK) {
-        rpc_reply_free(r);
-        reply_set(r, KV_INTERNAL, "reply id does not match the request");
-    }
-    kv__envelope__free_unpacked(env, NULL);
+    rpc_arena_reset(&ar);
 }
 
 static void fail_transport(rpc_slot *s, int rv, rpc_reply *r)
@@ -263,8 +267,7 @@ static rpc_pend *take_queue(rpc_chan *ch);
 
 static void pend_free(rpc_pend *p)
 {
-    free(p->body);
-    free(p);
+    free(p); /* its body with it (call_async) */
 }
 
 /* Completes p with status (local) and frees it. */
@@ -279,23 +282,23 @@ static void pend_fail(rpc_pend *p, kv_err status, const char *msg)
     done(arg, &r);
 }
 
-/* The reply of a whole rpc.Calls message: its Calls (NULL with *outer set
- * when the message failed as a whole). */
-static Kv__Calls *calls_reply(rpc_slot *s, int rv, nng_msg *m, rpc_reply *outer)
+/* The reply of a whole rpc.Calls message: its Calls, unpacked into ar
+ * (NULL with *outer set when the message failed as a whole). */
+static Kv__Calls *calls_reply(rpc_slot *s, int rv, nng_msg *m, rpc_reply *outer, rpc_arena *ar)
 {
     Kv__Envelope *env = NULL;
     Kv__Calls *cs = NULL;
     if (rv != 0) {
         fail_transport(s, rv, outer);
-    } else if (!(env = kv__envelope__unpack(NULL, nng_msg_len(m), nng_msg_body(m)))) {
+    } else if (!(env = kv__envelope__unpack(rpc_arena_pb(ar, SIZE_MAX), nng_msg_len(m),
+                                            nng_msg_body(m)))) {
         reply_set(outer, KV_INTERNAL, "malformed reply envelope");
     } else if (env->status && env->status->code != KV_OK) {
         reply_from(s->ch, env, outer);
-    } else if (env->id != s->id || !(cs = kv__calls__unpack(NULL, env->body.len, env->body.data))) {
+    } else if (env->id != s->id || !(cs = kv__calls__unpack(rpc_arena_pb(ar, SIZE_MAX),
+                                                            env->body.len, env->body.data))) {
         reply_set(outer, KV_INTERNAL, "malformed rpc.Calls reply");
     }
-    if (env)
-        kv__envelope__free_unpacked(env, NULL);
     nng_msg_free(m);
     return cs;
 }
@@ -307,7 +310,9 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
 {
     rpc_chan *ch = s->ch;
     rpc_reply outer = {0};
-    Kv__Calls *cs = calls_reply(s, rv, m, &outer);
+    rpc_arena ar; /* the reply's envelope and calls: reply_from copies what it keeps */
+    rpc_arena_init(&ar, NULL, 0);
+    Kv__Calls *cs = calls_reply(s, rv, m, &outer, &ar);
     bool resend = !cs && outer.status == KV_UNIMPLEMENTED && !outer.local;
     pthread_mutex_lock(&ch->mu);
     rpc_pend *p = s->calls;
@@ -350,8 +355,7 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
             done(arg, &r);
     }
     rpc_burst_end();
-    if (cs)
-        kv__calls__free_unpacked(cs, NULL);
+    rpc_arena_reset(&ar);
     rpc_reply_free(&outer);
 }
 
@@ -886,13 +890,13 @@ static void call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
         fail_now(done, arg, KV_INVALID_ARGUMENT, msg);
         return;
     }
-    rpc_pend *p = calloc(1, sizeof(*p));
-    uint8_t *body = malloc(blen ? blen : 1);
-    if (!p || !body || strlen(method) >= METHOD_MAX) {
+    /* the packed body follows the call in the same allocation */
+    rpc_pend *p = blen <= SIZE_MAX - sizeof(*p) ? malloc(sizeof(*p) + blen) : NULL;
+    uint8_t *body = p ? (uint8_t *)(p + 1) : NULL;
+    if (!p || strlen(method) >= METHOD_MAX) {
         free(p);
-        free(body);
-        fail_now(done, arg, p && body ? KV_INVALID_ARGUMENT : KV_RESOURCE_EXHAUSTED,
-                 p && body ? "method name too long" : NULL);
+        fail_now(done, arg, p ? KV_INVALID_ARGUMENT : KV_RESOURCE_EXHAUSTED,
+                 p ? "method name too long" : NULL);
         return;
     }
     if (blen)

@@ -104,6 +104,7 @@ typedef struct rpc_scall {
     bool sending; /* the aio's operation is the reply (else a receive) */
     nng_msg *req;
     Kv__Envelope *env;    /* the decoded request, NULL when malformed */
+    rpc_arena ar;         /* env, an rpc.Calls body's calls and their group */
     uint64_t arrival_ns;  /* when the request came in: deadlines count from here */
     unsigned admitted;    /* calls it counts in rpc_server.inflight */
     uint32_t deadline_ms; /* its relative deadline (admitted requests) */
@@ -136,7 +137,8 @@ struct rpc_group {
 };
 
 /* An asynchronous call (rpc_method.start_async) between its start and its
- * completion: owned by the method's work until rpc_async_done. */
+ * completion: owned by the method's work until rpc_async_done; its memory
+ * is its context's arena's (rpc_scall.ar). */
 struct rpc_async {
     rpc_job job; /* first: a handoff's queue entry */
     rpc_ctx c;
@@ -613,8 +615,9 @@ static void call_cb(void *arg)
     k->arrival_ns = kv_now_ns();
     size_t len = nng_msg_len(k->req);
     /* unknown fields cost memory too: what an envelope may make us allocate is bounded */
-    k->env = (Kv__Envelope *)rpc_unpack(&kv__envelope__descriptor, len, nng_msg_body(k->req),
-                                        rpc_unpack_budget(len, 0));
+    k->env = (Kv__Envelope *)protobuf_c_message_unpack(
+        &kv__envelope__descriptor, rpc_arena_pb(&k->ar, rpc_unpack_budget(len, 0)), len,
+        nng_msg_body(k->req));
     k->lane = k->env && k->env->coordinate && s->opts.coord_workers > 0 ? 1 : 0;
     k->admitted = 0;
     rpc_ctx c = {0};
@@ -646,9 +649,8 @@ static void send_msg(rpc_scall *k, nng_msg *msg)
     rpc_server *s = k->srv;
     nng_msg_free(k->req);
     k->req = NULL;
-    if (k->env)
-        kv__envelope__free_unpacked(k->env, NULL);
     k->env = NULL;
+    rpc_arena_reset(&k->ar); /* env, and the group's calls */
     if (k->admitted) {
         uint64_t took = kv_now_ns() - k->arrival_ns;
         uint64_t pm = took * 1000u / ((uint64_t)k->deadline_ms * 1000000u + 1);
@@ -713,20 +715,15 @@ static bool try_call(rpc_server *s, const Kv__Envelope *env, bool verified, uint
 
 /* ---- rpc.Calls: several calls in one message ----------------------------- */
 
+/* Frees what g's replies hold; g itself, its arrays and calls are in its
+ * context's arena (group_new), which the reply's send resets. */
 static void group_free(rpc_group *g)
 {
-    for (size_t i = 0; g->calls && i < g->calls->n_calls; i++) {
+    for (size_t i = 0; i < g->calls->n_calls; i++) {
         free(g->rep[i].body.data);
         free(g->msgs[i]);
     }
-    if (g->calls)
-        kv__calls__free_unpacked(g->calls, NULL);
-    free(g->rep);
-    free(g->st);
-    free(g->ptrs);
-    free(g->msgs);
     free(g->ctx);
-    free(g);
 }
 
 /* Keeps call i's reply envelope (status, message, c's reply body). */
@@ -829,29 +826,28 @@ static void group_reply(rpc_group *g)
 static rpc_group *group_new(rpc_scall *k, rpc_ctx *c, kv_err *status)
 {
     const Kv__Envelope *env = k->env;
-    Kv__Calls *calls =
-        (Kv__Calls *)rpc_unpack(&kv__calls__descriptor, env->body.len, env->body.data,
-                                rpc_unpack_budget(env->body.len, RPC_MAX_CALLS));
+    rpc_arena *ar = &k->ar; /* this thread's until the group is handed on */
+    Kv__Calls *calls = (Kv__Calls *)protobuf_c_message_unpack(
+        &kv__calls__descriptor, rpc_arena_pb(ar, rpc_unpack_budget(env->body.len, RPC_MAX_CALLS)),
+        env->body.len, env->body.data);
     if (!calls) {
         *status = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed rpc.Calls body");
         return NULL;
     }
     size_t n = calls->n_calls;
-    rpc_group *g = calloc(1, sizeof(*g) + n * sizeof(rpc_sub));
+    rpc_group *g = n > (SIZE_MAX - sizeof(*g)) / sizeof(rpc_sub)
+                       ? NULL
+                       : rpc_arena_calloc(ar, 1, sizeof(*g) + n * sizeof(rpc_sub));
     if (g) {
         g->calls = calls;
-        g->rep = calloc(n ? n : 1, sizeof(*g->rep));
-        g->st = calloc(n ? n : 1, sizeof(*g->st));
-        g->ptrs = calloc(n ? n : 1, sizeof(*g->ptrs));
-        g->msgs = calloc(n ? n : 1, sizeof(*g->msgs));
+        g->rep = rpc_arena_calloc(ar, n ? n : 1, sizeof(*g->rep));
+        g->st = rpc_arena_calloc(ar, n ? n : 1, sizeof(*g->st));
+        g->ptrs = rpc_arena_calloc(ar, n ? n : 1, sizeof(*g->ptrs));
+        g->msgs = rpc_arena_calloc(ar, n ? n : 1, sizeof(*g->msgs));
     }
     if (!g || !g->rep || !g->st || !g->ptrs || !g->msgs) {
-        if (g)
-            group_free(g);
-        else
-            kv__calls__free_unpacked(calls, NULL);
         *status = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory for %zu calls", n);
-        return NULL;
+        return NULL; /* the arena keeps what was taken until the reply */
     }
     g->k = k;
     atomic_init(&g->left, 1); /* the creator's */
@@ -932,7 +928,8 @@ void rpc_async_done(rpc_async *a, kv_err status)
     } else {
         reply_one(a->k, status, &a->c);
     }
-    free(a);
+    /* a is in its context's arena (try_async), which the reply's send
+     * resets: not touched past the reply */
     /* last: rpc_server_close may free s once this reaches 0 */
     atomic_fetch_sub_explicit(&s->async_out, 1, memory_order_release);
 }
@@ -965,7 +962,9 @@ static bool try_async(rpc_server *s, rpc_scall *k, const Kv__Envelope *env, rpc_
     const rpc_method *m = find_method(s, env->method);
     if (!m || !m->start_async || !split(m, env->coordinate))
         return false;
-    rpc_async *a = calloc(1, sizeof(*a));
+    /* from k's arena: only this thread allocates there until the reply
+     * (a group's reply waits for this callback's reference) */
+    rpc_async *a = rpc_arena_alloc(&k->ar, sizeof(*a));
     if (!a)
         return false;
     *a = (rpc_async){.s = s, .k = k, .g = g, .i = i, .m = m, .t0 = kv_now_ns()};
@@ -991,8 +990,7 @@ static bool try_async(rpc_server *s, rpc_scall *k, const Kv__Envelope *env, rpc_
         atomic_fetch_sub_explicit(&g->left, 1, memory_order_relaxed);
     else
         atomic_fetch_sub(&s->busy, 1);
-    free(a->c.reply);
-    free(a);
+    free(a->c.reply); /* a stays in the arena until the reply */
     atomic_fetch_sub_explicit(&s->async_out, 1, memory_order_release);
     return false;
 }
@@ -1167,6 +1165,7 @@ static kv_err start_calls(rpc_server *s, char *err, size_t errlen)
     for (unsigned i = 0; i < s->ncalls; i++) {
         rpc_scall *k = &s->calls[i];
         k->srv = s;
+        rpc_arena_init(&k->ar, NULL, 0);
         int rv;
         if ((rv = nng_ctx_open(&k->ctx, s->sock)) != 0) {
             snprintf(err, errlen, "nng context: %s", nng_strerror(rv));
@@ -1265,10 +1264,9 @@ static void drop_queued(rpc_server *s)
                 group_free(sb->g);
             }
             nng_msg_free(k->req);
-            if (k->env)
-                kv__envelope__free_unpacked(k->env, NULL);
             k->req = NULL;
             k->env = NULL;
+            rpc_arena_reset(&k->ar);
         }
     }
 }
@@ -1361,9 +1359,11 @@ bool rpc_server_close(rpc_server *s)
         rpc_keep_abandoned(s); /* leaves s allocated: a worker or nng may still use it */
         return joined;
     }
-    for (unsigned i = 0; s->calls && i < s->ncalls; i++)
+    for (unsigned i = 0; s->calls && i < s->ncalls; i++) {
         if (s->calls[i].open)
             nng_aio_free(s->calls[i].aio);
+        rpc_arena_reset(&s->calls[i].ar);
+    }
     for (int l = 0; l < 2; l++) {
         pthread_cond_destroy(&s->lanes[l].cv);
         pthread_mutex_destroy(&s->lanes[l].mu);

@@ -249,19 +249,22 @@ kv_err repl_store_hint(const repl_env *env, cmap *m, uint32_t holder, uint32_t t
     return rv;
 }
 
-/* The reply's GetReply, NULL for a failed call. */
-static Kv__GetReply *get_reply(const rpc_reply *rep)
-{
-    return rep->status == KV_OK ? kv__get_reply__unpack(NULL, rep->len, rep->body) : NULL;
-}
-
 void repl_read_repair(const repl_env *env, cmap *m, const ProtobufCBinaryData *key,
                       const uint32_t *idx, const rpc_reply *reps, const bool *have, int n)
 {
+    int oks = 0;
+    for (int i = 0; i < n; i++)
+        oks += have[i] && reps[i].status == KV_OK;
+    if (oks < 2)
+        return; /* one answer has nothing to compare with */
     Kv__GetReply *g[CMAP_MAX_RF * 2] = {0};
+    uint8_t buf[1024];
+    rpc_arena ar; /* the unpacked replies, gone at the end */
+    rpc_arena_init(&ar, buf, sizeof(buf));
     int best = -1, answers = 0;
     for (int i = 0; i < n; i++) {
-        if (!have[i] || !(g[i] = get_reply(&reps[i])))
+        if (!have[i] || reps[i].status != KV_OK ||
+            !(g[i] = kv__get_reply__unpack(rpc_arena_pb(&ar, SIZE_MAX), reps[i].len, reps[i].body)))
             continue;
         answers++;
         if (best < 0 || g[i]->version > g[best]->version)
@@ -286,7 +289,5 @@ void repl_read_repair(const repl_env *env, cmap *m, const ProtobufCBinaryData *k
                       &env->stats->hint_errors);
         }
     }
-    for (int i = 0; i < n; i++)
-        if (g[i])
-            kv__get_reply__free_unpacked(g[i], NULL);
+    rpc_arena_reset(&ar);
 }

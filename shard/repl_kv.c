@@ -26,10 +26,14 @@ static int newest_read(rpc_reply *reps, bool *have, int n)
     int best = -1;
     uint64_t best_v = 0;
     bool best_found = false;
+    uint8_t buf[512];
+    rpc_arena ar; /* the replies' copies, values included: gone at the end */
+    rpc_arena_init(&ar, buf, sizeof(buf));
     for (int i = 0; i < n; i++) {
         if (!have[i] || reps[i].status != KV_OK)
             continue;
-        Kv__GetReply *g = kv__get_reply__unpack(NULL, reps[i].len, reps[i].body);
+        Kv__GetReply *g =
+            kv__get_reply__unpack(rpc_arena_pb(&ar, SIZE_MAX), reps[i].len, reps[i].body);
         if (!g)
             continue;
         if (best < 0 || g->version > best_v || (g->version == best_v && g->found && !best_found)) {
@@ -37,8 +41,8 @@ static int newest_read(rpc_reply *reps, bool *have, int n)
             best_v = g->version;
             best_found = g->found;
         }
-        kv__get_reply__free_unpacked(g, NULL);
     }
+    rpc_arena_reset(&ar);
     return best;
 }
 

@@ -62,24 +62,51 @@ static kv_err get_hot(router *r, rpc_ctx *c, Kv__GetRequest *req)
 /* A forwarded call between router_*_start and router_finish. */
 typedef struct router_call {
     router *r;
-    ProtobufCMessage *req; /* unpacked request, freed at the finish */
+    ProtobufCMessage *req; /* unpacked request, in ar */
     const ProtobufCBinaryData *key;
     bool write; /* the finish drops the key from the hot-key cache */
     repl_call *rc;
     rpc_async *a; /* the asynchronous form's call (router_*_async), and its c */
     rpc_ctx *c;
+    rpc_arena ar; /* the request (a GET's fits buf) */
+    uint8_t buf[256];
 } router_call;
 
-/* Starts req's replication (or completes a call that failed already: the
- * request is freed and *state left NULL). */
-static kv_err call_start(router *r, rpc_ctx *c, kv_err rv, ProtobufCMessage *req,
+static void call_free(router_call *rc)
+{
+    rpc_arena_reset(&rc->ar);
+    free(rc);
+}
+
+/* A call whose request is unpacked from body into its arena (NULL with c's
+ * status in *rv when it is malformed or memory runs out). */
+static router_call *call_new(router *r, rpc_ctx *c, const ProtobufCMessageDescriptor *d,
+                             const uint8_t *body, size_t len, kv_err *rv)
+{
+    router_call *rc = malloc(sizeof(*rc));
+    if (!rc) {
+        *rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    *rc = (router_call){.r = r};
+    rpc_arena_init(&rc->ar, rc->buf, sizeof(rc->buf));
+    if (!(rc->req = rpc_arena_request(&rc->ar, c, d, body, len, router_budget(r, len)))) {
+        *rv = KV_INVALID_ARGUMENT;
+        call_free(rc);
+        return NULL;
+    }
+    *rv = KV_OK;
+    return rc;
+}
+
+/* Starts rc's replication (or completes a call that failed already: rc is
+ * freed and *state left NULL). */
+static kv_err call_start(router *r, rpc_ctx *c, kv_err rv, router_call *rc,
                          const ProtobufCBinaryData *key, void **state)
 {
-    router_call *rc = rv == KV_OK ? calloc(1, sizeof(*rc)) : NULL;
-    if (rv == KV_OK && !rc)
-        rv = rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
-    if (rc) {
-        *rc = (router_call){.r = r, .req = req, .key = key};
+    ProtobufCMessage *req = rc->req;
+    rc->key = key;
+    if (rv == KV_OK) {
         if (req->descriptor == &kv__get_request__descriptor) {
             rv = repl_get_start(&r->env, c, (Kv__GetRequest *)req, &rc->rc);
         } else {
@@ -89,14 +116,13 @@ static kv_err call_start(router *r, rpc_ctx *c, kv_err rv, ProtobufCMessage *req
                      : repl_delete_start(&r->env, c, (Kv__DeleteRequest *)req, &rc->rc);
         }
     }
-    if (rc && rv == KV_OK && rc->rc) {
+    if (rv == KV_OK && rc->rc) {
         *state = rc;
         return KV_OK;
     }
-    if (rc && rc->write)
+    if (rc->write)
         router_mit_invalidate(r->mit, key->data, key->len);
-    free(rc);
-    protobuf_c_message_free_unpacked(req, NULL);
+    call_free(rc);
     return rv;
 }
 
@@ -106,8 +132,7 @@ static void call_end(router_call *rc)
 {
     if (rc->write)
         router_mit_invalidate(rc->r->mit, rc->key->data, rc->key->len);
-    protobuf_c_message_free_unpacked(rc->req, NULL);
-    free(rc);
+    call_free(rc);
 }
 
 kv_err router_finish(rpc_ctx *c, void *state)
@@ -122,34 +147,34 @@ kv_err router_get_start(rpc_ctx *c, const uint8_t *body, size_t len, void **stat
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    rpc_budget b;
-    Kv__GetRequest *req =
-        kv__get_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__GetRequest body");
-    kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    kv_err rv;
+    router_call *rc = call_new(r, c, &kv__get_request__descriptor, body, len, &rv);
+    if (!rc)
+        return rv;
+    Kv__GetRequest *req = (Kv__GetRequest *)rc->req;
+    rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
     bool one =
         req->consistency == KV__CONSISTENCY__DEFAULT || req->consistency == KV__CONSISTENCY__ONE;
     if (rv == KV_OK && r->mit && one && router_mit_flagged(r->mit, req->key.data, req->key.len)) {
         rv = get_hot(r, c, req); /* complete now */
-        kv__get_request__free_unpacked(req, NULL);
+        call_free(rc);
         return rv;
     }
-    return call_start(r, c, rv, &req->base, &req->key, state);
+    return call_start(r, c, rv, rc, &req->key, state);
 }
 
 kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    rpc_budget b;
-    Kv__PutRequest *req =
-        kv__put_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__PutRequest body");
-    kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    kv_err rv;
+    router_call *rc = call_new(r, c, &kv__put_request__descriptor, body, len, &rv);
+    if (!rc)
+        return rv;
+    Kv__PutRequest *req = (Kv__PutRequest *)rc->req;
+    rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
     if (rv == KV_OK)
@@ -157,23 +182,23 @@ kv_err router_put_start(rpc_ctx *c, const uint8_t *body, size_t len, void **stat
     req->version = 0; /* a client's version is ignored: the router's clock gives it */
     if (rv == KV_OK)  /* before now + ttl_ms is computed for hints */
         rv = kv_check_ttl(req->ttl_ms, c->message, sizeof(c->message));
-    return call_start(r, c, rv, &req->base, &req->key, state);
+    return call_start(r, c, rv, rc, &req->key, state);
 }
 
 kv_err router_delete_start(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
 {
     router *r = c->user;
     atomic_fetch_add_explicit(&r->requests, 1, memory_order_relaxed);
-    rpc_budget b;
-    Kv__DeleteRequest *req =
-        kv__delete_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
-    if (!req)
-        return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed Kv__DeleteRequest body");
-    kv_err rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    kv_err rv;
+    router_call *rc = call_new(r, c, &kv__delete_request__descriptor, body, len, &rv);
+    if (!rc)
+        return rv;
+    Kv__DeleteRequest *req = (Kv__DeleteRequest *)rc->req;
+    rv = kv_check_key(&r->cfg.limits, req->key.len, c->message, sizeof(c->message));
     if (rv == KV_OK)
         router_hot_sample(r, c->worker, req->key.data, req->key.len);
     req->version = 0; /* a client's version is ignored: the router's clock gives it */
-    return call_start(r, c, rv, &req->base, &req->key, state);
+    return call_start(r, c, rv, rc, &req->key, state);
 }
 
 kv_err router_h_batch(rpc_ctx *c, const uint8_t *body, size_t len)
@@ -241,15 +266,16 @@ bool router_get_async(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
 {
     router *r = c->user;
     if (r->mit) { /* a flagged hot key's read may block (get_hot): a worker's */
-        rpc_budget b;
+        uint8_t buf[256];
+        rpc_arena ar;
+        rpc_arena_init(&ar, buf, sizeof(buf));
         Kv__GetRequest *req =
-            kv__get_request__unpack(rpc_budget_init(&b, router_budget(r, len)), len, body);
+            kv__get_request__unpack(rpc_arena_pb(&ar, router_budget(r, len)), len, body);
         bool hot = req &&
                    (req->consistency == KV__CONSISTENCY__DEFAULT ||
                     req->consistency == KV__CONSISTENCY__ONE) &&
                    router_mit_flagged(r->mit, req->key.data, req->key.len);
-        if (req)
-            kv__get_request__free_unpacked(req, NULL);
+        rpc_arena_reset(&ar);
         if (hot)
             return false;
     }
