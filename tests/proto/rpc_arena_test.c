@@ -3,7 +3,7 @@
  * whole and aligned, the budget bounds it as it bounds malloc'ed unpacks,
  * and blocks move between threads without leaking (ASan and TSan builds
  * run this file too). */
-#include <criterion/criterion.h>
+#include "tests/kv_testfw.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -61,7 +61,7 @@ static void check_batch(const Kv__BatchRequest *req, size_t n, size_t vlen)
     }
 }
 
-Test(arena, unpacks_into_the_buffer_then_the_heap_and_resets)
+Test(rpc_arena, unpacks_into_the_buffer_then_the_heap_and_resets)
 {
     uint8_t buf[512];
     rpc_arena ar;
@@ -92,7 +92,7 @@ Test(arena, unpacks_into_the_buffer_then_the_heap_and_resets)
     rpc_arena_reset(&ar);
 }
 
-Test(arena, allocations_are_aligned_zeroed_and_bounded)
+Test(rpc_arena, allocations_are_aligned_zeroed_and_bounded)
 {
     rpc_arena ar;
     rpc_arena_init(&ar, NULL, 0); /* no buffer: every byte from blocks */
@@ -122,7 +122,7 @@ Test(arena, allocations_are_aligned_zeroed_and_bounded)
     rpc_arena_reset(&ar);
 }
 
-Test(arena, the_budget_refuses_what_malloc_would_refuse)
+Test(rpc_arena, the_budget_refuses_what_malloc_would_refuse)
 {
     size_t len;
     uint8_t *b = batch_bytes(1000, 0, &len);
@@ -180,7 +180,7 @@ static void *xt_run(void *arg)
     return NULL;
 }
 
-Test(arena, blocks_cross_threads_without_leaks)
+Test(rpc_arena, blocks_cross_threads_without_leaks)
 {
     xt_bytes = batch_bytes(50, 400, &xt_len); /* over one 16 KiB block */
     for (int i = 0; i < XT_THREADS; i++) {
