@@ -256,36 +256,12 @@ Test(cluster, rf1_dead_node_keys_unavailable_within_deadline, .timeout = 120)
     stop();
 }
 
-/* Statistic `name` of the process at url (admin.Stats) into out; false
- * when it does not report it. */
-static bool stat_at(const char *url, const char *name, char *out, size_t outlen)
-{
-    rpc_chan *ch;
-    cr_assert_eq(rpc_chan_open(&ch, url, NULL), KV_OK);
-    Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
-    rpc_reply r;
-    kv_err rv = rpc_call_retry(ch, "admin.Stats", 0, &req.base, 5000, &r);
-    cr_assert_eq(rv, KV_OK, "admin.Stats on %s: %s", url, kv_err_name(rv));
-    bool found = false;
-    Kv__StatsReply *s = kv__stats_reply__unpack(NULL, r.len, r.body);
-    for (size_t k = 0; s && k < s->n_stats && !found; k++)
-        if (strcmp(s->stats[k]->name, name) == 0) {
-            snprintf(out, outlen, "%s", s->stats[k]->value);
-            found = true;
-        }
-    if (s)
-        kv__stats_reply__free_unpacked(s, NULL);
-    rpc_reply_free(&r);
-    rpc_chan_close(ch);
-    return found;
-}
-
 /* Node i's "gets" statistic (reads it served), asked of the node itself. */
 static long node_gets(int i)
 {
-    char v[64];
-    cr_assert(stat_at(cl.node_url[i], "gets", v, sizeof(v)), "node %d reports no gets statistic",
-              i);
+    char v[KVT_STAT_LEN];
+    kv_err rv = kvt_stat(cl.node_url[i], NULL, NULL, "gets", v);
+    cr_assert_eq(rv, KV_OK, "node %d's gets statistic: %s", i, kv_err_name(rv));
     return strtol(v, NULL, 10);
 }
 
@@ -431,10 +407,11 @@ Test(cluster, rf3_reads_go_on_when_a_replica_stalls, .timeout = 180)
      * calls the primary down (the primary-ack rule); the reads above take
      * about half their deadline, which is usually but not always long
      * enough for it on a loaded machine (CI once saw st0 time out). */
-    char view[64] = "";
+    char view[KVT_STAT_LEN] = "";
     uint64_t t0 = kv_now_ns();
     while (kv_now_ns() - t0 < 10000000000ull &&
-           !(stat_at(cl.router_url, "view.n1", view, sizeof(view)) && strcmp(view, "down") == 0))
+           !(kvt_stat(cl.router_url, NULL, NULL, "view.n1", view) == KV_OK &&
+             strcmp(view, "down") == 0))
         usleep(20000);
     cr_expect_str_eq(view, "down", "the router sees the stalled node down within 10 s");
     for (int i = 0; i < N; i++) {

@@ -44,24 +44,8 @@ static void start(int nodes, int rf)
 /* A statistic of url (admin.Stats, verbose), -1 when missing. */
 static long stat_of(const char *url, const char *name)
 {
-    rpc_chan *ch;
-    rpc_chan_opts o = {0};
-    cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
-    Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
-    req.verbose = true; /* rpc.* are among the verbose figures */
-    rpc_reply r;
-    long v = -1;
-    if (rpc_call_retry(ch, "admin.Stats", 0, &req.base, 5000, &r) == KV_OK) {
-        Kv__StatsReply *s = kv__stats_reply__unpack(NULL, r.len, r.body);
-        for (size_t i = 0; s && i < s->n_stats; i++)
-            if (strcmp(s->stats[i]->name, name) == 0)
-                v = strtol(s->stats[i]->value, NULL, 10);
-        if (s)
-            kv__stats_reply__free_unpacked(s, NULL);
-    }
-    rpc_reply_free(&r);
-    rpc_chan_close(ch);
-    return v;
+    char v[KVT_STAT_LEN];
+    return kvt_stat(url, NULL, NULL, name, v) == KV_OK ? strtol(v, NULL, 10) : -1;
 }
 
 static long coordinated(void)

@@ -452,6 +452,41 @@ kv_err kvt_node_count(const char *url, const char *auth, uint64_t *live, uint64_
     return rv;
 }
 
+kv_err kvt_stats(const char *url, const char *auth, const char *node_id, int n,
+                 const char *const *names, char (*values)[KVT_STAT_LEN])
+{
+    for (int k = 0; k < n; k++)
+        values[k][0] = '\0';
+    rpc_chan *ch;
+    rpc_chan_opts o = kvt_chan_opts(auth);
+    if (rpc_chan_open(&ch, url, &o) != KV_OK)
+        return KV_INVALID_ARGUMENT;
+    Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
+    req.node_id = (char *)node_id;
+    req.verbose = true; /* rpc.* and the per-peer figures are verbose */
+    rpc_reply r;
+    kv_err rv = rpc_call_retry(ch, "admin.Stats", 0, &req.base, 5000, &r);
+    Kv__StatsReply *st = rv == KV_OK ? kv__stats_reply__unpack(NULL, r.len, r.body) : NULL;
+    if (rv == KV_OK && !st)
+        rv = KV_INTERNAL;
+    for (size_t i = 0; st && i < st->n_stats; i++)
+        for (int k = 0; k < n; k++)
+            if (strcmp(st->stats[i]->name, names[k]) == 0)
+                snprintf(values[k], KVT_STAT_LEN, "%s", st->stats[i]->value);
+    if (st)
+        kv__stats_reply__free_unpacked(st, NULL);
+    rpc_reply_free(&r);
+    rpc_chan_close(ch);
+    return rv;
+}
+
+kv_err kvt_stat(const char *url, const char *auth, const char *node_id, const char *name,
+                char value[KVT_STAT_LEN])
+{
+    kv_err rv = kvt_stats(url, auth, node_id, 1, &name, (char(*)[KVT_STAT_LEN])value);
+    return rv == KV_OK && !value[0] ? KV_NOT_FOUND : rv;
+}
+
 bool kvt_wait_serving(const char *url, const char *auth, int serving, int timeout_ms)
 {
     rpc_chan *ch;

@@ -99,6 +99,16 @@ int kvt_kvctl(const kvt_cluster *c, const char *args, char *out, size_t outlen);
 /* Live records and tombstones node url holds (admin.Digest over the whole
  * ring). Returns KV_OK or the call's error. */
 kv_err kvt_node_count(const char *url, const char *auth, uint64_t *live, uint64_t *tombs);
+/* n statistics from one admin.Stats (verbose) reply, so counters that move
+ * together are read together: of the process at url, or of node node_id
+ * through the router at url. values[k] gets names[k]'s value, "" when the
+ * reply has none. Returns KV_OK or the call's error (values all ""). */
+#define KVT_STAT_LEN 64
+kv_err kvt_stats(const char *url, const char *auth, const char *node_id, int n,
+                 const char *const *names, char (*values)[KVT_STAT_LEN]);
+/* One statistic as kvt_stats; KV_NOT_FOUND when the reply has none. */
+kv_err kvt_stat(const char *url, const char *auth, const char *node_id, const char *name,
+                char value[KVT_STAT_LEN]);
 /* Waits until url reports Serving `serving` (Kv__Serving) in admin.Ping. */
 bool kvt_wait_serving(const char *url, const char *auth, int serving, int timeout_ms);
 /* Starts kvctl ARGS (argv, NULL-terminated, after --router/--auth) in the

@@ -237,35 +237,18 @@ Test(hotkeys, two_routers_zipf_top_keys_and_shift, .timeout = 180)
 }
 
 /* n statistics of one admin.Stats (verbose) reply from url, or from node
- * node_id through the router at url: one reply, so counters that move
- * together are read together. */
+ * node_id through the router at url (kvt_stats), as numbers. */
 static void stats_get(const char *url, const char *node_id, const char *const *names, double *v,
                       int n)
 {
-    rpc_chan *ch;
-    cr_assert_eq(rpc_chan_open(&ch, url, NULL), KV_OK);
-    Kv__StatsRequest req = KV__STATS_REQUEST__INIT;
-    req.node_id = (char *)node_id;
-    req.verbose = true;
-    rpc_reply r;
-    for (int k = 0; k < n; k++)
-        v[k] = -1;
-    kv_err rv = rpc_call_retry(ch, "admin.Stats", 0, &req.base, 5000, &r);
-    cr_assert_eq(rv, KV_OK, "admin.Stats on %s: %s %s", url, kv_err_name(rv),
-                 r.message ? r.message : "");
-    if (rv == KV_OK) {
-        Kv__StatsReply *s = kv__stats_reply__unpack(NULL, r.len, r.body);
-        for (size_t i = 0; s && i < s->n_stats; i++)
-            for (int k = 0; k < n; k++)
-                if (strcmp(s->stats[i]->name, names[k]) == 0)
-                    v[k] = strtod(s->stats[i]->value, NULL);
-        if (s)
-            kv__stats_reply__free_unpacked(s, NULL);
+    char vals[8][KVT_STAT_LEN];
+    cr_assert(n <= 8);
+    kv_err rv = kvt_stats(url, NULL, node_id, n, names, vals);
+    cr_assert_eq(rv, KV_OK, "admin.Stats on %s: %s", url, kv_err_name(rv));
+    for (int k = 0; k < n; k++) {
+        cr_assert(vals[k][0], "no stat %s from %s", names[k], node_id ? node_id : url);
+        v[k] = strtod(vals[k], NULL);
     }
-    rpc_reply_free(&r);
-    rpc_chan_close(ch);
-    for (int k = 0; k < n; k++)
-        cr_assert_neq(v[k], -1, "no stat %s from %s", names[k], node_id ? node_id : url);
 }
 
 static double stat_num(const char *url, const char *node_id, const char *name)

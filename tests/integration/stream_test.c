@@ -135,21 +135,12 @@ Test(stream, chunks_resume_without_loss_and_keep_to_ranges, .init = setup, .fini
     cr_expect_eq(read_all(&w, 1, 4096, &tombs, &calls), KEYS);
     cr_expect_eq(tombs, KEYS / 10, "deletes stream as tombstones");
     cr_expect_gt(calls, 10, "4 KiB chunks: many calls (%d)", calls);
-    Kv__StatsRequest sreq = KV__STATS_REQUEST__INIT;
-    rpc_reply rep;
-    cr_assert_eq(rpc_call(ch, "admin.Stats", 0, &sreq.base, 5000, &rep), KV_OK);
-    Kv__StatsReply *st = kv__stats_reply__unpack(NULL, rep.len, rep.body);
-    long cont = -1, opened = -1;
-    for (size_t i = 0; st && i < st->n_stats; i++) {
-        if (strcmp(st->stats[i]->name, "stream.chunks_continued") == 0)
-            cont = atol(st->stats[i]->value);
-        if (strcmp(st->stats[i]->name, "stream.iterators_opened") == 0)
-            opened = atol(st->stats[i]->value);
-    }
+    static const char *const names[2] = {"stream.chunks_continued", "stream.iterators_opened"};
+    char v[2][KVT_STAT_LEN];
+    cr_assert_eq(kvt_stats(url, NULL, NULL, 2, names, v), KV_OK);
+    long cont = v[0][0] ? atol(v[0]) : -1, opened = v[1][0] ? atol(v[1]) : -1;
     cr_expect_eq(opened, 1, "one iterator for the whole stream (%ld)", opened);
     cr_expect_eq(cont, calls - 1, "every later chunk continued it (%ld of %d)", cont, calls);
-    kv__stats_reply__free_unpacked(st, NULL);
-    rpc_reply_free(&rep);
     Kv__Range a = KV__RANGE__INIT, b = KV__RANGE__INIT, *two[2] = {&a, &b};
     a.lo = 0x1000000000000000ull, a.hi = 0x5000000000000000ull;
     b.lo = 0xe000000000000000ull, b.hi = 0x0800000000000000ull; /* wraps */
