@@ -362,16 +362,23 @@ static bool take_owed_sample(engine *e)
 
 kv_err engine_get_mem(engine *e, const void *key, size_t klen, engine_result *out)
 {
-    if (sample_hit()) { /* its bookkeeping is engine_get's (ralt_access may flush a run) */
-        atomic_fetch_add_explicit(&e->samples_owed, 1, memory_order_relaxed);
-        return KV_NOT_FOUND;
-    }
     engine_result r = {0};
     get_state g = {engine_now_ms(e), &r, false};
     kv_err rv = hr_get(e->idx, key, klen, get_visit, &g);
     if (rv != KV_OK || g.oom) { /* engine_get answers it (the LSM tiers, or the error) */
         free(r.val);
         return KV_NOT_FOUND;
+    }
+    /* a sampled hit feeds HotRAP and the eviction sketch as engine_get's
+     * does, here when that cannot block; when the tracker would write a
+     * run, engine_get takes the read (and owes the sample: ralt_access) */
+    if (sample_hit()) {
+        if (!e->st->note_access_nb(e->db, key, klen, r.vlen)) {
+            free(r.val);
+            atomic_fetch_add_explicit(&e->samples_owed, 1, memory_order_relaxed);
+            return KV_NOT_FOUND;
+        }
+        engine_touch(e, key, klen);
     }
     atomic_fetch_add_explicit(&e->gets, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&e->reads_mem, 1, memory_order_relaxed);

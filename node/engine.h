@@ -169,12 +169,13 @@ void engine_close(engine *e);
  * with found, out->val is owned by the caller. */
 kv_err engine_get(engine *e, const void *key, size_t klen, engine_result *out);
 /* engine_get for a caller that must not block (an RPC receive callback):
- * KV_OK with *out as engine_get's when the memory index answers the read;
- * KV_NOT_FOUND, with nothing counted or copied, when the read needs the
- * LSM tiers or is one of the memory hits drawn for the access trackers,
- * whose bookkeeping may write to disk. Then call engine_get from a thread
- * that may block; it takes the tracker sample this call drew, so the
- * trackers still learn from 1 memory hit in 16. Registered threads only. */
+ * KV_OK with *out as engine_get's when the memory index answers the read
+ * (its sampled hits feed the access trackers here, 1 in 16, as engine_get's
+ * do); KV_NOT_FOUND, with nothing counted or copied, when the read needs
+ * the LSM tiers, or when it is a sampled hit whose bookkeeping would write
+ * to disk (HotRAP's tracker writing a run). Then call engine_get from a
+ * thread that may block; it takes the tracker sample this call drew.
+ * Registered threads only. */
 kv_err engine_get_mem(engine *e, const void *key, size_t klen, engine_result *out);
 
 /* Reads n keys at once: memory first, then one lsm_multiget for the misses

@@ -44,6 +44,9 @@ typedef struct engine_store {
     uint64_t (*max_version)(void *db);
     /* A memory-tier hit, for HotRAP's tracker (a no-op for kallax). */
     void (*note_access)(void *db, const void *key, size_t klen, size_t vlen);
+    /* The same on a thread that must not block: false, with nothing done,
+     * when it would have to (lsm_note_access_nb). */
+    bool (*note_access_nb)(void *db, const void *key, size_t klen, size_t vlen);
     /* The iteration order is (order(key), lsm_key_cmp): 0 for the LSM (key
      * order), the home block for kallax (kallax_key_cmp). */
     uint64_t (*order)(const void *db, const void *key, size_t klen);

@@ -123,6 +123,11 @@ static void lsm_store_note_access(void *db, const void *key, size_t klen, size_t
     lsm_note_access(db, key, klen, vlen);
 }
 
+static bool lsm_store_note_access_nb(void *db, const void *key, size_t klen, size_t vlen)
+{
+    return lsm_note_access_nb(db, key, klen, vlen);
+}
+
 static uint64_t lsm_store_order(const void *db, const void *key, size_t klen)
 {
     (void)db, (void)key, (void)klen;
@@ -191,6 +196,7 @@ const engine_store engine_store_lsm = {
     .get_meta = lsm_store_get_meta,
     .multiget = lsm_store_multiget,
     .note_access = lsm_store_note_access,
+    .note_access_nb = lsm_store_note_access_nb,
     .order = lsm_store_order,
     .iter_open = lsm_store_iter_open,
     .iter_seek = lsm_store_iter_seek,
@@ -297,6 +303,12 @@ static void kx_store_note_access(void *db, const void *key, size_t klen, size_t 
     (void)db, (void)key, (void)klen, (void)vlen; /* no HotRAP tracker */
 }
 
+static bool kx_store_note_access_nb(void *db, const void *key, size_t klen, size_t vlen)
+{
+    kx_store_note_access(db, key, klen, vlen);
+    return true;
+}
+
 static uint64_t kx_store_order(const void *db, const void *key, size_t klen)
 {
     return kallax_home(db, key, klen);
@@ -364,6 +376,7 @@ const engine_store engine_store_kallax = {
     .get_meta = kx_store_get_meta,
     .multiget = kx_store_multiget,
     .note_access = kx_store_note_access,
+    .note_access_nb = kx_store_note_access_nb,
     .order = kx_store_order,
     .iter_open = kx_store_iter_open,
     .iter_seek = kx_store_iter_seek,

@@ -1080,6 +1080,11 @@ void lsm_note_access(lsm_db *db, const void *key, size_t klen, size_t vlen)
         ralt_access(db->ralt, key, klen, vlen);
 }
 
+bool lsm_note_access_nb(lsm_db *db, const void *key, size_t klen, size_t vlen)
+{
+    return !db->ralt || !key || !klen || ralt_access_nb(db->ralt, key, klen, vlen);
+}
+
 /* ---- stats ---- */
 
 static void hotrap_stats(lsm_db *db, lsm_stats *out)

@@ -340,6 +340,9 @@ kv_err lsm_multiget(lsm_db *db, size_t n, const void *const *keys, const size_t 
  * only slows the key's score growth). No-op when HotRAP is off. key is
  * borrowed. Any thread. */
 void lsm_note_access(lsm_db *db, const void *key, size_t klen, size_t vlen);
+/* lsm_note_access on a thread that must not block (an nng callback): false,
+ * with nothing recorded, when it would write a run of the tracker. */
+bool lsm_note_access_nb(lsm_db *db, const void *key, size_t klen, size_t vlen);
 
 /* ---- iteration ----
  *

@@ -434,8 +434,13 @@ typedef void (*ralt_key_fn)(void *arg, const void *key, size_t klen, uint32_t vl
  * the volume's error. */
 kv_err ralt_open(ralt **out, const ralt_opts *o);
 void ralt_close(ralt *r); /* NULL is a no-op; deletes the run files */
-/* Records one access (any thread; copies key). */
+/* Records one access (any thread; copies key). May write a run (I/O) when
+ * the buffer fills. */
 void ralt_access(ralt *r, const void *key, size_t klen, size_t vlen);
+/* ralt_access on a thread that must not block: false, with nothing
+ * recorded, when this access would fill the buffer (ralt_access's run
+ * write); the caller then leaves the access to a thread that may block. */
+bool ralt_access_nb(ralt *r, const void *key, size_t klen, size_t vlen);
 /* Turns the buffer into a run and merges all runs into one (with eviction).
  * DATA_LOSS (logged, naming the file) when a run file is corrupt: the table
  * is then dropped and re-learned. */

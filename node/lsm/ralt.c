@@ -861,20 +861,47 @@ void ralt_close(ralt *r)
     free(r);
 }
 
+/* A new access record for key (k, malloc'ed), counted in r's ticks. */
+static ralt_ent access_ent(ralt *r, uint8_t *k, size_t klen, size_t vlen)
+{
+    uint64_t t = atomic_fetch_add(&r->accessed, klen + vlen) / r->tick_bytes;
+    return (ralt_ent){.key = k,
+                      .klen = (uint32_t)klen,
+                      .vlen = (uint32_t)vlen,
+                      .score = 1.0,
+                      .tick = t,
+                      .first = t,
+                      .counter = RALT_COUNTER0};
+}
+
+bool ralt_access_nb(ralt *r, const void *key, size_t klen, size_t vlen)
+{
+    uint8_t *k = klen ? malloc(klen) : NULL;
+    if (!k)
+        return true; /* dropped, as ralt_access drops it */
+    memcpy(k, key, klen);
+    pthread_mutex_lock(&r->bmu);
+    if (!r->buf) { /* a flush took it: a new one, as ralt_access makes */
+        r->buf = malloc(r->buf_cap * sizeof(*r->buf));
+        r->buf_alloc = r->buf ? r->buf_cap : 0;
+    }
+    /* room without growing, and not full after: ralt_access would flush */
+    bool room = r->buf && r->nbuf + 1 < r->buf_cap && r->nbuf < r->buf_alloc;
+    if (room)
+        r->buf[r->nbuf++] = access_ent(r, k, klen, vlen);
+    pthread_mutex_unlock(&r->bmu);
+    if (!room)
+        free(k);
+    return room;
+}
+
 void ralt_access(ralt *r, const void *key, size_t klen, size_t vlen)
 {
     uint8_t *k = klen ? malloc(klen) : NULL;
     if (!k)
         return;
     memcpy(k, key, klen);
-    uint64_t t = atomic_fetch_add(&r->accessed, klen + vlen) / r->tick_bytes;
-    ralt_ent e = {.key = k,
-                  .klen = (uint32_t)klen,
-                  .vlen = (uint32_t)vlen,
-                  .score = 1.0,
-                  .tick = t,
-                  .first = t,
-                  .counter = RALT_COUNTER0};
+    ralt_ent e = access_ent(r, k, klen, vlen);
     pthread_mutex_lock(&r->bmu);
     if (!r->buf || r->nbuf == r->buf_alloc) { /* full while a flush runs: grow, up to 4x */
         size_t cap = r->buf ? r->buf_alloc * 2 : r->buf_cap;

@@ -177,6 +177,44 @@ static probe run_probe(tenv *t, int id)
     return p;
 }
 
+/* engine_get_mem serves memory hits on the receiving thread: its sampled
+ * hits (1 in 16) feed HotRAP's tracker there too, and it declines only
+ * those whose sample would make the tracker write a run (once per 1024
+ * samples), which engine_get then takes. Before, every sampled hit was
+ * declined, and with it, in a message of many calls, the calls after it. */
+Test(engine_hotrap, memory_reads_decline_only_when_the_tracker_would_write)
+{
+    tenv *t = t_open();
+    for (int id = 0; id < 50; id++)
+        put(t, id, 0, false);
+    engine_stats st0, st1;
+    engine_get_stats(t->e, &st0);
+    int reads = 40000, declined = 0;
+    for (int i = 0; i < reads; i++) {
+        char k[16], v[VLEN];
+        key_of(k, i % 50);
+        engine_result r;
+        if (engine_get_mem(t->e, k, strlen(k), &r) == KV_NOT_FOUND) {
+            declined++;
+            check(t, i % 50, 0); /* what the server then does */
+            continue;
+        }
+        val_of(v, i % 50, 0);
+        cr_assert(r.found && r.vlen == VLEN && memcmp(r.val, v, VLEN) == 0, "%s", k);
+        free(r.val);
+    }
+    engine_get_stats(t->e, &st1);
+    /* ~2500 samples: a run write at most every 1023, not 1 read in 16 */
+    cr_assert_geq(declined, 1, "the tracker's run writes are left to engine_get");
+    cr_assert_leq(declined, reads / 16 / 100, "%d of %d memory reads declined", declined, reads);
+    cr_assert_eq(st1.gets - st0.gets, (uint64_t)reads, "every read counted once");
+    lsm_stats ls;
+    cr_assert_eq(lsm_stats_get(t->e->db, &ls), KV_OK);
+    cr_assert_geq(ls.ralt_entries, 50, "every key's samples reached the tracker (%llu entries)",
+                  (unsigned long long)ls.ralt_entries);
+    t_close(t);
+}
+
 Test(engine_hotrap, mem_newer_sees_dirty_clean_and_tombstone_items)
 {
     tenv *t = t_open();

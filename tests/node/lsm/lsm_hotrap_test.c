@@ -321,6 +321,34 @@ Test(ralt, a_corrupt_run_is_reported_and_the_table_relearns)
     ralt_close_tmp(r);
 }
 
+/* ralt_access_nb (an nng callback's access, engine_get_mem): it records
+ * accesses while the buffer has room and refuses, recording nothing, the
+ * one that would fill it, since ralt_access would write a run there. */
+Test(ralt, a_non_blocking_access_refuses_only_what_would_write_a_run)
+{
+    ralt *r;
+    ralt_opts o = {.hot_limit = 1 << 20, .tick_bytes = 100, .buf_entries = 4};
+    cr_assert_eq(ralt_open_tmp(&r, &o), KV_OK);
+    ralt_stats st;
+    for (int round = 0; round < 3; round++) {
+        ralt_stats_get(r, &st);
+        uint64_t runs = st.runs;
+        /* three fit (the buffer is made if a flush took it), the fourth
+         * would fill the buffer */
+        for (int i = 0; i < 3; i++)
+            cr_assert(ralt_access_nb(r, "nb", 2, 10), "round %d access %d", round, i);
+        cr_assert_not(ralt_access_nb(r, "nb", 2, 10), "round %d: the run write is refused", round);
+        ralt_stats_get(r, &st);
+        cr_assert_eq(st.runs, runs, "nothing written by the refusal");
+        acc(r, "nb", 10); /* the blocking access takes it and writes the run */
+        ralt_stats_get(r, &st);
+        cr_assert_eq(st.runs, runs + 1, "round %d: the blocking access wrote the run", round);
+    }
+    cr_assert(ralt_is_hot(r, "nb", 2), "the non-blocking accesses counted");
+    cr_assert(ralt_access_nb(r, "", 0, 10), "an empty key is dropped, as ralt_access drops it");
+    ralt_close_tmp(r);
+}
+
 /* Found by tests/fuzz/fuzz_ralt: a full merge that fails for another reason
  * than a corrupt run (here the file size limit, as when FD is full) keeps
  * the runs, RALT_MAX_RUNS + 1 of them, and the next buffer's run was then
