@@ -10,8 +10,18 @@
  * REQ contexts busy, each resending from its send/receive completions, and
  * prints a JSON line: ops/s and the p50 and p99 of the round trips.
  *
- *   nng_echo server URL [-w] [-c CONTEXTS]
- *   nng_echo client URL [-n INFLIGHT] [-s SECONDS] [-d BYTES]
+ * With -S a side skips nng's REQ/REP protocol layers and speaks their wire
+ * format itself on nng's byte streams (nng_stream: the same TCP or TLS
+ * connections and threads the protocol runs on): the SP handshake, then
+ * each message as an 8-byte big-endian length, the 4-byte request id and
+ * the body. The server reads whatever has arrived and echoes every complete
+ * message in it with one write; the client pipelines `inflight` messages on
+ * one connection. Either side works with the other's plain nng socket.
+ * What is left is the cost of nng's poller and one task hand-off per read
+ * or write, without the hand-offs between the protocol's layers.
+ *
+ *   nng_echo server URL [-w] [-S] [-c CONTEXTS]
+ *   nng_echo client URL [-S] [-n INFLIGHT] [-s SECONDS] [-d BYTES]
  *   nng_echo both URL ...   (server and client in one process)
  */
 #include <nng/nng.h>
@@ -130,6 +140,172 @@ static void server_start(const char *url, int contexts)
     }
 }
 
+/* ---- byte streams (-S) ------------------------------------------------- */
+
+#define SBUF (256u * 1024u) /* read buffer per connection */
+
+/* One connection's two directions. The read callback and the write
+ * callback can run at once on different nng task threads; mu guards the
+ * outgoing bytes and whether a write is in flight. */
+typedef struct sconn {
+    nng_stream *s;
+    nng_aio *rd, *wr;
+    uint8_t *in;
+    size_t inlen;
+    pthread_mutex_t mu;
+    uint8_t *out, *wbuf; /* appended to / being written */
+    size_t outlen, outcap, wlen, woff;
+    bool writing;
+    bool client;
+    bool shaken;  /* the peer's 8-byte SP handshake was read */
+    uint64_t *t0; /* the client's send times, in order (a ring of tcap) */
+    size_t tcap, thead, tn;
+    uint32_t next_id;
+} sconn;
+
+static void sc_write_locked(sconn *c)
+{
+    if (c->writing || !c->outlen)
+        return;
+    uint8_t *t = c->wbuf;
+    c->wbuf = c->out;
+    c->wlen = c->outlen;
+    c->woff = 0;
+    c->out = t;
+    c->outlen = 0;
+    c->writing = true;
+    nng_iov iov = {c->wbuf, c->wlen};
+    nng_aio_set_iov(c->wr, 1, &iov);
+    nng_stream_send(c->s, c->wr);
+}
+
+static void sc_append_locked(sconn *c, const uint8_t *frame, size_t n)
+{
+    if (c->outlen + n > c->outcap) {
+        size_t cap = c->outcap * 2 > c->outlen + n ? c->outcap * 2 : c->outlen + n;
+        uint8_t *o = realloc(c->out, cap);
+        uint8_t *w = realloc(c->wbuf, cap);
+        if (!o || !w)
+            abort();
+        c->out = o;
+        c->wbuf = w;
+        c->outcap = cap;
+    }
+    memcpy(c->out + c->outlen, frame, n);
+    c->outlen += n;
+}
+
+static void cli_frame_locked(sconn *c);
+
+static void sc_read(sconn *c)
+{
+    nng_iov iov = {c->in + c->inlen, SBUF - c->inlen};
+    nng_aio_set_iov(c->rd, 1, &iov);
+    nng_stream_recv(c->s, c->rd);
+}
+
+static void sc_rd_cb(void *arg)
+{
+    sconn *c = arg;
+    if (nng_aio_result(c->rd) != 0)
+        return; /* closed: the benchmark ends with the process */
+    c->inlen += nng_aio_count(c->rd);
+    size_t off = 0;
+    if (!c->shaken && c->inlen >= 8) {
+        if (memcmp(c->in, "\0SP\0", 4) != 0 || c->in[4] != 0 ||
+            c->in[5] != (c->client ? 0x31 : 0x30))
+            die("SP handshake", NNG_EPROTO);
+        c->shaken = true;
+        off = 8;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (c->shaken && c->inlen - off >= 8) {
+        uint64_t len = 0;
+        for (int i = 0; i < 8; i++)
+            len = len << 8 | c->in[off + (size_t)i];
+        if (len > SBUF - 8)
+            abort();
+        if (c->inlen - off < 8 + (size_t)len)
+            break;
+        if (c->client)
+            cli_frame_locked(c);
+        else /* the request's id and body, as they came, are the reply */
+            sc_append_locked(c, c->in + off, 8 + (size_t)len);
+        off += 8 + (size_t)len;
+    }
+    sc_write_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    memmove(c->in, c->in + off, c->inlen - off);
+    c->inlen -= off;
+    sc_read(c);
+}
+
+static void sc_wr_cb(void *arg)
+{
+    sconn *c = arg;
+    if (nng_aio_result(c->wr) != 0)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->woff += nng_aio_count(c->wr);
+    if (c->woff < c->wlen) {
+        nng_iov iov = {c->wbuf + c->woff, c->wlen - c->woff};
+        nng_aio_set_iov(c->wr, 1, &iov);
+        nng_stream_send(c->s, c->wr);
+    } else {
+        c->writing = false;
+        sc_write_locked(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static sconn *sc_new(nng_stream *s, bool client, size_t inflight)
+{
+    sconn *c = calloc(1, sizeof(*c));
+    if (!c || !(c->in = malloc(SBUF)))
+        abort();
+    c->s = s;
+    c->client = client;
+    pthread_mutex_init(&c->mu, NULL);
+    c->outcap = 64u * 1024u;
+    c->out = malloc(c->outcap);
+    c->wbuf = malloc(c->outcap);
+    c->tcap = inflight ? inflight : 1;
+    c->t0 = calloc(c->tcap, sizeof(*c->t0));
+    if (nng_aio_alloc(&c->rd, sc_rd_cb, c) != 0 || nng_aio_alloc(&c->wr, sc_wr_cb, c) != 0 ||
+        !c->out || !c->wbuf || !c->t0)
+        abort();
+    /* SP handshake: "\0SP\0", our protocol (REQ 0x30, REP 0x31), 2 zero bytes */
+    uint8_t hs[8] = {0, 'S', 'P', 0, 0, client ? 0x30 : 0x31, 0, 0};
+    pthread_mutex_lock(&c->mu);
+    sc_append_locked(c, hs, sizeof(hs));
+    sc_write_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    return c;
+}
+
+static nng_stream_listener *s_lis;
+static nng_aio *s_acc;
+
+static void s_accept_cb(void *arg)
+{
+    (void)arg;
+    if (nng_aio_result(s_acc) != 0)
+        return;
+    sconn *c = sc_new(nng_aio_get_output(s_acc, 0), false, 0);
+    sc_read(c);
+    nng_stream_listener_accept(s_lis, s_acc);
+}
+
+static void stream_server_start(const char *url)
+{
+    int rv;
+    if ((rv = nng_stream_listener_alloc(&s_lis, url)) != 0 ||
+        (rv = nng_stream_listener_listen(s_lis)) != 0 ||
+        (rv = nng_aio_alloc(&s_acc, s_accept_cb, NULL)) != 0)
+        die("stream listener", rv);
+    nng_stream_listener_accept(s_lis, s_acc);
+}
+
 /* ---- client ------------------------------------------------------------ */
 
 typedef struct cli_ctx {
@@ -182,6 +358,59 @@ static void cli_cb(void *arg)
         cli_send(k);
 }
 
+/* A request: its length, its id with the high bit set, payload bytes. */
+static size_t frame_make(uint8_t *frame, uint32_t id)
+{
+    uint64_t len = 4 + payload;
+    for (int i = 0; i < 8; i++)
+        frame[i] = (uint8_t)(len >> (56 - 8 * i));
+    id |= 0x80000000u;
+    for (int i = 0; i < 4; i++)
+        frame[8 + i] = (uint8_t)(id >> (24 - 8 * i));
+    memset(frame + 12, 'x', payload);
+    return 12 + payload;
+}
+
+/* A reply arrived (mu held): the oldest message's round trip ends, and the
+ * next message goes out behind the others. */
+static void cli_frame_locked(sconn *c)
+{
+    uint64_t now = now_ns(), us = (now - c->t0[c->thead]) / 1000u;
+    c->thead = (c->thead + 1) % c->tcap;
+    c->tn--;
+    atomic_fetch_add_explicit(&hist[us > MAX_US ? MAX_US : us], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&cli_done, 1, memory_order_relaxed);
+    if (atomic_load(&cli_stop))
+        return;
+    uint8_t frame[12 + 65536];
+    size_t n = frame_make(frame, c->next_id++);
+    c->t0[(c->thead + c->tn++) % c->tcap] = now_ns();
+    sc_append_locked(c, frame, n);
+}
+
+static void stream_client_start(const char *url, int inflight)
+{
+    nng_stream_dialer *d;
+    nng_aio *aio;
+    int rv;
+    if ((rv = nng_stream_dialer_alloc(&d, url)) != 0 || (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0)
+        die("stream dialer", rv);
+    nng_stream_dialer_dial(d, aio);
+    nng_aio_wait(aio);
+    if ((rv = nng_aio_result(aio)) != 0)
+        die("stream dial", rv);
+    sconn *c = sc_new(nng_aio_get_output(aio, 0), true, (size_t)inflight);
+    uint8_t frame[12 + 65536];
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < inflight; i++) {
+        c->t0[c->tn++] = now_ns();
+        sc_append_locked(c, frame, frame_make(frame, c->next_id++));
+    }
+    sc_write_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    sc_read(c);
+}
+
 static unsigned hist_pct(uint64_t total, double pct)
 {
     uint64_t want = (uint64_t)((double)total * pct), seen = 0;
@@ -191,7 +420,7 @@ static unsigned hist_pct(uint64_t total, double pct)
     return MAX_US;
 }
 
-static void client_run(const char *url, int inflight, double seconds, bool worker)
+static void req_client_start(const char *url, int inflight)
 {
     nng_socket s;
     int rv;
@@ -207,6 +436,16 @@ static void client_run(const char *url, int inflight, double seconds, bool worke
             die("client context", rv);
     for (int i = 0; i < inflight; i++)
         cli_send(&ks[i]);
+}
+
+static bool use_stream;
+
+static void client_run(const char *url, int inflight, double seconds, bool worker)
+{
+    if (use_stream)
+        stream_client_start(url, inflight);
+    else
+        req_client_start(url, inflight);
     nng_msleep(500); /* warm-up */
     memset((void *)hist, 0, sizeof(hist));
     uint64_t d0 = atomic_load(&cli_done), t0 = now_ns();
@@ -216,10 +455,12 @@ static void client_run(const char *url, int inflight, double seconds, bool worke
     uint64_t total = 0;
     for (unsigned i = 0; i <= MAX_US; i++)
         total += atomic_load(&hist[i]);
-    printf("{\"inflight\": %d, \"worker_handoff\": %s, \"ops_per_s\": %.0f, \"p50_us\": %u, "
+    printf("{\"inflight\": %d, \"stream\": %s, \"worker_handoff\": %s, \"ops_per_s\": %.0f, "
+           "\"p50_us\": %u, "
            "\"p99_us\": %u, \"errors\": %llu}\n",
-           inflight, worker ? "true" : "false", (double)n * 1e9 / (double)(t1 - t0),
-           hist_pct(total, 0.5), hist_pct(total, 0.99), (unsigned long long)atomic_load(&cli_err));
+           inflight, use_stream ? "true" : "false", worker ? "true" : "false",
+           (double)n * 1e9 / (double)(t1 - t0), hist_pct(total, 0.5), hist_pct(total, 0.99),
+           (unsigned long long)atomic_load(&cli_err));
     fflush(stdout);
     /* no teardown: stopping the contexts of a socket under load may wait in
      * nng 1.5 (rpc_util.c), and the process ends here anyway */
@@ -229,7 +470,7 @@ static void client_run(const char *url, int inflight, double seconds, bool worke
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: nng_echo server|client|both URL [-w] [-c CONTEXTS] "
+        fprintf(stderr, "usage: nng_echo server|client|both URL [-w] [-S] [-c CONTEXTS] "
                         "[-n INFLIGHT] [-s SECONDS] [-d BYTES]\n");
         return 2;
     }
@@ -237,8 +478,11 @@ int main(int argc, char **argv)
     int contexts = 64, inflight = 1, opt;
     double seconds = 5;
     optind = 3;
-    while ((opt = getopt(argc, argv, "wc:n:s:d:")) != -1) {
+    while ((opt = getopt(argc, argv, "wSc:n:s:d:")) != -1) {
         switch (opt) {
+        case 'S':
+            use_stream = true;
+            break;
         case 'w':
             use_worker = true;
             break;
@@ -259,7 +503,9 @@ int main(int argc, char **argv)
         }
     }
     bool serve = strcmp(mode, "server") == 0 || strcmp(mode, "both") == 0;
-    if (serve)
+    if (serve && use_stream)
+        stream_server_start(url);
+    else if (serve)
         server_start(url, contexts);
     if (strcmp(mode, "server") == 0)
         for (;;)
