@@ -4,9 +4,10 @@
  * REQ/REP (DESIGN.md §3). A call is one nng message holding a kv.Envelope;
  * the reply is an Envelope with the same id, a Status and a body.
  *
- * Server: REP contexts driven by their completions queue each call for a
- * pool of worker threads, which run handlers synchronously and send the
- * reply. A method's try_inline may serve a call that needs no blocking on
+ * Server: requests taken off connections (on tcp and tls, the REQ/REP
+ * wire format on nng byte streams, proto/rpc_conn.h; elsewhere REP
+ * contexts driven by their completions) are queued for a pool of worker
+ * threads, which run handlers synchronously and send the reply. A method's try_inline may serve a call that needs no blocking on
  * the receiving nng thread itself, without the hand-off, and its
  * start_async may start a call there that another thread's completion
  * finishes (a router's forwards). Methods are dispatched through a table by
@@ -27,9 +28,12 @@
  * verified against the listener's CA counts as admin. Tokens are compared
  * in constant time over their full length.
  *
- * Client: one REQ socket per peer (rpc_chan) with a pool of contexts for
- * concurrency; nng's resend timer is off, so a call is sent at most once and
- * only the caller retries (rpc_call_retry, for idempotent calls only).
+ * Client: one channel per peer (rpc_chan). On tcp and tls it speaks the
+ * REQ/REP wire format on one nng byte stream (proto/rpc_conn.h), with any
+ * number of messages in flight; on other transports (inproc, ipc), or with
+ * KV_RPC_SOCKETS=1, it is an nng REQ socket with a pool of contexts. Either
+ * way a call is sent at most once and only the caller retries
+ * (rpc_call_retry, for idempotent calls only).
  */
 #ifndef KV_PROTO_RPC_H
 #define KV_PROTO_RPC_H
@@ -341,7 +345,7 @@ typedef struct rpc_reply {
 
 void rpc_reply_free(rpc_reply *r);
 
-/* Opens a REQ socket dialing url (asynchronously; reconnects forever). The
+/* Opens a channel dialing url (asynchronously; reconnects forever). The
  * opts strings are copied. Returns INVALID_ARGUMENT for a bad URL, or a
  * tls+tcp:// URL without a usable opts->tls (no CA, unreadable files; the
  * reason is logged). */

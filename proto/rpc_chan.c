@@ -1,11 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * RPC client channel: one nng REQ socket dialed to one peer, with a pool of
- * REQ contexts so many messages can be in flight at once. Each message is a
- * small state machine driven by its context's aio callback (send, then
- * receive). nng's resend timer is switched off: a request is sent once, and
- * a call fails with UNAVAILABLE when the peer has no live connection, or
- * with DEADLINE_EXCEEDED when a connected peer does not answer in time.
+ * RPC client channel to one peer. A message in flight holds a slot (its
+ * id, deadline and completion, or the calls of an rpc.Calls message).
+ *
+ * Streams (tcp, tls): the REQ/REP wire format on one nng byte stream
+ * (rpc_conn.h). A slot's message is appended to the connection with a wire
+ * id that carries the slot's index, so a reply finds its slot at once; the
+ * channel's timer fails slots past their deadline; a lost connection fails
+ * the messages written on it (UNAVAILABLE: a request is never sent twice)
+ * and is redialed after a backoff, while messages made meanwhile wait for
+ * the next one until their deadlines. This skips the hand-offs between
+ * nng's REQ socket layers (bench/README.md, "The floor without nng's
+ * protocol layers").
+ *
+ * Sockets (inproc, ipc, or KV_RPC_SOCKETS=1): one nng REQ socket with a
+ * pool of contexts; each slot's context is a small state machine driven by
+ * its aio callback (send, then receive), with nng's resend timer off.
+ *
+ * Either way a call fails with UNAVAILABLE when the peer has no live
+ * connection, or with DEADLINE_EXCEEDED when a connected peer does not
+ * answer in time.
  *
  * Coalescing: a message costs the same transport work (syscalls, wake-ups
  * of nng's threads on both sides) whatever it carries, so while
@@ -39,6 +53,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
+#include "proto/rpc_conn.h"
 #include "proto/rpc_int.h"
 #include "proto/rpc_timer.h"
 #include "proto/rpc_tls.h"
@@ -86,11 +101,34 @@ struct rpc_slot {
     rpc_done_fn done; /* a single call */
     void *arg;
     rpc_pend *calls; /* an rpc.Calls message: its calls, in order (ch->mu) */
+    /* streams (ch->mu): the slot holds a message not yet completed (busy),
+     * written to the connection (sent) or waiting for one with its request
+     * (msg, on ch->wait); wire is the message's request id on the wire */
+    bool busy, sent;
+    uint16_t index; /* in ch->all: the low bits of wire */
+    uint16_t gen;   /* counts its messages: wire's middle bits */
+    uint32_t wire;
+    nng_msg *msg;
+    rpc_slot *next_wait;
 };
 
 struct rpc_chan {
+    /* tcp and tls (streams): the REQ/REP wire format on nng byte streams
+     * (rpc_conn.h), one connection at a time, redialed with a backoff;
+     * other URLs (inproc, ipc): an nng REQ socket */
+    bool streams;
     nng_socket sock;
     nng_dialer dialer;
+    nng_stream_dialer *sdialer; /* the dial in progress's own (mu) */
+    nng_tls_config *tls;        /* held for every dial (streams) */
+    nng_aio *dial_aio;          /* the dial in progress */
+    nng_aio *sleep_aio;         /* the backoff before the next dial */
+    rpc_conn *conn;             /* the connection, up or handshaking (mu) */
+    rpc_conn *dead;             /* the one that went down, freed before the next dial (mu) */
+    bool conn_up;               /* conn's handshake completed (mu) */
+    uint32_t backoff_ms;
+    uint32_t next_wire;              /* request ids on the wire (mu) */
+    rpc_slot *wait_head, *wait_tail; /* slots waiting for a connection (mu) */
     char *url;
     char *auth;
     size_t recv_max;
@@ -243,6 +281,11 @@ static void fail_transport(rpc_slot *s, int rv, rpc_reply *r)
         snprintf(msg, sizeof(msg), "no connection to %s", s->ch->url);
     } else if (rv == NNG_ETIMEDOUT) {
         snprintf(msg, sizeof(msg), "%s did not answer before the deadline", s->ch->url);
+    } else if (rv == NNG_ECONNSHUT) {
+        snprintf(msg, sizeof(msg), "the connection to %s was lost before the reply", s->ch->url);
+    } else if (rv == NNG_ECLOSED) {
+        st = KV_CANCELLED;
+        snprintf(msg, sizeof(msg), "channel to %s closed", s->ch->url);
     } else {
         snprintf(msg, sizeof(msg), "%s: %s", s->ch->url, nng_strerror(rv));
     }
@@ -359,6 +402,9 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
     rpc_reply_free(&outer);
 }
 
+static void stream_unwait_locked(rpc_chan *ch, rpc_slot *s);
+static void stream_fail(rpc_slot *s, int rv);
+
 /* The channel's timer (rpc_timer.h): the queue goes out once its oldest
  * call waited COALESCE_WAIT_NS, even if every message in flight is still
  * waiting for its reply; the calls of rpc.Calls messages in flight whose
@@ -380,8 +426,20 @@ static void chan_tick(void *arg)
         q = take_queue(ch);
     else if (ch->qhead)
         next = ch->q_since + COALESCE_WAIT_NS;
-    for (size_t i = 0; i < ch->nall; i++)
-        for (rpc_pend *p = ch->all[i]->calls; p; p = p->next) {
+    rpc_slot *expired = NULL; /* streams: messages past their deadline */
+    for (size_t i = 0; i < ch->nall; i++) {
+        rpc_slot *sl = ch->all[i];
+        if (ch->streams && sl->busy && sl->deadline_ns <= now) {
+            if (!sl->sent)
+                stream_unwait_locked(ch, sl);
+            sl->busy = sl->sent = false;
+            sl->next_wait = expired;
+            expired = sl;
+            continue; /* its calls complete with it */
+        }
+        if (ch->streams && sl->busy && sl->deadline_ns < next)
+            next = sl->deadline_ns;
+        for (rpc_pend *p = sl->calls; p; p = p->next) {
             if (p->claimed)
                 continue;
             if (p->deadline_ns <= now && n < sizeof(due) / sizeof(due[0])) {
@@ -392,6 +450,7 @@ static void chan_tick(void *arg)
                 next = p->deadline_ns > now ? p->deadline_ns : now + 1000000ull;
             }
         }
+    }
     bool rearm = next != UINT64_MAX && !ch->closing;
     pthread_mutex_unlock(&ch->mu);
     if (rearm)
@@ -402,6 +461,11 @@ static void chan_tick(void *arg)
     snprintf(msg, sizeof(msg), "%s did not answer before the deadline", ch->url);
     for (size_t i = 0; i < n; i++)
         fail_now(due[i].done, due[i].arg, KV_DEADLINE_EXCEEDED, msg);
+    for (rpc_slot *nx; expired; expired = nx) {
+        nx = expired->next_wait;
+        expired->next_wait = NULL;
+        stream_fail(expired, NNG_ETIMEDOUT);
+    }
 }
 
 static void slot_cb(void *arg)
@@ -469,6 +533,8 @@ static rpc_slot *slot_get_locked(rpc_chan *ch)
         ch->free_slots = s->next_free;
         return s;
     }
+    if (ch->streams && ch->nall > 0xffff)
+        return NULL; /* wire ids carry the index in 16 bits */
     if (ch->nall == ch->cap) {
         size_t ncap = ch->cap ? ch->cap * 2 : 16;
         rpc_slot **n = realloc(ch->all, ncap * sizeof(*n));
@@ -478,15 +544,292 @@ static rpc_slot *slot_get_locked(rpc_chan *ch)
         ch->cap = ncap;
     }
     s = calloc(1, sizeof(*s));
-    if (s && (nng_ctx_open(&s->ctx, ch->sock) != 0 || nng_aio_alloc(&s->aio, slot_cb, s) != 0)) {
+    if (s && !ch->streams &&
+        (nng_ctx_open(&s->ctx, ch->sock) != 0 || nng_aio_alloc(&s->aio, slot_cb, s) != 0)) {
         free(s);
         s = NULL;
     }
     if (s) {
         s->ch = ch;
+        s->index = (uint16_t)ch->nall;
         ch->all[ch->nall++] = s;
     }
     return s;
+}
+
+/* ---- streams: the wire format on an nng byte stream (rpc_conn.h) ---------- */
+
+/* Writes s's request m on c: 0, or nng's error (the connection is going
+ * down, or no memory). */
+static int stream_write(rpc_conn *c, const rpc_slot *s, nng_msg *m)
+{
+    uint8_t hdr[4] = {(uint8_t)(s->wire >> 24), (uint8_t)(s->wire >> 16), (uint8_t)(s->wire >> 8),
+                      (uint8_t)s->wire};
+    return rpc_conn_send(c, hdr, sizeof(hdr), nng_msg_body(m), nng_msg_len(m));
+}
+
+/* Sends request m from slot s (mu held): on the connection when it is up,
+ * else s waits for one with m (the timer fails it at its deadline). */
+static void stream_send_locked(rpc_chan *ch, rpc_slot *s, nng_msg *m)
+{
+    s->busy = true;
+    s->sent = false;
+    s->gen = (uint16_t)((s->gen + 1) & 0x7fff);
+    s->wire = 0x80000000u | (uint32_t)s->gen << 16 | s->index;
+    if (ch->conn_up && stream_write(ch->conn, s, m) == 0) {
+        s->sent = true;
+        nng_msg_free(m);
+        return;
+    }
+    s->msg = m;
+    s->next_wait = NULL;
+    if (ch->wait_tail)
+        ch->wait_tail->next_wait = s;
+    else
+        ch->wait_head = s;
+    ch->wait_tail = s;
+}
+
+/* Takes s off the wait list (mu held). */
+static void stream_unwait_locked(rpc_chan *ch, rpc_slot *s)
+{
+    rpc_slot **pp = &ch->wait_head, *prev = NULL;
+    while (*pp && *pp != s) {
+        prev = *pp;
+        pp = &(*pp)->next_wait;
+    }
+    if (!*pp)
+        return;
+    *pp = s->next_wait;
+    if (ch->wait_tail == s)
+        ch->wait_tail = prev;
+    s->next_wait = NULL;
+}
+
+/* Completes a slot that got no reply (rv: why). */
+static void stream_fail(rpc_slot *s, int rv)
+{
+    if (s->msg) {
+        nng_msg_free(s->msg);
+        s->msg = NULL;
+    }
+    if (s->calls) {
+        calls_finish(s, rv, NULL);
+        return;
+    }
+    rpc_reply r;
+    fail_transport(s, rv, &r);
+    slot_finish(s, &r);
+}
+
+static void stream_up(void *arg, rpc_conn *c)
+{
+    rpc_chan *ch = arg;
+    pthread_mutex_lock(&ch->mu);
+    ch->conn_up = true;
+    ch->backoff_ms = 0;
+    atomic_store(&ch->pipes, 1);
+    rpc_slot *w = ch->wait_head;
+    ch->wait_head = ch->wait_tail = NULL;
+    for (rpc_slot *next; w; w = next) {
+        next = w->next_wait;
+        w->next_wait = NULL;
+        nng_msg *m = w->msg;
+        w->msg = NULL;
+        stream_send_locked(ch, w, m); /* the wire id changes: harmless, nothing was sent */
+    }
+    pthread_cond_broadcast(&ch->cv);
+    pthread_mutex_unlock(&ch->mu);
+}
+
+/* A reply: the slot whose message has its wire id completes with it; a
+ * reply for none (its call completed by its deadline) is dropped. */
+static void stream_frame(void *arg, rpc_conn *c, const uint8_t *hdr, size_t hlen, nng_msg *body)
+{
+    (void)c;
+    rpc_chan *ch = arg;
+    uint32_t id =
+        hlen == 4 ? (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3]
+                  : 0;
+    pthread_mutex_lock(&ch->mu);
+    rpc_slot *s = (id & 0xffffu) < ch->nall ? ch->all[id & 0xffffu] : NULL;
+    if (s && (!s->busy || !s->sent || s->wire != id))
+        s = NULL;
+    if (s)
+        s->busy = s->sent = false;
+    pthread_mutex_unlock(&ch->mu);
+    if (!s) {
+        nng_msg_free(body);
+        return;
+    }
+    if (s->calls) {
+        calls_finish(s, 0, body);
+        return;
+    }
+    rpc_reply r;
+    parse_reply(s, body, &r);
+    slot_finish(s, &r);
+}
+
+/* The connection ended: the messages written on it fail (UNAVAILABLE; a
+ * request is never sent twice), those waiting stay for the next one, which
+ * is dialed after a backoff (50 ms doubling to 1 s, as nng's sockets). */
+static void stream_down(void *arg, rpc_conn *c, int rv)
+{
+    rpc_chan *ch = arg;
+    pthread_mutex_lock(&ch->mu);
+    if (ch->conn == c) {
+        ch->conn = NULL;
+        ch->dead = c;
+    }
+    ch->conn_up = false;
+    atomic_store(&ch->pipes, 0);
+    rpc_slot *lost = NULL;
+    for (size_t i = 0; i < ch->nall; i++) {
+        rpc_slot *s = ch->all[i];
+        if (s->busy && s->sent) {
+            s->busy = s->sent = false;
+            s->next_wait = lost;
+            lost = s;
+        }
+    }
+    bool closing = ch->closing;
+    if (!closing && ch->dead == c) {
+        ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
+        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+    }
+    pthread_cond_broadcast(&ch->cv);
+    pthread_mutex_unlock(&ch->mu);
+    if (rv != NNG_ECLOSED && rv != NNG_ECONNSHUT && rv != NNG_ECONNRESET)
+        KV_DEBUG("rpc", "connection to %s ended: %s", ch->url, nng_strerror(rv));
+    for (rpc_slot *next; lost; lost = next) {
+        next = lost->next_wait;
+        lost->next_wait = NULL;
+        stream_fail(lost, closing ? NNG_ECLOSED : NNG_ECONNSHUT);
+    }
+}
+
+static const rpc_conn_cb stream_cb_init = {
+    .up = stream_up, .frame = stream_frame, .down = stream_down};
+
+/* Starts a dial with a dialer of its own (mu held): 0 or nng's error. A
+ * dialer lives for one dial only. A connection keeps a reference to the
+ * dialer that made it, dropped when nng's reaper frees the connection; the
+ * dialer is freed in its dial's completion, before the connection is
+ * published, so everything nng does with it happens before the
+ * connection's end (ThreadSanitizer does not see the atomics nng orders
+ * that with, and a dialer freed at the channel's close raced the reaper). */
+static int stream_dial_locked(rpc_chan *ch)
+{
+    nng_stream_dialer *d = NULL;
+    int rv = nng_stream_dialer_alloc(&d, ch->url);
+    if (rv == 0 && ch->tls)
+        rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, ch->tls);
+    if (rv != 0) {
+        if (d)
+            nng_stream_dialer_free(d);
+        return rv;
+    }
+    (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
+    ch->sdialer = d;
+    nng_stream_dialer_dial(d, ch->dial_aio);
+    return 0;
+}
+
+static void stream_dial_cb(void *arg)
+{
+    rpc_chan *ch = arg;
+    int rv = nng_aio_result(ch->dial_aio);
+    pthread_mutex_lock(&ch->mu);
+    nng_stream_dialer *d = ch->sdialer;
+    ch->sdialer = NULL;
+    pthread_mutex_unlock(&ch->mu);
+    if (d)
+        nng_stream_dialer_free(d); /* the stream it made keeps what it needs */
+    rpc_conn *c = NULL;
+    if (rv == 0) {
+        rpc_conn_cb cb = stream_cb_init;
+        cb.arg = ch;
+        c = rpc_conn_new(nng_aio_get_output(ch->dial_aio, 0), RPC_SP_REQ, RPC_SP_REP, ch->recv_max,
+                         0, &cb);
+    }
+    pthread_mutex_lock(&ch->mu);
+    bool closing = ch->closing;
+    if (!closing && c) {
+        ch->conn = c;
+    } else if (!closing) { /* refused, unreachable, or no memory: again after the backoff */
+        ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
+        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+    }
+    pthread_mutex_unlock(&ch->mu);
+    if (closing)
+        rpc_conn_free(c);
+    else if (c)
+        rpc_conn_start(c);
+}
+
+static void stream_sleep_cb(void *arg)
+{
+    rpc_chan *ch = arg;
+    if (nng_aio_result(ch->sleep_aio) != 0)
+        return; /* stopped: the channel is closing */
+    pthread_mutex_lock(&ch->mu);
+    rpc_conn *dead = ch->dead;
+    ch->dead = NULL;
+    int rv = 0;
+    if (!ch->closing) /* under mu, against rpc_chan_shutdown's stop of the aio */
+        rv = stream_dial_locked(ch);
+    if (rv != 0 && !ch->closing) { /* no memory: again after the backoff */
+        ch->backoff_ms = 1000;
+        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+    }
+    pthread_mutex_unlock(&ch->mu);
+    rpc_conn_free(dead);
+}
+
+/* Opens ch's stream dialer and starts the first dial: 0 or nng's error. */
+static int stream_open(rpc_chan *ch, nng_tls_config *tls)
+{
+    if (tls) {
+        nng_tls_config_hold(tls);
+        ch->tls = tls;
+    }
+    int rv = nng_aio_alloc(&ch->dial_aio, stream_dial_cb, ch);
+    if (rv == 0)
+        rv = nng_aio_alloc(&ch->sleep_aio, stream_sleep_cb, ch);
+    if (rv == 0) {
+        pthread_mutex_lock(&ch->mu);
+        rv = stream_dial_locked(ch); /* a bad URL fails here */
+        pthread_mutex_unlock(&ch->mu);
+    }
+    return rv;
+}
+
+/* rpc_chan_shutdown's part for streams: no dial any more; the messages
+ * written and those waiting complete with CANCELLED. */
+static void stream_shutdown(rpc_chan *ch)
+{
+    if (ch->dial_aio)
+        nng_aio_stop(ch->dial_aio);
+    if (ch->sleep_aio)
+        nng_aio_stop(ch->sleep_aio);
+    pthread_mutex_lock(&ch->mu);
+    rpc_conn *c = ch->conn, *dead = ch->dead;
+    ch->conn = ch->dead = NULL;
+    pthread_mutex_unlock(&ch->mu);
+    rpc_conn_free(c); /* its end fails what was written on it */
+    rpc_conn_free(dead);
+    pthread_mutex_lock(&ch->mu);
+    rpc_slot *w = ch->wait_head;
+    ch->wait_head = ch->wait_tail = NULL;
+    for (rpc_slot *s = w; s; s = s->next_wait)
+        s->busy = false;
+    pthread_mutex_unlock(&ch->mu);
+    for (rpc_slot *next; w; w = next) {
+        next = w->next_wait;
+        w->next_wait = NULL;
+        stream_fail(w, NNG_ECLOSED);
+    }
 }
 
 /* opts->coalesce_after, else $KV_RPC_COALESCE_AFTER (for benchmarks that
@@ -523,6 +866,21 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
         (rv = rpc_tls_config(opts ? opts->tls : NULL, false, &tls, why, sizeof(why))) != 0)
         KV_ERROR("rpc", "cannot dial %s: %s", url, why);
     ch->verified = tls != NULL;
+    const char *sockets = getenv("KV_RPC_SOCKETS"); /* 1: nng's REQ sockets (benchmarks' A/B) */
+    ch->streams = rpc_conn_url_ok(url) && !(sockets && strcmp(sockets, "1") == 0);
+    if (rv == 0 && ch->streams) {
+        if (ch->url && ch->auth)
+            rv = stream_open(ch, tls);
+        if (tls)
+            nng_tls_config_free(tls); /* the dialer holds it */
+        if (rv != 0 || !ch->url || !ch->auth) {
+            KV_DEBUG("rpc", "cannot dial %s: %s", url, nng_strerror(rv));
+            rpc_chan_close(ch);
+            return rv == NNG_ENOMEM || rv == 0 ? KV_RESOURCE_EXHAUSTED : KV_INVALID_ARGUMENT;
+        }
+        *out = ch;
+        return KV_OK;
+    }
     if (rv == 0)
         rv = nng_req0_open(&ch->sock);
     if (rv == 0) {
@@ -574,7 +932,9 @@ void rpc_chan_shutdown(rpc_chan *ch)
      * with CANCELLED) and waits for a running completion; since closing is
      * set, no completion submits anything after that (nng would drop a
      * submission on a stopped aio without ever completing it). */
-    for (size_t i = 0; i < ch->nall; i++)
+    if (ch->streams)
+        stream_shutdown(ch);
+    for (size_t i = 0; !ch->streams && i < ch->nall; i++)
         nng_aio_stop(ch->all[i]->aio);
     /* after the stops: a completion that sent a message before closing was
      * set may have armed the timer since */
@@ -586,12 +946,22 @@ void rpc_chan_close(rpc_chan *ch)
     if (!ch)
         return;
     rpc_chan_shutdown(ch);
-    if (!rpc_socket_close(ch->sock, RPC_CLOSE_WAIT_MS, ch->url)) {
+    if (ch->streams) {
+        if (ch->sdialer) /* a dial never started: its aio failed to allocate */
+            nng_stream_dialer_free(ch->sdialer);
+        if (ch->tls)
+            nng_tls_config_free(ch->tls);
+        if (ch->dial_aio)
+            nng_aio_free(ch->dial_aio);
+        if (ch->sleep_aio)
+            nng_aio_free(ch->sleep_aio);
+    } else if (!rpc_socket_close(ch->sock, RPC_CLOSE_WAIT_MS, ch->url)) {
         rpc_keep_abandoned(ch); /* nng may still call pipe_cb with ch: leave it allocated */
         return;
     }
     for (size_t i = 0; i < ch->nall; i++) {
-        nng_aio_free(ch->all[i]->aio); /* waits for a running callback */
+        if (ch->all[i]->aio)
+            nng_aio_free(ch->all[i]->aio); /* waits for a running callback */
         free(ch->all[i]);
     }
     free(ch->all);
@@ -648,15 +1018,20 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
         s->deadline_ns = deadline_ns;
         s->calls = calls;
         ch->nbatch += calls != NULL;
-        nng_aio_set_timeout(
-            s->aio, (nng_duration)(deadline_ns > now ? (deadline_ns - now) / 1000000ull + 1 : 1));
-        nng_aio_set_msg(s->aio, m);
-        nng_ctx_send(s->ctx, s->aio);
+        if (ch->streams) {
+            stream_send_locked(ch, s, m);
+        } else {
+            nng_aio_set_timeout(
+                s->aio,
+                (nng_duration)(deadline_ns > now ? (deadline_ns - now) / 1000000ull + 1 : 1));
+            nng_aio_set_msg(s->aio, m);
+            nng_ctx_send(s->ctx, s->aio);
+        }
     }
     pthread_mutex_unlock(&ch->mu);
     if (s) {
-        if (calls)
-            rpc_timer_arm(&ch->tick, first);
+        if (calls || ch->streams) /* streams: the timer is every message's deadline */
+            rpc_timer_arm(&ch->tick, calls ? first : deadline_ns);
         return;
     }
     kv_err st = closing ? KV_CANCELLED : KV_RESOURCE_EXHAUSTED;

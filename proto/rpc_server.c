@@ -1,13 +1,24 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * RPC server over an nng REP socket, completion-driven. `contexts` REP
- * contexts each keep one receive posted; the receive's completion (an nng
- * thread, which must not block) decodes the Envelope and queues the call on
- * a lane; a worker thread of that lane checks auth and deadline, runs the
- * handler and sends the reply Envelope from the same context; the send's
- * completion posts the context's next receive. So no thread waits for one
- * call's messages, a busy worker takes the next queued call without
- * sleeping, and more calls than workers are taken off the socket at once.
+ * RPC server, completion-driven. A request arrives in a call slot
+ * (rpc_scall) on an nng thread, which must not block: it decodes the
+ * Envelope and queues the call on a lane; a worker thread of that lane
+ * checks auth and deadline, runs the handler and sends the reply Envelope
+ * for the slot. So no thread waits for one call's messages, a busy worker
+ * takes the next queued call without sleeping, and more calls than workers
+ * are taken off the connections at once.
+ *
+ * Streams (tcp, tls): the server accepts nng byte streams and speaks the
+ * REQ/REP wire format on them (rpc_conn.h). Each request a connection's
+ * read brings takes a free slot (more are made up to max_inflight plus the
+ * contexts; past that a request is refused RESOURCE_EXHAUSTED at once), and
+ * its reply is queued on its connection behind the others, which a write
+ * sends together. A connection is freed when it has ended and no request
+ * of it is unanswered.
+ *
+ * Sockets (inproc, ipc, KV_RPC_SOCKETS=1): an nng REP socket with
+ * `contexts` contexts, each keeping one receive posted; its reply is sent
+ * from the same context, and the send's completion posts the next receive.
  *
  * Inline calls: a method's try_inline may serve a call on the receiving
  * nng thread itself, after the same admission, credential and deadline
@@ -64,6 +75,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
+#include "proto/rpc_conn.h"
 #include "proto/rpc_tls.h"
 #include "proto/rpc_int.h"
 #include "proto/statlist.h"
@@ -94,13 +106,26 @@ struct rpc_job {
     uint64_t queued_ns; /* when it was queued (kv_now_ns) */
 };
 
-/* One REP context and the call it holds between its receive and its reply. */
+typedef struct rpc_sconn rpc_sconn;
+/* Replies a connection may have queued behind the one being written: four
+ * of the largest requests' worth (a peer that pipelines requests without
+ * reading the replies is disconnected past it: rpc_conn_new). */
+#define RPC_OUT_MAX(recv_max) (4 * (recv_max) + 16u * 1024u * 1024u)
+
+/* One REP context (sockets) or one request taken off a connection
+ * (streams), and the call it holds between its receive and its reply. */
 typedef struct rpc_scall {
     rpc_job job; /* first: a job is its call */
     rpc_server *srv;
     nng_ctx ctx;
     nng_aio *aio;
-    bool open;    /* ctx and aio were created */
+    bool open; /* ctx and aio were created */
+    /* streams: the connection the reply goes to (a reference), the
+     * request's id words to send back, and the free list */
+    rpc_sconn *conn;
+    uint8_t bt[4 * RPC_SP_MAX_HOPS];
+    size_t btlen;
+    struct rpc_scall *next_free;
     bool sending; /* the aio's operation is the reply (else a receive) */
     nng_msg *req;
     Kv__Envelope *env;    /* the decoded request, NULL when malformed */
@@ -170,8 +195,36 @@ typedef struct rpc_worker {
     bool started;
 } rpc_worker;
 
+/* Streams: one accepted connection. References: the connection's own
+ * until its end, and one per request taken off it and not yet answered;
+ * the last one queues it on the server's dead list, freed from the accept
+ * callback or the close (never from its own callbacks). */
+struct rpc_sconn {
+    rpc_server *srv;
+    rpc_conn *c;
+    atomic_int refs;
+    int verified;           /* -1 unknown yet, else whether its TLS peer verified */
+    rpc_sconn *next, *prev; /* s->conns (cmu), or s->dead */
+};
+
 struct rpc_server {
     rpc_server_opts opts;
+    /* tcp and tls (streams): nng byte streams accepted by slis, each
+     * speaking the REQ/REP wire format (rpc_conn.h); requests take an
+     * rpc_scall from the free list (more are allocated up to max_scalls).
+     * Other URLs (inproc, ipc) or KV_RPC_SOCKETS=1: an nng REP socket with
+     * ncalls contexts. */
+    bool streams;
+    nng_stream_listener *slis;
+    nng_aio *accept_aio;
+    pthread_mutex_t cmu; /* conns, dead, free_calls, extra (streams) */
+    rpc_sconn *conns, *dead;
+    rpc_scall *free_calls;
+    rpc_scall **extra; /* scalls allocated past ncalls */
+    size_t nextra, extracap, max_scalls;
+    size_t recv_max;
+    _Atomic uint64_t n_conns; /* accepted */
+    atomic_size_t live_conns; /* accepted and not freed */
     nng_socket sock;
     nng_listener listener;
     bool listening;
@@ -257,7 +310,8 @@ uint32_t rpc_ctx_remaining_ms(const rpc_ctx *c)
 int rpc_server_port(const rpc_server *s)
 {
     int port = 0;
-    if (nng_listener_get_int(s->listener, NNG_OPT_TCP_BOUND_PORT, &port) != 0)
+    if (s->streams ? nng_stream_listener_get_int(s->slis, NNG_OPT_TCP_BOUND_PORT, &port) != 0
+                   : nng_listener_get_int(s->listener, NNG_OPT_TCP_BOUND_PORT, &port) != 0)
         return -1;
     return port;
 }
@@ -505,7 +559,7 @@ static rpc_job *lane_pop(rpc_lane *l)
 
 static void post_recv(rpc_scall *k)
 {
-    if (!atomic_load(&k->srv->stopping))
+    if (!k->srv->streams && !atomic_load(&k->srv->stopping))
         nng_ctx_recv(k->ctx, k->aio);
 }
 
@@ -584,6 +638,8 @@ static kv_err admit(rpc_server *s, rpc_scall *k, rpc_ctx *c)
 }
 
 static bool serve_inline(rpc_server *s, rpc_scall *k);
+static void call_arrived(rpc_server *s, rpc_scall *k);
+static void stream_reply(rpc_scall *k, nng_msg *msg);
 
 /* The context's aio completion, on an nng thread: a reply went out (post
  * the next receive) or a request came in (decode it, admit it, serve it
@@ -612,6 +668,13 @@ static void call_cb(void *arg)
     if (s->tls_verify &&
         nng_pipe_get_bool(nng_msg_get_pipe(k->req), NNG_OPT_TLS_VERIFIED, &k->verified) != 0)
         k->verified = false;
+    call_arrived(s, k);
+}
+
+/* A request arrived in k (k->req, k->verified): decode it, admit it, serve
+ * it here when its method can without blocking, else queue it. */
+static void call_arrived(rpc_server *s, rpc_scall *k)
+{
     k->arrival_ns = kv_now_ns();
     size_t len = nng_msg_len(k->req);
     /* unknown fields cost memory too: what an envelope may make us allocate is bounded */
@@ -660,8 +723,13 @@ static void send_msg(rpc_scall *k, nng_msg *msg)
         atomic_fetch_sub(&s->inflight, k->admitted);
     }
     k->admitted = 0;
-    if (!msg) {
+    if (!msg)
         KV_ERROR("rpc", "out of memory building a reply");
+    if (s->streams) {
+        stream_reply(k, msg);
+        return;
+    }
+    if (!msg) {
         post_recv(k);
         return;
     }
@@ -1112,15 +1180,254 @@ static void *worker_main(void *arg)
 
 /* ---- lifecycle --------------------------------------------------------- */
 
+/* ---- streams: requests taken off nng byte streams (rpc_conn.h) ------------ */
+
+static void sconn_unref(rpc_sconn *sc)
+{
+    if (atomic_fetch_sub(&sc->refs, 1) != 1)
+        return;
+    rpc_server *s = sc->srv;
+    pthread_mutex_lock(&s->cmu);
+    sc->next = s->dead;
+    s->dead = sc;
+    pthread_mutex_unlock(&s->cmu);
+}
+
+/* Frees the connections that ended and hold no request (not from one of
+ * their callbacks: rpc_conn_free waits for those). */
+static void sconn_reap(rpc_server *s)
+{
+    pthread_mutex_lock(&s->cmu);
+    rpc_sconn *d = s->dead;
+    s->dead = NULL;
+    pthread_mutex_unlock(&s->cmu);
+    for (rpc_sconn *next; d; d = next) {
+        next = d->next;
+        rpc_conn_free(d->c);
+        free(d);
+        atomic_fetch_sub(&s->live_conns, 1);
+    }
+}
+
+/* A free call slot, or a new one while fewer than max_scalls exist; NULL
+ * past that (or out of memory). */
+static rpc_scall *scall_get(rpc_server *s)
+{
+    pthread_mutex_lock(&s->cmu);
+    rpc_scall *k = s->free_calls;
+    if (k) {
+        s->free_calls = k->next_free;
+    } else if (s->ncalls + s->nextra < s->max_scalls) {
+        if (s->nextra == s->extracap) {
+            size_t cap = s->extracap ? 2 * s->extracap : 64;
+            rpc_scall **n = realloc(s->extra, cap * sizeof(*n));
+            if (n) {
+                s->extra = n;
+                s->extracap = cap;
+            }
+        }
+        k = s->nextra < s->extracap ? calloc(1, sizeof(*k)) : NULL;
+        if (k) {
+            k->srv = s;
+            rpc_arena_init(&k->ar, NULL, 0);
+            s->extra[s->nextra++] = k;
+        }
+    }
+    pthread_mutex_unlock(&s->cmu);
+    return k;
+}
+
+static void scall_put(rpc_scall *k)
+{
+    rpc_server *s = k->srv;
+    pthread_mutex_lock(&s->cmu);
+    k->next_free = s->free_calls;
+    s->free_calls = k;
+    pthread_mutex_unlock(&s->cmu);
+}
+
+/* send_msg's end for streams: msg (NULL: no reply) goes to k's connection
+ * behind the replies before it; k and its reference are released. */
+static void stream_reply(rpc_scall *k, nng_msg *msg)
+{
+    rpc_sconn *sc = k->conn;
+    k->conn = NULL;
+    if (msg) {
+        /* fails only when the connection ended: the caller learns it there */
+        (void)rpc_conn_send(sc->c, k->bt, k->btlen, nng_msg_body(msg), nng_msg_len(msg));
+        nng_msg_free(msg);
+    }
+    scall_put(k);
+    sconn_unref(sc);
+}
+
+/* A request that finds every call slot taken (max_scalls: the admission
+ * limit and the contexts) is answered RESOURCE_EXHAUSTED from here. */
+static void stream_refuse(rpc_sconn *sc, const uint8_t *hdr, size_t hlen, nng_msg *body)
+{
+    rpc_server *s = sc->srv;
+    uint8_t buf[512];
+    rpc_arena ar;
+    rpc_arena_init(&ar, buf, sizeof(buf));
+    size_t len = nng_msg_len(body);
+    Kv__Envelope *env = (Kv__Envelope *)protobuf_c_message_unpack(
+        &kv__envelope__descriptor, rpc_arena_pb(&ar, rpc_unpack_budget(len, 0)), len,
+        nng_msg_body(body));
+    rpc_ctx c = {0};
+    rpc_fail(&c, KV_RESOURCE_EXHAUSTED,
+             "server overloaded: %zu requests held unanswered, its limit", s->max_scalls);
+    Kv__Envelope rep;
+    Kv__Status st;
+    reply_env(&rep, &st, env ? env->id : 0, KV_RESOURCE_EXHAUSTED, &c);
+    nng_msg *m = pack_msg(&rep.base);
+    if (m) {
+        (void)rpc_conn_send(sc->c, hdr, hlen, nng_msg_body(m), nng_msg_len(m));
+        nng_msg_free(m);
+    }
+    atomic_fetch_add_explicit(&s->n_shed, 1, memory_order_relaxed);
+    rpc_arena_reset(&ar);
+    nng_msg_free(body);
+}
+
+/* A request on connection sc (its reading thread): into a call slot, then
+ * as any received request (call_arrived). */
+static void stream_frame(void *arg, rpc_conn *c, const uint8_t *hdr, size_t hlen, nng_msg *body)
+{
+    rpc_sconn *sc = arg;
+    rpc_server *s = sc->srv;
+    if (atomic_load(&s->stopping)) { /* closing: as a socket with no receive posted */
+        nng_msg_free(body);
+        return;
+    }
+    rpc_scall *k = scall_get(s);
+    if (!k) {
+        stream_refuse(sc, hdr, hlen, body);
+        return;
+    }
+    atomic_fetch_add(&sc->refs, 1);
+    k->conn = sc;
+    memcpy(k->bt, hdr, hlen);
+    k->btlen = hlen;
+    if (sc->verified < 0) /* TLS has finished its handshake once data flows */
+        sc->verified = s->tls_verify && rpc_conn_verified(c);
+    k->verified = sc->verified > 0;
+    k->req = body;
+    call_arrived(s, k);
+}
+
+static void stream_down(void *arg, rpc_conn *c, int rv)
+{
+    (void)c;
+    rpc_sconn *sc = arg;
+    rpc_server *s = sc->srv;
+    pthread_mutex_lock(&s->cmu);
+    if (sc->prev)
+        sc->prev->next = sc->next;
+    else if (s->conns == sc)
+        s->conns = sc->next;
+    if (sc->next)
+        sc->next->prev = sc->prev;
+    sc->next = sc->prev = NULL;
+    pthread_mutex_unlock(&s->cmu);
+    if (rv == NNG_EPROTO || rv == NNG_EMSGSIZE)
+        KV_DEBUG("rpc", "dropped a connection to %s: %s", s->opts.url, nng_strerror(rv));
+    sconn_unref(sc);
+}
+
+static void stream_accept_cb(void *arg)
+{
+    rpc_server *s = arg;
+    int rv = nng_aio_result(s->accept_aio);
+    sconn_reap(s);
+    if (rv == 0) {
+        nng_stream *st = nng_aio_get_output(s->accept_aio, 0);
+        rpc_sconn *sc = calloc(1, sizeof(*sc));
+        rpc_conn_cb cb = {.frame = stream_frame, .down = stream_down, .arg = sc};
+        rpc_conn *c = sc ? rpc_conn_new(st, RPC_SP_REP, RPC_SP_REQ, s->recv_max,
+                                        RPC_OUT_MAX(s->recv_max), &cb)
+                         : NULL;
+        if (!sc)
+            nng_stream_free(st);
+        if (c) {
+            sc->srv = s;
+            sc->c = c;
+            sc->verified = -1;
+            atomic_init(&sc->refs, 1);
+            pthread_mutex_lock(&s->cmu);
+            sc->next = s->conns;
+            if (s->conns)
+                s->conns->prev = sc;
+            s->conns = sc;
+            pthread_mutex_unlock(&s->cmu);
+            atomic_fetch_add_explicit(&s->n_conns, 1, memory_order_relaxed);
+            atomic_fetch_add(&s->live_conns, 1);
+            rpc_conn_start(c);
+        } else {
+            free(sc);
+        }
+    } else if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
+        return; /* the server is closing */
+    } else {
+        KV_WARN("rpc", "accepting a connection on %s: %s", s->opts.url, nng_strerror(rv));
+        nng_msleep(10); /* out of descriptors, say: do not spin */
+    }
+    if (!atomic_load(&s->stopping))
+        nng_stream_listener_accept(s->slis, s->accept_aio);
+}
+
+/* open_socket for streams: 0 or nng's error. */
+static int stream_listen(rpc_server *s, nng_tls_config *tls)
+{
+    int rv = nng_stream_listener_alloc(&s->slis, s->opts.url);
+    if (rv == 0 && tls)
+        rv = nng_stream_listener_set_ptr(s->slis, NNG_OPT_TLS_CONFIG, tls);
+    if (rv == 0) {
+        (void)nng_stream_listener_set_bool(s->slis, NNG_OPT_TCP_NODELAY, true);
+        rv = nng_stream_listener_listen(s->slis);
+    }
+    if (rv == 0)
+        rv = nng_aio_alloc(&s->accept_aio, stream_accept_cb, s);
+    if (rv == 0)
+        nng_stream_listener_accept(s->slis, s->accept_aio);
+    return rv;
+}
+
+/* rpc_server_close's part for streams once the workers stopped: every
+ * connection closes (a reply sent later goes nowhere). */
+static void stream_close_conns(rpc_server *s)
+{
+    pthread_mutex_lock(&s->cmu);
+    for (rpc_sconn *sc = s->conns; sc; sc = sc->next)
+        rpc_conn_close(sc->c);
+    pthread_mutex_unlock(&s->cmu);
+}
+
+/* ... and, with every call answered, frees them (false: some request is
+ * still held, so they stay). */
+static bool stream_free_conns(rpc_server *s)
+{
+    uint64_t until = kv_now_ns() + JOIN_WAIT_NS;
+    for (;;) { /* every connection's end runs (its stream is closed) */
+        pthread_mutex_lock(&s->cmu);
+        bool live = s->conns != NULL;
+        pthread_mutex_unlock(&s->cmu);
+        if (!live || kv_now_ns() >= until)
+            break;
+        nng_msleep(1);
+    }
+    sconn_reap(s);
+    bool all = atomic_load(&s->live_conns) == 0; /* else a request holds one */
+    if (s->slis)
+        nng_stream_listener_free(s->slis);
+    s->slis = NULL;
+    return all;
+}
+
 static kv_err open_socket(rpc_server *s, char *err, size_t errlen)
 {
     int rv;
-    if ((rv = nng_rep0_open(&s->sock)) != 0) {
-        snprintf(err, errlen, "nng_rep0_open: %s", nng_strerror(rv));
-        return KV_INTERNAL;
-    }
     size_t recv_max = s->opts.recv_max ? s->opts.recv_max : kv_limits_recv_max(&kv_default_limits);
-    nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, recv_max);
+    s->recv_max = recv_max;
     nng_tls_config *tls = NULL;
     char why[512];
     if (rpc_url_tls(s->opts.url) &&
@@ -1129,6 +1436,24 @@ static kv_err open_socket(rpc_server *s, char *err, size_t errlen)
         return KV_INVALID_ARGUMENT;
     }
     s->tls_verify = tls && s->opts.tls->ca && *s->opts.tls->ca;
+    if (s->streams) {
+        rv = stream_listen(s, tls);
+        if (tls)
+            nng_tls_config_free(tls); /* the listener holds it */
+        if (rv != 0) {
+            snprintf(err, errlen, "cannot listen on %s: %s", s->opts.url, nng_strerror(rv));
+            return rv == NNG_EADDRINUSE ? KV_UNAVAILABLE : KV_INVALID_ARGUMENT;
+        }
+        s->listening = true;
+        return KV_OK;
+    }
+    if ((rv = nng_rep0_open(&s->sock)) != 0) {
+        if (tls)
+            nng_tls_config_free(tls);
+        snprintf(err, errlen, "nng_rep0_open: %s", nng_strerror(rv));
+        return KV_INTERNAL;
+    }
+    nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, recv_max);
     if ((rv = nng_listener_create(&s->listener, s->sock, s->opts.url)) != 0 ||
         (rv = nng_listener_set_size(s->listener, NNG_OPT_RECVMAXSZ, recv_max)) != 0 ||
         (tls && (rv = nng_listener_set_ptr(s->listener, NNG_OPT_TLS_CONFIG, tls)) != 0) ||
@@ -1166,6 +1491,10 @@ static kv_err start_calls(rpc_server *s, char *err, size_t errlen)
         rpc_scall *k = &s->calls[i];
         k->srv = s;
         rpc_arena_init(&k->ar, NULL, 0);
+        if (s->streams) { /* no context: a request takes a free slot */
+            scall_put(k);
+            continue;
+        }
         int rv;
         if ((rv = nng_ctx_open(&k->ctx, s->sock)) != 0) {
             snprintf(err, errlen, "nng context: %s", nng_strerror(rv));
@@ -1178,7 +1507,7 @@ static kv_err start_calls(rpc_server *s, char *err, size_t errlen)
         }
         k->open = true;
     }
-    for (unsigned i = 0; i < s->ncalls; i++)
+    for (unsigned i = 0; !s->streams && i < s->ncalls; i++)
         post_recv(&s->calls[i]);
     return KV_OK;
 }
@@ -1209,6 +1538,12 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
         pthread_mutex_init(&s->lanes[l].mu, NULL);
         pthread_cond_init(&s->lanes[l].cv, NULL);
     }
+    pthread_mutex_init(&s->cmu, NULL);
+    const char *sockets = getenv("KV_RPC_SOCKETS"); /* 1: an nng REP socket (benchmarks' A/B) */
+    s->streams = rpc_conn_url_ok(s->opts.url) && !(sockets && strcmp(sockets, "1") == 0);
+    /* streams: as many requests held at once as may be admitted, plus the
+     * contexts a socket would have for those being refused */
+    s->max_scalls = (size_t)s->max_inflight + s->ncalls;
     s->lanes[0].parallel = s->opts.handlers_wait;
     s->lanes[1].parallel = true; /* coordinating waits for the replicas */
     for (size_t i = 0; i < s->opts.nmethods; i++)
@@ -1267,6 +1602,11 @@ static void drop_queued(rpc_server *s)
             k->req = NULL;
             k->env = NULL;
             rpc_arena_reset(&k->ar);
+            if (k->conn) { /* streams: no reply, the connection closed */
+                rpc_sconn *sc = k->conn;
+                k->conn = NULL;
+                sconn_unref(sc);
+            }
         }
     }
 }
@@ -1316,8 +1656,13 @@ bool rpc_server_close(rpc_server *s)
     if (!s)
         return true;
     atomic_store(&s->stopping, true); /* no receive is posted after this */
+    if (s->listening && s->streams) {
+        nng_aio_stop(s->accept_aio); /* no new connections */
+        nng_stream_listener_close(s->slis);
+    }
     if (s->listening) {
-        nng_listener_close(s->listener); /* no new connections */
+        if (!s->streams)
+            nng_listener_close(s->listener); /* no new connections */
         uint64_t until = kv_now_ns() + DRAIN_WAIT_NS;
         while (atomic_load(&s->busy) > 0 && kv_now_ns() < until)
             nng_msleep(2);
@@ -1341,6 +1686,8 @@ bool rpc_server_close(rpc_server *s)
     for (unsigned i = 0; s->calls && i < s->ncalls; i++)
         if (s->calls[i].open)
             nng_aio_stop(s->calls[i].aio);
+    if (s->streams)
+        stream_close_conns(s);
     if (joined)
         drop_queued(s); /* calls received after the workers stopped */
     /* Asynchronous calls still out (the drain above waits for them too)
@@ -1354,7 +1701,8 @@ bool rpc_server_close(rpc_server *s)
                 atomic_load(&s->async_out));
         joined = false;
     }
-    bool closed = rpc_socket_close(s->sock, RPC_CLOSE_WAIT_MS, "RPC server");
+    bool closed = s->streams ? (joined && stream_free_conns(s))
+                             : rpc_socket_close(s->sock, RPC_CLOSE_WAIT_MS, "RPC server");
     if (!joined || !closed) {
         rpc_keep_abandoned(s); /* leaves s allocated: a worker or nng may still use it */
         return joined;
@@ -1364,6 +1712,14 @@ bool rpc_server_close(rpc_server *s)
             nng_aio_free(s->calls[i].aio);
         rpc_arena_reset(&s->calls[i].ar);
     }
+    for (size_t i = 0; i < s->nextra; i++) {
+        rpc_arena_reset(&s->extra[i]->ar);
+        free(s->extra[i]);
+    }
+    free(s->extra);
+    if (s->accept_aio)
+        nng_aio_free(s->accept_aio);
+    pthread_mutex_destroy(&s->cmu);
     for (int l = 0; l < 2; l++) {
         pthread_cond_destroy(&s->lanes[l].cv);
         pthread_mutex_destroy(&s->lanes[l].mu);
