@@ -26,7 +26,8 @@
  * coalesce_after messages are already in flight, new small calls wait in a
  * queue, and the queue goes out as one rpc.Calls message (kv.proto) when a
  * message completes, when it holds COALESCE_MAX_CALLS calls or
- * COALESCE_MAX_BYTES, or after COALESCE_WAIT_NS (1 ms) at the latest. A lone call
+ * COALESCE_MAX_BYTES, or once its oldest call waited two smoothed round
+ * trips of the channel's messages (1 to 8 ms: coalesce_wait). A lone call
  * is never delayed; under load, calls share messages (like a Redis client's
  * automatic pipelining). Each call keeps its own deadline (its remaining
  * time when the message leaves), status and reply. Calls started in a burst
@@ -34,8 +35,8 @@
  * the completions of one reply start) queue even when the channel is idle
  * and leave as one message when the burst ends. The default,
  * DEFAULT_COALESCE_AFTER = 1, keeps one message in flight and sends what
- * queued meanwhile when its reply comes (or the queue's first call has
- * waited 1 ms): at 50 calls in flight it carried 1.1-1.5x the requests per
+ * queued meanwhile when its reply comes (or when the queue's first call
+ * has waited coalesce_wait): at 50 calls in flight it carried 1.1-1.5x the requests per
  * second of 4 messages in flight, at less CPU per call on both sides, with
  * the same latency (bench/README.md, "One message in flight").
  */
@@ -63,7 +64,8 @@
 #define COALESCE_MAX_CALLS 64u
 #define COALESCE_MAX_BYTES (256u * 1024u) /* request bodies in one message */
 #define COALESCE_MAX_BODY (16u * 1024u)   /* larger calls always go alone */
-#define COALESCE_WAIT_NS 1000000ull       /* the longest a call waits in the queue */
+#define COALESCE_WAIT_NS 1000000ull       /* a queued call waits at most this, or two round trips */
+#define COALESCE_WAIT_MAX_NS 8000000ull
 #define METHOD_MAX 48
 
 /* The calling thread's burst: its depth, and the channels whose queues it
@@ -104,6 +106,7 @@ struct rpc_slot {
     /* streams (ch->mu): the slot holds a message not yet completed (busy),
      * written to the connection (sent) or waiting for one with its request
      * (msg, on ch->wait); wire is the message's request id on the wire */
+    uint64_t sent_ns; /* when its message left (round trips: coalesce_wait) */
     bool busy, sent;
     uint16_t index; /* in ch->all: the low bits of wire */
     uint16_t gen;   /* counts its messages: wire's middle bits */
@@ -150,11 +153,32 @@ struct rpc_chan {
     bool closing;
     bool stopped;       /* rpc_chan_shutdown ran (the closing thread only) */
     unsigned nbatch;    /* rpc.Calls messages in flight */
-    rpc_timer_ent tick; /* flushes the queue after COALESCE_WAIT_NS, and completes the
+    rpc_timer_ent tick; /* flushes the queue after coalesce_wait, and completes the
                            calls of rpc.Calls messages that pass their deadline */
     atomic_int pipes;
     atomic_uint_fast64_t next_id;
+    _Atomic uint64_t srtt_ns; /* smoothed round trip of a message (an estimate: lossy) */
 };
+
+/* How long a queued call may wait for the message in flight to come back
+ * before it leaves in a message of its own: two smoothed round trips,
+ * within [COALESCE_WAIT_NS, COALESCE_WAIT_MAX_NS]. A fixed 1 ms split the
+ * queue whenever a large message's round trip came near it (kv.Batch of 16
+ * GETs, 50 in flight: 5 calls a message instead of 28). */
+static uint64_t coalesce_wait(rpc_chan *ch)
+{
+    uint64_t w = 2 * atomic_load_explicit(&ch->srtt_ns, memory_order_relaxed);
+    return w < COALESCE_WAIT_NS       ? COALESCE_WAIT_NS
+           : w > COALESCE_WAIT_MAX_NS ? COALESCE_WAIT_MAX_NS
+                                      : w;
+}
+
+/* A message's reply came after rtt ns. */
+static void rtt_note(rpc_chan *ch, uint64_t rtt)
+{
+    uint64_t old = atomic_load_explicit(&ch->srtt_ns, memory_order_relaxed);
+    atomic_store_explicit(&ch->srtt_ns, old ? (old * 7 + rtt) / 8 : rtt, memory_order_relaxed);
+}
 
 void rpc_reply_free(rpc_reply *r)
 {
@@ -355,6 +379,8 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
     rpc_reply outer = {0};
     rpc_arena ar; /* the reply's envelope and calls: reply_from copies what it keeps */
     rpc_arena_init(&ar, NULL, 0);
+    if (rv == 0)
+        rtt_note(ch, kv_now_ns() - s->sent_ns);
     Kv__Calls *cs = calls_reply(s, rv, m, &outer, &ar);
     bool resend = !cs && outer.status == KV_UNIMPLEMENTED && !outer.local;
     pthread_mutex_lock(&ch->mu);
@@ -406,7 +432,7 @@ static void stream_unwait_locked(rpc_chan *ch, rpc_slot *s);
 static void stream_fail(rpc_slot *s, int rv);
 
 /* The channel's timer (rpc_timer.h): the queue goes out once its oldest
- * call waited COALESCE_WAIT_NS, even if every message in flight is still
+ * call waited coalesce_wait, even if every message in flight is still
  * waiting for its reply; the calls of rpc.Calls messages in flight whose
  * deadline passed complete with DEADLINE_EXCEEDED (their replies, if they
  * come, are dropped), as a call in a message of its own would by its
@@ -422,10 +448,11 @@ static void chan_tick(void *arg)
     uint64_t now = kv_now_ns(), next = UINT64_MAX;
     pthread_mutex_lock(&ch->mu);
     rpc_pend *q = NULL;
-    if (ch->qhead && now - ch->q_since >= COALESCE_WAIT_NS)
+    uint64_t wait = coalesce_wait(ch);
+    if (ch->qhead && now - ch->q_since >= wait)
         q = take_queue(ch);
     else if (ch->qhead)
-        next = ch->q_since + COALESCE_WAIT_NS;
+        next = ch->q_since + wait;
     rpc_slot *expired = NULL; /* streams: messages past their deadline */
     for (size_t i = 0; i < ch->nall; i++) {
         rpc_slot *sl = ch->all[i];
@@ -521,6 +548,7 @@ static void slot_cb(void *arg)
         calls_finish(s, 0, nng_aio_get_msg(s->aio));
         return;
     }
+    rtt_note(s->ch, kv_now_ns() - s->sent_ns);
     parse_reply(s, nng_aio_get_msg(s->aio), &r);
     slot_finish(s, &r);
 }
@@ -666,6 +694,7 @@ static void stream_frame(void *arg, rpc_conn *c, const uint8_t *hdr, size_t hlen
         calls_finish(s, 0, body);
         return;
     }
+    rtt_note(ch, kv_now_ns() - s->sent_ns);
     rpc_reply r;
     parse_reply(s, body, &r);
     slot_finish(s, &r);
@@ -1016,6 +1045,7 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
         s->arg = arg;
         s->receiving = false;
         s->deadline_ns = deadline_ns;
+        s->sent_ns = now;
         s->calls = calls;
         ch->nbatch += calls != NULL;
         if (ch->streams) {
@@ -1194,7 +1224,7 @@ void rpc_burst_end(void)
         if (!ch->coalesce_after || ch->inflight < ch->coalesce_after)
             q = take_queue(ch);
         else if (ch->qhead && !ch->closing) /* another thread's message took the room */
-            arm = ch->q_since + COALESCE_WAIT_NS;
+            arm = ch->q_since + coalesce_wait(ch);
         pthread_mutex_unlock(&ch->mu);
         if (arm)
             rpc_timer_arm(&ch->tick, arm);
@@ -1231,14 +1261,14 @@ static bool try_queue(rpc_chan *ch, rpc_pend *p, bool burst)
     ch->q_since = first ? now : ch->q_since;
     /* full, or waited long enough (a completion or the timer would send it) */
     rpc_pend *q = ch->qn >= COALESCE_MAX_CALLS || ch->qbytes >= COALESCE_MAX_BYTES ||
-                          now - ch->q_since >= COALESCE_WAIT_NS
+                          now - ch->q_since >= coalesce_wait(ch)
                       ? take_queue(ch)
                       : NULL;
     pthread_mutex_unlock(&ch->mu);
     if (q)
         send_calls(ch, q);
     else if (first && !room)
-        rpc_timer_arm(&ch->tick, now + COALESCE_WAIT_NS);
+        rpc_timer_arm(&ch->tick, now + coalesce_wait(ch));
     return true;
 }
 
