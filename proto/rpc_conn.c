@@ -27,6 +27,8 @@
 #define OUT_MIN (16u * 1024u)    /* write buffers start here */
 #define OUT_KEEP (1024u * 1024u) /* a write buffer over this is freed after use */
 #define HS_LEN 8u
+/* Past any bound a caller may set: no length arithmetic below can wrap. */
+#define RPC_CONN_MAX ((uint64_t)1 << 40)
 
 struct rpc_conn {
     nng_stream *st;
@@ -265,7 +267,7 @@ static int read_parse(rpc_conn *c)
         if (avail < 8)
             break;
         uint64_t len = get64(p);
-        if (c->recv_max && len > c->recv_max) {
+        if ((c->recv_max && len > c->recv_max) || len > RPC_CONN_MAX) {
             rv = NNG_EMSGSIZE;
             break;
         }

@@ -354,6 +354,11 @@ Test(rpc_conn, a_message_over_the_bound_ends_the_connection)
     memcpy(b + 8, len, 8);
     memcpy(b + 16, "\x80\0\0\1", 4);
     expect_end(b, sizeof(b), 64u * 1024u, NNG_EMSGSIZE, 0);
+    /* with no bound of the caller's, a length near 2^64 is refused too (it
+     * would wrap the arithmetic that checks whether it has all arrived) */
+    memset(b + 8, 0xff, 8);
+    b[15] = 0xf8;
+    expect_end(b, sizeof(b), 0, NNG_EMSGSIZE, 0);
 }
 
 Test(rpc_conn, a_peer_that_reads_nothing_is_disconnected_past_out_max)
