@@ -207,7 +207,12 @@ int rpc_conn_send(rpc_conn *c, const void *hdr, size_t hlen, const void *body, s
 
 /* ---- reading ------------------------------------------------------------ */
 
-static void read_submit(rpc_conn *c)
+/* Posts the next receive; false (nothing posted) once the connection is
+ * dead. Under mu, against conn_kill: nng 1.5 never completes a receive
+ * posted on a TCP stream after its close (tcp_doread returns early), so a
+ * receive that raced the close would leave the connection without its
+ * end. */
+static bool read_submit(rpc_conn *c)
 {
     nng_iov iov;
     if (c->big) {
@@ -217,8 +222,14 @@ static void read_submit(rpc_conn *c)
         iov.iov_buf = c->in + c->inlen;
         iov.iov_len = CONN_BUF - c->inlen;
     }
-    nng_aio_set_iov(c->rd, 1, &iov);
-    nng_stream_recv(c->st, c->rd);
+    pthread_mutex_lock(&c->mu);
+    bool dead = c->dead;
+    if (!dead) {
+        nng_aio_set_iov(c->rd, 1, &iov);
+        nng_stream_recv(c->st, c->rd);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return !dead;
 }
 
 /* The header of the message at p (avail bytes of it here, len in all):
@@ -328,16 +339,10 @@ static void rd_cb(void *arg)
         c->inlen += nng_aio_count(c->rd);
         rv = read_parse(c);
     }
-    if (rv == 0) {
-        pthread_mutex_lock(&c->mu);
-        rv = c->dead ? NNG_ECLOSED : 0;
-        pthread_mutex_unlock(&c->mu);
-    }
-    if (rv != 0) {
+    if (rv == 0 && !read_submit(c))
+        rv = NNG_ECLOSED;
+    if (rv != 0)
         conn_down(c, rv);
-        return;
-    }
-    read_submit(c);
 }
 
 /* ---- life --------------------------------------------------------------- */
@@ -385,8 +390,9 @@ void rpc_conn_start(rpc_conn *c)
     if (go)
         write_submit(c);
     else
-        conn_kill(c); /* out of memory: the receive reports it */
-    read_submit(c);
+        conn_kill(c); /* out of memory */
+    if (!read_submit(c))
+        conn_down(c, NNG_ENOMEM); /* its end, on this thread */
 }
 
 void rpc_conn_close(rpc_conn *c)

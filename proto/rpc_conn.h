@@ -63,7 +63,8 @@ typedef struct rpc_conn_cb {
  * run. NULL when out of memory (st is then freed). */
 rpc_conn *rpc_conn_new(nng_stream *st, uint16_t self, uint16_t peer, size_t recv_max,
                        size_t out_max, const rpc_conn_cb *cb);
-/* Sends our handshake and starts reading. */
+/* Sends our handshake and starts reading (out of memory: `down` runs
+ * here, on the caller's thread). */
 void rpc_conn_start(rpc_conn *c);
 
 /* Queues a message (header, then body: two byte ranges copied) behind
