@@ -122,13 +122,12 @@ struct rpc_chan {
     bool streams;
     nng_socket sock;
     nng_dialer dialer;
-    nng_stream_dialer *sdialer; /* the dial in progress's own (mu) */
-    nng_tls_config *tls;        /* held for every dial (streams) */
-    nng_aio *dial_aio;          /* the dial in progress */
-    nng_aio *sleep_aio;         /* the backoff before the next dial */
-    rpc_conn *conn;             /* the connection, up or handshaking (mu) */
-    rpc_conn *dead;             /* the one that went down, freed before the next dial (mu) */
-    bool conn_up;               /* conn's handshake completed (mu) */
+    nng_stream_dialer *sdialer;
+    nng_aio *dial_aio;  /* the dial in progress */
+    nng_aio *sleep_aio; /* the backoff before the next dial */
+    rpc_conn *conn;     /* the connection, up or handshaking (mu) */
+    rpc_conn *dead;     /* the one that went down, freed before the next dial (mu) */
+    bool conn_up;       /* conn's handshake completed (mu) */
     uint32_t backoff_ms;
     uint32_t next_wire;              /* request ids on the wire (mu) */
     rpc_slot *wait_head, *wait_tail; /* slots waiting for a connection (mu) */
@@ -741,40 +740,10 @@ static void stream_down(void *arg, rpc_conn *c, int rv)
 static const rpc_conn_cb stream_cb_init = {
     .up = stream_up, .frame = stream_frame, .down = stream_down};
 
-/* Starts a dial with a dialer of its own (mu held): 0 or nng's error. A
- * dialer lives for one dial only. A connection keeps a reference to the
- * dialer that made it, dropped when nng's reaper frees the connection; the
- * dialer is freed in its dial's completion, before the connection is
- * published, so everything nng does with it happens before the
- * connection's end (ThreadSanitizer does not see the atomics nng orders
- * that with, and a dialer freed at the channel's close raced the reaper). */
-static int stream_dial_locked(rpc_chan *ch)
-{
-    nng_stream_dialer *d = NULL;
-    int rv = nng_stream_dialer_alloc(&d, ch->url);
-    if (rv == 0 && ch->tls)
-        rv = nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, ch->tls);
-    if (rv != 0) {
-        if (d)
-            nng_stream_dialer_free(d);
-        return rv;
-    }
-    (void)nng_stream_dialer_set_bool(d, NNG_OPT_TCP_NODELAY, true);
-    ch->sdialer = d;
-    nng_stream_dialer_dial(d, ch->dial_aio);
-    return 0;
-}
-
 static void stream_dial_cb(void *arg)
 {
     rpc_chan *ch = arg;
     int rv = nng_aio_result(ch->dial_aio);
-    pthread_mutex_lock(&ch->mu);
-    nng_stream_dialer *d = ch->sdialer;
-    ch->sdialer = NULL;
-    pthread_mutex_unlock(&ch->mu);
-    if (d)
-        nng_stream_dialer_free(d); /* the stream it made keeps what it needs */
     rpc_conn *c = NULL;
     if (rv == 0) {
         rpc_conn_cb cb = stream_cb_init;
@@ -805,13 +774,8 @@ static void stream_sleep_cb(void *arg)
     pthread_mutex_lock(&ch->mu);
     rpc_conn *dead = ch->dead;
     ch->dead = NULL;
-    int rv = 0;
     if (!ch->closing) /* under mu, against rpc_chan_shutdown's stop of the aio */
-        rv = stream_dial_locked(ch);
-    if (rv != 0 && !ch->closing) { /* no memory: again after the backoff */
-        ch->backoff_ms = 1000;
-        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
-    }
+        nng_stream_dialer_dial(ch->sdialer, ch->dial_aio);
     pthread_mutex_unlock(&ch->mu);
     rpc_conn_free(dead);
 }
@@ -819,16 +783,24 @@ static void stream_sleep_cb(void *arg)
 /* Opens ch's stream dialer and starts the first dial: 0 or nng's error. */
 static int stream_open(rpc_chan *ch, nng_tls_config *tls)
 {
-    if (tls) {
-        nng_tls_config_hold(tls);
-        ch->tls = tls;
+    /* One dialer for the channel's life, freed at its close once no dial
+     * can run (rpc_chan_close). Not per dial, freed in the dial's
+     * completion: a loopback connect completes inside nng_stream_dialer_dial,
+     * whose caller still unlocks the dialer after the completion may have
+     * run on another thread (a use after free, seen as nng's panic
+     * "pthread_mutex_unlock: Invalid argument"). */
+    int rv = nng_stream_dialer_alloc(&ch->sdialer, ch->url);
+    if (rv == 0 && tls)
+        rv = nng_stream_dialer_set_ptr(ch->sdialer, NNG_OPT_TLS_CONFIG, tls);
+    if (rv == 0) {
+        (void)nng_stream_dialer_set_bool(ch->sdialer, NNG_OPT_TCP_NODELAY, true);
+        rv = nng_aio_alloc(&ch->dial_aio, stream_dial_cb, ch);
     }
-    int rv = nng_aio_alloc(&ch->dial_aio, stream_dial_cb, ch);
     if (rv == 0)
         rv = nng_aio_alloc(&ch->sleep_aio, stream_sleep_cb, ch);
     if (rv == 0) {
         pthread_mutex_lock(&ch->mu);
-        rv = stream_dial_locked(ch); /* a bad URL fails here */
+        nng_stream_dialer_dial(ch->sdialer, ch->dial_aio);
         pthread_mutex_unlock(&ch->mu);
     }
     return rv;
@@ -976,10 +948,8 @@ void rpc_chan_close(rpc_chan *ch)
         return;
     rpc_chan_shutdown(ch);
     if (ch->streams) {
-        if (ch->sdialer) /* a dial never started: its aio failed to allocate */
+        if (ch->sdialer) /* after the shutdown's stops: no dial runs */
             nng_stream_dialer_free(ch->sdialer);
-        if (ch->tls)
-            nng_tls_config_free(ch->tls);
         if (ch->dial_aio)
             nng_aio_free(ch->dial_aio);
         if (ch->sleep_aio)
