@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The RPC harness driver and reply checks of fuzz_rpc.h, and the nng wraps
- * that keep every dial and listen of a harness process on inproc://.
+ * that keep every dial and listen of a harness process on inproc://, or, for
+ * a channel on nng's byte streams, on a scripted peer's loopback port.
  */
 #include "fuzz_rpc.h"
 
@@ -17,12 +18,18 @@
 #include "shard/clustermap.h"
 
 #define NOWHERE "inproc://hotkv-fuzz-nowhere"
+/* where a stream dial goes that names no scripted peer: a Unix socket path
+ * that does not exist, so the dial fails at once without leaving the host */
+#define NOWHERE_STREAM "ipc:///nonexistent/hotkv-fuzz-nowhere"
 
 int __real_nng_dialer_create(nng_dialer *d, nng_socket s, const char *url);
 int __wrap_nng_dialer_create(nng_dialer *d, nng_socket s, const char *url);
 int __real_nng_listener_create(nng_listener *l, nng_socket s, const char *url);
 int __wrap_nng_listener_create(nng_listener *l, nng_socket s, const char *url);
 
+int __real_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url);
+int __wrap_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url);
+int __wrap_nng_stream_listener_alloc(nng_stream_listener **l, const char *url);
 kv_err __real_rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts);
 kv_err __wrap_rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts);
 
@@ -35,18 +42,45 @@ kv_err __wrap_rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts
     return __real_rpc_chan_open(out, url, &o);
 }
 
+/* The loopback port each scripted peer also listens on, for channels on
+ * nng's byte streams (tcp:// URLs), which inproc cannot carry. */
+static int peer_port[FZ_PEERS];
+
+/* i when url is tcp://127.0.0.1:i of a scripted peer i, else 0. */
+static long peer_of(const char *url)
+{
+    char *end = NULL;
+    long port = strncmp(url, "tcp://127.0.0.1:", 16) == 0 ? strtol(url + 16, &end, 10) : 0;
+    return end && !*end && port >= 1 && port <= FZ_PEERS ? port : 0;
+}
+
 /* tcp://127.0.0.1:i for a scripted peer i, or inproc as is; else nowhere. */
 static const char *redirect(const char *url, char *buf, size_t cap)
 {
     if (strncmp(url, "inproc://", 9) == 0)
         return url;
-    char *end = NULL;
-    long port = strncmp(url, "tcp://127.0.0.1:", 16) == 0 ? strtol(url + 16, &end, 10) : 0;
-    if (end && !*end && port >= 1 && port <= FZ_PEERS) {
-        snprintf(buf, cap, "inproc://hotkv-fuzz-peer-%ld", port);
+    long i = peer_of(url);
+    if (i) {
+        snprintf(buf, cap, "inproc://hotkv-fuzz-peer-%ld", i);
         return buf;
     }
     return NOWHERE;
+}
+
+int __wrap_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url)
+{
+    char buf[64];
+    long i = peer_of(url);
+    if (i)
+        snprintf(buf, sizeof(buf), "tcp://127.0.0.1:%d", peer_port[i - 1]);
+    return __real_nng_stream_dialer_alloc(d, i ? buf : NOWHERE_STREAM);
+}
+
+int __wrap_nng_stream_listener_alloc(nng_stream_listener **l, const char *url)
+{
+    (void)l;
+    fz_fail(__FILE__, __LINE__, "no stream listener", "a harness listens on %s", url);
+    return NNG_ENOTSUP;
 }
 
 int __wrap_nng_dialer_create(nng_dialer *d, nng_socket s, const char *url)
@@ -321,13 +355,12 @@ static nng_msg *answer(int i, const Kv__Envelope *req)
     return m;
 }
 
+static nng_socket peer_sock[FZ_PEERS];
+
 static void *peer_main(void *arg)
 {
     int i = (int)(intptr_t)arg;
-    char url[64];
-    snprintf(url, sizeof(url), "inproc://hotkv-fuzz-peer-%d", i + 1);
-    nng_socket s;
-    FZ_CHECK(nng_rep0_open(&s) == 0 && nng_listen(s, url, NULL, 0) == 0, "peer %s", url);
+    nng_socket s = peer_sock[i];
     for (;;) {
         nng_msg *req;
         if (nng_recvmsg(s, &req, 0) != 0)
@@ -343,8 +376,21 @@ static void *peer_main(void *arg)
     return NULL;
 }
 
+/* Each peer listens on inproc (channels on nng's sockets) and on an
+ * ephemeral loopback port (channels on streams), before any dial. */
 void fz_peers_start(void)
 {
+    for (int i = 0; i < FZ_PEERS; i++) {
+        char url[64];
+        snprintf(url, sizeof(url), "inproc://hotkv-fuzz-peer-%d", i + 1);
+        nng_socket s;
+        nng_listener l;
+        FZ_CHECK(nng_rep0_open(&s) == 0 && nng_listen(s, url, NULL, 0) == 0, "peer %s", url);
+        FZ_CHECK(nng_listen(s, "tcp://127.0.0.1:0", &l, 0) == 0 &&
+                     nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &peer_port[i]) == 0,
+                 "peer %d on loopback", i + 1);
+        peer_sock[i] = s;
+    }
     for (int i = 0; i < FZ_PEERS; i++) {
         pthread_t t;
         FZ_CHECK(pthread_create(&t, NULL, peer_main, (void *)(intptr_t)i) == 0, "peer thread");
