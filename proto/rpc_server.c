@@ -1393,28 +1393,34 @@ static int stream_listen(rpc_server *s, nng_tls_config *tls)
 }
 
 /* rpc_server_close's part for streams once the workers stopped: every
- * connection closes (a reply sent later goes nowhere). */
-static void stream_close_conns(rpc_server *s)
+ * connection closes (a reply sent later goes nowhere), and every
+ * connection's end runs, which comes after its last request was handed on
+ * (rpc_conn.h): a request a reading thread took just before stopping was
+ * set is queued by then, so drop_queued answers it. False when some end did
+ * not run within JOIN_WAIT_NS. */
+static bool stream_close_conns(rpc_server *s)
 {
     pthread_mutex_lock(&s->cmu);
     for (rpc_sconn *sc = s->conns; sc; sc = sc->next)
         rpc_conn_close(sc->c);
     pthread_mutex_unlock(&s->cmu);
+    uint64_t until = kv_now_ns() + JOIN_WAIT_NS;
+    for (;;) {
+        pthread_mutex_lock(&s->cmu);
+        bool live = s->conns != NULL;
+        pthread_mutex_unlock(&s->cmu);
+        if (!live)
+            return true;
+        if (kv_now_ns() >= until)
+            return false;
+        nng_msleep(1);
+    }
 }
 
 /* ... and, with every call answered, frees them (false: some request is
  * still held, so they stay). */
 static bool stream_free_conns(rpc_server *s)
 {
-    uint64_t until = kv_now_ns() + JOIN_WAIT_NS;
-    for (;;) { /* every connection's end runs (its stream is closed) */
-        pthread_mutex_lock(&s->cmu);
-        bool live = s->conns != NULL;
-        pthread_mutex_unlock(&s->cmu);
-        if (!live || kv_now_ns() >= until)
-            break;
-        nng_msleep(1);
-    }
     sconn_reap(s);
     bool all = atomic_load(&s->live_conns) == 0; /* else a request holds one */
     if (s->slis)
@@ -1686,8 +1692,8 @@ bool rpc_server_close(rpc_server *s)
     for (unsigned i = 0; s->calls && i < s->ncalls; i++)
         if (s->calls[i].open)
             nng_aio_stop(s->calls[i].aio);
-    if (s->streams)
-        stream_close_conns(s);
+    if (s->streams && !stream_close_conns(s))
+        joined = false; /* a connection's reading thread may still queue */
     if (joined)
         drop_queued(s); /* calls received after the workers stopped */
     /* Asynchronous calls still out (the drain above waits for them too)
