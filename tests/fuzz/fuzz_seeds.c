@@ -3,8 +3,9 @@
  * Writes the seed corpora of tests/fuzz (corpus/<harness>/seed-*) from valid
  * messages and files made by the project's own encoders: cluster maps, flag
  * and INI sets, WAL segments and SSTs and a MANIFEST written by node/lsm,
- * RALT programs, and call programs for the node, router and envelope
- * harnesses in their input formats (fuzz_rpc.h). Run by hand after a format
+ * RALT programs, call programs for the node, router and envelope
+ * harnesses in their input formats (fuzz_rpc.h), and wire bytes for
+ * fuzz_conn. Run by hand after a format
  * changes: `build-fuzz/tests/fuzz/fuzz_seeds tests/fuzz/corpus`; the output
  * is committed. The method indices below follow the tables in node/server.c
  * and shard/router_admin.c; if those change, the seeds still parse, they
@@ -580,6 +581,61 @@ static void seeds_envelope(void)
     lsm_buf_free(&b);
 }
 
+/* fuzz_conn: [flags] then wire bytes after a valid handshake (flag 1):
+ * one kv.Get message, two messages in one write and in 7-byte pieces (flag
+ * 2), one that crossed a device (two header words), a length past the
+ * read buffer with only its start, and a header without a request id. */
+static void conn_frame(lsm_buf *b, const uint8_t *hdr, size_t hlen, const lsm_buf *body,
+                       uint64_t claimed)
+{
+    uint64_t len = claimed ? claimed : hlen + body->len;
+    for (int i = 7; i >= 0; i--)
+        put8(b, (uint8_t)(len >> (8 * i)));
+    lsm_buf_put(b, hdr, hlen);
+    lsm_buf_put(b, body->p, body->len);
+}
+
+static void seeds_conn(void)
+{
+    Kv__GetRequest g = KV__GET_REQUEST__INIT;
+    g.key = (ProtobufCBinaryData){3, (uint8_t *)"key"};
+    lsm_buf gb = pack(&g.base);
+    Kv__Envelope env = KV__ENVELOPE__INIT;
+    env.id = 9;
+    env.method = "kv.Get";
+    env.deadline_ms = 1000;
+    env.body = (ProtobufCBinaryData){gb.len, gb.p};
+    lsm_buf e = pack(&env.base), b = {0};
+    const uint8_t id1[4] = {0x80, 0, 0, 1}, id2[4] = {0x80, 0, 0, 2};
+    const uint8_t hops[8] = {0, 0, 0, 5, 0x80, 0, 0, 3}, noid[8] = {0, 0, 0, 1, 0, 0, 0, 2};
+    put8(&b, 1);
+    conn_frame(&b, id1, 4, &e, 0);
+    emit("conn", "one", &b);
+    b.len = 0;
+    put8(&b, 3);
+    put8(&b, 6); /* pieces of 7 bytes */
+    conn_frame(&b, id1, 4, &e, 0);
+    conn_frame(&b, id2, 4, &e, 0);
+    emit("conn", "two-in-pieces", &b);
+    b.len = 0;
+    put8(&b, 1);
+    conn_frame(&b, hops, 8, &e, 0);
+    emit("conn", "hops", &b);
+    b.len = 0;
+    put8(&b, 1);
+    conn_frame(&b, id1, 4, &e, 0);
+    conn_frame(&b, id2, 4, &e, 100000); /* past the 64 KiB read buffer */
+    emit("conn", "large", &b);
+    b.len = 0;
+    put8(&b, 1);
+    conn_frame(&b, id1, 4, &e, 0);
+    conn_frame(&b, noid, 8, &e, 0);
+    emit("conn", "no-id", &b);
+    lsm_buf_free(&gb);
+    lsm_buf_free(&e);
+    lsm_buf_free(&b);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -598,5 +654,6 @@ int main(int argc, char **argv)
     seeds_node();
     seeds_router();
     seeds_envelope();
+    seeds_conn();
     return 0;
 }
