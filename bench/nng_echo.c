@@ -20,14 +20,28 @@
  * What is left is the cost of nng's poller and one task hand-off per read
  * or write, without the hand-offs between the protocol's layers.
  *
- *   nng_echo server URL [-w] [-S] [-c CONTEXTS]
- *   nng_echo client URL [-S] [-n INFLIGHT] [-s SECONDS] [-d BYTES]
+ * With -E a side runs the same wire format on plain sockets and an epoll
+ * loop of its own, nng out of the way: one thread waits in epoll_wait,
+ * reads what a socket has and handles every message in it right there, and
+ * a reply is written by the thread that makes it (EPOLLOUT only when the
+ * socket is full). This is the shape of redis-server's loop: what a read
+ * costs without nng's poller handing it to a task thread. Plain tcp://
+ * with a numeric IPv4 address only.
+ *
+ *   nng_echo server URL [-w] [-S|-E] [-c CONTEXTS]
+ *   nng_echo client URL [-S|-E] [-n INFLIGHT] [-s SECONDS] [-d BYTES]
  *   nng_echo both URL ...   (server and client in one process)
  */
+#define _GNU_SOURCE /* accept4 */
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -35,6 +49,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,7 +63,7 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void die(const char *what, int rv)
+static _Noreturn void die(const char *what, int rv)
 {
     fprintf(stderr, "nng_echo: %s: %s\n", what, nng_strerror(rv));
     exit(1);
@@ -148,7 +164,9 @@ static void server_start(const char *url, int contexts)
  * callback can run at once on different nng task threads; mu guards the
  * outgoing bytes and whether a write is in flight. */
 typedef struct sconn {
-    nng_stream *s;
+    nng_stream *s; /* NULL with -E: fd on the epoll loop */
+    int fd;
+    bool wblocked; /* -E: the socket was full; EPOLLOUT finishes the write */
     nng_aio *rd, *wr;
     uint8_t *in;
     size_t inlen;
@@ -163,6 +181,9 @@ typedef struct sconn {
     uint32_t next_id;
 } sconn;
 
+static int ep_fd = -1; /* -E: the loop's epoll */
+static void ep_flush_locked(sconn *c);
+
 static void sc_write_locked(sconn *c)
 {
     if (c->writing || !c->outlen)
@@ -174,6 +195,10 @@ static void sc_write_locked(sconn *c)
     c->out = t;
     c->outlen = 0;
     c->writing = true;
+    if (!c->s) {
+        ep_flush_locked(c);
+        return;
+    }
     nng_iov iov = {c->wbuf, c->wlen};
     nng_aio_set_iov(c->wr, 1, &iov);
     nng_stream_send(c->s, c->wr);
@@ -204,12 +229,10 @@ static void sc_read(sconn *c)
     nng_stream_recv(c->s, c->rd);
 }
 
-static void sc_rd_cb(void *arg)
+/* n more bytes are in c->in: handle every complete message. */
+static void sc_got(sconn *c, size_t n)
 {
-    sconn *c = arg;
-    if (nng_aio_result(c->rd) != 0)
-        return; /* closed: the benchmark ends with the process */
-    c->inlen += nng_aio_count(c->rd);
+    c->inlen += n;
     size_t off = 0;
     if (!c->shaken && c->inlen >= 8) {
         if (memcmp(c->in, "\0SP\0", 4) != 0 || c->in[4] != 0 ||
@@ -237,6 +260,14 @@ static void sc_rd_cb(void *arg)
     pthread_mutex_unlock(&c->mu);
     memmove(c->in, c->in + off, c->inlen - off);
     c->inlen -= off;
+}
+
+static void sc_rd_cb(void *arg)
+{
+    sconn *c = arg;
+    if (nng_aio_result(c->rd) != 0)
+        return; /* closed: the benchmark ends with the process */
+    sc_got(c, nng_aio_count(c->rd));
     sc_read(c);
 }
 
@@ -258,12 +289,13 @@ static void sc_wr_cb(void *arg)
     pthread_mutex_unlock(&c->mu);
 }
 
-static sconn *sc_new(nng_stream *s, bool client, size_t inflight)
+static sconn *sc_new(nng_stream *s, int fd, bool client, size_t inflight)
 {
     sconn *c = calloc(1, sizeof(*c));
     if (!c || !(c->in = malloc(SBUF)))
         abort();
     c->s = s;
+    c->fd = fd;
     c->client = client;
     pthread_mutex_init(&c->mu, NULL);
     c->outcap = 64u * 1024u;
@@ -271,9 +303,15 @@ static sconn *sc_new(nng_stream *s, bool client, size_t inflight)
     c->wbuf = malloc(c->outcap);
     c->tcap = inflight ? inflight : 1;
     c->t0 = calloc(c->tcap, sizeof(*c->t0));
-    if (nng_aio_alloc(&c->rd, sc_rd_cb, c) != 0 || nng_aio_alloc(&c->wr, sc_wr_cb, c) != 0 ||
+    if ((s &&
+         (nng_aio_alloc(&c->rd, sc_rd_cb, c) != 0 || nng_aio_alloc(&c->wr, sc_wr_cb, c) != 0)) ||
         !c->out || !c->wbuf || !c->t0)
         abort();
+    if (!s) { /* on the loop before the handshake goes: its reply may come at once */
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(ep_fd, EPOLL_CTL_ADD, fd, &ev) != 0)
+            abort();
+    }
     /* SP handshake: "\0SP\0", our protocol (REQ 0x30, REP 0x31), 2 zero bytes */
     uint8_t hs[8] = {0, 'S', 'P', 0, 0, client ? 0x30 : 0x31, 0, 0};
     pthread_mutex_lock(&c->mu);
@@ -291,7 +329,7 @@ static void s_accept_cb(void *arg)
     (void)arg;
     if (nng_aio_result(s_acc) != 0)
         return;
-    sconn *c = sc_new(nng_aio_get_output(s_acc, 0), false, 0);
+    sconn *c = sc_new(nng_aio_get_output(s_acc, 0), -1, false, 0);
     sc_read(c);
     nng_stream_listener_accept(s_lis, s_acc);
 }
@@ -304,6 +342,111 @@ static void stream_server_start(const char *url)
         (rv = nng_aio_alloc(&s_acc, s_accept_cb, NULL)) != 0)
         die("stream listener", rv);
     nng_stream_listener_accept(s_lis, s_acc);
+}
+
+/* ---- an epoll loop of our own (-E) -------------------------------------- */
+
+/* Writes what is taken for writing (mu held; c->writing). On a full socket
+ * the rest waits for EPOLLOUT, which the loop turns into another call. */
+static void ep_flush_locked(sconn *c)
+{
+    while (c->writing) {
+        while (c->woff < c->wlen) {
+            ssize_t w = send(c->fd, c->wbuf + c->woff, c->wlen - c->woff, MSG_NOSIGNAL);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0 && errno == EAGAIN) {
+                if (!c->wblocked) {
+                    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.ptr = c};
+                    epoll_ctl(ep_fd, EPOLL_CTL_MOD, c->fd, &ev);
+                    c->wblocked = true;
+                }
+                return;
+            }
+            if (w <= 0)
+                return; /* closed: the benchmark ends with the process */
+            c->woff += (size_t)w;
+        }
+        c->writing = false;
+        sc_write_locked(c); /* what was appended meanwhile, if anything */
+        if (!c->writing)
+            break;
+    }
+    if (c->wblocked) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        epoll_ctl(ep_fd, EPOLL_CTL_MOD, c->fd, &ev);
+        c->wblocked = false;
+    }
+}
+
+static int ep_lfd = -1; /* the server's listening socket (data.ptr NULL) */
+
+static void *ep_loop(void *arg)
+{
+    (void)arg;
+    struct epoll_event evs[64];
+    for (;;) {
+        int n = epoll_wait(ep_fd, evs, 64, -1);
+        for (int i = 0; i < n; i++) {
+            sconn *c = evs[i].data.ptr;
+            if (!c) { /* a connection to accept */
+                int fd = accept4(ep_lfd, NULL, NULL, SOCK_NONBLOCK);
+                int one = 1;
+                if (fd >= 0 && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0)
+                    sc_new(NULL, fd, false, 0);
+                continue;
+            }
+            if (evs[i].events & EPOLLOUT) {
+                pthread_mutex_lock(&c->mu);
+                ep_flush_locked(c);
+                pthread_mutex_unlock(&c->mu);
+            }
+            if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                ssize_t r = recv(c->fd, c->in + c->inlen, SBUF - c->inlen, 0);
+                if (r > 0)
+                    sc_got(c, (size_t)r);
+                else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+                    epoll_ctl(ep_fd, EPOLL_CTL_DEL, c->fd, NULL); /* closed */
+            }
+        }
+    }
+    return NULL;
+}
+
+/* tcp://A.B.C.D:PORT into sa. */
+static void ep_addr(const char *url, struct sockaddr_in *sa)
+{
+    char host[64];
+    int port;
+    if (sscanf(url, "tcp://%63[0-9.]:%d", host, &port) != 2 ||
+        inet_pton(AF_INET, host, &sa->sin_addr) != 1)
+        die("-E takes tcp://A.B.C.D:PORT", NNG_EADDRINVAL);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+}
+
+static void ep_start(void)
+{
+    if (ep_fd >= 0)
+        return;
+    ep_fd = epoll_create1(0);
+    pthread_t t;
+    if (ep_fd < 0 || pthread_create(&t, NULL, ep_loop, NULL) != 0)
+        die("epoll loop", NNG_ENOMEM);
+}
+
+static void ep_server_start(const char *url)
+{
+    struct sockaddr_in sa = {0};
+    ep_addr(url, &sa);
+    ep_start();
+    int one = 1;
+    ep_lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (ep_lfd < 0 || setsockopt(ep_lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(ep_lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(ep_lfd, 128) != 0 ||
+        epoll_ctl(ep_fd, EPOLL_CTL_ADD, ep_lfd, &ev) != 0)
+        die("listen (-E)", NNG_EADDRINUSE);
 }
 
 /* ---- client ------------------------------------------------------------ */
@@ -388,18 +531,34 @@ static void cli_frame_locked(sconn *c)
     sc_append_locked(c, frame, n);
 }
 
+static bool use_epoll;
+
 static void stream_client_start(const char *url, int inflight)
 {
-    nng_stream_dialer *d;
-    nng_aio *aio;
-    int rv;
-    if ((rv = nng_stream_dialer_alloc(&d, url)) != 0 || (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0)
-        die("stream dialer", rv);
-    nng_stream_dialer_dial(d, aio);
-    nng_aio_wait(aio);
-    if ((rv = nng_aio_result(aio)) != 0)
-        die("stream dial", rv);
-    sconn *c = sc_new(nng_aio_get_output(aio, 0), true, (size_t)inflight);
+    sconn *c;
+    if (use_epoll) {
+        struct sockaddr_in sa = {0};
+        ep_addr(url, &sa);
+        ep_start();
+        int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0 ||
+            fcntl(fd, F_SETFL, O_NONBLOCK) != 0)
+            die("connect (-E)", NNG_ECONNREFUSED);
+        c = sc_new(NULL, fd, true, (size_t)inflight);
+    } else {
+        nng_stream_dialer *d;
+        nng_aio *aio = NULL;
+        int rv;
+        if ((rv = nng_stream_dialer_alloc(&d, url)) != 0 ||
+            (rv = nng_aio_alloc(&aio, NULL, NULL)) != 0)
+            die("stream dialer", rv);
+        nng_stream_dialer_dial(d, aio);
+        nng_aio_wait(aio);
+        if ((rv = nng_aio_result(aio)) != 0)
+            die("stream dial", rv);
+        c = sc_new(nng_aio_get_output(aio, 0), -1, true, (size_t)inflight);
+    }
     uint8_t frame[12 + 65536];
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < inflight; i++) {
@@ -408,7 +567,8 @@ static void stream_client_start(const char *url, int inflight)
     }
     sc_write_locked(c);
     pthread_mutex_unlock(&c->mu);
-    sc_read(c);
+    if (c->s)
+        sc_read(c);
 }
 
 static unsigned hist_pct(uint64_t total, double pct)
@@ -455,12 +615,13 @@ static void client_run(const char *url, int inflight, double seconds, bool worke
     uint64_t total = 0;
     for (unsigned i = 0; i <= MAX_US; i++)
         total += atomic_load(&hist[i]);
-    printf("{\"inflight\": %d, \"stream\": %s, \"worker_handoff\": %s, \"ops_per_s\": %.0f, "
+    printf("{\"inflight\": %d, \"stream\": %s, \"epoll\": %s, \"worker_handoff\": %s, "
+           "\"ops_per_s\": %.0f, "
            "\"p50_us\": %u, "
            "\"p99_us\": %u, \"errors\": %llu}\n",
-           inflight, use_stream ? "true" : "false", worker ? "true" : "false",
-           (double)n * 1e9 / (double)(t1 - t0), hist_pct(total, 0.5), hist_pct(total, 0.99),
-           (unsigned long long)atomic_load(&cli_err));
+           inflight, use_stream ? "true" : "false", use_epoll ? "true" : "false",
+           worker ? "true" : "false", (double)n * 1e9 / (double)(t1 - t0), hist_pct(total, 0.5),
+           hist_pct(total, 0.99), (unsigned long long)atomic_load(&cli_err));
     fflush(stdout);
     /* no teardown: stopping the contexts of a socket under load may wait in
      * nng 1.5 (rpc_util.c), and the process ends here anyway */
@@ -470,7 +631,7 @@ static void client_run(const char *url, int inflight, double seconds, bool worke
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: nng_echo server|client|both URL [-w] [-S] [-c CONTEXTS] "
+        fprintf(stderr, "usage: nng_echo server|client|both URL [-w] [-S|-E] [-c CONTEXTS] "
                         "[-n INFLIGHT] [-s SECONDS] [-d BYTES]\n");
         return 2;
     }
@@ -478,10 +639,13 @@ int main(int argc, char **argv)
     int contexts = 64, inflight = 1, opt;
     double seconds = 5;
     optind = 3;
-    while ((opt = getopt(argc, argv, "wSc:n:s:d:")) != -1) {
+    while ((opt = getopt(argc, argv, "wSEc:n:s:d:")) != -1) {
         switch (opt) {
         case 'S':
             use_stream = true;
+            break;
+        case 'E':
+            use_stream = use_epoll = true;
             break;
         case 'w':
             use_worker = true;
@@ -503,7 +667,9 @@ int main(int argc, char **argv)
         }
     }
     bool serve = strcmp(mode, "server") == 0 || strcmp(mode, "both") == 0;
-    if (serve && use_stream)
+    if (serve && use_epoll)
+        ep_server_start(url);
+    else if (serve && use_stream)
         stream_server_start(url);
     else if (serve)
         server_start(url, contexts);
