@@ -4,11 +4,13 @@
  * REQ/REP (DESIGN.md §3). A call is one nng message holding a kv.Envelope;
  * the reply is an Envelope with the same id, a Status and a body.
  *
- * Server: requests taken off connections (on tcp and tls, the REQ/REP
- * wire format on nng byte streams, proto/rpc_conn.h; elsewhere REP
- * contexts driven by their completions) are queued for a pool of worker
- * threads, which run handlers synchronously and send the reply. A method's try_inline may serve a call that needs no blocking on
- * the receiving nng thread itself, without the hand-off, and its
+ * Server: requests taken off connections (the REQ/REP wire format,
+ * proto/rpc_conn.h: on tcp, plain sockets on hotkv's own epoll loops,
+ * proto/rpc_loop.h; on tls, nng byte streams; elsewhere REP contexts
+ * driven by their completions) are queued for a pool of worker threads,
+ * which run handlers synchronously and send the reply. A method's
+ * try_inline may serve a call that needs no blocking on the receiving
+ * thread (a loop's or nng's) itself, without the hand-off, and its
  * start_async may start a call there that another thread's completion
  * finishes (a router's forwards). Methods are dispatched through a table by
  * name. Calls that ask a node to coordinate (Envelope.coordinate) may have
@@ -29,9 +31,12 @@
  * in constant time over their full length.
  *
  * Client: one channel per peer (rpc_chan). On tcp and tls it speaks the
- * REQ/REP wire format on one nng byte stream (proto/rpc_conn.h), with any
- * number of messages in flight; on other transports (inproc, ipc), or with
- * KV_RPC_SOCKETS=1, it is an nng REQ socket with a pool of contexts. Either
+ * REQ/REP wire format on one connection (proto/rpc_conn.h), with any
+ * number of messages in flight: a plain socket on a loop for tcp to a
+ * numeric address, an nng byte stream for tls and host names; on other
+ * transports (inproc, ipc), or with KV_RPC_SOCKETS=1, it is an nng REQ
+ * socket with a pool of contexts. KV_RPC_NNG_STREAMS=1 keeps tcp on nng's
+ * byte streams (benchmarks' A/B runs). Either
  * way a call is sent at most once and only the caller retries
  * (rpc_call_retry, for idempotent calls only).
  */

@@ -50,12 +50,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc_conn.h"
 #include "proto/rpc_int.h"
+#include "proto/rpc_loop.h"
 #include "proto/rpc_timer.h"
 #include "proto/rpc_tls.h"
 
@@ -123,6 +125,13 @@ struct rpc_chan {
     nng_socket sock;
     nng_dialer dialer;
     nng_stream_dialer *sdialer;
+    /* or, for tcp:// to a numeric address without TLS, connects on an
+     * rpc_loop (rpc_loop.h) to sa, the one in progress in dial */
+    bool looped;
+    struct sockaddr_storage sa;
+    unsigned salen;
+    rpc_dial *dial;
+    bool starting;      /* loop_dial_done is starting conn (shutdown waits on cv) */
     nng_aio *dial_aio;  /* the dial in progress */
     nng_aio *sleep_aio; /* the backoff before the next dial */
     rpc_conn *conn;     /* the connection, up or handshaking (mu) */
@@ -766,6 +775,59 @@ static void stream_dial_cb(void *arg)
         rpc_conn_start(c);
 }
 
+static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err);
+
+/* With mu held: the next connect on a loop, or the backoff when none can
+ * start. */
+static void loop_dial_locked(rpc_chan *ch)
+{
+    int e = rpc_loop_connect((const struct sockaddr *)&ch->sa, ch->salen, loop_dial_done, ch,
+                             &ch->dial);
+    if (e) {
+        ch->dial = NULL;
+        ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
+        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+    }
+}
+
+/* A connect's end, on the loop's thread: as stream_dial_cb. */
+static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err)
+{
+    rpc_chan *ch = arg;
+    rpc_conn *c = NULL;
+    if (fd >= 0) {
+        rpc_conn_cb cb = stream_cb_init;
+        cb.arg = ch;
+        c = rpc_conn_new_fd(fd, RPC_SP_REQ, RPC_SP_REP, ch->recv_max, 0, &cb);
+    }
+    pthread_mutex_lock(&ch->mu);
+    bool mine = ch->dial == d; /* else rpc_chan_shutdown is cancelling it */
+    if (mine)
+        ch->dial = NULL;
+    bool closing = ch->closing;
+    if (!closing && c) {
+        ch->conn = c;
+        ch->starting = true; /* rpc_chan_shutdown frees c only once started */
+    } else if (!closing) {   /* refused, unreachable, or no memory: again after the backoff */
+        ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
+        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+    }
+    pthread_mutex_unlock(&ch->mu);
+    if (mine)
+        rpc_loop_dial_release(d);
+    if (closing) {
+        rpc_conn_free(c);
+    } else if (c) {
+        rpc_conn_start(c);
+        pthread_mutex_lock(&ch->mu);
+        ch->starting = false;
+        pthread_cond_broadcast(&ch->cv);
+        pthread_mutex_unlock(&ch->mu);
+    }
+    if (err && !closing)
+        KV_DEBUG("rpc", "cannot connect to %s: %s", ch->url, strerror(err));
+}
+
 static void stream_sleep_cb(void *arg)
 {
     rpc_chan *ch = arg;
@@ -774,7 +836,9 @@ static void stream_sleep_cb(void *arg)
     pthread_mutex_lock(&ch->mu);
     rpc_conn *dead = ch->dead;
     ch->dead = NULL;
-    if (!ch->closing) /* under mu, against rpc_chan_shutdown's stop of the aio */
+    if (!ch->closing && ch->looped) /* under mu, against rpc_chan_shutdown */
+        loop_dial_locked(ch);
+    else if (!ch->closing)
         nng_stream_dialer_dial(ch->sdialer, ch->dial_aio);
     pthread_mutex_unlock(&ch->mu);
     rpc_conn_free(dead);
@@ -783,6 +847,16 @@ static void stream_sleep_cb(void *arg)
 /* Opens ch's stream dialer and starts the first dial: 0 or nng's error. */
 static int stream_open(rpc_chan *ch, nng_tls_config *tls)
 {
+    if (!tls && rpc_loop_wanted() && rpc_loop_addr(ch->url, &ch->sa, &ch->salen)) {
+        ch->looped = true;
+        int rv = nng_aio_alloc(&ch->sleep_aio, stream_sleep_cb, ch);
+        if (rv == 0) {
+            pthread_mutex_lock(&ch->mu);
+            loop_dial_locked(ch);
+            pthread_mutex_unlock(&ch->mu);
+        }
+        return rv;
+    }
     /* One dialer for the channel's life, freed at its close once no dial
      * can run (rpc_chan_close). Not per dial, freed in the dial's
      * completion: a loopback connect completes inside nng_stream_dialer_dial,
@@ -813,8 +887,16 @@ static void stream_shutdown(rpc_chan *ch)
     if (ch->dial_aio)
         nng_aio_stop(ch->dial_aio);
     if (ch->sleep_aio)
-        nng_aio_stop(ch->sleep_aio);
+        nng_aio_stop(ch->sleep_aio); /* no connect starts after this */
     pthread_mutex_lock(&ch->mu);
+    rpc_dial *d = ch->dial;
+    ch->dial = NULL;
+    pthread_mutex_unlock(&ch->mu);
+    if (d)
+        rpc_loop_connect_cancel(d); /* its end has run, or will not */
+    pthread_mutex_lock(&ch->mu);
+    while (ch->starting) /* a connect's end on a loop is starting ch->conn */
+        pthread_cond_wait(&ch->cv, &ch->mu);
     rpc_conn *c = ch->conn, *dead = ch->dead;
     ch->conn = ch->dead = NULL;
     pthread_mutex_unlock(&ch->mu);

@@ -1,7 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * rpc_conn: nng's REQ/REP wire format on an nng byte stream (rpc_conn.h).
+ * rpc_conn: nng's REQ/REP wire format on an nng byte stream, or on a plain
+ * socket served by an rpc_loop (rpc_conn.h).
  *
+ * Plain sockets: the loop's thread reads what the socket has (level-
+ * triggered epoll: what is left comes with the next event) and hands the
+ * messages on while sends are corked, then writes what they queued in one
+ * system call; otherwise a send writes at once on the sender's thread,
+ * under mu. A full socket leaves the rest to EPOLLOUT. The reading side's
+ * end (EOF, an error, or the shutdown conn_kill makes) removes the socket
+ * from its loop and runs cb.down on the loop's thread.
+ *
+ * nng byte streams:
  * Reading: one receive is posted at a time into a buffer of CONN_BUF bytes;
  * its completion (nng task thread) hands every complete message in the
  * buffer to cb.frame, keeps a partial one for the next read, and posts the
@@ -18,10 +28,19 @@
  */
 #include "proto/rpc_conn.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/assert.h"
+#include "common/log.h"
+#include "proto/rpc_loop.h"
 
 #define CONN_BUF (64u * 1024u)   /* read buffer */
 #define OUT_MIN (16u * 1024u)    /* write buffers start here */
@@ -31,7 +50,11 @@
 #define RPC_CONN_MAX ((uint64_t)1 << 40)
 
 struct rpc_conn {
-    nng_stream *st;
+    nng_stream *st; /* NULL: a plain socket on an rpc_loop (src) */
+    rpc_src src;
+    bool looped; /* src is registered (until the reading side's end) */
+    bool corked; /* the loop is handing a read's messages on: sends wait */
+    size_t ooff; /* plain sockets: bytes of out already written */
     nng_aio *rd, *wr;
     rpc_conn_cb cb;
     uint16_t self, peer;
@@ -50,7 +73,8 @@ struct rpc_conn {
     pthread_mutex_t mu; /* protects out, outlen, outcap, writing, dead */
     uint8_t *out, *wbuf;
     size_t outlen, outcap, wcap, wlen, woff;
-    bool writing; /* a write is in flight: wbuf is the writer's */
+    bool writing; /* a write is in flight: wbuf is the writer's (plain
+                   * sockets: the socket was full, EPOLLOUT resumes) */
     bool dead;    /* no more sends: the stream is closed or closing */
 };
 
@@ -91,14 +115,22 @@ static void conn_kill(rpc_conn *c)
     bool was = c->dead;
     c->dead = true;
     pthread_mutex_unlock(&c->mu);
-    if (!was)
+    if (!was && c->st)
         nng_stream_close(c->st);
+    else if (!was) /* the loop reads the end and runs `down` */
+        shutdown(c->src.fd, SHUT_RDWR);
 }
 
 /* The reading side's end: cb.down once. */
 static void conn_down(rpc_conn *c, int rv)
 {
     conn_kill(c);
+    pthread_mutex_lock(&c->mu);
+    bool looped = c->looped;
+    c->looped = false;
+    pthread_mutex_unlock(&c->mu);
+    if (looped) /* on the loop's thread: no event of c follows */
+        rpc_loop_del(&c->src);
     if (!atomic_exchange(&c->down_done, true))
         c->cb.down(c->cb.arg, c, rv);
 }
@@ -163,6 +195,45 @@ static void wr_cb(void *arg)
         write_submit(c);
 }
 
+/* Plain sockets, mu held: writes what out holds. A full socket leaves the
+ * rest for EPOLLOUT (writing set); an error ends the connection (the loop
+ * reads the end and runs `down`). */
+static void sock_flush_locked(rpc_conn *c)
+{
+    while (c->ooff < c->outlen && !c->dead) {
+        ssize_t w = send(c->src.fd, c->out + c->ooff, c->outlen - c->ooff, MSG_NOSIGNAL);
+        if (w > 0) {
+            c->ooff += (size_t)w;
+        } else if (w < 0 && errno == EINTR) {
+            continue;
+        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (!c->writing && c->looped) {
+                c->writing = true;
+                rpc_loop_out(&c->src, true);
+            }
+            return;
+        } else {
+            c->dead = true;
+            shutdown(c->src.fd, SHUT_RDWR);
+            return;
+        }
+    }
+    c->outlen = c->ooff = 0;
+    if (c->writing) {
+        c->writing = false;
+        if (c->looped)
+            rpc_loop_out(&c->src, false);
+    }
+    if (c->outcap > OUT_KEEP) { /* one large message: do not keep its buffer */
+        uint8_t *small = malloc(OUT_MIN);
+        if (small) {
+            free(c->out);
+            c->out = small;
+            c->outcap = OUT_MIN;
+        }
+    }
+}
+
 int rpc_conn_send(rpc_conn *c, const void *hdr, size_t hlen, const void *body, size_t blen)
 {
     size_t n = 8 + hlen + blen;
@@ -198,6 +269,12 @@ int rpc_conn_send(rpc_conn *c, const void *hdr, size_t hlen, const void *body, s
     if (blen)
         memcpy(p + 8 + hlen, body, blen);
     c->outlen += n;
+    if (!c->st) { /* a full socket or a read being handed on: later */
+        if (!c->writing && !c->corked)
+            sock_flush_locked(c);
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
     bool go = write_take_locked(c);
     pthread_mutex_unlock(&c->mu);
     if (go)
@@ -345,16 +422,91 @@ static void rd_cb(void *arg)
         conn_down(c, rv);
 }
 
+/* A plain socket's event, on its loop's thread: EPOLLOUT resumes a write;
+ * a read takes what has arrived (level-triggered: the rest comes with the
+ * next event) and hands its messages on with sends corked, so the replies
+ * made meanwhile leave in one write. */
+static void sock_event(rpc_src *src, uint32_t events)
+{
+    rpc_conn *c = (rpc_conn *)((char *)src - offsetof(rpc_conn, src));
+    if (atomic_load(&c->down_done))
+        return; /* freed on this loop in this batch (rpc_conn_free) */
+    if (events & EPOLLOUT) {
+        pthread_mutex_lock(&c->mu);
+        sock_flush_locked(c);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (!(events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        return;
+    ssize_t r;
+    do {
+        if (c->big)
+            r = recv(src->fd, (uint8_t *)nng_msg_body(c->big) + c->big_got,
+                     nng_msg_len(c->big) - c->big_got, 0);
+        else
+            r = recv(src->fd, c->in + c->inlen, CONN_BUF - c->inlen, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return;
+    if (r <= 0) {
+        conn_down(c, r == 0 ? NNG_ECLOSED : errno == ECONNRESET ? NNG_ECONNRESET : NNG_ECLOSED);
+        return;
+    }
+    int rv = 0;
+    pthread_mutex_lock(&c->mu);
+    c->corked = true;
+    pthread_mutex_unlock(&c->mu);
+    if (c->big) {
+        c->big_got += (size_t)r;
+        if (c->big_got == nng_msg_len(c->big)) {
+            nng_msg *m = c->big;
+            c->big = NULL;
+            c->cb.frame(c->cb.arg, c, c->bighdr, c->bighlen, m);
+        }
+    } else {
+        c->inlen += (size_t)r;
+        rv = read_parse(c);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->corked = false;
+    if (!c->writing)
+        sock_flush_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    if (rv != 0)
+        conn_down(c, rv);
+}
+
 /* ---- life --------------------------------------------------------------- */
+
+/* A conn with its read buffer and settings, or NULL out of memory. */
+static rpc_conn *conn_alloc(uint16_t self, uint16_t peer, size_t recv_max, size_t out_max,
+                            const rpc_conn_cb *cb)
+{
+    rpc_conn *c = calloc(1, sizeof(*c));
+    if (c && !(c->in = malloc(CONN_BUF))) {
+        free(c);
+        return NULL;
+    }
+    if (!c)
+        return NULL;
+    c->src = (rpc_src){.fn = sock_event, .fd = -1, .loop = -1};
+    c->cb = *cb;
+    c->self = self;
+    c->peer = peer;
+    c->recv_max = recv_max;
+    c->out_max = out_max;
+    pthread_mutex_init(&c->mu, NULL);
+    return c;
+}
 
 rpc_conn *rpc_conn_new(nng_stream *st, uint16_t self, uint16_t peer, size_t recv_max,
                        size_t out_max, const rpc_conn_cb *cb)
 {
-    rpc_conn *c = calloc(1, sizeof(*c));
-    if (c && (!(c->in = malloc(CONN_BUF)) || nng_aio_alloc(&c->rd, rd_cb, c) != 0 ||
-              nng_aio_alloc(&c->wr, wr_cb, c) != 0)) {
+    rpc_conn *c = conn_alloc(self, peer, recv_max, out_max, cb);
+    if (c && (nng_aio_alloc(&c->rd, rd_cb, c) != 0 || nng_aio_alloc(&c->wr, wr_cb, c) != 0)) {
         if (c->rd)
             nng_aio_free(c->rd);
+        pthread_mutex_destroy(&c->mu);
         free(c->in);
         free(c);
         c = NULL;
@@ -364,12 +516,18 @@ rpc_conn *rpc_conn_new(nng_stream *st, uint16_t self, uint16_t peer, size_t recv
         return NULL;
     }
     c->st = st;
-    c->cb = *cb;
-    c->self = self;
-    c->peer = peer;
-    c->recv_max = recv_max;
-    c->out_max = out_max;
-    pthread_mutex_init(&c->mu, NULL);
+    return c;
+}
+
+rpc_conn *rpc_conn_new_fd(int fd, uint16_t self, uint16_t peer, size_t recv_max, size_t out_max,
+                          const rpc_conn_cb *cb)
+{
+    rpc_conn *c = conn_alloc(self, peer, recv_max, out_max, cb);
+    if (!c) {
+        close(fd);
+        return NULL;
+    }
+    c->src.fd = fd;
     return c;
 }
 
@@ -384,6 +542,24 @@ void rpc_conn_start(rpc_conn *c)
     if (c->out) {
         memcpy(c->out, hs, HS_LEN);
         c->outlen = HS_LEN;
+    }
+    if (!c->st) { /* on its loop, then the handshake out (a full socket: EPOLLOUT) */
+        int e = c->out ? 0 : ENOMEM;
+        c->looped = e == 0; /* before the loop can see c: conn_down reads it */
+        pthread_mutex_unlock(&c->mu);
+        if (!e && (e = rpc_loop_add(&c->src, false)) != 0) {
+            pthread_mutex_lock(&c->mu);
+            c->looped = false;
+            pthread_mutex_unlock(&c->mu);
+        }
+        if (e) {
+            conn_down(c, NNG_ENOMEM); /* its end, on this thread */
+            return;
+        }
+        pthread_mutex_lock(&c->mu);
+        sock_flush_locked(c); /* the handshake, unless a read's flush took it */
+        pthread_mutex_unlock(&c->mu);
+        return;
     }
     bool go = c->out && write_take_locked(c);
     pthread_mutex_unlock(&c->mu);
@@ -404,23 +580,22 @@ void rpc_conn_close(rpc_conn *c)
 bool rpc_conn_verified(rpc_conn *c)
 {
     bool v = false;
+    if (!c->st)
+        return false; /* plain TCP */
     return nng_stream_get_bool(c->st, NNG_OPT_TLS_VERIFIED, &v) == 0 && v;
 }
 
-void rpc_conn_free(rpc_conn *c)
+/* The memory of c, once nothing can call into it. */
+static void conn_release(void *arg)
 {
-    if (!c)
-        return;
-    conn_kill(c);
-    nng_aio_stop(c->rd); /* waits for a running receive callback */
-    nng_aio_stop(c->wr);
-    /* a callback that resubmitted after the stop was dropped by nng without
-     * a completion: report the end here if the reading side did not */
-    if (!atomic_exchange(&c->down_done, true))
-        c->cb.down(c->cb.arg, c, NNG_ECLOSED);
-    nng_aio_free(c->rd);
-    nng_aio_free(c->wr);
-    nng_stream_free(c->st);
+    rpc_conn *c = arg;
+    if (c->st) {
+        nng_aio_free(c->rd);
+        nng_aio_free(c->wr);
+        nng_stream_free(c->st);
+    } else {
+        close(c->src.fd);
+    }
     if (c->big)
         nng_msg_free(c->big);
     pthread_mutex_destroy(&c->mu);
@@ -428,4 +603,36 @@ void rpc_conn_free(rpc_conn *c)
     free(c->out);
     free(c->wbuf);
     free(c);
+}
+
+void rpc_conn_free(rpc_conn *c)
+{
+    if (!c)
+        return;
+    conn_kill(c);
+    if (!c->st && c->src.loop >= 0 && rpc_loop_on_thread(&c->src)) {
+        /* on c's own loop (another source's handler): no handler of c runs
+         * now, so its end runs here; an event of c taken in this batch may
+         * still come, so the memory goes after the batch */
+        conn_down(c, NNG_ECLOSED);
+        if (rpc_loop_defer(&c->src, conn_release, c))
+            return;
+        KV_ERROR("rpc", "out of memory freeing a connection: it is kept");
+        return;
+    }
+    if (!c->st && c->src.loop >= 0) {
+        /* the loop reads the end conn_kill made and runs `down`, then
+         * finishes the batch that did */
+        while (!atomic_load(&c->down_done))
+            rpc_loop_sync(&c->src);
+        rpc_loop_sync(&c->src);
+    } else if (c->st) {
+        nng_aio_stop(c->rd); /* waits for a running receive callback */
+        nng_aio_stop(c->wr);
+    }
+    /* a callback that resubmitted after the stop was dropped by nng without
+     * a completion: report the end here if the reading side did not */
+    if (!atomic_exchange(&c->down_done, true))
+        c->cb.down(c->cb.arg, c, NNG_ECLOSED);
+    conn_release(c);
 }

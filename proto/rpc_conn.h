@@ -21,8 +21,9 @@
  * request id (u32 BE, high bit set), preceded by one more u32 per hop when
  * a device forwarded the request (the REP end echoes the header as it came).
  *
- * Ownership: a conn owns its stream. Its callbacks (rpc_conn_cb) run on
- * nng's task threads, one message at a time from the reading side; `down`
+ * Ownership: a conn owns its stream (or socket). Its callbacks (rpc_conn_cb)
+ * run on nng's task threads (an rpc_loop's thread for a plain socket), one
+ * message at a time from the reading side; `down`
  * runs exactly once, after which no `frame` runs. The owner frees the conn
  * with rpc_conn_free, never from one of its callbacks (that waits for
  * them). Internal to proto/.
@@ -63,6 +64,11 @@ typedef struct rpc_conn_cb {
  * run. NULL when out of memory (st is then freed). */
 rpc_conn *rpc_conn_new(nng_stream *st, uint16_t self, uint16_t peer, size_t recv_max,
                        size_t out_max, const rpc_conn_cb *cb);
+/* The same for a connected plain TCP socket (non-blocking), served by an
+ * rpc_loop (rpc_loop.h) instead of nng: its callbacks run on the loop's
+ * thread. NULL when out of memory (fd is then closed). */
+rpc_conn *rpc_conn_new_fd(int fd, uint16_t self, uint16_t peer, size_t recv_max, size_t out_max,
+                          const rpc_conn_cb *cb);
 /* Sends our handshake and starts reading (out of memory: `down` runs
  * here, on the caller's thread). */
 void rpc_conn_start(rpc_conn *c);

@@ -58,24 +58,31 @@
  * under overload the workers run calls that still can, instead of calls
  * whose callers have given up. A server with nothing in flight admits.
  */
-#define _GNU_SOURCE /* pthread_timedjoin_np */
+#define _GNU_SOURCE /* pthread_timedjoin_np, accept4 */
 #include "proto/rpc.h"
 
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/supplemental/util/platform.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc_conn.h"
+#include "proto/rpc_loop.h"
 #include "proto/rpc_tls.h"
 #include "proto/rpc_int.h"
 #include "proto/statlist.h"
@@ -217,6 +224,10 @@ struct rpc_server {
     bool streams;
     nng_stream_listener *slis;
     nng_aio *accept_aio;
+    /* or, for tcp:// without TLS, a listening socket on an rpc_loop
+     * (lsrc.fd >= 0) whose connections are served by the loops */
+    rpc_src lsrc;
+    int lport;
     pthread_mutex_t cmu; /* conns, dead, free_calls, extra (streams) */
     rpc_sconn *conns, *dead;
     rpc_scall *free_calls;
@@ -310,6 +321,8 @@ uint32_t rpc_ctx_remaining_ms(const rpc_ctx *c)
 int rpc_server_port(const rpc_server *s)
 {
     int port = 0;
+    if (s->lsrc.fd >= 0)
+        return s->lport;
     if (s->streams ? nng_stream_listener_get_int(s->slis, NNG_OPT_TCP_BOUND_PORT, &port) != 0
                    : nng_listener_get_int(s->listener, NNG_OPT_TCP_BOUND_PORT, &port) != 0)
         return -1;
@@ -1334,37 +1347,48 @@ static void stream_down(void *arg, rpc_conn *c, int rv)
     sconn_unref(sc);
 }
 
+/* A connection accepted (st, or plain socket fd when st is NULL) joins
+ * the server's list and starts. */
+static void sconn_add(rpc_server *s, nng_stream *st, int fd)
+{
+    rpc_sconn *sc = calloc(1, sizeof(*sc));
+    rpc_conn_cb cb = {.frame = stream_frame, .down = stream_down, .arg = sc};
+    size_t out_max = RPC_OUT_MAX(s->recv_max);
+    rpc_conn *c = NULL;
+    if (sc && st)
+        c = rpc_conn_new(st, RPC_SP_REP, RPC_SP_REQ, s->recv_max, out_max, &cb);
+    else if (sc)
+        c = rpc_conn_new_fd(fd, RPC_SP_REP, RPC_SP_REQ, s->recv_max, out_max, &cb);
+    else if (st)
+        nng_stream_free(st);
+    else
+        close(fd);
+    if (!c) {
+        free(sc);
+        return;
+    }
+    sc->srv = s;
+    sc->c = c;
+    sc->verified = -1;
+    atomic_init(&sc->refs, 1);
+    pthread_mutex_lock(&s->cmu);
+    sc->next = s->conns;
+    if (s->conns)
+        s->conns->prev = sc;
+    s->conns = sc;
+    pthread_mutex_unlock(&s->cmu);
+    atomic_fetch_add_explicit(&s->n_conns, 1, memory_order_relaxed);
+    atomic_fetch_add(&s->live_conns, 1);
+    rpc_conn_start(c);
+}
+
 static void stream_accept_cb(void *arg)
 {
     rpc_server *s = arg;
     int rv = nng_aio_result(s->accept_aio);
     sconn_reap(s);
     if (rv == 0) {
-        nng_stream *st = nng_aio_get_output(s->accept_aio, 0);
-        rpc_sconn *sc = calloc(1, sizeof(*sc));
-        rpc_conn_cb cb = {.frame = stream_frame, .down = stream_down, .arg = sc};
-        rpc_conn *c = sc ? rpc_conn_new(st, RPC_SP_REP, RPC_SP_REQ, s->recv_max,
-                                        RPC_OUT_MAX(s->recv_max), &cb)
-                         : NULL;
-        if (!sc)
-            nng_stream_free(st);
-        if (c) {
-            sc->srv = s;
-            sc->c = c;
-            sc->verified = -1;
-            atomic_init(&sc->refs, 1);
-            pthread_mutex_lock(&s->cmu);
-            sc->next = s->conns;
-            if (s->conns)
-                s->conns->prev = sc;
-            s->conns = sc;
-            pthread_mutex_unlock(&s->cmu);
-            atomic_fetch_add_explicit(&s->n_conns, 1, memory_order_relaxed);
-            atomic_fetch_add(&s->live_conns, 1);
-            rpc_conn_start(c);
-        } else {
-            free(sc);
-        }
+        sconn_add(s, nng_aio_get_output(s->accept_aio, 0), -1);
     } else if (rv == NNG_ECLOSED || rv == NNG_ECANCELED) {
         return; /* the server is closing */
     } else {
@@ -1375,10 +1399,48 @@ static void stream_accept_cb(void *arg)
         nng_stream_listener_accept(s->slis, s->accept_aio);
 }
 
+/* The listening socket's event on its loop: every connection waiting. */
+static void lis_event(rpc_src *src, uint32_t events)
+{
+    (void)events;
+    rpc_server *s = (rpc_server *)((char *)src - offsetof(rpc_server, lsrc));
+    sconn_reap(s);
+    for (int i = 0; i < 64 && !atomic_load(&s->stopping); i++) {
+        int fd = accept4(src->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), one = 1;
+        if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
+                return;
+            /* out of descriptors, say: the socket stays ready, do not spin */
+            KV_WARN("rpc", "accepting a connection on %s: %s", s->opts.url, strerror(errno));
+            nng_msleep(10);
+            return;
+        }
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        sconn_add(s, NULL, fd);
+    }
+}
+
 /* open_socket for streams: 0 or nng's error. */
 static int stream_listen(rpc_server *s, nng_tls_config *tls)
 {
-    int rv = nng_stream_listener_alloc(&s->slis, s->opts.url);
+    int rv;
+    if (!tls && strncmp(s->opts.url, "tcp://", 6) == 0 && !!rpc_loop_wanted()) {
+        char err[256];
+        s->lsrc = (rpc_src){.fn = lis_event, .fd = -1};
+        int fd = rpc_loop_listen(s->opts.url, &s->lport, err, sizeof(err));
+        if (fd < 0) {
+            KV_DEBUG("rpc", "%s", err);
+            return errno == EADDRINUSE ? NNG_EADDRINUSE : NNG_EADDRINVAL;
+        }
+        s->lsrc.fd = fd;
+        if ((rv = rpc_loop_add(&s->lsrc, false)) != 0) {
+            close(fd);
+            s->lsrc.fd = -1;
+            return NNG_ENOMEM;
+        }
+        return 0;
+    }
+    rv = nng_stream_listener_alloc(&s->slis, s->opts.url);
     if (rv == 0 && tls)
         rv = nng_stream_listener_set_ptr(s->slis, NNG_OPT_TLS_CONFIG, tls);
     if (rv == 0) {
@@ -1524,6 +1586,7 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
     if (!s)
         return KV_RESOURCE_EXHAUSTED;
     s->opts = *opts;
+    s->lsrc.fd = -1;
     if (!s->opts.default_deadline_ms)
         s->opts.default_deadline_ms = RPC_DEFAULT_DEADLINE_MS;
     if (!s->opts.workers)
@@ -1661,8 +1724,13 @@ bool rpc_server_close(rpc_server *s)
 {
     if (!s)
         return true;
-    atomic_store(&s->stopping, true); /* no receive is posted after this */
-    if (s->listening && s->streams) {
+    atomic_store(&s->stopping, true);      /* no receive is posted after this */
+    if (s->listening && s->lsrc.fd >= 0) { /* no new connections */
+        rpc_loop_del(&s->lsrc);
+        rpc_loop_sync(&s->lsrc); /* an accept in progress has finished */
+        close(s->lsrc.fd);
+        s->lsrc.fd = -1;
+    } else if (s->listening && s->streams) {
         nng_aio_stop(s->accept_aio); /* no new connections */
         nng_stream_listener_close(s->slis);
     }

@@ -6,6 +6,9 @@
  */
 #include "fuzz_rpc.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <pthread.h>
@@ -15,6 +18,7 @@
 
 #include "common/clock.h"
 #include "proto/kv.pb-c.h"
+#include "proto/rpc_loop.h"
 #include "shard/clustermap.h"
 
 #define NOWHERE "inproc://hotkv-fuzz-nowhere"
@@ -30,6 +34,13 @@ int __wrap_nng_listener_create(nng_listener *l, nng_socket s, const char *url);
 int __real_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url);
 int __wrap_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url);
 int __wrap_nng_stream_listener_alloc(nng_stream_listener **l, const char *url);
+int __real_rpc_loop_connect(const struct sockaddr *addr, unsigned len,
+                            void (*done)(void *arg, rpc_dial *d, int fd, int err), void *arg,
+                            rpc_dial **out);
+int __wrap_rpc_loop_connect(const struct sockaddr *addr, unsigned len,
+                            void (*done)(void *arg, rpc_dial *d, int fd, int err), void *arg,
+                            rpc_dial **out);
+int __wrap_rpc_loop_listen(const char *url, int *port, char *err, size_t errlen);
 kv_err __real_rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts);
 kv_err __wrap_rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts);
 
@@ -74,6 +85,31 @@ int __wrap_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url)
     if (i)
         snprintf(buf, sizeof(buf), "tcp://127.0.0.1:%d", peer_port[i - 1]);
     return __real_nng_stream_dialer_alloc(d, i ? buf : NOWHERE_STREAM);
+}
+
+/* Connects on hotkv's own loops (tcp:// to a numeric address): a scripted
+ * peer's address goes to its loopback port, any other is refused at once. */
+int __wrap_rpc_loop_connect(const struct sockaddr *addr, unsigned len,
+                            void (*done)(void *arg, rpc_dial *d, int fd, int err), void *arg,
+                            rpc_dial **out)
+{
+    const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
+    int i = addr->sa_family == AF_INET && ntohl(in->sin_addr.s_addr) == INADDR_LOOPBACK
+                ? ntohs(in->sin_port)
+                : 0;
+    if (i < 1 || i > FZ_PEERS)
+        return ECONNREFUSED;
+    struct sockaddr_in to = *in;
+    to.sin_port = htons((uint16_t)peer_port[i - 1]);
+    return __real_rpc_loop_connect((const struct sockaddr *)&to, sizeof(to), done, arg, out);
+}
+
+int __wrap_rpc_loop_listen(const char *url, int *port, char *err, size_t errlen)
+{
+    (void)port;
+    (void)err;
+    (void)errlen;
+    fz_fail(__FILE__, __LINE__, "no listener", "a harness listens on %s", url);
 }
 
 int __wrap_nng_stream_listener_alloc(nng_stream_listener **l, const char *url)
