@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -790,42 +791,45 @@ static void loop_dial_locked(rpc_chan *ch)
     }
 }
 
-/* A connect's end, on the loop's thread: as stream_dial_cb. */
+/* A connect's end, on the loop's thread: as stream_dial_cb. Touches ch
+ * only under mu, or while `starting` holds rpc_chan_shutdown off: once
+ * this has given up mu otherwise, the channel may be freed. */
 static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err)
 {
     rpc_chan *ch = arg;
     rpc_conn *c = NULL;
-    if (fd >= 0) {
-        rpc_conn_cb cb = stream_cb_init;
-        cb.arg = ch;
-        c = rpc_conn_new_fd(fd, RPC_SP_REQ, RPC_SP_REP, ch->recv_max, 0, &cb);
-    }
     pthread_mutex_lock(&ch->mu);
     bool mine = ch->dial == d; /* else rpc_chan_shutdown is cancelling it */
     if (mine)
         ch->dial = NULL;
     bool closing = ch->closing;
-    if (!closing && c) {
+    if (!closing && fd >= 0) {
+        rpc_conn_cb cb = stream_cb_init;
+        cb.arg = ch;
+        c = rpc_conn_new_fd(fd, RPC_SP_REQ, RPC_SP_REP, ch->recv_max, 0,
+                            &cb); /* closes fd on failure */
+    } else if (fd >= 0) {
+        close(fd);
+    }
+    if (c) {
         ch->conn = c;
         ch->starting = true; /* rpc_chan_shutdown frees c only once started */
     } else if (!closing) {   /* refused, unreachable, or no memory: again after the backoff */
         ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
         nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+        if (err)
+            KV_DEBUG("rpc", "cannot connect to %s: %s", ch->url, strerror(err));
     }
     pthread_mutex_unlock(&ch->mu);
     if (mine)
         rpc_loop_dial_release(d);
-    if (closing) {
-        rpc_conn_free(c);
-    } else if (c) {
+    if (c) {
         rpc_conn_start(c);
         pthread_mutex_lock(&ch->mu);
         ch->starting = false;
         pthread_cond_broadcast(&ch->cv);
         pthread_mutex_unlock(&ch->mu);
     }
-    if (err && !closing)
-        KV_DEBUG("rpc", "cannot connect to %s: %s", ch->url, strerror(err));
 }
 
 static void stream_sleep_cb(void *arg)

@@ -41,7 +41,6 @@ static void done(void *arg, rpc_dial *d, int fd, int err)
         atomic_store(&r->after_cancel, true);
     atomic_store(&r->fd, fd);
     atomic_store(&r->err, err);
-    atomic_fetch_add(&r->calls, 1);
     pthread_mutex_lock(&r->mu);
     bool mine = r->d == d; /* else a cancel took the reference */
     if (mine)
@@ -49,6 +48,7 @@ static void done(void *arg, rpc_dial *d, int fd, int err)
     pthread_mutex_unlock(&r->mu);
     if (mine)
         rpc_loop_dial_release(d);
+    atomic_fetch_add(&r->calls, 1); /* last: a waiter may drop r once it sees this */
 }
 
 /* Starts a connect holding r->mu, so done finds r->d set. */
