@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libFuzzer harness for the stream wire format (proto/rpc_conn.c) as a
- * server reads it: a real rpc_server on an ephemeral loopback port takes
- * the input's bytes on a fresh TCP connection, its reading side parses them
- * (handshake, u64 lengths, request id words, messages larger than the read
- * buffer) and its calls answer with small stubs. Input byte 0 bit 0 set: a
- * valid REQ handshake goes first; bit 1 set: the bytes are written in
- * pieces whose sizes come from the next byte, so frames straddle reads.
+ * server reads it on hotkv's own loops (rpc_loop.c): a real rpc_server on an
+ * ephemeral loopback port takes the input's bytes on a fresh TCP connection,
+ * its reading side parses them (handshake, u64 lengths, request id words,
+ * messages larger than the read buffer) and its calls answer with small
+ * stubs. Input byte 0 bit 0 set: a valid REQ handshake goes first; bit 1
+ * set: the bytes are written in pieces whose sizes come from the next byte,
+ * so frames straddle reads.
  *
  * The harness parses the same bytes itself (the contract of rpc_conn.h, not
  * its code) and knows which complete request messages they hold and whether

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libFuzzer harness for the RPC envelope (proto/rpc_server.c, rpc_chan.c)
- * both ways: the server over nng inproc, the client channel on nng's byte
- * streams (rpc_conn.c) to a scripted peer on loopback. Input byte 0 bit 0
- * clear: the rest is sent as one raw request message to a real rpc_server
- * (bit 1: one that requires an auth token) whose methods are small stubs;
- * the reply must come (the server answers everything), parse as an Envelope
- * with a known status, echo the request's id, and refuse what it must
- * (INVALID_ARGUMENT for bytes that are no Envelope, UNAUTHENTICATED for a
- * wrong token, UNIMPLEMENTED for unknown methods); with fz_strict() its
+ * both ways: the server over nng inproc, the client channel on hotkv's own
+ * loops (rpc_conn.c, rpc_loop.c) to a scripted peer on loopback. Input byte
+ * 0 bit 0 clear: the rest is sent as one raw request message to a real
+ * rpc_server (bit 1: one that requires an auth token) whose methods are
+ * small stubs; the reply must come (the server answers everything), parse as
+ * an Envelope with a known status, echo the request's id, and refuse what it
+ * must (INVALID_ARGUMENT for bytes that are no Envelope, UNAUTHENTICATED for
+ * a wrong token, UNIMPLEMENTED for unknown methods); with fz_strict() its
  * status message must be UTF-8 (issue 16 item 9). Bit 0 set: a client
  * channel calls a scripted peer whose reply is the rest of the input, raw
  * (bit 1: wrapped in an envelope with the right id), and rpc_call must turn

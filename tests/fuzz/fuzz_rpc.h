@@ -10,17 +10,19 @@
  * every string field of the reply (issue 16 item 9).
  *
  * Safety: these harnesses link with -Wl,--wrap for nng_dialer_create,
- * nng_listener_create and nng_stream_dialer_alloc (fuzz_rpc.c): a URL that
- * is not inproc:// is replaced by an address nobody listens on (inproc, or
- * a Unix socket path that does not exist for a stream dial), so a fuzzed
- * cluster map or stream job never makes the process dial a real host, nor
- * a port of a test cluster running on the same machine. The exceptions are
- * the scripted peers: tcp://127.0.0.1:1 .. :FZ_PEERS are sent to
- * fz_peers_start's inproc listeners, or, for a channel on nng's byte
- * streams (rpc_chan's mode for tcp://), to the ephemeral loopback port each
- * peer also listens on. nng_stream_listener_alloc fails the input: a
- * harness listens on nothing but inproc. rpc_chan_open is wrapped too: the
- * channels it opens wait 1 ms, not a second, for a first connection.
+ * nng_listener_create, nng_stream_dialer_alloc and rpc_loop_connect
+ * (fuzz_rpc.c): a URL that is not inproc:// is replaced by an address
+ * nobody listens on (inproc, or a Unix socket path that does not exist for
+ * a stream dial), and a connect on hotkv's own loops is refused at once,
+ * so a fuzzed cluster map or stream job never makes the process dial a real
+ * host, nor a port of a test cluster running on the same machine. The
+ * exceptions are the scripted peers: tcp://127.0.0.1:1 .. :FZ_PEERS are
+ * sent to fz_peers_start's inproc listeners, or, for a channel on a byte
+ * stream or a loop (rpc_chan's modes for tcp://), to the ephemeral loopback
+ * port each peer also listens on. nng_stream_listener_alloc and
+ * rpc_loop_listen fail the input: a harness listens on nothing but inproc.
+ * rpc_chan_open is wrapped too: the channels it opens wait 1 ms, not a
+ * second, for a first connection.
  */
 #ifndef KV_TESTS_FUZZ_RPC_H
 #define KV_TESTS_FUZZ_RPC_H
