@@ -364,7 +364,7 @@ void fz_peers_script(fz_in *in)
 }
 
 /* The reply to one request of peer i, NULL for none. */
-static nng_msg *answer(int i, const Kv__Envelope *req)
+static nng_msg *fz_peer_reply(int i, const Kv__Envelope *req)
 {
     pthread_mutex_lock(&script_mu);
     nng_msg *m = NULL;
@@ -403,7 +403,7 @@ static void *peer_main(void *arg)
             continue;
         Kv__Envelope *env = kv__envelope__unpack(NULL, nng_msg_len(req), nng_msg_body(req));
         nng_msg_free(req);
-        nng_msg *rep = env ? answer(i, env) : NULL;
+        nng_msg *rep = env ? fz_peer_reply(i, env) : NULL;
         if (env)
             kv__envelope__free_unpacked(env, NULL);
         if (rep && nng_sendmsg(s, rep, 0) != 0)

@@ -25,6 +25,7 @@ if [ -w /dev/shm ]; then
   export TMPDIR=/dev/shm
 fi
 export ASAN_OPTIONS="detect_leaks=1:${ASAN_OPTIONS:-}"
+export LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:${LSAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
 mkdir -p "$dir/fuzz-crashes/known" "$dir/fuzz-logs"
 
