@@ -709,6 +709,14 @@ static void stream_frame(void *arg, rpc_conn *c, const uint8_t *hdr, size_t hlen
     slot_finish(s, &r);
 }
 
+/* With mu held: the next dial after the backoff (50 ms, doubling to 1 s,
+ * as nng's sockets). */
+static void redial_later_locked(rpc_chan *ch)
+{
+    ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
+    nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+}
+
 /* The connection ended: the messages written on it fail (UNAVAILABLE; a
  * request is never sent twice), those waiting stay for the next one, which
  * is dialed after a backoff (50 ms doubling to 1 s, as nng's sockets). */
@@ -732,10 +740,8 @@ static void stream_down(void *arg, rpc_conn *c, int rv)
         }
     }
     bool closing = ch->closing;
-    if (!closing && ch->dead == c) {
-        ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
-        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
-    }
+    if (!closing && ch->dead == c)
+        redial_later_locked(ch);
     pthread_cond_broadcast(&ch->cv);
     pthread_mutex_unlock(&ch->mu);
     if (rv != NNG_ECLOSED && rv != NNG_ECONNSHUT && rv != NNG_ECONNRESET)
@@ -766,8 +772,7 @@ static void stream_dial_cb(void *arg)
     if (!closing && c) {
         ch->conn = c;
     } else if (!closing) { /* refused, unreachable, or no memory: again after the backoff */
-        ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
-        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+        redial_later_locked(ch);
     }
     pthread_mutex_unlock(&ch->mu);
     if (closing)
@@ -786,8 +791,7 @@ static void loop_dial_locked(rpc_chan *ch)
                              &ch->dial);
     if (e) {
         ch->dial = NULL;
-        ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
-        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+        redial_later_locked(ch);
     }
 }
 
@@ -815,8 +819,7 @@ static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err)
         ch->conn = c;
         ch->starting = true; /* rpc_chan_shutdown frees c only once started */
     } else if (!closing) {   /* refused, unreachable, or no memory: again after the backoff */
-        ch->backoff_ms = ch->backoff_ms ? (ch->backoff_ms >= 500 ? 1000 : ch->backoff_ms * 2) : 50;
-        nng_sleep_aio((nng_duration)ch->backoff_ms, ch->sleep_aio);
+        redial_later_locked(ch);
         if (err)
             KV_DEBUG("rpc", "cannot connect to %s: %s", ch->url, strerror(err));
     }

@@ -137,6 +137,17 @@ static void conn_down(rpc_conn *c, int rv)
 
 /* ---- writing ------------------------------------------------------------ */
 
+/* A drained write buffer over OUT_KEEP (one large message) is not kept. */
+static void buf_shrink(uint8_t **buf, size_t *cap)
+{
+    uint8_t *small = *cap > OUT_KEEP ? malloc(OUT_MIN) : NULL;
+    if (small) {
+        free(*buf);
+        *buf = small;
+        *cap = OUT_MIN;
+    }
+}
+
 /* With mu held: when no write is in flight and bytes wait, swaps them into
  * wbuf and returns true: the caller submits the write, outside mu. */
 static bool write_take_locked(rpc_conn *c)
@@ -181,14 +192,7 @@ static void wr_cb(void *arg)
     }
     pthread_mutex_lock(&c->mu);
     c->writing = false;
-    if (c->wcap > OUT_KEEP) { /* one large message: do not keep its buffer */
-        uint8_t *small = malloc(OUT_MIN);
-        if (small) {
-            free(c->wbuf);
-            c->wbuf = small;
-            c->wcap = OUT_MIN;
-        }
-    }
+    buf_shrink(&c->wbuf, &c->wcap);
     bool go = write_take_locked(c);
     pthread_mutex_unlock(&c->mu);
     if (go)
@@ -224,14 +228,7 @@ static void sock_flush_locked(rpc_conn *c)
         if (c->looped)
             rpc_loop_out(&c->src, false);
     }
-    if (c->outcap > OUT_KEEP) { /* one large message: do not keep its buffer */
-        uint8_t *small = malloc(OUT_MIN);
-        if (small) {
-            free(c->out);
-            c->out = small;
-            c->outcap = OUT_MIN;
-        }
-    }
+    buf_shrink(&c->out, &c->outcap);
 }
 
 int rpc_conn_send(rpc_conn *c, const void *hdr, size_t hlen, const void *body, size_t blen)
