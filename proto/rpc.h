@@ -330,6 +330,8 @@ typedef struct rpc_chan_opts {
     int coalesce_after;       /* messages in flight before further small calls wait and go
                                  out together in one rpc.Calls message (0 =
                                  $KV_RPC_COALESCE_AFTER, else 1; < 0 = never) */
+    int loop;                 /* tcp:// to a numeric address: 1 + the rpc_loop its connection
+                                 is served on (rpc_pool's channel per loop); 0 = any */
 } rpc_chan_opts;
 
 /* A reply. body/message are malloc'ed and owned by whoever holds the reply;
@@ -436,8 +438,9 @@ typedef struct rpc_pool rpc_pool;
  * On success *out is the caller's (rpc_pool_destroy). RESOURCE_EXHAUSTED
  * when out of memory. */
 kv_err rpc_pool_create(rpc_pool **out, const rpc_chan_opts *opts);
-/* The channel to addr; NULL when out of memory or addr is not a valid URL.
- * The channel belongs to the pool. Thread-safe, completion callbacks
+/* The calling thread's channel to addr (a peer on hotkv's loops has one
+ * per loop: see rpc_pool.c); NULL when out of memory or addr is not a
+ * valid URL. The channel belongs to the pool. Thread-safe, completion callbacks
  * included (opening a channel does not wait for the network). */
 rpc_chan *rpc_pool_get(rpc_pool *p, const char *addr);
 /* Closes every channel (their pending calls complete with CANCELLED first)

@@ -129,6 +129,7 @@ struct rpc_chan {
     /* or, for tcp:// to a numeric address without TLS, connects on an
      * rpc_loop (rpc_loop.h) to sa, the one in progress in dial */
     bool looped;
+    int on; /* the loop its connections are served on (opts.loop - 1; negative: any) */
     struct sockaddr_storage sa;
     unsigned salen;
     rpc_dial *dial;
@@ -217,6 +218,11 @@ unsigned rpc_chan_coalesce_after(const rpc_chan *ch)
     unsigned v = c->coalesce_after;
     pthread_mutex_unlock(&c->mu);
     return v;
+}
+
+bool rpc_chan_looped(const rpc_chan *ch)
+{
+    return ch->looped;
 }
 
 int rpc_chan_connected(const rpc_chan *ch)
@@ -787,8 +793,8 @@ static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err);
  * start. */
 static void loop_dial_locked(rpc_chan *ch)
 {
-    int e = rpc_loop_connect((const struct sockaddr *)&ch->sa, ch->salen, loop_dial_done, ch,
-                             &ch->dial);
+    int e = rpc_loop_connect((const struct sockaddr *)&ch->sa, ch->salen, ch->on, loop_dial_done,
+                             ch, &ch->dial);
     if (e) {
         ch->dial = NULL;
         redial_later_locked(ch);
@@ -810,7 +816,7 @@ static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err)
     if (!closing && fd >= 0) {
         rpc_conn_cb cb = stream_cb_init;
         cb.arg = ch;
-        c = rpc_conn_new_fd(fd, RPC_SP_REQ, RPC_SP_REP, ch->recv_max, 0,
+        c = rpc_conn_new_fd(fd, rpc_loop_self(), RPC_SP_REQ, RPC_SP_REP, ch->recv_max, 0,
                             &cb); /* closes fd on failure */
     } else if (fd >= 0) {
         close(fd);
@@ -947,6 +953,7 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
         opts && opts->connect_wait_ms ? opts->connect_wait_ms : DEFAULT_CONNECT_WAIT_MS;
     ch->coordinate = opts && opts->coordinate;
     ch->coalesce_after = coalesce_after(opts);
+    ch->on = opts && opts->loop > 0 ? opts->loop - 1 : -1;
     ch->opened_ns = kv_now_ns();
     ch->tick = (rpc_timer_ent){.fn = chan_tick, .arg = ch};
     nng_tls_config *tls = NULL;

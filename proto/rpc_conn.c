@@ -52,6 +52,7 @@
 struct rpc_conn {
     nng_stream *st; /* NULL: a plain socket on an rpc_loop (src) */
     rpc_src src;
+    int on;      /* the loop asked for (rpc_conn_new_fd), negative: any */
     bool looped; /* src is registered (until the reading side's end) */
     bool corked; /* the loop is handing a read's messages on: sends wait */
     size_t ooff; /* plain sockets: bytes of out already written */
@@ -516,8 +517,8 @@ rpc_conn *rpc_conn_new(nng_stream *st, uint16_t self, uint16_t peer, size_t recv
     return c;
 }
 
-rpc_conn *rpc_conn_new_fd(int fd, uint16_t self, uint16_t peer, size_t recv_max, size_t out_max,
-                          const rpc_conn_cb *cb)
+rpc_conn *rpc_conn_new_fd(int fd, int on, uint16_t self, uint16_t peer, size_t recv_max,
+                          size_t out_max, const rpc_conn_cb *cb)
 {
     rpc_conn *c = conn_alloc(self, peer, recv_max, out_max, cb);
     if (!c) {
@@ -525,6 +526,7 @@ rpc_conn *rpc_conn_new_fd(int fd, uint16_t self, uint16_t peer, size_t recv_max,
         return NULL;
     }
     c->src.fd = fd;
+    c->on = on;
     return c;
 }
 
@@ -544,7 +546,7 @@ void rpc_conn_start(rpc_conn *c)
         int e = c->out ? 0 : ENOMEM;
         c->looped = e == 0; /* before the loop can see c: conn_down reads it */
         pthread_mutex_unlock(&c->mu);
-        if (!e && (e = rpc_loop_add(&c->src, false)) != 0) {
+        if (!e && (e = rpc_loop_add(&c->src, false, c->on)) != 0) {
             pthread_mutex_lock(&c->mu);
             c->looped = false;
             pthread_mutex_unlock(&c->mu);

@@ -65,10 +65,11 @@ typedef struct rpc_conn_cb {
 rpc_conn *rpc_conn_new(nng_stream *st, uint16_t self, uint16_t peer, size_t recv_max,
                        size_t out_max, const rpc_conn_cb *cb);
 /* The same for a connected plain TCP socket (non-blocking), served by an
- * rpc_loop (rpc_loop.h) instead of nng: its callbacks run on the loop's
- * thread. NULL when out of memory (fd is then closed). */
-rpc_conn *rpc_conn_new_fd(int fd, uint16_t self, uint16_t peer, size_t recv_max, size_t out_max,
-                          const rpc_conn_cb *cb);
+ * rpc_loop (rpc_loop.h) instead of nng: its callbacks run on the thread
+ * of loop `on` (the next loop in turn when negative). NULL when out of
+ * memory (fd is then closed). */
+rpc_conn *rpc_conn_new_fd(int fd, int on, uint16_t self, uint16_t peer, size_t recv_max,
+                          size_t out_max, const rpc_conn_cb *cb);
 /* Sends our handshake and starts reading (out of memory: `down` runs
  * here, on the caller's thread). */
 void rpc_conn_start(rpc_conn *c);

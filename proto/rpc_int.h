@@ -28,5 +28,8 @@ typedef struct rpc_chan rpc_chan;
  * closing several channels whose completions may call one another (a
  * pool): shut them all down first, then close them. */
 void rpc_chan_shutdown(rpc_chan *ch);
+/* Whether ch connects on hotkv's loops (tcp:// to a numeric address, no
+ * TLS, not $KV_RPC_NNG_STREAMS): then rpc_chan_opts.loop pins it. */
+bool rpc_chan_looped(const rpc_chan *ch);
 
 #endif

@@ -104,12 +104,25 @@ static void loops_start(void)
     }
 }
 
-int rpc_loop_add(rpc_src *src, bool out)
+int rpc_loop_count(void)
+{
+    pthread_once(&once, loops_start);
+    return nloops;
+}
+
+int rpc_loop_self(void)
+{
+    return self;
+}
+
+int rpc_loop_add(rpc_src *src, bool out, int on)
 {
     pthread_once(&once, loops_start);
     if (nloops == 0)
         return ENOMEM;
-    src->loop = (int)(atomic_fetch_add_explicit(&next_loop, 1, memory_order_relaxed) % nloops);
+    src->loop =
+        on >= 0 ? on % nloops
+                : (int)(atomic_fetch_add_explicit(&next_loop, 1, memory_order_relaxed) % nloops);
     struct epoll_event ev = {.events = EPOLLIN | (out ? EPOLLOUT : 0), .data.ptr = src};
     return epoll_ctl(loops[src->loop].ep, EPOLL_CTL_ADD, src->fd, &ev) == 0 ? 0 : errno;
 }
@@ -185,7 +198,7 @@ static void dial_event(rpc_src *src, uint32_t events)
     dial_unref(d); /* its own event was this one: no other names it */
 }
 
-int rpc_loop_connect(const struct sockaddr *addr, unsigned len,
+int rpc_loop_connect(const struct sockaddr *addr, unsigned len, int on,
                      void (*done)(void *arg, rpc_dial *d, int fd, int err), void *arg,
                      rpc_dial **out)
 {
@@ -209,7 +222,7 @@ int rpc_loop_connect(const struct sockaddr *addr, unsigned len,
     d->arg = arg;
     atomic_init(&d->refs, 2);
     *out = d; /* before the loop can see d: done may run at once */
-    int e = rpc_loop_add(&d->src, true);
+    int e = rpc_loop_add(&d->src, true, on);
     if (e) {
         close(fd);
         free(d);

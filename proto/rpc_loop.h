@@ -33,8 +33,13 @@ struct rpc_src {
     int loop; /* set by rpc_loop_add */
 };
 
-/* Registers src (fd and fn set) on the next loop in turn: 0, or an errno. */
-int rpc_loop_add(rpc_src *src, bool out);
+/* Registers src (fd and fn set) on loop `on` (modulo the loops' count), or
+ * on the next loop in turn when `on` is negative: 0, or an errno. */
+int rpc_loop_add(rpc_src *src, bool out, int on);
+/* How many loops run (starting them on first use; 0 when none could). */
+int rpc_loop_count(void);
+/* The loop whose thread this is, or -1 off every loop's thread. */
+int rpc_loop_self(void);
 /* Switches the write interest of a registered src. */
 void rpc_loop_out(rpc_src *src, bool out);
 /* Unregisters src; no event taken after this reaches it, but one already
@@ -52,14 +57,15 @@ bool rpc_loop_defer(const rpc_src *src, void (*fn)(void *arg), void *arg);
 
 /* A connect in progress (rpc_loop_connect). */
 typedef struct rpc_dial rpc_dial;
-/* Connects a non-blocking TCP socket to addr (len bytes) on a loop; done
- * runs at most once, on the loop's thread, with the connected socket
+/* Connects a non-blocking TCP socket to addr (len bytes) on loop `on` (any
+ * loop when negative, as rpc_loop_add); done runs at most once, on the
+ * loop's thread, with the connected socket
  * (TCP_NODELAY set; done owns it) or -1 and an errno. The caller holds a
  * reference to *out, given up exactly once: by rpc_loop_dial_release (from
  * done, say) or by rpc_loop_connect_cancel. 0, or an errno when nothing
  * was started (done does not run, *out is not set). */
 struct sockaddr;
-int rpc_loop_connect(const struct sockaddr *addr, unsigned len,
+int rpc_loop_connect(const struct sockaddr *addr, unsigned len, int on,
                      void (*done)(void *arg, rpc_dial *d, int fd, int err), void *arg,
                      rpc_dial **out);
 void rpc_loop_dial_release(rpc_dial *d);

@@ -1,21 +1,52 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A pool of client channels, one per peer address, created on first use and
- * kept until the pool is destroyed, so a process that follows a changing
- * cluster map (a router, a node, a smart client) never drops a connection
- * on a refresh. Lookups take one mutex; the table only grows.
+ * A pool of client channels per peer address, created on first use and kept
+ * until the pool is destroyed, so a process that follows a changing cluster
+ * map (a router, a node, a smart client) never drops a connection on a
+ * refresh. Lookups take one mutex; the table only grows.
+ *
+ * A peer served on hotkv's loops (rpc_chan_looped) gets one channel per
+ * loop, each with its connection on that loop (rpc_chan_opts.loop), and a
+ * call made on a loop's thread takes that loop's channel: a router's
+ * forward, the node's reply and the answer to the client then run on the
+ * thread that read the request, with no other thread taking the channel's
+ * mutex, freeing its memory or waking it (with one channel for both loops,
+ * a routed GET cost the router a futex call and a contended allocator lock,
+ * bench/README.md). Any other thread keeps to one channel, picked in turn
+ * on its first call. Other peers (TLS, host names, inproc) get one channel.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "proto/rpc.h"
 #include "proto/rpc_int.h"
 
+#include "proto/rpc_loop.h"
+
+#define POOL_MAX_LOOPS 8 /* rpc_loop's most */
+
 typedef struct pool_ent {
     char *addr;
-    rpc_chan *chan;
+    size_t n; /* 1, or one per loop */
+    rpc_chan *chan[POOL_MAX_LOOPS];
 } pool_ent;
+
+static atomic_uint next_slot;          /* the turn of threads off the loops */
+static _Thread_local int my_slot = -1; /* this thread's, once picked */
+
+/* Which of an address's n channels this thread uses. */
+static size_t slot_of(size_t n)
+{
+    if (n == 1)
+        return 0;
+    int l = rpc_loop_self();
+    if (l < 0 && (l = my_slot) < 0)
+        l = my_slot =
+            (int)(atomic_fetch_add_explicit(&next_slot, 1, memory_order_relaxed) % POOL_MAX_LOOPS);
+    return (size_t)l % n;
+}
 
 struct rpc_pool {
     rpc_chan_opts opts;
@@ -60,12 +91,31 @@ kv_err rpc_pool_create(rpc_pool **out, const rpc_chan_opts *opts)
     return KV_OK;
 }
 
-/* The channel to addr, opened if missing (p->mu held). */
+/* Opens an address's channels into e (one, or one per loop): false when not
+ * even the first could be. */
+static bool open_ent(rpc_pool *p, pool_ent *e, const char *addr)
+{
+    e->n = 0;
+    rpc_chan_opts o = p->opts;
+    o.loop = 1;
+    if (rpc_chan_open(&e->chan[0], addr, &o) != KV_OK)
+        return false;
+    e->n = 1;
+    size_t want = rpc_chan_looped(e->chan[0]) ? (size_t)rpc_loop_count() : 1;
+    for (; e->n < want && e->n < POOL_MAX_LOOPS; e->n++) {
+        o.loop = (int)e->n + 1;
+        if (rpc_chan_open(&e->chan[e->n], addr, &o) != KV_OK)
+            break; /* out of memory: the loops share the ones open */
+    }
+    return true;
+}
+
+/* This thread's channel to addr, opened if missing (p->mu held). */
 static rpc_chan *get_locked(rpc_pool *p, const char *addr)
 {
     for (size_t i = 0; i < p->n; i++)
         if (strcmp(p->ents[i].addr, addr) == 0)
-            return p->ents[i].chan;
+            return p->ents[i].chan[slot_of(p->ents[i].n)];
     if (p->n == p->cap) {
         size_t nc = p->cap ? p->cap * 2 : 8;
         pool_ent *ne = realloc(p->ents, nc * sizeof(*ne));
@@ -74,14 +124,13 @@ static rpc_chan *get_locked(rpc_pool *p, const char *addr)
         p->ents = ne;
         p->cap = nc;
     }
-    rpc_chan *ch = NULL;
-    char *copy = strdup(addr);
-    if (!copy || rpc_chan_open(&ch, addr, &p->opts) != KV_OK) {
-        free(copy);
+    pool_ent *e = &p->ents[p->n];
+    if (!(e->addr = strdup(addr)) || !open_ent(p, e, addr)) {
+        free(e->addr);
         return NULL;
     }
-    p->ents[p->n++] = (pool_ent){copy, ch};
-    return ch;
+    p->n++;
+    return e->chan[slot_of(e->n)];
 }
 
 rpc_chan *rpc_pool_get(rpc_pool *p, const char *addr)
@@ -104,9 +153,11 @@ void rpc_pool_destroy(rpc_pool *p)
      * shut down that fails at once, on a freed one it would crash (nng
      * panicked in the fuzz harnesses, tests/fuzz/crashes). */
     for (size_t i = 0; i < p->n; i++)
-        rpc_chan_shutdown(p->ents[i].chan);
+        for (size_t k = 0; k < p->ents[i].n; k++)
+            rpc_chan_shutdown(p->ents[i].chan[k]);
     for (size_t i = 0; i < p->n; i++) {
-        rpc_chan_close(p->ents[i].chan);
+        for (size_t k = 0; k < p->ents[i].n; k++)
+            rpc_chan_close(p->ents[i].chan[k]);
         free(p->ents[i].addr);
     }
     free(p->ents);

@@ -228,6 +228,9 @@ struct rpc_server {
      * (lsrc.fd >= 0) whose connections are served by the loops */
     rpc_src lsrc;
     int lport;
+    unsigned next_on;    /* the loop for the next accepted socket, modulo the
+                            loops' count (lis_event's thread only; it wraps at
+                            840, a multiple of every count up to 8) */
     pthread_mutex_t cmu; /* conns, dead, free_calls, extra (streams) */
     rpc_sconn *conns, *dead;
     rpc_scall *free_calls;
@@ -1357,9 +1360,11 @@ static void sconn_add(rpc_server *s, nng_stream *st, int fd)
     rpc_conn *c = NULL;
     if (sc && st)
         c = rpc_conn_new(st, RPC_SP_REP, RPC_SP_REQ, s->recv_max, out_max, &cb);
-    else if (sc)
-        c = rpc_conn_new_fd(fd, RPC_SP_REP, RPC_SP_REQ, s->recv_max, out_max, &cb);
-    else if (st)
+    else if (sc) { /* spread over the loops in turn, whatever else registers */
+        int on = (int)s->next_on;
+        s->next_on = (s->next_on + 1) % 840;
+        c = rpc_conn_new_fd(fd, on, RPC_SP_REP, RPC_SP_REQ, s->recv_max, out_max, &cb);
+    } else if (st)
         nng_stream_free(st);
     else
         close(fd);
@@ -1433,7 +1438,7 @@ static int stream_listen(rpc_server *s, nng_tls_config *tls)
             return errno == EADDRINUSE ? NNG_EADDRINUSE : NNG_EADDRINVAL;
         }
         s->lsrc.fd = fd;
-        if ((rv = rpc_loop_add(&s->lsrc, false)) != 0) {
+        if ((rv = rpc_loop_add(&s->lsrc, false, -1)) != 0) {
             close(fd);
             s->lsrc.fd = -1;
             return NNG_ENOMEM;

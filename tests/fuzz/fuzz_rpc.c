@@ -34,10 +34,10 @@ int __wrap_nng_listener_create(nng_listener *l, nng_socket s, const char *url);
 int __real_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url);
 int __wrap_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url);
 int __wrap_nng_stream_listener_alloc(nng_stream_listener **l, const char *url);
-int __real_rpc_loop_connect(const struct sockaddr *addr, unsigned len,
+int __real_rpc_loop_connect(const struct sockaddr *addr, unsigned len, int on,
                             void (*done)(void *arg, rpc_dial *d, int fd, int err), void *arg,
                             rpc_dial **out);
-int __wrap_rpc_loop_connect(const struct sockaddr *addr, unsigned len,
+int __wrap_rpc_loop_connect(const struct sockaddr *addr, unsigned len, int on,
                             void (*done)(void *arg, rpc_dial *d, int fd, int err), void *arg,
                             rpc_dial **out);
 int __wrap_rpc_loop_listen(const char *url, int *port, char *err, size_t errlen);
@@ -89,7 +89,7 @@ int __wrap_nng_stream_dialer_alloc(nng_stream_dialer **d, const char *url)
 
 /* Connects on hotkv's own loops (tcp:// to a numeric address): a scripted
  * peer's address goes to its loopback port, any other is refused at once. */
-int __wrap_rpc_loop_connect(const struct sockaddr *addr, unsigned len,
+int __wrap_rpc_loop_connect(const struct sockaddr *addr, unsigned len, int on,
                             void (*done)(void *arg, rpc_dial *d, int fd, int err), void *arg,
                             rpc_dial **out)
 {
@@ -101,7 +101,7 @@ int __wrap_rpc_loop_connect(const struct sockaddr *addr, unsigned len,
         return ECONNREFUSED;
     struct sockaddr_in to = *in;
     to.sin_port = htons((uint16_t)peer_port[i - 1]);
-    return __real_rpc_loop_connect((const struct sockaddr *)&to, sizeof(to), done, arg, out);
+    return __real_rpc_loop_connect((const struct sockaddr *)&to, sizeof(to), on, done, arg, out);
 }
 
 int __wrap_rpc_loop_listen(const char *url, int *port, char *err, size_t errlen)

@@ -55,7 +55,7 @@ static void done(void *arg, rpc_dial *d, int fd, int err)
 static int start(result *r, struct sockaddr_in *sa)
 {
     pthread_mutex_lock(&r->mu);
-    int rv = rpc_loop_connect((struct sockaddr *)sa, sizeof(*sa), done, r, &r->d);
+    int rv = rpc_loop_connect((struct sockaddr *)sa, sizeof(*sa), -1, done, r, &r->d);
     pthread_mutex_unlock(&r->mu);
     return rv;
 }

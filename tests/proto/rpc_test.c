@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
+#include "proto/rpc_loop.h"
 #include "proto/rpc_tls.h"
 
 static kv_err h_echo(rpc_ctx *c, const uint8_t *body, size_t len)
@@ -792,6 +793,124 @@ Test(rpc, inline_calls_and_declined_ones_keep_their_replies)
     rpc_chan_close(bad);
     rpc_chan_close(ch);
     rpc_server_close(s);
+}
+
+/* ---- the pool's channel per loop ------------------------------------------ */
+
+static rpc_pool *g_pool;   /* the forwarding server's channels */
+static char g_back[64];    /* the server it forwards to */
+static int fwd_elsewhere;  /* __atomic: replies that came back on another thread */
+static int fwd_loops_seen; /* __atomic: bit l set when loop l forwarded */
+
+typedef struct fwd_call {
+    rpc_async *a;
+    rpc_ctx *c;
+    pthread_t thread;
+    int loop;
+} fwd_call;
+
+static void fwd_echoed(void *arg, rpc_reply *r)
+{
+    fwd_call *f = arg;
+    if (!pthread_equal(pthread_self(), f->thread) || rpc_loop_self() != f->loop)
+        __atomic_fetch_add(&fwd_elsewhere, 1, __ATOMIC_SEQ_CST);
+    kv_err rv = r->status;
+    if (rv == KV_OK) {
+        f->c->reply = r->body; /* the echo's GetReply, as it came */
+        f->c->reply_len = r->len;
+        r->body = NULL;
+    }
+    rpc_reply_free(r);
+    rpc_async *a = f->a;
+    free(f);
+    rpc_async_done(a, rv);
+}
+
+/* Forwards the GetRequest to g_back through the pool, as a router does. */
+static bool h_fwd_start(rpc_ctx *c, const uint8_t *body, size_t len, rpc_async *a)
+{
+    Kv__GetRequest *req = kv__get_request__unpack(NULL, len, body);
+    fwd_call *f = req ? calloc(1, sizeof(*f)) : NULL;
+    rpc_chan *ch = f ? rpc_pool_get(g_pool, g_back) : NULL;
+    if (!ch) {
+        free(f);
+        if (req)
+            kv__get_request__free_unpacked(req, NULL);
+        return false;
+    }
+    *f = (fwd_call){.a = a, .c = c, .thread = pthread_self(), .loop = rpc_loop_self()};
+    if (f->loop >= 0)
+        __atomic_fetch_or(&fwd_loops_seen, 1 << f->loop, __ATOMIC_SEQ_CST);
+    rpc_call_async(ch, "test.Echo", 7, &req->base, 5000, fwd_echoed, f);
+    kv__get_request__free_unpacked(req, NULL);
+    return true;
+}
+
+/* The worker form, for a forward h_fwd_start declined. */
+static kv_err h_fwd_wstart(rpc_ctx *c, const uint8_t *body, size_t len, void **state)
+{
+    return rpc_fail(c, KV_INTERNAL, "the forward was declined");
+}
+
+static kv_err h_fwd_finish(rpc_ctx *c, void *state)
+{
+    return KV_INTERNAL;
+}
+
+/* A server that forwards on the loop that read the request (a router) gets
+ * each reply back on that same loop's thread: the pool gives each loop a
+ * channel of its own whose connection that loop serves, so no other
+ * thread takes the channel's locks or frees its calls (with one channel
+ * per address, half of the replies came back on the other loop). Calls
+ * from other threads keep to one channel each. */
+Test(rpc, pool_channels_answer_on_the_loop_that_called)
+{
+    rpc_server *back = start(NULL, g_back, sizeof(g_back));
+    static const rpc_method fwd_methods[] = {
+        {"test.Fwd", NULL, h_fwd_wstart, h_fwd_finish, RPC_DATA, .start_async = h_fwd_start}};
+    rpc_server_opts o = {
+        .url = "tcp://127.0.0.1:0", .methods = fwd_methods, .nmethods = 1, .workers = 2};
+    rpc_server *front = NULL;
+    char err[256], url[64];
+    cr_assert_eq(rpc_pool_create(&g_pool, NULL), KV_OK);
+    cr_assert_eq(rpc_server_open(&front, &o, err, sizeof(err)), KV_OK, "%s", err);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", rpc_server_port(front));
+    /* the server spreads its connections over the loops in turn */
+    int nl = rpc_loop_count();
+    cr_assert_gt(nl, 0);
+    enum { CH = 8, N = 400 };
+    rpc_chan *ch[CH];
+    for (int i = 0; i < CH; i++)
+        cr_assert_eq(rpc_chan_open(&ch[i], url, NULL), KV_OK);
+    static mixed_call calls[N];
+    int done = 0;
+    for (int i = 0; i < N; i++) {
+        calls[i] = (mixed_call){.done = &done, .got = KV_UNKNOWN};
+        snprintf(calls[i].key, sizeof(calls[i].key), "f%d", i);
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){strlen(calls[i].key), (uint8_t *)calls[i].key};
+        rpc_call_async(ch[i % CH], "test.Fwd", 0, &req.base, 5000, mixed_done, &calls[i]);
+    }
+    for (int i = 0; i < 1000 && __atomic_load_n(&done, __ATOMIC_SEQ_CST) < N; i++)
+        nng_msleep(10);
+    cr_assert_eq(__atomic_load_n(&done, __ATOMIC_SEQ_CST), N);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(calls[i].got, KV_OK, "%s: %s (%s)", calls[i].key, kv_strerror(calls[i].got),
+                     calls[i].val);
+        cr_assert_str_eq(calls[i].val, calls[i].key);
+    }
+    int seen = __atomic_load_n(&fwd_loops_seen, __ATOMIC_SEQ_CST);
+    cr_assert_eq(__builtin_popcount((unsigned)seen), nl > CH ? CH : nl,
+                 "forwards ran on every loop (mask %#x of %d loops)", seen, nl);
+    cr_assert_eq(__atomic_load_n(&fwd_elsewhere, __ATOMIC_SEQ_CST), 0,
+                 "%d replies came back on another thread than their forward's", fwd_elsewhere);
+    /* this thread (no loop's) keeps to one channel */
+    cr_assert_eq(rpc_pool_get(g_pool, g_back), rpc_pool_get(g_pool, g_back));
+    for (int i = 0; i < CH; i++)
+        rpc_chan_close(ch[i]);
+    rpc_server_close(front);
+    rpc_pool_destroy(g_pool);
+    rpc_server_close(back);
 }
 
 /* ---- start_async: calls completed by other threads' callbacks ----------- */
