@@ -12,11 +12,11 @@
  * thread that read the request, with no other thread taking the channel's
  * mutex, freeing its memory or waking it (with one channel for both loops,
  * a routed GET cost the router a futex call and a contended allocator lock,
- * bench/README.md). Any other thread keeps to one channel, picked in turn
- * on its first call. Other peers (TLS, host names, inproc) get one channel.
+ * bench/README.md). The threads off the loops (workers, an application's
+ * threads in the smart client) share one channel per address. Other peers (TLS, host names, inproc)
+ * get one channel.
  */
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,19 +33,14 @@ typedef struct pool_ent {
     rpc_chan *chan[POOL_MAX_LOOPS];
 } pool_ent;
 
-static atomic_uint next_slot;          /* the turn of threads off the loops */
-static _Thread_local int my_slot = -1; /* this thread's, once picked */
-
-/* Which of an address's n channels this thread uses. */
-static size_t slot_of(size_t n)
+/* Which of the n channels of the pool's i-th address this thread uses:
+ * its loop's, or off the loops the one of loop i mod n, shared by every
+ * such thread (so their calls still coalesce into few messages, and the
+ * addresses' replies spread over the loops as single channels did). */
+static size_t slot_of(size_t n, size_t i)
 {
-    if (n == 1)
-        return 0;
     int l = rpc_loop_self();
-    if (l < 0 && (l = my_slot) < 0)
-        l = my_slot =
-            (int)(atomic_fetch_add_explicit(&next_slot, 1, memory_order_relaxed) % POOL_MAX_LOOPS);
-    return (size_t)l % n;
+    return l >= 0 ? (size_t)l % n : i % n;
 }
 
 struct rpc_pool {
@@ -115,7 +110,7 @@ static rpc_chan *get_locked(rpc_pool *p, const char *addr)
 {
     for (size_t i = 0; i < p->n; i++)
         if (strcmp(p->ents[i].addr, addr) == 0)
-            return p->ents[i].chan[slot_of(p->ents[i].n)];
+            return p->ents[i].chan[slot_of(p->ents[i].n, i)];
     if (p->n == p->cap) {
         size_t nc = p->cap ? p->cap * 2 : 8;
         pool_ent *ne = realloc(p->ents, nc * sizeof(*ne));
@@ -130,7 +125,7 @@ static rpc_chan *get_locked(rpc_pool *p, const char *addr)
         return NULL;
     }
     p->n++;
-    return e->chan[slot_of(e->n)];
+    return e->chan[slot_of(e->n, p->n - 1)];
 }
 
 rpc_chan *rpc_pool_get(rpc_pool *p, const char *addr)

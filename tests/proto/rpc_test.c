@@ -857,12 +857,18 @@ static kv_err h_fwd_finish(rpc_ctx *c, void *state)
     return KV_INTERNAL;
 }
 
+static void *pool_get_thread(void *arg)
+{
+    *(rpc_chan **)arg = rpc_pool_get(g_pool, g_back);
+    return NULL;
+}
+
 /* A server that forwards on the loop that read the request (a router) gets
  * each reply back on that same loop's thread: the pool gives each loop a
  * channel of its own whose connection that loop serves, so no other
  * thread takes the channel's locks or frees its calls (with one channel
- * per address, half of the replies came back on the other loop). Calls
- * from other threads keep to one channel each. */
+ * per address, half of the replies came back on the other loop). The
+ * threads off the loops share one channel per address. */
 Test(rpc, pool_channels_answer_on_the_loop_that_called)
 {
     rpc_server *back = start(NULL, g_back, sizeof(g_back));
@@ -904,8 +910,13 @@ Test(rpc, pool_channels_answer_on_the_loop_that_called)
                  "forwards ran on every loop (mask %#x of %d loops)", seen, nl);
     cr_assert_eq(__atomic_load_n(&fwd_elsewhere, __ATOMIC_SEQ_CST), 0,
                  "%d replies came back on another thread than their forward's", fwd_elsewhere);
-    /* this thread (no loop's) keeps to one channel */
+    /* threads off the loops share one channel per address */
     cr_assert_eq(rpc_pool_get(g_pool, g_back), rpc_pool_get(g_pool, g_back));
+    rpc_chan *other = NULL;
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, pool_get_thread, &other), 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(other, rpc_pool_get(g_pool, g_back));
     for (int i = 0; i < CH; i++)
         rpc_chan_close(ch[i]);
     rpc_server_close(front);
