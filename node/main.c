@@ -137,7 +137,7 @@ int main(int argc, char **argv)
     long kallax_gb = 0;
     nhc_flags nf;
     nhc_flags_init(&nf);
-    long rpc_threads = 0;
+    long rpc_threads = 0, loops = 0;
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
     char *log_level = "info";
@@ -216,6 +216,8 @@ int main(int argc, char **argv)
         {"rpc-threads", KV_OPT_INT, &rpc_threads,
          "nng callback threads (0 = one per CPU, at least 2; nng 1.5 rounds up to even)", NULL, 0,
          256},
+        {"loops", KV_OPT_INT, &loops,
+         "event-loop threads serving tcp:// connections (0 = one per CPU, at most 8)", NULL, 0, 8},
         {"coord-workers", KV_OPT_INT, &n.cfg.coord_workers,
          "RPC worker threads for requests the node coordinates for smart clients", NULL, 1, 1024},
         RPC_SEC_SERVER_OPTS(&n.cfg.sec),
@@ -318,6 +320,7 @@ int main(int argc, char **argv)
         n.cfg.data_dir = dflt_dir;
     }
     rpc_runtime_init((unsigned)rpc_threads);
+    rpc_runtime_set_loops((unsigned)loops);
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
@@ -331,9 +334,11 @@ int main(int argc, char **argv)
         kv_opts_free(&set);
         return 1;
     }
-    KV_INFO("node", "%s serving on %s (data %s, engine %s, durability %s, %u nng task threads)",
+    KV_INFO("node",
+            "%s serving on %s (data %s, engine %s, durability %s, %u event loops, %u nng task "
+            "threads)",
             n.cfg.id, n.cfg.listen, n.cfg.data_dir, engine_name(n.eng), engine_durability(n.eng),
-            rpc_runtime_task_threads());
+            rpc_runtime_loops(), rpc_runtime_task_threads());
     int sig = 0;
     sigwait(&sigs, &sig);
     KV_INFO("node", "%s: shutting down", strsignal(sig));

@@ -414,6 +414,12 @@ void rpc_burst_end(void);
  * calls at once race inside that initialisation (found by
  * ThreadSanitizer). Returns KV_OK or INTERNAL. */
 kv_err rpc_runtime_init(unsigned task_threads);
+/* Sets how many event-loop threads serve tcp:// connections (rpc_loop.c;
+ * 0 = one per CPU, at most 8; larger counts are 8). From main() before the
+ * first server or channel; later calls change nothing. */
+void rpc_runtime_set_loops(unsigned loops);
+/* How many event-loop threads run (starting them if none did yet). */
+unsigned rpc_runtime_loops(void);
 /* Whether rpc_runtime_init can size the pool here: nng >= 1.7, or nng 1.5
  * on glibc in a build without sanitizers; otherwise nng keeps its own
  * default (two per CPU, at most 16). */

@@ -85,10 +85,19 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
+static atomic_int wanted; /* rpc_loop_set_count's, 0 = one per CPU */
+
+void rpc_loop_set_count(int n)
+{
+    atomic_store(&wanted, n < 0 ? 0 : n > MAX_LOOPS ? MAX_LOOPS : n);
+}
+
 static void loops_start(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int want = cpus < 1 ? 1 : cpus > MAX_LOOPS ? MAX_LOOPS : (int)cpus;
+    int want = atomic_load(&wanted);
+    if (!want)
+        want = cpus < 1 ? 1 : cpus > MAX_LOOPS ? MAX_LOOPS : (int)cpus;
     for (int i = 0; i < want; i++) {
         loop *l = &loops[i];
         l->ep = epoll_create1(EPOLL_CLOEXEC);

@@ -36,6 +36,10 @@ struct rpc_src {
 /* Registers src (fd and fn set) on loop `on` (modulo the loops' count), or
  * on the next loop in turn when `on` is negative: 0, or an errno. */
 int rpc_loop_add(rpc_src *src, bool out, int on);
+/* Sets how many loops start (1 to 8; 0: one per CPU, at most 8, the
+ * default); only before the first use of a loop (a server or channel on
+ * tcp://), later calls change nothing. */
+void rpc_loop_set_count(int n);
 /* How many loops run (starting them on first use; 0 when none could). */
 int rpc_loop_count(void);
 /* The loop whose thread this is, or -1 off every loop's thread. */

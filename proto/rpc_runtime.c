@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "proto/rpc.h"
+#include "proto/rpc_loop.h"
 
 #define NNG_AT_LEAST(maj, min)                                                                     \
     (NNG_MAJOR_VERSION > (maj) || (NNG_MAJOR_VERSION == (maj) && NNG_MINOR_VERSION >= (min)))
@@ -149,4 +150,14 @@ unsigned rpc_runtime_count_threads(const char *prefix)
     }
     closedir(d);
     return n;
+}
+
+void rpc_runtime_set_loops(unsigned loops)
+{
+    rpc_loop_set_count(loops > 8 ? 8 : (int)loops);
+}
+
+unsigned rpc_runtime_loops(void)
+{
+    return (unsigned)rpc_loop_count();
 }

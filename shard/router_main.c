@@ -25,7 +25,7 @@ int main(int argc, char **argv)
     r.cfg.hot_flag_rate = 100;
     r.cfg.probe_ms = 500;
     r.cfg.probe_fails = 2;
-    long rpc_threads = 0;
+    long rpc_threads = 0, loops = 0;
     long max_key = KV_DEFAULT_MAX_KEY, max_value = KV_DEFAULT_MAX_VALUE;
     long max_ops = KV_DEFAULT_MAX_BATCH_OPS, max_batch = KV_DEFAULT_MAX_BATCH_BYTES;
     char *log_level = "info";
@@ -61,6 +61,8 @@ int main(int argc, char **argv)
         {"rpc-threads", KV_OPT_INT, &rpc_threads,
          "nng callback threads (0 = one per CPU, at least 2; nng 1.5 rounds up to even)", NULL, 0,
          256},
+        {"loops", KV_OPT_INT, &loops,
+         "event-loop threads serving tcp:// connections (0 = one per CPU, at most 8)", NULL, 0, 8},
         {"max-key-bytes", KV_OPT_INT, &max_key, "key size limit", NULL, 1, 1 << 20},
         {"max-value-bytes", KV_OPT_INT, &max_value, "value size limit", NULL, 0, 1L << 30},
         {"max-batch-ops", KV_OPT_INT, &max_ops, "ops per batch limit", NULL, 1, 1 << 24},
@@ -101,6 +103,7 @@ int main(int argc, char **argv)
     r.cfg.limits =
         (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
     rpc_runtime_init((unsigned)rpc_threads);
+    rpc_runtime_set_loops((unsigned)loops);
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
@@ -114,8 +117,8 @@ int main(int argc, char **argv)
         kv_opts_free(&set);
         return 1;
     }
-    KV_INFO("router", "serving on %s, seeds %s (%u nng task threads)", r.cfg.listen, r.cfg.seeds,
-            rpc_runtime_task_threads());
+    KV_INFO("router", "serving on %s, seeds %s (%u event loops, %u nng task threads)", r.cfg.listen,
+            r.cfg.seeds, rpc_runtime_loops(), rpc_runtime_task_threads());
     int sig = 0;
     sigwait(&sigs, &sig);
     KV_INFO("router", "%s: shutting down", strsignal(sig));

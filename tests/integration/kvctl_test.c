@@ -2,6 +2,7 @@
 /* kvctl against a live cluster: round trips, output and exit codes; kvctl
  * nhc and kvnode's --nhc flags. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,17 +81,49 @@ Test(kvctl, round_trips_and_exit_codes, .timeout = 120)
 /* kvctl nhc against a node with a slow volume (the scheduler runs) and
  * through a router whose nodes have none (nhc off); kvnode's --nhc flags
  * refuse bad values with exit code 2. */
+/* How many of pid's threads are named name. */
+static int threads_named(pid_t pid, const char *name)
+{
+    char path[64], comm[32];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    cr_assert_not_null(d, "%s", path);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[352];
+        snprintf(p, sizeof(p), "%.63s/%.255s/comm", path, e->d_name);
+        FILE *f = fopen(p, "r");
+        if (f && fgets(comm, sizeof(comm), f)) {
+            comm[strcspn(comm, "\n")] = 0;
+            n += strcmp(comm, name) == 0;
+        }
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
 Test(kvctl, nhc_state_series_and_flags, .timeout = 120)
 {
     char dir[] = "/tmp/hotkv-kvctl-nhc-XXXXXX", slow[300], data[300], out[16384], cmd[2048];
     cr_assert_not_null(mkdtemp(dir));
     snprintf(slow, sizeof(slow), "%s/slow", dir);
     snprintf(data, sizeof(data), "%s/data", dir);
-    const char *bad[][2] = {
-        {"--nhc", "maybe"},         {"--nhc-target", "fastest"},  {"--nhc-step", "0"},
-        {"--nhc-step", "1.5"},      {"--nhc-miss-max", "2"},      {"--nhc-probe-ms", "0"},
-        {"--nhc-poll-ms", "x"},     {"--nhc-twin-entries", "-1"}, {"--nhc-stable-delta", "nan"},
-        {"--nhc-backoff-max", "-1"}};
+    const char *bad[][2] = {{"--nhc", "maybe"},
+                            {"--nhc-target", "fastest"},
+                            {"--nhc-step", "0"},
+                            {"--nhc-step", "1.5"},
+                            {"--nhc-miss-max", "2"},
+                            {"--nhc-probe-ms", "0"},
+                            {"--nhc-poll-ms", "x"},
+                            {"--nhc-twin-entries", "-1"},
+                            {"--nhc-stable-delta", "nan"},
+                            {"--nhc-backoff-max", "-1"},
+                            {"--loops", "9"},
+                            {"--loops", "-1"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         snprintf(cmd, sizeof(cmd), "%s --id b --data-dir %s %s %s 2>&1", kvt_bin("node/kvnode"),
                  data, bad[i][0], bad[i][1]);
@@ -100,9 +133,11 @@ Test(kvctl, nhc_state_series_and_flags, .timeout = 120)
 
     char url[64];
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", kvt_free_port());
-    const char *extra[] = {"--slow-dir", slow, "--nhc", "on", "--nhc-poll-ms", "100", NULL};
+    const char *extra[] = {"--slow-dir", slow,      "--nhc", "on", "--nhc-poll-ms",
+                           "100",        "--loops", "1",     NULL};
     pid_t pid = kvt_node_start(dir, "s1", url, extra);
     cr_assert_gt(pid, 0, "node did not start; log in %s", dir);
+    cr_assert_eq(threads_named(pid, "kv:loop"), 1, "--loops 1 runs one event loop");
     for (int i = 0; i < 50; i++) {
         snprintf(cmd, sizeof(cmd), "%s --router %s put k%d v%d 2>&1", kvt_bin("client/kvctl"), url,
                  i, i);

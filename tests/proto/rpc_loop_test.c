@@ -8,6 +8,7 @@
  * run this file too. */
 #include "tests/kv_testfw.h"
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <nng/nng.h>
@@ -163,4 +164,31 @@ Test(rpc_loop, listen_refuses_bad_urls_with_a_message)
     cr_assert(rpc_loop_addr("tcp://[::1]:7000", &ss, &len));
     cr_assert_not(rpc_loop_addr("tcp://localhost:7000", &ss, &len), "names go to nng");
     cr_assert_not(rpc_loop_addr("tls+tcp://127.0.0.1:7000", &ss, &len));
+}
+
+/* The loops run as threads named kv:loop, as many as rpc_loop_count says,
+ * and rpc_loop_set_count once they run changes nothing (that it sets the
+ * count before the first use is kvctl_test's: kvnode --loops 1 runs one;
+ * here other tests of this process may have started the loops). */
+Test(rpc_loop, the_count_holds_once_the_loops_run)
+{
+    int n = rpc_loop_count();
+    cr_assert_gt(n, 0);
+    rpc_loop_set_count(n == 1 ? 2 : 1);
+    cr_assert_eq(rpc_loop_count(), n, "set once the loops run: no change");
+    int named = 0;
+    DIR *d = opendir("/proc/self/task");
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        char p[300], comm[32] = "";
+        snprintf(p, sizeof(p), "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = e->d_name[0] == '.' ? NULL : fopen(p, "r");
+        if (f && fgets(comm, sizeof(comm), f))
+            named += strncmp(comm, "kv:loop\n", 8) == 0;
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    cr_assert_eq(named, n, "%d kv:loop threads, %d loops", named, n);
+    cr_assert_eq(rpc_loop_self(), -1, "the test's thread is no loop's");
 }
