@@ -369,6 +369,15 @@ int rpc_chan_connected(const rpc_chan *ch);
  * never: opened so, or the peer does not know rpc.Calls). */
 unsigned rpc_chan_coalesce_after(const rpc_chan *ch);
 
+/* Monotonic nanoseconds for the request path's deadlines and latencies: on
+ * an event loop's thread the time the message being handled was read (one
+ * clock read per message, not per call), elsewhere kv_now_ns(). Not for
+ * waiting on time to pass. */
+uint64_t rpc_now_ns(void);
+/* rpc_now_ns() - t0, or 0 when t0 is later: a time read on another thread
+ * may be later than the message this thread is handling. */
+uint64_t rpc_since_ns(uint64_t t0);
+
 /* Completion callback: called exactly once per rpc_call_async, from an nng
  * thread, with no runtime lock held; it must not block. It owns r's
  * contents (call rpc_reply_free, or move the pointers out). */

@@ -395,7 +395,7 @@ static void calls_finish(rpc_slot *s, int rv, nng_msg *m)
     rpc_arena ar; /* the reply's envelope and calls: reply_from copies what it keeps */
     rpc_arena_init(&ar, NULL, 0);
     if (rv == 0)
-        rtt_note(ch, kv_now_ns() - s->sent_ns);
+        rtt_note(ch, rpc_since_ns(s->sent_ns));
     Kv__Calls *cs = calls_reply(s, rv, m, &outer, &ar);
     bool resend = !cs && outer.status == KV_UNIMPLEMENTED && !outer.local;
     pthread_mutex_lock(&ch->mu);
@@ -563,7 +563,7 @@ static void slot_cb(void *arg)
         calls_finish(s, 0, nng_aio_get_msg(s->aio));
         return;
     }
-    rtt_note(s->ch, kv_now_ns() - s->sent_ns);
+    rtt_note(s->ch, rpc_since_ns(s->sent_ns));
     parse_reply(s, nng_aio_get_msg(s->aio), &r);
     slot_finish(s, &r);
 }
@@ -709,7 +709,7 @@ static void stream_frame(void *arg, rpc_conn *c, const uint8_t *hdr, size_t hlen
         calls_finish(s, 0, body);
         return;
     }
-    rtt_note(ch, kv_now_ns() - s->sent_ns);
+    rtt_note(ch, rpc_since_ns(s->sent_ns));
     rpc_reply r;
     parse_reply(s, body, &r);
     slot_finish(s, &r);
@@ -1105,7 +1105,7 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
     bool closing = ch->closing;
     rpc_slot *s = m && !closing ? slot_get_locked(ch) : NULL;
     if (s) {
-        uint64_t now = kv_now_ns();
+        uint64_t now = rpc_loop_now();
         s->id = id;
         s->done = done;
         s->arg = arg;
@@ -1150,7 +1150,7 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
  * frees it. */
 static void send_counted(rpc_chan *ch, rpc_pend *p)
 {
-    uint64_t now = kv_now_ns();
+    uint64_t now = rpc_loop_now();
     uint64_t left = p->deadline_ns > now ? (p->deadline_ns - now) / 1000000ull : 0;
     Kv__Envelope env;
     call_env(ch, p, left ? (uint32_t)left : 1, &env);
@@ -1179,11 +1179,11 @@ static void send_calls(rpc_chan *ch, rpc_pend *q)
     Kv__Envelope envs[COALESCE_MAX_CALLS], *ptrs[COALESCE_MAX_CALLS];
     rpc_pend *live = NULL, **tail = &live;
     size_t n = 0;
-    uint64_t now = kv_now_ns(), last = now;
+    uint64_t now = rpc_loop_now(), last = now;
     char why[160];
     /* as rpc_call_async: no connection past the first connect wait fails at once */
-    bool down = atomic_load(&ch->pipes) == 0 &&
-                now - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull;
+    bool down = atomic_load(&ch->pipes) == 0 && /* the clock itself, as there */
+                kv_now_ns() - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull;
     snprintf(why, sizeof(why), "no connection to %s", ch->url);
     for (rpc_pend *next; q; q = next) {
         next = q->next;
@@ -1313,7 +1313,7 @@ static bool try_queue(rpc_chan *ch, rpc_pend *p, bool burst)
         pthread_mutex_unlock(&ch->mu);
         return false;
     }
-    uint64_t now = kv_now_ns();
+    uint64_t now = rpc_loop_now();
     bool room = ch->inflight < ch->coalesce_after; /* queued for the burst's end */
     p->next = NULL;
     bool first = !ch->qhead;
@@ -1327,7 +1327,7 @@ static bool try_queue(rpc_chan *ch, rpc_pend *p, bool burst)
     ch->q_since = first ? now : ch->q_since;
     /* full, or waited long enough (a completion or the timer would send it) */
     rpc_pend *q = ch->qn >= COALESCE_MAX_CALLS || ch->qbytes >= COALESCE_MAX_BYTES ||
-                          now - ch->q_since >= coalesce_wait(ch)
+                          now >= ch->q_since + coalesce_wait(ch)
                       ? take_queue(ch)
                       : NULL;
     pthread_mutex_unlock(&ch->mu);
@@ -1347,9 +1347,9 @@ static void call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
         deadline_ms = RPC_DEFAULT_DEADLINE_MS;
     if (deadline_ms > RPC_MAX_DEADLINE_MS) /* nng durations are signed 32-bit ms */
         deadline_ms = RPC_MAX_DEADLINE_MS;
-    uint64_t now = kv_now_ns();
-    if (atomic_load(&ch->pipes) == 0 &&
-        now - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull) {
+    uint64_t now = rpc_loop_now();
+    if (atomic_load(&ch->pipes) == 0 && /* the clock itself: ch may have opened just now */
+        kv_now_ns() - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull) {
         snprintf(msg, sizeof(msg), "no connection to %s", ch->url);
         fail_now(done, arg, KV_UNAVAILABLE, msg);
         return;

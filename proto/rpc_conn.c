@@ -373,6 +373,7 @@ static int read_parse(rpc_conn *c)
             }
             memcpy(nng_msg_body(m), p + 8 + hlen, (size_t)len - hlen);
             off += 8 + (size_t)len;
+            rpc_loop_tick();
             c->cb.frame(c->cb.arg, c, p + 8, hlen, m);
             continue;
         }
@@ -408,6 +409,7 @@ static void rd_cb(void *arg)
         if (c->big_got == nng_msg_len(c->big)) {
             nng_msg *m = c->big;
             c->big = NULL;
+            rpc_loop_tick();
             c->cb.frame(c->cb.arg, c, c->bighdr, c->bighlen, m);
         }
     } else if (rv == 0) {
@@ -459,6 +461,7 @@ static void sock_event(rpc_src *src, uint32_t events)
         if (c->big_got == nng_msg_len(c->big)) {
             nng_msg *m = c->big;
             c->big = NULL;
+            rpc_loop_tick();
             c->cb.frame(c->cb.arg, c, c->bighdr, c->bighlen, m);
         }
     } else {

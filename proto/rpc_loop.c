@@ -12,6 +12,9 @@
 #define _GNU_SOURCE
 #include "proto/rpc_loop.h"
 
+#include "common/clock.h"
+#include "proto/rpc.h"
+
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -50,12 +53,13 @@ static int nloops;
 static atomic_uint next_loop;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Thread_local int self = -1; /* the loop this thread runs, or -1 */
+/* On a loop's thread: the time its current event (or message) began. */
+static _Thread_local uint64_t now_cache;
 
 static void *loop_main(void *arg)
 {
     loop *l = arg;
     self = (int)(l - loops);
-    pthread_setname_np(pthread_self(), "kv:loop");
     struct epoll_event evs[BATCH];
     for (;;) {
         int n = epoll_wait(l->ep, evs, BATCH, -1);
@@ -66,6 +70,7 @@ static void *loop_main(void *arg)
                 (void)!read(l->evfd, &v, sizeof(v));
                 continue;
             }
+            now_cache = kv_now_ns();
             src->fn(src, evs[i].events);
         }
         while (l->later) { /* frees that had to wait for the batch's end */
@@ -109,8 +114,31 @@ static void loops_start(void)
         pthread_cond_init(&l->cv, NULL);
         if (pthread_create(&l->thread, NULL, loop_main, l) != 0)
             break;
+        pthread_setname_np(l->thread, "kv:loop"); /* named once rpc_loop_count returns */
         nloops = i + 1;
     }
+}
+
+void rpc_loop_tick(void)
+{
+    if (self >= 0)
+        now_cache = kv_now_ns();
+}
+
+uint64_t rpc_loop_now(void)
+{
+    return self >= 0 ? now_cache : kv_now_ns();
+}
+
+uint64_t rpc_now_ns(void)
+{
+    return rpc_loop_now();
+}
+
+uint64_t rpc_since_ns(uint64_t t0)
+{
+    uint64_t now = rpc_loop_now();
+    return now > t0 ? now - t0 : 0;
 }
 
 int rpc_loop_count(void)

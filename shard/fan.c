@@ -53,7 +53,7 @@ static void fan_done(void *arg, rpc_reply *r)
         if (r->status == KV_UNAVAILABLE || r->status == KV_DEADLINE_EXCEEDED ||
             r->status == KV_CANCELLED)
             atomic_fetch_add_explicit(&s->ctr->errors, 1, memory_order_relaxed);
-        prom_hist_observe(&s->ctr->lat, kv_now_ns() - s->t0);
+        prom_hist_observe(&s->ctr->lat, rpc_since_ns(s->t0));
     }
     pthread_mutex_lock(&f->mu);
     if (f->taken && f->late)
@@ -108,7 +108,7 @@ void fan_send_ctr(fanout *f, rpc_chan *ch, const char *method, uint64_t epoch,
 {
     int i = fan_reserve(f);
     if (ctr) { /* before the send: the reply may come at once on another thread */
-        f->slots[i].t0 = kv_now_ns();
+        f->slots[i].t0 = rpc_now_ns();
         f->slots[i].ctr = ctr;
     }
     if (!ch) {

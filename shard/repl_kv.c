@@ -95,7 +95,7 @@ static void repair_refusals(const repl_env *env, cmap *m, const uint32_t *idx, r
 /* What is left of a deadline of dl ms that started at t0 (at least 1 ms). */
 static uint32_t ms_left(uint64_t t0, uint32_t dl)
 {
-    uint64_t spent_ms = (kv_now_ns() - t0) / 1000000u;
+    uint64_t spent_ms = rpc_since_ns(t0) / 1000000u;
     return spent_ms < dl ? dl - (uint32_t)spent_ms : 1;
 }
 
@@ -415,7 +415,7 @@ static kv_err key_start(repl_call *rc, rpc_ctx *c, bool nb)
         rc->m = NULL;
         return rpc_fail(c, KV_RESOURCE_EXHAUSTED, "out of memory");
     }
-    k->t0 = kv_now_ns();
+    k->t0 = rpc_now_ns();
     repl_local_call *held = nb ? &rc->held : NULL;
     if (k->rec == NULL)
         read_first(env, rc->m, rc->f, &k->t, k->method, k->msg, k->dl, held);

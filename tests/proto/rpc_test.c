@@ -924,6 +924,50 @@ Test(rpc, pool_channels_answer_on_the_loop_that_called)
     rpc_server_close(back);
 }
 
+/* ---- the request path's clock ------------------------------------------- */
+
+static uint64_t now_seen; /* __atomic: rpc_now_ns() in the handler */
+static int now_loop;      /* __atomic: rpc_loop_self() there */
+
+static bool h_now_try(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv)
+{
+    __atomic_store_n(&now_seen, rpc_now_ns(), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&now_loop, rpc_loop_self(), __ATOMIC_SEQ_CST);
+    *rv = h_echo(c, body, len);
+    return true;
+}
+
+/* rpc_now_ns in a call served on a loop is the time its message was read:
+ * after the caller sent it and before the reply came back, never a time
+ * of an earlier message; rpc_since_ns never goes below zero. */
+Test(rpc, the_loops_clock_is_the_time_a_message_was_read)
+{
+    static const rpc_method now_methods[] = {
+        {"test.Echo", h_echo, .access = RPC_DATA, .try_inline = h_now_try}};
+    rpc_server_opts o = {
+        .url = "tcp://127.0.0.1:0", .methods = now_methods, .nmethods = 1, .workers = 1};
+    rpc_server *s = NULL;
+    char err[256], url[64], out[16];
+    cr_assert_eq(rpc_server_open(&s, &o, err, sizeof(err)), KV_OK, "%s", err);
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", rpc_server_port(s));
+    rpc_chan *ch;
+    cr_assert_eq(rpc_chan_open(&ch, url, NULL), KV_OK);
+    for (int i = 0; i < 20; i++) {
+        uint64_t before = kv_now_ns();
+        cr_assert_eq(echo(ch, "k", 2000, out, sizeof(out)), KV_OK);
+        uint64_t after = kv_now_ns(), seen = __atomic_load_n(&now_seen, __ATOMIC_SEQ_CST);
+        cr_assert_geq(__atomic_load_n(&now_loop, __ATOMIC_SEQ_CST), 0, "served on a loop");
+        cr_assert(seen >= before && seen <= after, "call %d: %llu not within [%llu, %llu]", i,
+                  (unsigned long long)seen, (unsigned long long)before, (unsigned long long)after);
+        nng_msleep(2); /* a stale clock would show as a time before `before` */
+    }
+    cr_assert_eq(rpc_since_ns(UINT64_MAX), 0);
+    uint64_t t = kv_now_ns();
+    cr_assert_geq(rpc_now_ns(), t, "off the loops: the clock itself");
+    rpc_chan_close(ch);
+    rpc_server_close(s);
+}
+
 /* ---- start_async: calls completed by other threads' callbacks ----------- */
 
 static rpc_chan *g_self; /* a channel to the test's own server */
