@@ -226,14 +226,15 @@ bool rpc_server_close(rpc_server *s);
 
 /* Counters of a server's admission control (monotonic but inflight). */
 typedef struct rpc_server_counters {
-    uint64_t messages;       /* requests received (an rpc.Calls message counts once) */
-    uint64_t calls;          /* calls received (each call of an rpc.Calls message) */
-    uint64_t expired;        /* dropped before their handler: the deadline passed in the queue */
-    uint64_t shed;           /* refused on arrival with RESOURCE_EXHAUSTED (overload) */
-    uint64_t inline_served;  /* served by try_inline on the receiving thread */
-    uint64_t async_started;  /* taken by start_async on the receiving thread */
-    uint64_t async_handoffs; /* of those, finished on a worker (rpc_async_handoff) */
-    unsigned inflight;       /* admitted and not answered yet */
+    uint64_t messages;        /* requests received (an rpc.Calls message counts once) */
+    uint64_t calls;           /* calls received (each call of an rpc.Calls message) */
+    uint64_t expired;         /* dropped before their handler: the deadline passed in the queue */
+    uint64_t shed;            /* refused on arrival with RESOURCE_EXHAUSTED (overload) */
+    uint64_t inline_served;   /* served by try_inline on the receiving thread */
+    uint64_t async_started;   /* taken by start_async on the receiving thread */
+    uint64_t async_handoffs;  /* of those, finished on a worker (rpc_async_handoff) */
+    uint64_t accepts_refused; /* connections closed at once: out of file descriptors */
+    unsigned inflight;        /* admitted and not answered yet */
     unsigned max_inflight;
 } rpc_server_counters;
 void rpc_server_counters_get(const rpc_server *s, rpc_server_counters *out);

@@ -127,6 +127,11 @@ void rpc_server_stats(const rpc_server *s, kv_stats *l, const char *prefix)
     kv_stat_counter(l, "rpc.async_handoffs", metric, NULL,
                     "Asynchronous calls whose rest had to block and ran on a worker.",
                     k.async_handoffs);
+    snprintf(metric, sizeof(metric), "%s_rpc_accepts_refused_total", prefix);
+    kv_stat_counter(l, "rpc.accepts_refused", metric, NULL,
+                    "Connections closed as soon as they were accepted because the process was "
+                    "out of file descriptors (raise the open-files limit).",
+                    k.accepts_refused);
     snprintf(metric, sizeof(metric), "%s_rpc_inflight_calls", prefix);
     kv_stat_gauge(l, "rpc.inflight", metric, NULL, "Calls admitted and not answered yet.",
                   k.inflight);

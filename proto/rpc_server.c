@@ -62,6 +62,7 @@
 #include "proto/rpc.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <nng/nng.h>
@@ -256,6 +257,9 @@ struct rpc_server {
     _Atomic unsigned inflight; /* calls admitted and not answered */
     _Atomic uint64_t n_msgs, n_calls, n_expired, n_shed;
     _Atomic uint64_t n_inline, n_async, n_handoff; /* rpc_server_counters */
+    _Atomic uint64_t n_refused;                    /* accepts closed: out of descriptors */
+    int spare_fd;     /* with lsrc: a descriptor kept to give up when accept runs out */
+    uint64_t warn_ns; /* when running out was last logged (lis_event's thread) */
     /* admission: the longest queue wait, in percent of a call's deadline;
      * the slowness (per mille) over which calls are refused (0 = never) */
     unsigned shed_queue_pct, shed_slow_pct;
@@ -1405,6 +1409,36 @@ static void stream_accept_cb(void *arg)
 }
 
 /* The listening socket's event on its loop: every connection waiting. */
+/* Out of descriptors (err): gives the spare one up to accept the first
+ * waiting connection and close it at once, so its client learns now
+ * instead of waiting in the backlog, and the listener does not stay ready
+ * for a loop that can do nothing else (libuv and nginx do the same); then
+ * takes the spare back. 1: one was closed; 0: none was waiting (accept
+ * reports running out before it looks at the backlog); -1: no spare. */
+static int refuse_one(rpc_server *s, int err)
+{
+    if (s->spare_fd < 0 && (s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+        return -1;
+    close(s->spare_fd);
+    int fd = accept4(s->lsrc.fd, NULL, NULL, SOCK_CLOEXEC), e = errno;
+    if (fd >= 0) /* counted before its client can see the end */
+        atomic_fetch_add_explicit(&s->n_refused, 1, memory_order_relaxed);
+    if (fd >= 0)
+        close(fd);
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED ? 0 : -1;
+    uint64_t now = kv_now_ns();
+    if (!s->warn_ns || now - s->warn_ns > 5000000000ull) {
+        s->warn_ns = now;
+        KV_WARN("rpc",
+                "%s: out of descriptors (%s): closing new connections at once until some "
+                "are free (raise the open-files limit, ulimit -n)",
+                s->opts.url, strerror(err));
+    }
+    return 1;
+}
+
 static void lis_event(rpc_src *src, uint32_t events)
 {
     (void)events;
@@ -1413,10 +1447,17 @@ static void lis_event(rpc_src *src, uint32_t events)
     for (int i = 0; i < 64 && !atomic_load(&s->stopping); i++) {
         int fd = accept4(src->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), one = 1;
         if (fd < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
+            int e = errno;
+            if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED)
                 return;
-            /* out of descriptors, say: the socket stays ready, do not spin */
-            KV_WARN("rpc", "accepting a connection on %s: %s", s->opts.url, strerror(errno));
+            int r = e == EMFILE || e == ENFILE ? refuse_one(s, e) : -1;
+            if (r > 0)
+                continue;
+            if (r == 0)
+                return;
+            /* the socket stays ready and nothing more can be done now: do
+             * not spin (only when even the spare descriptor is gone) */
+            KV_WARN("rpc", "accepting a connection on %s: %s", s->opts.url, strerror(e));
             nng_msleep(10);
             return;
         }
@@ -1438,9 +1479,12 @@ static int stream_listen(rpc_server *s, nng_tls_config *tls)
             return errno == EADDRINUSE ? NNG_EADDRINUSE : NNG_EADDRINVAL;
         }
         s->lsrc.fd = fd;
+        s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* refuse_one's */
         if ((rv = rpc_loop_add(&s->lsrc, false, -1)) != 0) {
             close(fd);
-            s->lsrc.fd = -1;
+            if (s->spare_fd >= 0)
+                close(s->spare_fd);
+            s->lsrc.fd = s->spare_fd = -1;
             return NNG_ENOMEM;
         }
         return 0;
@@ -1592,6 +1636,7 @@ kv_err rpc_server_open(rpc_server **out, const rpc_server_opts *opts, char *err,
         return KV_RESOURCE_EXHAUSTED;
     s->opts = *opts;
     s->lsrc.fd = -1;
+    s->spare_fd = -1;
     if (!s->opts.default_deadline_ms)
         s->opts.default_deadline_ms = RPC_DEFAULT_DEADLINE_MS;
     if (!s->opts.workers)
@@ -1695,6 +1740,7 @@ void rpc_server_counters_get(const rpc_server *s, rpc_server_counters *out)
                                  .inline_served = atomic_load(&m->n_inline),
                                  .async_started = atomic_load(&m->n_async),
                                  .async_handoffs = atomic_load(&m->n_handoff),
+                                 .accepts_refused = atomic_load(&m->n_refused),
                                  .inflight = atomic_load(&m->inflight),
                                  .max_inflight = m->max_inflight};
 }
@@ -1735,6 +1781,9 @@ bool rpc_server_close(rpc_server *s)
         rpc_loop_sync(&s->lsrc); /* an accept in progress has finished */
         close(s->lsrc.fd);
         s->lsrc.fd = -1;
+        if (s->spare_fd >= 0)
+            close(s->spare_fd);
+        s->spare_fd = -1;
     } else if (s->listening && s->streams) {
         nng_aio_stop(s->accept_aio); /* no new connections */
         nng_stream_listener_close(s->slis);

@@ -10,6 +10,15 @@
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
 #include <pthread.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -922,6 +931,66 @@ Test(rpc, pool_channels_answer_on_the_loop_that_called)
     rpc_server_close(front);
     rpc_pool_destroy(g_pool);
     rpc_server_close(back);
+}
+
+/* ---- out of file descriptors --------------------------------------------- */
+
+/* A server out of file descriptors closes the connections waiting to be
+ * accepted at once (their clients see the end instead of hanging in the
+ * backlog), counts them, and keeps serving the connections it has; once
+ * descriptors are free it accepts again. */
+Test(rpc, out_of_descriptors_new_connections_end_at_once_and_old_ones_work)
+{
+    char url[64], out[16];
+    rpc_server *s = start(NULL, url, sizeof(url));
+    rpc_chan *ch;
+    cr_assert_eq(rpc_chan_open(&ch, url, NULL), KV_OK);
+    cr_assert_eq(echo(ch, "a", 2000, out, sizeof(out)), KV_OK);
+    struct rlimit old;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int top = 0;
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+        top = atoi(e->d_name) > top ? atoi(e->d_name) : top;
+    closedir(d);
+    struct rlimit low = {.rlim_cur = (rlim_t)top + 16, .rlim_max = old.rlim_max};
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    enum { FILL = 8192 }; /* the limit, and the holes below it other tests left */
+    static int fill[FILL];
+    int nfill = 0;
+    while (nfill < FILL && (fill[nfill] = open("/dev/null", O_RDONLY)) >= 0)
+        nfill++;
+    cr_assert_lt(nfill, FILL, "the limit was reached");
+    close(fill[--nfill]); /* one descriptor free: the client's socket */
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)rpc_server_port(s)),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(c, 0);
+    cr_assert_eq(connect(c, (struct sockaddr *)&sa, sizeof(sa)), 0, "%s", strerror(errno));
+    /* the server cannot take a descriptor for it: it must end it now */
+    struct pollfd pf = {.fd = c, .events = POLLIN};
+    int ready = poll(&pf, 1, 5000);
+    char b;
+    ssize_t got = ready == 1 ? recv(c, &b, 1, 0) : 1;
+    cr_assert_eq(ready, 1, "the connection neither ended nor was served within 5 s");
+    cr_assert_leq(got, 0, "the connection ended (recv %zd)", got);
+    rpc_server_counters k;
+    rpc_server_counters_get(s, &k);
+    cr_assert_geq(k.accepts_refused, 1);
+    cr_assert_eq(echo(ch, "b", 2000, out, sizeof(out)), KV_OK, "the old connection still works");
+    cr_assert_str_eq(out, "b");
+    close(c);
+    while (nfill)
+        close(fill[--nfill]);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+    rpc_chan *again;
+    cr_assert_eq(rpc_chan_open(&again, url, NULL), KV_OK);
+    cr_assert_eq(echo(again, "c", 5000, out, sizeof(out)), KV_OK, "accepting again");
+    rpc_chan_close(again);
+    rpc_chan_close(ch);
+    rpc_server_close(s);
 }
 
 /* ---- the request path's clock ------------------------------------------- */
