@@ -13,8 +13,8 @@
  * mutex, freeing its memory or waking it (with one channel for both loops,
  * a routed GET cost the router a futex call and a contended allocator lock,
  * bench/README.md). The threads off the loops (workers, an application's
- * threads in the smart client) share one channel per address. Other peers (TLS, host names, inproc)
- * get one channel.
+ * threads in the smart client) share one channel per address. Other peers
+ * (TLS, host names, inproc) get one channel.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -22,7 +22,6 @@
 
 #include "proto/rpc.h"
 #include "proto/rpc_int.h"
-
 #include "proto/rpc_loop.h"
 
 #define POOL_MAX_LOOPS 8 /* rpc_loop's most */

@@ -128,6 +128,10 @@ lsm_version *lsm_db_current(lsm_db *db)
 uint64_t lsm_db_new_number(lsm_db *db)
 {
     KV_ASSERT_LOCKED(&db->mu);
+    if (db->next_file >= LSM_FILE_NUMBER_MAX - 1) {
+        KV_ERROR(LSM_LOG, "out of file numbers (the next is %" PRIu64 ")", db->next_file);
+        return 0;
+    }
     return db->next_file++;
 }
 
@@ -150,9 +154,9 @@ static kv_err rewrite_manifest(lsm_db *db)
 {
     KV_ASSERT_LOCKED(&db->mu);
     lsm_edit e = snapshot_of(db, db->cur);
-    uint64_t number = db->next_file++;
+    uint64_t number = lsm_db_new_number(db);
     e.next_file = db->next_file;
-    kv_err rv = e.has_next ? KV_OK : KV_RESOURCE_EXHAUSTED;
+    kv_err rv = e.has_next && number ? KV_OK : KV_RESOURCE_EXHAUSTED;
     lsm_manifest *m = NULL;
     if (rv == KV_OK)
         rv = lsm_manifest_create(&m, &db->vols[0], number, &e,
@@ -369,11 +373,11 @@ static kv_err recover(lsm_db *db, lsm_replay_fn fn, void *arg)
         hi = m > hi ? m : hi;
     }
     db->next_file = hi + 1 > db->next_file ? hi + 1 : db->next_file;
-    uint64_t wal_number = db->next_file++;
-    db->log_number = wal_number;
     db->man = NULL;
     pthread_mutex_lock(&db->mu); /* no other thread yet; the contract holds anyway */
-    rv = rewrite_manifest(db);
+    uint64_t wal_number = lsm_db_new_number(db);
+    db->log_number = wal_number;
+    rv = wal_number ? rewrite_manifest(db) : KV_RESOURCE_EXHAUSTED;
     pthread_mutex_unlock(&db->mu);
     if (rv == KV_OK && st.manifest && st.manifest != lsm_manifest_number(db->man)) {
         char name[64];
@@ -601,6 +605,9 @@ static kv_err check_run(const lsm_rec *r, size_t n, uint64_t max_seqno)
 
 kv_err lsm_db_builder(lsm_db *db, int level, uint64_t number, lsm_sst_builder **out)
 {
+    *out = NULL;
+    if (!number) /* lsm_db_new_number ran out */
+        return KV_RESOURCE_EXHAUSTED;
     lsm_vol *v = &db->vols[db->level_tier[level] == LSM_TIER_SD ? 1 : 0];
     kv_err rv = lsm_sst_builder_open(out, v, number, db->o.block_size);
     if (rv == KV_OK)
@@ -720,8 +727,12 @@ kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno
     for (size_t i = 0; i < n; i++)
         need += sorted[i].klen + sorted[i].vlen + 32;
     stall(db, need);
-    uint64_t sst_no = lsm_db_new_number(db), wal_no = lsm_db_new_number(db);
+    uint64_t sst_no = lsm_db_new_number(db), wal_no = sst_no ? lsm_db_new_number(db) : 0;
     pthread_mutex_unlock(&db->mu);
+    if (!wal_no) {
+        pthread_mutex_unlock(&db->flush_mu);
+        return KV_RESOURCE_EXHAUSTED;
+    }
 
     lsm_file *f = NULL;
     rv = lsm_wal_rotate(db->wal, wal_no);

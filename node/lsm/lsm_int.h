@@ -573,7 +573,17 @@ static inline uint64_t lsm_now_ms(const lsm_db *db)
 lsm_version *lsm_db_current(lsm_db *db);
 /* With db->mu held: appends e to the manifest, installs cur + e. */
 kv_err lsm_db_install(lsm_db *db, lsm_edit *e);
-uint64_t lsm_db_new_number(lsm_db *db); /* db->mu held */
+/* File numbers a MANIFEST may hold: far past any store's (one file a
+ * microsecond for 8 years), far below where next_file++ would wrap (a
+ * fuzzed MANIFEST with a number near 2^64 made new files reuse 0). A store
+ * never makes a number whose successor would reach it: its next open could
+ * not read the MANIFEST (fuzz_manifest: a next number of 2^48 - 1 opened,
+ * the open's own WAL and MANIFEST took 2^48 - 1 and 2^48, and the cleanly
+ * closed store did not reopen). */
+#define LSM_FILE_NUMBER_MAX ((uint64_t)1 << 48)
+/* The next file number (db->mu held), or 0 once the numbers are used up
+ * (LSM_FILE_NUMBER_MAX): the caller fails with RESOURCE_EXHAUSTED. */
+uint64_t lsm_db_new_number(lsm_db *db);
 /* Opens a builder for SST `number` of level: on the level's volume, with its
  * block size and codec (counted in the db's compression stats). */
 kv_err lsm_db_builder(lsm_db *db, int level, uint64_t number, lsm_sst_builder **out);
