@@ -1105,7 +1105,7 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
     bool closing = ch->closing;
     rpc_slot *s = m && !closing ? slot_get_locked(ch) : NULL;
     if (s) {
-        uint64_t now = rpc_loop_now();
+        uint64_t now = rpc_now_ns();
         s->id = id;
         s->done = done;
         s->arg = arg;
@@ -1150,7 +1150,7 @@ static void send_msg(rpc_chan *ch, nng_msg *m, uint64_t id, uint64_t deadline_ns
  * frees it. */
 static void send_counted(rpc_chan *ch, rpc_pend *p)
 {
-    uint64_t now = rpc_loop_now();
+    uint64_t now = rpc_now_ns();
     uint64_t left = p->deadline_ns > now ? (p->deadline_ns - now) / 1000000ull : 0;
     Kv__Envelope env;
     call_env(ch, p, left ? (uint32_t)left : 1, &env);
@@ -1179,7 +1179,7 @@ static void send_calls(rpc_chan *ch, rpc_pend *q)
     Kv__Envelope envs[COALESCE_MAX_CALLS], *ptrs[COALESCE_MAX_CALLS];
     rpc_pend *live = NULL, **tail = &live;
     size_t n = 0;
-    uint64_t now = rpc_loop_now(), last = now;
+    uint64_t now = rpc_now_ns(), last = now;
     char why[160];
     /* as rpc_call_async: no connection past the first connect wait fails at once */
     bool down = atomic_load(&ch->pipes) == 0 && /* the clock itself, as there */
@@ -1313,7 +1313,7 @@ static bool try_queue(rpc_chan *ch, rpc_pend *p, bool burst)
         pthread_mutex_unlock(&ch->mu);
         return false;
     }
-    uint64_t now = rpc_loop_now();
+    uint64_t now = rpc_now_ns();
     bool room = ch->inflight < ch->coalesce_after; /* queued for the burst's end */
     p->next = NULL;
     bool first = !ch->qhead;
@@ -1347,7 +1347,7 @@ static void call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
         deadline_ms = RPC_DEFAULT_DEADLINE_MS;
     if (deadline_ms > RPC_MAX_DEADLINE_MS) /* nng durations are signed 32-bit ms */
         deadline_ms = RPC_MAX_DEADLINE_MS;
-    uint64_t now = rpc_loop_now();
+    uint64_t now = rpc_now_ns();
     if (atomic_load(&ch->pipes) == 0 && /* the clock itself: ch may have opened just now */
         kv_now_ns() - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull) {
         snprintf(msg, sizeof(msg), "no connection to %s", ch->url);

@@ -125,19 +125,14 @@ void rpc_loop_tick(void)
         now_cache = kv_now_ns();
 }
 
-uint64_t rpc_loop_now(void)
+uint64_t rpc_now_ns(void)
 {
     return self >= 0 ? now_cache : kv_now_ns();
 }
 
-uint64_t rpc_now_ns(void)
-{
-    return rpc_loop_now();
-}
-
 uint64_t rpc_since_ns(uint64_t t0)
 {
-    uint64_t now = rpc_loop_now();
+    uint64_t now = rpc_now_ns();
     return now > t0 ? now - t0 : 0;
 }
 

@@ -40,12 +40,10 @@ int rpc_loop_add(rpc_src *src, bool out, int on);
  * default); only before the first use of a loop (a server or channel on
  * tcp://), later calls change nothing. */
 void rpc_loop_set_count(int n);
-/* Monotonic nanoseconds (kv_now_ns), read once per event and per message on
- * a loop's thread: there rpc_loop_now is the time rpc_loop_tick (or the
- * loop, before each event) last read, elsewhere the clock itself. A routed
- * GET read the clock some ten times, 5 % of a router's CPU in this VM. */
+/* On a loop's thread: reads the clock for rpc_now_ns (rpc.h), which the
+ * loop also does before each event; a no-op elsewhere. A routed GET read
+ * the clock some ten times, 5 % of a router's CPU in this VM. */
 void rpc_loop_tick(void);
-uint64_t rpc_loop_now(void);
 /* How many loops run (starting them on first use; 0 when none could). */
 int rpc_loop_count(void);
 /* The loop whose thread this is, or -1 off every loop's thread. */

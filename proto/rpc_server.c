@@ -321,7 +321,7 @@ kv_err rpc_fail(rpc_ctx *c, kv_err code, const char *fmt, ...)
 
 uint32_t rpc_ctx_remaining_ms(const rpc_ctx *c)
 {
-    uint64_t now = rpc_loop_now();
+    uint64_t now = rpc_now_ns();
     return now >= c->deadline_ns ? 0 : (uint32_t)((c->deadline_ns - now) / 1000000ull);
 }
 
@@ -397,7 +397,7 @@ static bool split(const rpc_method *m, bool coordinate)
 /* A handler that finished past the call's deadline: DEADLINE_EXCEEDED. */
 static kv_err past_deadline(rpc_ctx *c, const rpc_method *m, kv_err rv)
 {
-    if (rv != KV_OK || rpc_loop_now() <= c->deadline_ns)
+    if (rv != KV_OK || rpc_now_ns() <= c->deadline_ns)
         return rv;
     free(c->reply);
     c->reply = NULL;
@@ -409,7 +409,7 @@ static kv_err past_deadline(rpc_ctx *c, const rpc_method *m, kv_err rv)
  * the queue): DEADLINE_EXCEEDED, and the handler is not run. */
 static bool expired(rpc_server *s, rpc_ctx *c, uint64_t arrival_ns, kv_err *rv)
 {
-    uint64_t now = rpc_loop_now();
+    uint64_t now = rpc_now_ns();
     if (now < c->deadline_ns)
         return false;
     atomic_fetch_add_explicit(&s->n_expired, 1, memory_order_relaxed);
@@ -504,7 +504,7 @@ static void observe(rpc_server *s, const rpc_ctx *c, kv_err rv, uint64_t t0)
 static kv_err run_call(rpc_server *s, int w, const Kv__Envelope *env, bool verified, rpc_ctx *c,
                        uint64_t arrival_ns)
 {
-    uint64_t t0 = rpc_loop_now();
+    uint64_t t0 = rpc_now_ns();
     kv_err rv = run_call_init(s, w, env, c, arrival_ns);
     if (rv != KV_OK)
         return rv;
@@ -528,7 +528,7 @@ static uint64_t lane_wait_ns(rpc_lane *l, uint64_t now)
  * live_only, not on a stopped lane (false then, nothing queued). */
 static bool lane_push_if(rpc_lane *l, rpc_job *first, rpc_job *last, unsigned n, bool live_only)
 {
-    uint64_t now = rpc_loop_now();
+    uint64_t now = rpc_now_ns();
     for (rpc_job *j = first; j; j = j == last ? NULL : j->next)
         j->queued_ns = now;
     pthread_mutex_lock(&l->mu);
@@ -695,7 +695,7 @@ static void call_cb(void *arg)
  * it here when its method can without blocking, else queue it. */
 static void call_arrived(rpc_server *s, rpc_scall *k)
 {
-    k->arrival_ns = rpc_loop_now();
+    k->arrival_ns = rpc_now_ns();
     size_t len = nng_msg_len(k->req);
     /* unknown fields cost memory too: what an envelope may make us allocate is bounded */
     k->env = (Kv__Envelope *)protobuf_c_message_unpack(
@@ -786,7 +786,7 @@ static bool try_call(rpc_server *s, const Kv__Envelope *env, bool verified, uint
     const rpc_method *m = find_method(s, env->method);
     if (!m || !m->try_inline || (split(m, env->coordinate) && !m->inline_coordinate))
         return false;
-    uint64_t t0 = rpc_loop_now();
+    uint64_t t0 = rpc_now_ns();
     kv_err rv = run_call_init(s, -1, env, c, arrival_ns);
     if (rv == KV_OK && dispatch(s, c, env, verified, &rv) == m && !expired(s, c, arrival_ns, &rv)) {
         if (!m->try_inline(c, env->body.data, env->body.len, &rv)) {
@@ -847,7 +847,7 @@ static bool group_split(rpc_server *s, const rpc_group *g)
 static void group_split_run(rpc_server *s, int w, rpc_group *g)
 {
     size_t n = g->calls->n_calls;
-    uint64_t t0 = rpc_loop_now();
+    uint64_t t0 = rpc_now_ns();
     void **state = calloc(n, sizeof(*state));
     const rpc_method **ms = calloc(n, sizeof(*ms));
     kv_err *st = calloc(n, sizeof(*st));
@@ -1055,7 +1055,7 @@ static bool try_async(rpc_server *s, rpc_scall *k, const Kv__Envelope *env, rpc_
     rpc_async *a = rpc_arena_alloc(&k->ar, sizeof(*a));
     if (!a)
         return false;
-    *a = (rpc_async){.s = s, .k = k, .g = g, .i = i, .m = m, .t0 = rpc_loop_now()};
+    *a = (rpc_async){.s = s, .k = k, .g = g, .i = i, .m = m, .t0 = rpc_now_ns()};
     kv_err rv = run_call_init(s, -1, env, &a->c, k->arrival_ns);
     bool checked = rv == KV_OK && dispatch(s, &a->c, env, k->verified, &rv) == m &&
                    !expired(s, &a->c, k->arrival_ns, &rv);
@@ -1421,10 +1421,10 @@ static int refuse_one(rpc_server *s, int err)
         return -1;
     close(s->spare_fd);
     int fd = accept4(s->lsrc.fd, NULL, NULL, SOCK_CLOEXEC), e = errno;
-    if (fd >= 0) /* counted before its client can see the end */
+    if (fd >= 0) { /* counted before its client can see the end */
         atomic_fetch_add_explicit(&s->n_refused, 1, memory_order_relaxed);
-    if (fd >= 0)
         close(fd);
+    }
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED ? 0 : -1;

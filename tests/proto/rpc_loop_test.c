@@ -8,7 +8,6 @@
  * run this file too. */
 #include "tests/kv_testfw.h"
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <nng/nng.h>
@@ -23,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "proto/rpc.h"
 #include "proto/rpc_conn.h"
 #include "proto/rpc_loop.h"
 
@@ -176,19 +176,7 @@ Test(rpc_loop, the_count_holds_once_the_loops_run)
     cr_assert_gt(n, 0);
     rpc_loop_set_count(n == 1 ? 2 : 1);
     cr_assert_eq(rpc_loop_count(), n, "set once the loops run: no change");
-    int named = 0;
-    DIR *d = opendir("/proc/self/task");
-    cr_assert_not_null(d);
-    for (struct dirent *e; (e = readdir(d));) {
-        char p[300], comm[32] = "";
-        snprintf(p, sizeof(p), "/proc/self/task/%s/comm", e->d_name);
-        FILE *f = e->d_name[0] == '.' ? NULL : fopen(p, "r");
-        if (f && fgets(comm, sizeof(comm), f))
-            named += strncmp(comm, "kv:loop\n", 8) == 0;
-        if (f)
-            fclose(f);
-    }
-    closedir(d);
+    int named = (int)rpc_runtime_count_threads("kv:loop");
     cr_assert_eq(named, n, "%d kv:loop threads, %d loops", named, n);
     cr_assert_eq(rpc_loop_self(), -1, "the test's thread is no loop's");
 }
