@@ -581,13 +581,13 @@ kv_err lsm_db_install(lsm_db *db, lsm_edit *e);
  * the open's own WAL and MANIFEST took 2^48 - 1 and 2^48, and the cleanly
  * closed store did not reopen). */
 #define LSM_FILE_NUMBER_MAX ((uint64_t)1 << 48)
-/* What a MANIFEST read at open may hold: 2^32 numbers short of the most,
- * so a store opened from it has room for the numbers its opens, flushes
- * and compactions make (the next run of fuzz_manifest: a store opened at
- * 2^48 - 3 used the last numbers and could not reopen). */
-#define LSM_FILE_NUMBER_READ_MAX (LSM_FILE_NUMBER_MAX - ((uint64_t)1 << 32))
 /* The next file number (db->mu held), or 0 once the numbers are used up
- * (LSM_FILE_NUMBER_MAX): the caller fails with RESOURCE_EXHAUSTED. */
+ * (LSM_FILE_NUMBER_MAX): the caller fails with RESOURCE_EXHAUSTED. The
+ * reader and the writer share the one bound, so whatever a store writes its
+ * next open reads. Each open makes two numbers (its WAL and MANIFEST), so a
+ * store with fewer than two left fails to open with RESOURCE_EXHAUSTED, never
+ * DATA_LOSS. (A reader bound 2^32 below the writer's, tried once, let a
+ * store opened just under it write a next number its reopen refused.) */
 uint64_t lsm_db_new_number(lsm_db *db);
 /* Opens a builder for SST `number` of level: on the level's volume, with its
  * block size and codec (counted in the db's compression stats). */

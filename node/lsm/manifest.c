@@ -264,7 +264,7 @@ static bool decode_add(const uint8_t **p, const uint8_t *end, lsm_recovered *st,
     f->min_seq = lsm_get64(q + 24);
     f->max_seq = lsm_get64(q + 32);
     *p = q + 40;
-    bool ok = f->level >= 0 && f->level < LSM_MAX_LEVELS && f->number < LSM_FILE_NUMBER_READ_MAX &&
+    bool ok = f->level >= 0 && f->level < LSM_MAX_LEVELS && f->number < LSM_FILE_NUMBER_MAX &&
               (f->tier == LSM_TIER_FD || f->tier == LSM_TIER_SD) &&
               take_key(p, end, &f->smallest, &f->slen) && take_key(p, end, &f->largest, &f->llen);
     if (ok && tag >= TAG_ADD2 && (ok = end - *p >= 8)) {
@@ -307,7 +307,7 @@ static bool edit_apply_raw(const uint8_t *p, size_t len, lsm_recovered *st)
             p += 8;
             if (tag == TAG_FLUSHED)
                 s->flushed_seq = v, s->has_flushed = true;
-            else if (tag == TAG_NEXT && v >= LSM_FILE_NUMBER_READ_MAX)
+            else if (tag == TAG_NEXT && v >= LSM_FILE_NUMBER_MAX)
                 return false; /* the numbers made from it would wrap */
             else if (tag == TAG_NEXT)
                 s->next_file = v, s->has_next = true;

@@ -634,3 +634,44 @@ Test(manifest, a_number_listed_twice_is_corrupt)
     lt_rmrf(dir);
     free(dir);
 }
+
+/* Found by tests/fuzz/fuzz_manifest twice: a store near the last file number
+ * wrote a MANIFEST its next open refused (DATA_LOSS). Whatever a store
+ * writes, it reads; once it has no numbers left, flushes and opens fail with
+ * RESOURCE_EXHAUSTED and the MANIFEST still reads. */
+Test(manifest, the_last_file_numbers_run_out_cleanly)
+{
+    char *dir = lt_mkdtemp("mannum");
+    lsm_vol v;
+    cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, false), KV_OK);
+    lsm_edit snap = {.has_next = true, .next_file = LSM_FILE_NUMBER_MAX - 5};
+    lsm_manifest *m;
+    cr_assert_eq(lsm_manifest_create(&m, &v, 9, &snap, 0), KV_OK);
+    lsm_manifest_close(m);
+    lsm_opts o;
+    lsm_opts_default(&o);
+    o.fast_dir = dir;
+    o.sync = LSM_SYNC_NONE;
+    o.hotrap = false;
+    lsm_db *db = NULL;
+    /* the open takes MAX-5 and MAX-4 (WAL, MANIFEST); the flush MAX-3 and
+     * MAX-2 (a new WAL segment, the SST) */
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_OK);
+    lsm_rec r = {.key = "k", .klen = 1, .value = "v", .vlen = 1, .seqno = 1, .type = LSM_PUT};
+    cr_assert_eq(lsm_wal_append(db, &r, 1), KV_OK);
+    cr_assert_eq(lsm_flush(db, &r, 1, 1), KV_OK);
+    lsm_close(db);
+    /* next is MAX-1: handing it out would write a next of MAX, which no
+     * reader accepts, so the reopen finds no number for its WAL */
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_RESOURCE_EXHAUSTED);
+    lsm_recovered st;
+    cr_assert_eq(lsm_manifest_recover(&v, &st), KV_OK, "the last MANIFEST written does not read");
+    cr_assert_eq(st.state.next_file, LSM_FILE_NUMBER_MAX - 1);
+    cr_assert_eq(st.state.nadd, 1, "the flushed file is not in the MANIFEST");
+    lsm_edit_free(&st.state);
+    cr_assert_eq(lsm_open(&db, &o, NULL, NULL), KV_RESOURCE_EXHAUSTED,
+                 "a failed open used a number");
+    lsm_vol_fini(&v);
+    lt_rmrf(dir);
+    free(dir);
+}
