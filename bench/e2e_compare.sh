@@ -28,9 +28,11 @@
 #   cluster_direct_get3       the same at 3 x IN_FLIGHT: each node sees what s1 sees in
 #                             node_get (per-CPU figures at equal load per node, the
 #                             scaling question; at IN_FLIGHT each node gets a third)
-# Each run's line (stdout, JSON) has its throughput, p50 and the CPU time the
+# Each run's line (stdout, JSON) has its throughput, p50, the CPU time the
 # server processes and the load generator used (/proc/PID/stat, or
-# /usr/bin/time for the generator); then a table of the medians with their
+# /usr/bin/time for the generator) and the calls per message the run's
+# nodes received (their rpc.calls / rpc.messages counters, from /metrics:
+# coalescing, which sets the servers' CPU per call); then a table of the medians with their
 # min..max over the rounds, then, as the last line, a JSON object with every
 # target ratio: per round, its median and its spread (min, max). Progress on
 # stderr. Every process started here is stopped and the temp dir removed on
@@ -91,8 +93,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 url() { echo "tcp://127.0.0.1:$((port + $1))"; }
+hport() { echo $((${1##*:} + 10)); } # ADDR -> its node's /metrics port
 rport=$((port + 0)) ns=$(url 1) rs=$(url 2) nt1=$(url 3) nt2=$(url 4) nt3=$(url 5) rt=$(url 6)
-for p in $rport ${ns##*:} ${rs##*:} ${nt1##*:} ${nt2##*:} ${nt3##*:} ${rt##*:}; do
+for p in $rport ${ns##*:} ${rs##*:} ${nt1##*:} ${nt2##*:} ${nt3##*:} ${rt##*:} \
+  $(hport "$ns") $(hport "$nt1") $(hport "$nt2") $(hport "$nt3"); do
   if (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null; then
     echo "$0: port $p is in use (pick another base with -p)" >&2
     exit 2
@@ -108,12 +112,28 @@ wait_ping() { # ADDR
   tail -n 5 "$tmp"/*.log >&2
   return 1
 }
-declare -A pid_of # name -> pid
+declare -A pid_of http_of # name -> pid, /metrics port
 start_node() { # ID ADDR
-  "$build/node/kvnode" --id "$1" --listen "$2" --data-dir "$tmp/$1" > "$tmp/$1.log" 2>&1 &
+  "$build/node/kvnode" --id "$1" --listen "$2" --http-listen "http://127.0.0.1:$(hport "$2")" \
+    --data-dir "$tmp/$1" > "$tmp/$1.log" 2>&1 &
   pids+=($!)
   pid_of[$1]=$!
+  http_of[$1]=$(hport "$2")
   wait_ping "$2"
+}
+# "MESSAGES CALLS" the nodes named received so far (their /metrics).
+node_msgs() { # ID...
+  local id m=0 c=0 a b
+  for id in "$@"; do
+    [ -n "${http_of[$id]:-}" ] || continue
+    read -r a b < <({ exec 3<> "/dev/tcp/127.0.0.1/${http_of[$id]}" &&
+      printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3 && timeout 5 cat <&3; } |
+      awk '$1 == "hotkv_node_rpc_messages_received_total" { m = $2 }
+           $1 == "hotkv_node_rpc_calls_received_total" { c = $2 }
+           END { printf "%d %d\n", m, c }')
+    m=$((m + a)) c=$((c + b))
+  done
+  echo "$m $c"
 }
 start_router() { # NAME ADDR SEEDS
   "$build/shard/kvrouter" --listen "$2" --seeds "$3" > "$tmp/$1.log" 2>&1 &
@@ -189,8 +209,9 @@ redis_run() { # KIND -> "ops_per_s p50_us" on stdout, the generator's CPU ms in 
 declare -A servers=([redis]="redis" [node]="s1" [router]="rs s1" [cluster]="rt t1 t2 t3")
 run() { # KIND ROUND
   local kind=$1 round=$2 sys=${1%%_*} res ops p50 secs_run errors=0 l c0=() c1=() i=0 s
-  local procs=(${servers[$sys]})
+  local procs=(${servers[$sys]}) m0 k0 m1 k1
   l=$(load1)
+  read -r m0 k0 < <(node_msgs "${procs[@]}")
   for s in "${procs[@]}"; do c0+=($(cpu_ticks "${pid_of[$s]}")); done
   local t0
   t0=$(date +%s.%N)
@@ -224,6 +245,7 @@ run() { # KIND ROUND
   esac
   secs_run=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
   for s in "${procs[@]}"; do c1+=($(cpu_ticks "${pid_of[$s]}")); done
+  read -r m1 k1 < <(node_msgs "${procs[@]}")
   [ -n "$res" ] || { echo "$0: $kind failed:" >&2; cat "$tmp/kvbench.err" >&2; exit 1; }
   if [ "$(jq '.errors // 0' <<< "$res")" != 0 ]; then # keep what the generator said
     { echo "== $kind round $round"; cat "$tmp/kvbench.err" "$tmp/bb.err" 2> /dev/null || true; } |
@@ -236,15 +258,17 @@ run() { # KIND ROUND
     i=$((i + 1))
   done
   jq -cn --arg kind "$kind" --argjson round "$round" --argjson r "$res" --argjson cpu "$cpu" \
-    --argjson gen "$(cat "$tmp/gen.cpu")" --argjson load1 "$l" --argjson wall "$secs_run" '
+    --argjson gen "$(cat "$tmp/gen.cpu")" --argjson load1 "$l" --argjson wall "$secs_run" \
+    --argjson msgs $((m1 - m0)) --argjson calls $((k1 - k0)) '
     ($cpu | [.[]] | add) as $srv |
     {run: $kind, round: $round, ops_per_s: $r.ops_per_s, p50_us: $r.p50_us,
      errors: ($r.errors // 0), error_codes: ($r.error_codes // {}), wall_s: $wall, cpu_ms: $cpu, server_cpu_ms: $srv,
      generator_cpu_ms: $gen, load1: $load1,
+     node_calls_per_msg: (if $msgs > 0 then ($calls / $msgs * 100 | round) / 100 else null end),
      server_cpu_s_per_1k: (if $r.ops_per_s > 0 then $srv / 1000 / ($r.ops_per_s * $wall) * 1000
                            else null end)}' | tee -a "$tmp/runs.jsonl"
   log "$(jq -r '"round \(.round) \(.run): \(.ops_per_s | round) ops/s, p50 \(.p50_us) us,
-    server CPU \(.server_cpu_ms) ms, errors \(.errors), load \(.load1)"' \
+    server CPU \(.server_cpu_ms) ms, calls per node message \(.node_calls_per_msg), errors \(.errors), load \(.load1)"' \
     <<< "$(tail -n 1 "$tmp/runs.jsonl")" | tr -s ' \n' ' ')"
 }
 
@@ -280,10 +304,11 @@ jq -rs '
                      else (.[length / 2 - 1] + .[length / 2]) / 2 end;
   group_by(.run) | map({run: .[0].run, ops: (map(.ops_per_s) | median),
     lo: (map(.ops_per_s) | min), hi: (map(.ops_per_s) | max), p50: (map(.p50_us) | median),
-    cpu: (map(.server_cpu_s_per_1k) | median)}) |
-  (["run", "ops/s median", "min..max", "p50 us", "server CPU s/1k req"] | @tsv),
+    cpu: (map(.server_cpu_s_per_1k) | median),
+    cpm: (map(.node_calls_per_msg | select(. != null)) | median)}) |
+  (["run", "ops/s median", "min..max", "p50 us", "server CPU s/1k req", "calls/node msg"] | @tsv),
   (.[] | [.run, (.ops | round), "\(.lo | round)..\(.hi | round)", .p50,
-          (.cpu // 0 | . * 10000 | round / 10000)] | @tsv)' "$tmp/runs.jsonl" |
+          (.cpu // 0 | . * 10000 | round / 10000), (.cpm // "-")] | @tsv)' "$tmp/runs.jsonl" |
   column -t -s $'\t'
 
 jq -cs --argjson keys "$keys" --argjson vsize "$vsize" --argjson conc "$conc" \
