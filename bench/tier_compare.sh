@@ -18,7 +18,9 @@
 #   memtable of --write-buffer-mb beside it.
 # --nhc: hotkv's NHC scheduler (tier_bench --nhc; off = HotRAP alone).
 # --fast-stop-pct: hotkv's flush stop (tier_bench --fast-stop-pct, kvnode's
-#   flag; default 100, 100000 = none).
+#   flag; default 100, 100000 = none), and rocksdb-capped's put stop.
+# --engines: tier_bench's --engine names (hotkv, hotkv-nohotrap,
+#   rocksdb-tiering, rocksdb-capped: RocksDB held to --fast-mb, rocksdb-fd...).
 # --runs overrides the matrix's runs (WORKLOAD:DIST, read-only ones first);
 #   WORKLOAD:DIST:shift moves the hot set halfway through the timed phase
 #   (--shift-at) and the table adds the FD hit rate before / at the end.
@@ -98,7 +100,7 @@ bench() {
   local e=$1 w=$2 d=$3
   shift 3
   [[ $e == hotkv* ]] && set -- --nhc "$nhc" "$@"
-  [[ $e == hotkv* && -n $fast_stop ]] && set -- --fast-stop-pct "$fast_stop" "$@"
+  [[ ($e == hotkv* || $e == rocksdb-capped) && -n $fast_stop ]] && set -- --fast-stop-pct "$fast_stop" "$@"
   echo "tier_compare: $e $w $d $*" >&2
   "$TIER_BENCH" --engine "$e" --fast-dir "$FAST_DIR" --slow-dir "$SLOW_DIR" --fast-mb "$fast_mb" \
     --mem-mb "$mem_mb" --write-buffer-mb "$wb_mb" --tracker-mb "$tracker_mb" \

@@ -4,6 +4,18 @@
  *   rocksdb-tiering: db_paths {FD, fast-mb MiB}, {SD, 1 TiB}: RocksDB puts a
  *                    level on the first path whose remaining target still
  *                    holds it (L0 counted as large as L1), WAL/MANIFEST on FD;
+ *   rocksdb-capped:  rocksdb-tiering held to the fast volume by hotkv's rule
+ *                    (lsm_fd_full): a put waits while the SSTs of the fast
+ *                    levels exceed --fast-stop-pct percent of --fast-mb and
+ *                    a compaction is pending or running. RocksDB places a
+ *                    level's files by the levels' target sizes, not by what
+ *                    they hold, so under a load its fast levels grow to many
+ *                    times the fast volume (bench/tier/README.md, "The fast
+ *                    volume's stop"); this layout is what a RocksDB on a
+ *                    fast device of --fast-mb would have to do to not fill
+ *                    it. A thread samples the fast levels' bytes every 5 ms
+ *                    (rocksdb_livefiles); the time puts waited is
+ *                    cap_wait_s in the JSON line;
  *   rocksdb-fd:      everything (WAL too) under --fast-dir;
  *   rocksdb-sd:      everything (WAL too) under --slow-dir.
  * Settings mirror hotkv's LSM so that only the design differs: leveled
@@ -39,10 +51,11 @@
 #include <time.h>
 
 #include "bench/tier/rocks_perf.h"
+#include "common/clock.h"
 #include "bench/tier/tier_bench.h"
 #include "node/lsm/lsm.h"
 
-typedef enum rk_layout { RK_TIERING, RK_FD, RK_SD } rk_layout;
+typedef enum rk_layout { RK_TIERING, RK_CAPPED, RK_FD, RK_SD } rk_layout;
 
 typedef struct rk {
     rocksdb_t *db;
@@ -63,6 +76,13 @@ typedef struct rk {
     _Atomic bool stop;
     bool have_syncer;
     unsigned sync_ms;
+    /* rocksdb-capped: the sampler thread's verdict, and what puts waited */
+    pthread_t capper;
+    bool have_capper;
+    uint64_t cap_bytes;      /* --fast-stop-pct percent of --fast-mb */
+    _Atomic bool held;       /* the fast levels are over cap_bytes with work pending */
+    _Atomic uint64_t fd_now; /* the fast levels' SST bytes, last sample */
+    _Atomic uint64_t cap_wait_ns, cap_waits;
 } rk;
 
 static _Thread_local bool t_counting; /* the perf context is on in this thread */
@@ -73,8 +93,8 @@ static void place_levels(rk *r, uint64_t fast, uint64_t base)
     uint64_t left = fast, size = base;
     r->fd_levels = 0;
     for (int l = 0; l < TB_ROCKS_MAX_LEVELS; l++) {
-        bool fd =
-            r->layout == RK_FD || (r->layout == RK_TIERING && size <= left && r->fd_levels == l);
+        bool tiered = r->layout == RK_TIERING || r->layout == RK_CAPPED;
+        bool fd = r->layout == RK_FD || (tiered && size <= left && r->fd_levels == l);
         r->fd_level[l] = fd;
         if (fd) {
             r->fd_levels++;
@@ -153,14 +173,68 @@ static void *syncer_main(void *arg)
     return NULL;
 }
 
+/* The SST bytes of the levels on the fast volume. */
+static uint64_t fd_sst_bytes(rk *r)
+{
+    uint64_t b = 0;
+    const rocksdb_livefiles_t *lf = rocksdb_livefiles(r->db);
+    for (int i = 0; lf && i < rocksdb_livefiles_count(lf); i++) {
+        int l = rocksdb_livefiles_level(lf, i);
+        if (l >= 0 && l < TB_ROCKS_MAX_LEVELS && r->fd_level[l])
+            b += rocksdb_livefiles_size(lf, i);
+    }
+    if (lf)
+        rocksdb_livefiles_destroy(lf);
+    return b;
+}
+
+/* Compaction is due or under way (what lets the fast levels shrink). */
+static bool compaction_work(rk *r)
+{
+    uint64_t pending = 0, running = 0;
+    rocksdb_property_int(r->db, "rocksdb.compaction-pending", &pending);
+    rocksdb_property_int(r->db, "rocksdb.num-running-compactions", &running);
+    return pending || running;
+}
+
+static void *capper_main(void *arg)
+{
+    rk *r = arg;
+    const struct timespec ts = {0, 5 * 1000 * 1000};
+    while (!atomic_load(&r->stop)) {
+        uint64_t b = fd_sst_bytes(r);
+        atomic_store(&r->fd_now, b);
+        atomic_store(&r->held, b > r->cap_bytes && compaction_work(r));
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&r->held, false); /* never leave a writer waiting on a stopped sampler */
+    return NULL;
+}
+
+/* rocksdb-capped: a put waits while the sampler holds writes. */
+static void cap_wait(rk *r)
+{
+    if (!atomic_load_explicit(&r->held, memory_order_relaxed))
+        return;
+    uint64_t t0 = kv_now_ns();
+    const struct timespec ts = {0, 200 * 1000};
+    while (atomic_load_explicit(&r->held, memory_order_relaxed))
+        nanosleep(&ts, NULL);
+    atomic_fetch_add_explicit(&r->cap_wait_ns, kv_now_ns() - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->cap_waits, 1, memory_order_relaxed);
+}
+
 static void rk_close(void *h)
 {
     rk *r = h;
     if (!r)
         return;
-    if (r->have_syncer) {
+    if (r->have_syncer || r->have_capper) {
         atomic_store(&r->stop, true);
-        pthread_join(r->syncer, NULL);
+        if (r->have_syncer)
+            pthread_join(r->syncer, NULL);
+        if (r->have_capper)
+            pthread_join(r->capper, NULL);
     }
     char *cf = r->db ? rocksdb_property_value(r->db, "rocksdb.cfstats-no-file-histogram") : NULL;
     if (cf) /* per-level compaction stats, beside hotkv's (eng_hotkv.c) */
@@ -190,7 +264,7 @@ static kv_err rk_paths(rk *r, const tb_opts *o, char *name, size_t len, char *er
         return KV_INVALID_ARGUMENT;
     }
     snprintf(name, len, "%s/rocksdb", root);
-    if (r->layout == RK_TIERING) {
+    if (r->layout == RK_TIERING || r->layout == RK_CAPPED) {
         char slow[4096];
         snprintf(slow, sizeof(slow), "%s/rocksdb", o->slow_dir);
         rocksdb_dbpath_t *p[2] = {rocksdb_dbpath_create(name, (uint64_t)o->fast_mb << 20),
@@ -226,6 +300,14 @@ static kv_err rk_open_layout(const tb_opts *o, void **h, rk_layout layout, char 
         if (!r->have_syncer)
             rv = KV_RESOURCE_EXHAUSTED;
     }
+    if (rv == KV_OK && layout == RK_CAPPED) {
+        uint64_t pct =
+            o->fast_stop_pct > 0 ? (uint64_t)o->fast_stop_pct : 100; /* hotkv's default */
+        r->cap_bytes = ((uint64_t)o->fast_mb << 20) / 100 * pct;
+        r->have_capper = pthread_create(&r->capper, NULL, capper_main, r) == 0;
+        if (!r->have_capper)
+            rv = KV_RESOURCE_EXHAUSTED;
+    }
     if (rv != KV_OK) {
         rk_close(r);
         return rv;
@@ -237,6 +319,11 @@ static kv_err rk_open_layout(const tb_opts *o, void **h, rk_layout layout, char 
 static kv_err rk_open_tiering(const tb_opts *o, void **h, char *err, size_t errlen)
 {
     return rk_open_layout(o, h, RK_TIERING, err, errlen);
+}
+
+static kv_err rk_open_capped(const tb_opts *o, void **h, char *err, size_t errlen)
+{
+    return rk_open_layout(o, h, RK_CAPPED, err, errlen);
 }
 
 static kv_err rk_open_fd(const tb_opts *o, void **h, char *err, size_t errlen)
@@ -287,6 +374,8 @@ static kv_err rk_put(void *h, const void *key, size_t klen, const void *val, siz
 {
     rk *r = h;
     char *e = NULL;
+    if (r->have_capper)
+        cap_wait(r);
     rocksdb_put(r->db, r->wopts, key, klen, val, vlen, &e);
     if (e) {
         fprintf(stderr, "tier_bench: rocksdb: put: %s\n", e);
@@ -401,16 +490,27 @@ static void rk_json_extra(void *h, char *buf, size_t len)
                                     off ? " " : "", l, files, r->fd_level[l] ? "fast" : "slow");
         rocksdb_free(files);
     }
+    char cap[160] = "";
+    if (r->have_capper)
+        snprintf(cap, sizeof(cap),
+                 ",\"cap_bytes\":%" PRIu64 ",\"cap_waits\":%" PRIu64 ",\"cap_wait_s\":%.3f",
+                 r->cap_bytes, atomic_load(&r->cap_waits),
+                 (double)atomic_load(&r->cap_wait_ns) / 1e9);
     snprintf(buf, len,
-             ",\"hotrap_available\":false,\"levels\":\"%s\",\"wa_parts\":\"%s\",\"fd_levels\":%d,"
+             ",\"hotrap_available\":false,\"levels\":\"%s\",\"wa_parts\":\"%s\",\"fd_levels\":%d%s,"
              "\"note\":\"tiers from RocksDB's perf context per get (answering level, block reads); "
              "sd_read_bytes counts get block reads only\"",
-             levels, r->wa_parts, r->fd_levels);
+             levels, r->wa_parts, r->fd_levels, cap);
 }
 
 const tb_engine tb_rocksdb_tiering_engine = {
     "rocksdb-tiering", rk_open_tiering, rk_close, rk_thread_begin, rk_thread_end, rk_noop,
     rk_noop,           rk_put,          rk_get,   rk_stats,        rk_settled,    rk_json_extra,
+};
+
+const tb_engine tb_rocksdb_capped_engine = {
+    "rocksdb-capped", rk_open_capped, rk_close, rk_thread_begin, rk_thread_end, rk_noop,
+    rk_noop,          rk_put,         rk_get,   rk_stats,        rk_settled,    rk_json_extra,
 };
 
 const tb_engine tb_rocksdb_fd_engine = {

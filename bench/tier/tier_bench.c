@@ -28,7 +28,8 @@ static const tb_engine *const engines[] = {
     &tb_hotkv_engine,           &tb_hotkv_nohotrap_engine, &tb_kallax_engine,
     &tb_hotkv_kallax_engine,    &tb_hotkv_nogate_engine,
 #ifdef KV_TIER_HAVE_ROCKSDB
-    &tb_rocksdb_tiering_engine, &tb_rocksdb_fd_engine,     &tb_rocksdb_sd_engine,
+    &tb_rocksdb_tiering_engine, &tb_rocksdb_capped_engine, &tb_rocksdb_fd_engine,
+    &tb_rocksdb_sd_engine,
 #endif
 };
 #define NENGINES (sizeof(engines) / sizeof(engines[0]))
@@ -106,7 +107,7 @@ static kv_err check_opts(tb_opts *o, const tb_engine **eng, char *err, size_t er
         snprintf(err, errlen,
                  "--engine: '%s' is not hotkv, hotkv-nohotrap, hotkv-nogate, hotkv-kallax, kallax, "
                  "rocksdb-tiering, "
-                 "rocksdb-fd or rocksdb-sd (or this build has no RocksDB)",
+                 "rocksdb-capped, rocksdb-fd or rocksdb-sd (or this build has no RocksDB)",
                  o->engine_name);
         return KV_INVALID_ARGUMENT;
     }
@@ -174,8 +175,8 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
 {
     const kv_opt table[] = {
         {"engine", KV_OPT_STR, &o->engine_name,
-         "hotkv|hotkv-nohotrap|hotkv-nogate|hotkv-kallax|kallax|rocksdb-tiering|rocksdb-fd|"
-         "rocksdb-sd"},
+         "hotkv|hotkv-nohotrap|hotkv-nogate|hotkv-kallax|kallax|rocksdb-tiering|rocksdb-capped|"
+         "rocksdb-fd|rocksdb-sd"},
         {"kallax-blocks", KV_OPT_INT, &o->kallax_blocks,
          "kallax: home blocks of the store (0 = four times the loaded bytes)", NULL, 0, 1L << 40},
         {"fast-dir", KV_OPT_STR, &o->fast_dir, "fast volume directory (FD)"},
@@ -215,7 +216,7 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
          "none|lz4|zstd | per level from L0 (none,none,none,lz4) | fast=X,slow=Y"},
         {"fast-stop-pct", KV_OPT_INT, &o->fast_stop_pct,
          "hotkv: flushes wait while FD's SSTs exceed this % of --fast-mb and an FD level is due "
-         "(kvnode --fast-stop-pct; default 100)",
+         "(kvnode --fast-stop-pct; default 100); rocksdb-capped: puts wait by the same rule",
          NULL, 0, 100000},
         {"value-ratio", KV_OPT_DOUBLE, &o->value_ratio,
          "share of each value's bytes that are random, the rest repeats them (1 = "

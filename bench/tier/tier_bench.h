@@ -102,7 +102,8 @@ typedef struct tb_engine {
 } tb_engine;
 
 extern const tb_engine tb_hotkv_engine, tb_hotkv_nohotrap_engine, tb_hotkv_nogate_engine;
-extern const tb_engine tb_rocksdb_tiering_engine, tb_rocksdb_fd_engine, tb_rocksdb_sd_engine;
+extern const tb_engine tb_rocksdb_tiering_engine, tb_rocksdb_capped_engine, tb_rocksdb_fd_engine,
+    tb_rocksdb_sd_engine;
 extern const tb_engine tb_kallax_engine, tb_hotkv_kallax_engine;
 
 /* Reads at one moment of a phase (seconds since its start). */

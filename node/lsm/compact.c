@@ -6,9 +6,10 @@
  * the FD capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not
  * busy is compacted. L0 compacts all its files into L1; Ln picks the file with the least overlap in
  * Ln+1 against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except
- * the last FD level under HotRAP, which picks the file with the highest benefit = file bytes - hot
- * bytes (per RALT) in its key range, near-ties going to the least overlap below. A single Ln
- * file with no overlap below on the same volume is moved by a manifest edit only.
+ * the last FD level under HotRAP, which picks the file with the least cost per cold byte pushed
+ * down: (overlap below + hot bytes retained) / (file bytes - hot bytes, per RALT). A single Ln
+ * file with no overlap below on the same volume is moved by a manifest edit only. Output files
+ * are cut at file_size, or earlier at a file boundary of the level below the output (gp_walk).
  *
  * The inputs are merged by iter.c's heap merger (one source per L0 file, one
  * level-concatenating source per sorted level). The merge keeps the
@@ -38,7 +39,7 @@
  * the key or by a merge with the copy; a newer version lies above the copy
  * (promote.c never shadows one) and removes it when they merge, and the copy
  * loses its flag when it meets the original. Outputs go to the volume of their
- * level and are cut at file_size. Errors (ENOSPC, a corrupt input block) abort the job, delete its
+ * level. Errors (ENOSPC, a corrupt input block) abort the job, delete its
  * outputs, set bg_err and back off for a second.
  *
  * Threads: compaction_threads background threads plus callers of
@@ -178,11 +179,11 @@ static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
     return KV_OK;
 }
 
-/* Overlapping bytes in level l + 1 of file i of level l, over its size.
- * Both levels are sorted and disjoint, so callers sweep: ascending i, with
- * *k (first 0) kept between calls, the first file of l + 1 not wholly left
- * of the previous file. */
-static double overlap_ratio(const lsm_version *v, int l, size_t i, size_t *k)
+/* Bytes of level l + 1 that file i of level l overlaps (overlap_ratio: over
+ * its size). Both levels are sorted and disjoint, so callers sweep:
+ * ascending i, with *k (first 0) kept between calls, the first file of
+ * l + 1 not wholly left of the previous file. */
+static uint64_t overlap_bytes(const lsm_version *v, int l, size_t i, size_t *k)
 {
     lsm_file *const *below = v->files[l + 1];
     size_t nb = v->nfiles[l + 1];
@@ -193,7 +194,13 @@ static double overlap_ratio(const lsm_version *v, int l, size_t i, size_t *k)
     for (size_t m = *k; m < nb && overlaps(below[m], f->smallest, f->slen, f->largest, f->llen);
          m++)
         over += below[m]->size;
-    return (double)over / (double)(f->size ? f->size : 1);
+    return over;
+}
+
+static double overlap_ratio(const lsm_version *v, int l, size_t i, size_t *k)
+{
+    const lsm_file *f = v->files[l][i];
+    return (double)overlap_bytes(v, l, i, k) / (double)(f->size ? f->size : 1);
 }
 
 /* RocksDB's kMinOverlappingRatio: the file of level l >= 1 whose overlapping
@@ -223,37 +230,33 @@ uint64_t lsm_hot_bytes_in(lsm_db *db, const lsm_file *f)
     return ralt_hot_bytes_est(db->ralt, f->smallest, f->slen, f->largest, f->llen);
 }
 
-/* HotRAP's choice on the last FD level: the file whose compaction into SD
- * moves the most cold bytes (file bytes - hot bytes in its range); among
- * files within 1/64 of a file of that benefit, the least overlap below, as
- * min_overlap_pick. Without hot keys (a load, or the cold part of the key
- * space) full files tie at about the same size, and taking the first of
- * them rewrote 6-8 bytes of L3 per L2 byte instead of 2-2.3 (1M records,
- * FD 100 MiB). A file of clean copies only counts as overlapping nothing:
- * its job reads and writes no SD file. */
+/* HotRAP's choice on the last FD level: the file that moves its cold bytes
+ * (file bytes - hot bytes, per RALT) into SD at the least cost per cold
+ * byte, the cost being the SD bytes it merges with (its overlap below) plus
+ * the hot bytes it rewrites on FD (retained). Without hot keys (a load, or
+ * the cold part of the key space) this is min_overlap_pick's ratio. An
+ * earlier rule took the highest benefit (cold bytes) and broke near-ties by
+ * the least overlap: once output files are cut at their grandparents'
+ * boundaries (gp_walk) their sizes differ, only the largest files tied, and
+ * the L2 -> L3 merges of a load read 3.3 bytes of L3 per L2 byte instead of
+ * 3.1 (before the rule had taken the first full file: 6-8 bytes, at 1M
+ * records and FD 100 MiB). A file of clean copies only costs nothing: its
+ * job reads and writes no SD file (twins_only). */
 static size_t benefit_pick(lsm_db *db, const lsm_version *v, int l)
 {
-    size_t n = v->nfiles[l], best = 0, k = 0;
-    int64_t *b = malloc(n * sizeof(*b));
-    if (!b)
-        return 0;
-    int64_t bb = INT64_MIN;
-    for (size_t i = 0; i < n; i++) {
-        const lsm_file *f = v->files[l][i];
-        b[i] = (int64_t)f->size - (int64_t)lsm_hot_bytes_in(db, f);
-        bb = b[i] > bb ? b[i] : bb;
-    }
-    int64_t tie = (int64_t)(db->file_size / 64);
+    size_t best = 0, k = 0;
     double br = 0;
-    bool have = false;
-    for (size_t i = 0; i < n; i++) {
-        double r = overlap_ratio(v, l, i, &k); /* every i, in order: the sweep */
-        if (all_twins(&v->files[l][i], 1))
-            r = 0; /* its job merges no SD file (twins_only) */
-        if (b[i] >= bb - tie && (!have || r < br))
-            best = i, br = r, have = true;
+    for (size_t i = 0; i < v->nfiles[l]; i++) {
+        const lsm_file *f = v->files[l][i];
+        uint64_t over = overlap_bytes(v, l, i, &k); /* every i, in order: the sweep */
+        uint64_t hot = lsm_hot_bytes_in(db, f);
+        hot = hot < f->size ? hot : f->size;
+        uint64_t cold = f->size - hot;
+        double r =
+            all_twins(&v->files[l][i], 1) ? 0.0 : (double)(over + hot) / (double)(cold ? cold : 1);
+        if (i == 0 || r < br)
+            best = i, br = r;
     }
-    free(b);
     return best;
 }
 
@@ -470,13 +473,67 @@ static void promote_from_sd(lsm_db *db, const cjob *j, const lsm_rec *r)
         lsm_promo_add(db, r, j->fread);
 }
 
+/* Output files into level n are cut at the file boundaries of level n + 1
+ * (the grandparents) once they are big enough, so that a later compaction of
+ * one of them reads the level n + 1 files it covers and not a part of one
+ * more at each end (RocksDB's level_compaction_dynamic_file_size). The keys
+ * of a job's output are walked along the grandparents' zones: zone 2i is the
+ * gap before file i, zone 2i + 1 file i itself (level >= 1: files sorted,
+ * disjoint, a key in at most one). Going from zone a to zone b > a crosses
+ * b - a boundaries. At a crossing the output file is cut when it holds at
+ * least 50% of file_size, plus 5% per boundary it has crossed since it
+ * opened (at most 90%: one that has crossed many is likely to find another
+ * before it is full), or when the step jumps over whole grandparent files
+ * of more than file_size / 8 (an output spanning them would drag them into
+ * its next compaction although it holds none of their keys). On the
+ * measured 500k x 1 KiB load (bench/tier/README.md, "Output files cut at
+ * the next level's boundaries") a merge into L2 read 3.5 bytes of L2 per
+ * L1 byte without it and RocksDB's 2.4. */
+typedef struct gp_walk {
+    lsm_file *const *f; /* the grandparent level's files, NULL: none */
+    size_t n;
+    size_t idx;      /* first file whose largest key is >= the last key */
+    size_t zone;     /* the last key's zone */
+    bool started;    /* a key was walked */
+    unsigned passed; /* boundaries crossed since the output file opened */
+} gp_walk;
+
 typedef struct output {
     lsm_db *db;
     cjob *j;
     lsm_edit *e;
     lsm_sst_builder *b[2]; /* [0] to-level, [1] from-level (retained) */
     uint64_t written;
+    gp_walk gp; /* the to level's grandparents (slot 0 only) */
 } output;
+
+/* Moves g to key's zone; true when the output file before key should be cut
+ * (see gp_walk). size: the open output file's bytes (0: none open). */
+static bool gp_cut_before(gp_walk *g, const uint8_t *key, size_t klen, uint64_t size,
+                          uint64_t file_size)
+{
+    if (!g->f)
+        return false;
+    size_t from = g->zone;
+    while (g->idx < g->n && lsm_key_cmp(key, klen, g->f[g->idx]->largest, g->f[g->idx]->llen) > 0)
+        g->idx++;
+    bool inside =
+        g->idx < g->n && lsm_key_cmp(key, klen, g->f[g->idx]->smallest, g->f[g->idx]->slen) >= 0;
+    g->zone = 2 * g->idx + (inside ? 1 : 0);
+    bool first = !g->started;
+    g->started = true;
+    if (first || g->zone == from)
+        return false;
+    g->passed += (unsigned)(g->zone - from);
+    if (size == 0)
+        return false;
+    /* files wholly between the last key and this one: zone(last) <= 2i and 2i + 2 <= zone */
+    uint64_t skipped = 0;
+    for (size_t i = (from + 1) / 2; 2 * i + 2 <= g->zone; i++)
+        skipped += g->f[i]->size;
+    unsigned pct = 50 + (g->passed * 5 < 40 ? g->passed * 5 : 40);
+    return skipped > file_size / 8 || size >= file_size / 100 * pct;
+}
 
 static kv_err out_close(output *o, int slot)
 {
@@ -499,6 +556,16 @@ static kv_err out_close(output *o, int slot)
 static kv_err out_add(output *o, int slot, const lsm_rec *r)
 {
     lsm_db *db = o->db;
+    if (slot == 0) {
+        uint64_t size = o->b[0] ? lsm_sst_builder_size(o->b[0]) : 0;
+        if (gp_cut_before(&o->gp, r->key, r->klen, size, db->file_size)) {
+            kv_err rv = out_close(o, 0);
+            if (rv != KV_OK)
+                return rv;
+        }
+        if (!o->b[0])
+            o->gp.passed = 0; /* a new file counts its own crossings */
+    }
     if (!o->b[slot]) {
         int level = slot ? o->j->from : o->j->to;
         pthread_mutex_lock(&db->mu);
@@ -699,6 +766,8 @@ static kv_err merge(lsm_db *db, cjob *j, lsm_edit *e)
     if (rv == KV_OK)
         rv = lsm_merge_init(&mg, js.ps, js.n);
     output o = {.db = db, .j = j, .e = e};
+    if (j->to >= 1 && j->to + 1 < LSM_MAX_LEVELS && j->base->nfiles[j->to + 1])
+        o.gp = (gp_walk){.f = j->base->files[j->to + 1], .n = j->base->nfiles[j->to + 1]};
     if (rv == KV_OK && db->ralt && !db->o.route && j->from > 0 && j->from >= db->last_fd)
         ralt_flush(db->ralt); /* so that recent accesses count */
     if (rv == KV_OK)

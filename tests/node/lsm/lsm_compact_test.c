@@ -3,8 +3,9 @@
  * Tests of compaction picking (compact.c): a level above its target pushes
  * down the file whose overlap in the next level is the smallest against its
  * own size (RocksDB's kMinOverlappingRatio), not the next file of a
- * round-robin pointer, and HotRAP's pick on the last FD level breaks
- * benefit near-ties the same way. The levels are laid out by manual
+ * round-robin pointer, HotRAP's pick on the last FD level weighs that
+ * overlap against the cold bytes a file pushes down, and output files are
+ * cut at the next level's file boundaries. The levels are laid out by manual
  * compactions with automatic compaction off, then the store is reopened
  * with it on so that the background picker makes its choices.
  */
@@ -23,6 +24,40 @@ static int first_id(const lsm_file *f)
     memcpy(k, f->smallest, KLEN);
     k[KLEN] = '\0';
     return atoi(k + 1);
+}
+
+/* Writes keys [a, b) and compacts them down to level `to` (2 or 3), one
+ * file of that level when they fit file_size. */
+static void put_down(tdb *t, int a, int b, int to)
+{
+    put_range(t, a, b);
+    for (int l = 0; l < to; l++)
+        cr_assert_eq(lsm_compact_level(t->db, l), KV_OK);
+}
+
+/* A HotRAP store whose L3 (SD) holds keys [0, dense) densely and [4500,
+ * 4510) sparsely; L2 (the last FD level) and above are empty. */
+static void hotrap_over_l3(tdb *t, const char *tag, int dense)
+{
+    lt_db_init(t, tag);
+    t->o.hotrap = true;
+    lt_db_start(t);
+    put_down(t, 0, dense, 3);
+    put_down(t, 4500, 4510, 3);
+    lsm_stats s = stats_of(t);
+    cr_assert_eq(s.levels[2].volume, LSM_TIER_FD);
+    cr_assert_eq(s.levels[3].volume, LSM_TIER_SD);
+}
+
+/* Reopens the store with automatic compaction on and waits until the
+ * background picker is done; returns the stats. */
+static lsm_stats settle(tdb *t)
+{
+    lsm_close(t->db);
+    t->o.no_auto_compaction = false;
+    lt_db_start(t);
+    cr_assert_eq(lsm_compact_wait_idle(t->db), KV_OK);
+    return stats_of(t);
 }
 
 /* L2: dense [0, 200), sparse [550, 560), dense [1000, 1200), one file each.
@@ -51,57 +86,36 @@ Test(pick, least_overlap_below_goes_first)
     cr_assert_gt(s.levels[1].bytes, s.levels[1].target_bytes, "L1 must need a job");
     cr_assert_lt(s.levels[1].bytes / 3 * 2, s.levels[1].target_bytes, "and only one");
 
-    lsm_close(t.db);
-    t.o.no_auto_compaction = false;
-    lt_db_start(&t);
-    cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
+    s = settle(&t);
     lsm_version *v = lsm_db_current(t.db);
     cr_assert_eq(v->nfiles[0], 0);
     cr_assert_eq(v->nfiles[1], 2, "L1 holds %zu files", v->nfiles[1]);
     cr_assert_eq(first_id(v->files[1][0]), 0, "L1's first file was pushed down");
     cr_assert_eq(first_id(v->files[1][1]), 1000);
     lsm_version_unref(v);
-    s = stats_of(&t);
     cr_assert_eq(s.compactions, 1, "%llu jobs", (unsigned long long)s.compactions);
     for (int id = 500; id < 650; id++)
         get_id(&t, id, NULL, NULL);
     lt_db_close(&t);
 }
 
-/* HotRAP's pick on the last FD level (benefit = file bytes - hot bytes)
- * breaks near-ties by the least overlap below. With no key hot, every full
- * L2 file has the same benefit; taking the first of them rewrote the dense
- * part of L3 again and again. L3 (SD): dense [0, 3000), sparse [4500, 4510).
+/* HotRAP's pick on the last FD level (cost per cold byte, compact.c's
+ * benefit_pick) takes the least overlap below when no key is hot: taking
+ * the first of the full L2 files rewrote the dense part of L3 again and
+ * again. L3 (SD): dense [0, 3000), sparse [4500, 4510).
  * L2: [0, 6000) rewritten, over its target: the jobs must push down files
  * of the sparse half and leave L2's first file (over dense L3) on FD. */
-Test(pick, last_fd_level_breaks_benefit_ties_by_least_overlap)
+Test(pick, last_fd_level_takes_the_least_overlap_without_hot_keys)
 {
     tdb t;
-    lt_db_init(&t, "pickfd");
-    t.o.hotrap = true;
-    lt_db_start(&t);
-    static const int l3[2][2] = {{0, 3000}, {4500, 4510}};
-    for (int i = 0; i < 2; i++) {
-        put_range(&t, l3[i][0], l3[i][1]);
-        for (int l = 0; l < 3; l++)
-            cr_assert_eq(lsm_compact_level(t.db, l), KV_OK);
-    }
-    put_range(&t, 0, 6000);
-    cr_assert_eq(lsm_compact_level(t.db, 0), KV_OK);
-    cr_assert_eq(lsm_compact_level(t.db, 1), KV_OK);
+    hotrap_over_l3(&t, "pickfd", 3000);
+    put_down(&t, 0, 6000, 2);
     lsm_stats s = stats_of(&t);
-    cr_assert_eq(s.levels[2].volume, LSM_TIER_FD);
-    cr_assert_eq(s.levels[3].volume, LSM_TIER_SD);
     cr_assert_eq(s.levels[0].files + s.levels[1].files, 0);
     cr_assert_gt(s.levels[2].bytes, s.levels[2].target_bytes, "L2 must need jobs");
     cr_assert_lt(s.levels[2].bytes / 3, s.levels[2].target_bytes, "fewer than the sparse half");
     uint64_t jobs0 = s.compactions;
-
-    lsm_close(t.db);
-    t.o.no_auto_compaction = false;
-    lt_db_start(&t);
-    cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
-    s = stats_of(&t);
+    s = settle(&t);
     cr_assert_gt(s.compactions, 0, "no job ran (%llu before the reopen)",
                  (unsigned long long)jobs0);
     cr_assert_leq(s.levels[2].bytes, s.levels[2].target_bytes);
@@ -109,6 +123,79 @@ Test(pick, last_fd_level_breaks_benefit_ties_by_least_overlap)
     cr_assert_eq(first_id(v->files[2][0]), 0, "L2's first file (over dense L3) was pushed down");
     lsm_version_unref(v);
     for (int id = 0; id < 6000; id += 7)
+        get_id(&t, id, NULL, NULL);
+    lt_db_close(&t);
+}
+
+/* HotRAP's pick on the last FD level weighs a file's overlap below against
+ * its cold bytes, so a small file goes before a full one when it costs less
+ * per byte pushed down. L3 (SD): dense [0, 3400), sparse [4500, 4510). L2:
+ * [0, 3400) in full files over the dense part, and [4500, 4650), a file of
+ * about half the size over the sparse part; together just over L2's target.
+ * The small file's job rewrites almost nothing on SD; a full file's job
+ * rewrites its size again. (The rule before took the largest files first
+ * and pushed a full one, which left L2 under its target with the small file
+ * still on FD.) */
+Test(pick, last_fd_level_weighs_overlap_against_cold_bytes)
+{
+    tdb t;
+    hotrap_over_l3(&t, "pickcold", 3400);
+    put_down(&t, 0, 3400, 2);
+    put_down(&t, 4500, 4650, 2);
+    lsm_stats s = stats_of(&t);
+    lsm_version *v = lsm_db_current(t.db);
+    size_t n = v->nfiles[2];
+    cr_assert_geq(n, 3);
+    const lsm_file *small = v->files[2][n - 1], *full = v->files[2][0];
+    cr_assert_eq(first_id(small), 4500);
+    cr_assert_lt(small->size * 3, full->size * 2, "the sparse file is the smaller one");
+    cr_assert_gt(s.levels[2].bytes, s.levels[2].target_bytes, "L2 must need a job");
+    cr_assert_lt(s.levels[2].bytes - full->size, s.levels[2].target_bytes,
+                 "one full file's job would be enough (L2 %llu bytes in %zu files, target %llu, "
+                 "full file %llu, small %llu)",
+                 (unsigned long long)s.levels[2].bytes, n,
+                 (unsigned long long)s.levels[2].target_bytes, (unsigned long long)full->size,
+                 (unsigned long long)small->size);
+    lsm_version_unref(v);
+
+    s = settle(&t);
+    cr_assert_leq(s.levels[2].bytes, s.levels[2].target_bytes);
+    cr_assert_eq(get_id(&t, 4500, NULL, NULL), LSM_TIER_SD, "the sparse file was pushed down");
+    for (int id = 0; id < 4650; id += 7)
+        if (id < 3400 || id >= 4500)
+            get_id(&t, id, NULL, NULL);
+    lt_db_close(&t);
+}
+
+/* Output files are cut at the next level's file boundaries (compact.c's
+ * gp_walk). L3: [0, 100), [200, 300), [400, 500), [600, 700), a file each.
+ * Then keys [0, 800) go down to L2 in one job: about 170 KiB of records,
+ * whose files a cut at file_size alone (64 KiB here) would start near keys
+ * 300 and 600, inside L3's files. Cut at the boundaries, each L2 file after
+ * the first starts where an L3 file starts, so that a later job of one L2
+ * file reads the L3 files it covers and no part of a neighbour. */
+Test(output, files_are_cut_at_the_next_levels_boundaries)
+{
+    tdb t;
+    lt_db_init(&t, "gpcut");
+    lt_db_start(&t);
+    static const int l3[4] = {0, 200, 400, 600};
+    for (int i = 0; i < 4; i++)
+        put_down(&t, l3[i], l3[i] + 100, 3);
+    put_down(&t, 0, 800, 2);
+    lsm_version *v = lsm_db_current(t.db);
+    cr_assert_eq(v->nfiles[0] + v->nfiles[1], 0);
+    cr_assert_eq(v->nfiles[3], 4, "L3 holds %zu files", v->nfiles[3]);
+    for (size_t i = 0; i < 4; i++)
+        cr_assert_eq(first_id(v->files[3][i]), l3[i]);
+    cr_assert_geq(v->nfiles[2], 3, "L2 holds %zu files", v->nfiles[2]);
+    for (size_t i = 1; i < v->nfiles[2]; i++) {
+        int id = first_id(v->files[2][i]);
+        cr_assert(id == 200 || id == 400 || id == 600,
+                  "L2's file %zu starts at key %d, not at an L3 file's first key", i, id);
+    }
+    lsm_version_unref(v);
+    for (int id = 0; id < 800; id += 3)
         get_id(&t, id, NULL, NULL);
     lt_db_close(&t);
 }
