@@ -52,8 +52,8 @@
 #include <time.h>
 
 #include "bench/tier/rocks_perf.h"
-#include "common/clock.h"
 #include "bench/tier/tier_bench.h"
+#include "common/clock.h"
 #include "node/lsm/lsm.h"
 
 typedef enum rk_layout { RK_TIERING, RK_CAPPED, RK_FD, RK_SD } rk_layout;
@@ -80,9 +80,8 @@ typedef struct rk {
     /* rocksdb-capped: the sampler thread's verdict, and what puts waited */
     pthread_t capper;
     bool have_capper;
-    uint64_t cap_bytes;      /* --fast-stop-pct percent of --fast-mb */
-    _Atomic bool held;       /* the fast levels are over cap_bytes with work pending */
-    _Atomic uint64_t fd_now; /* the fast levels' SST bytes, last sample */
+    uint64_t cap_bytes; /* --fast-stop-pct percent of --fast-mb */
+    _Atomic bool held;  /* the fast levels are over cap_bytes with work pending */
     _Atomic uint64_t cap_wait_ns, cap_waits;
 } rk;
 
@@ -178,19 +177,22 @@ static void *syncer_main(void *arg)
     return NULL;
 }
 
-/* The SST bytes of the levels on the fast volume. */
-static uint64_t fd_sst_bytes(rk *r)
+/* The SST bytes of the levels on each volume (rocksdb_livefiles); false
+ * when RocksDB listed no files. */
+static bool vol_sst_bytes(rk *r, uint64_t *fd, uint64_t *sd)
 {
-    uint64_t b = 0;
+    *fd = *sd = 0;
     const rocksdb_livefiles_t *lf = rocksdb_livefiles(r->db);
-    for (int i = 0; lf && i < rocksdb_livefiles_count(lf); i++) {
+    if (!lf)
+        return false;
+    for (int i = 0; i < rocksdb_livefiles_count(lf); i++) {
         int l = rocksdb_livefiles_level(lf, i);
-        if (l >= 0 && l < TB_ROCKS_MAX_LEVELS && r->fd_level[l])
-            b += rocksdb_livefiles_size(lf, i);
+        bool on_fd = l >= 0 && l < TB_ROCKS_MAX_LEVELS && r->fd_level[l];
+        *(on_fd ? fd : sd) += rocksdb_livefiles_size(lf, i);
     }
-    if (lf)
-        rocksdb_livefiles_destroy(lf);
-    return b;
+    bool any = rocksdb_livefiles_count(lf) > 0;
+    rocksdb_livefiles_destroy(lf);
+    return any;
 }
 
 /* Compaction is due or under way (what lets the fast levels shrink). */
@@ -207,9 +209,9 @@ static void *capper_main(void *arg)
     rk *r = arg;
     const struct timespec ts = {0, 5 * 1000 * 1000};
     while (!atomic_load(&r->stop)) {
-        uint64_t b = fd_sst_bytes(r);
-        atomic_store(&r->fd_now, b);
-        atomic_store(&r->held, b > r->cap_bytes && compaction_work(r));
+        uint64_t fd, sd;
+        vol_sst_bytes(r, &fd, &sd);
+        atomic_store(&r->held, fd > r->cap_bytes && compaction_work(r));
         nanosleep(&ts, NULL);
     }
     atomic_store(&r->held, false); /* never leave a writer waiting on a stopped sampler */
@@ -457,15 +459,7 @@ static void rk_stats(void *h, tb_stats *out)
     out->have_index_mem =
         rocksdb_property_int(r->db, "rocksdb.estimate-table-readers-mem", &imem) == 0;
     out->index_mem = imem;
-    const rocksdb_livefiles_t *lf = rocksdb_livefiles(r->db); /* SST bytes per volume */
-    for (int i = 0; lf && i < rocksdb_livefiles_count(lf); i++) {
-        int l = rocksdb_livefiles_level(lf, i);
-        bool fd = l >= 0 && l < TB_ROCKS_MAX_LEVELS && r->fd_level[l];
-        *(fd ? &out->fd_sst_bytes : &out->sd_sst_bytes) += rocksdb_livefiles_size(lf, i);
-        out->have_vol_bytes = true;
-    }
-    if (lf)
-        rocksdb_livefiles_destroy(lf);
+    out->have_vol_bytes = vol_sst_bytes(r, &out->fd_sst_bytes, &out->sd_sst_bytes);
 }
 
 static bool rk_settled(void *h)
