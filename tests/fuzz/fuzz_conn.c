@@ -163,6 +163,31 @@ static void check_reply(sent *reqs, size_t nreq, const uint8_t *m, size_t len)
     kv__envelope__free_unpacked(env, NULL);
 }
 
+/* connect(2) on a blocking socket, finished when a signal interrupts it
+ * (libFuzzer's timers do): the connection goes on in the background, so
+ * wait for it and take its outcome from SO_ERROR. 0 or -1 with errno. */
+static int dial(int fd, const struct sockaddr_in *a)
+{
+    if (connect(fd, (const struct sockaddr *)a, sizeof(*a)) == 0)
+        return 0;
+    if (errno != EINTR)
+        return -1;
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int rv;
+    while ((rv = poll(&p, 1, 5000)) < 0 && errno == EINTR)
+        ;
+    if (rv <= 0) {
+        errno = rv == 0 ? ETIMEDOUT : errno;
+        return -1;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        return -1;
+    errno = err;
+    return err ? -1 : 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz_in in = {data, size};
@@ -186,7 +211,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FZ_CHECK(fd >= 0, "socket: %s", strerror(errno));
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    FZ_CHECK(connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0, "connect: %s", strerror(errno));
+    FZ_CHECK(dial(fd, &a) == 0, "connect: %s", strerror(errno));
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     bool wrote = write_all(fd, bytes, n, piece);
