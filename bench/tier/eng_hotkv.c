@@ -237,6 +237,13 @@ static void hk_stats(void *h, tb_stats *out)
     const char *user = stat_value(&l, "lsm.user_bytes");
     /* unknown (null) when nothing was written since open (--no-load reads) */
     out->write_amp = wa && user && strtoull(user, NULL, 10) ? strtod(wa, NULL) : -1.0;
+    const char *wb = stat_value(&l, "lsm.wal_bytes"), *fb0 = stat_value(&l, "lsm.flush_bytes");
+    const char *cw = stat_value(&l, "lsm.compact_write_bytes");
+    if (wb && fb0 && cw && user) { /* lsm.write_amp's two sides */
+        out->written_bytes =
+            strtoull(wb, NULL, 10) + strtoull(fb0, NULL, 10) + strtoull(cw, NULL, 10);
+        out->user_bytes = strtoull(user, NULL, 10);
+    }
     out->sd_read_bytes = sdb ? strtoull(sdb, NULL, 10) : 0;
     const char *prom = stat_value(&l, "hotrap.promoted_records");
     const char *ret = stat_value(&l, "hotrap.retained_records");
@@ -255,6 +262,12 @@ static void hk_stats(void *h, tb_stats *out)
         out->write_amp = u > 0 && kw && kj && kb
                              ? (strtod(kw, NULL) + strtod(kj, NULL) + strtod(kb, NULL) * 4096.0) / u
                              : -1.0;
+        out->written_bytes = out->user_bytes = 0;
+        if (u > 0 && kw && kj && kb) {
+            out->written_bytes =
+                strtoull(kw, NULL, 10) + strtoull(kj, NULL, 10) + strtoull(kb, NULL, 10) * 4096u;
+            out->user_bytes = strtoull(ku, NULL, 10);
+        }
     }
     hk_hotrap(k, &l);
     hk_levels(k, &l, out);

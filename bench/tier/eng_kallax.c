@@ -302,6 +302,8 @@ static void kb_stats(void *h, tb_stats *out)
     out->reads_miss = atomic_load(&k->reads_miss);
     uint64_t written = s.wal_bytes + s.journal_bytes + s.block_writes * KALLAX_BLOCK;
     out->write_amp = s.user_bytes ? (double)written / (double)s.user_bytes : -1.0;
+    out->written_bytes = written;
+    out->user_bytes = s.user_bytes;
     out->have_index_mem = true;
     out->index_mem = s.index_mem_bytes;
 }

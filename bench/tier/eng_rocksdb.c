@@ -429,7 +429,9 @@ static uint64_t ticker(const char *dump, const char *name)
     return 0;
 }
 
-static double rk_write_amp(rk *r)
+/* (WAL + flush + compaction bytes) / user bytes; *written, *user its sides
+ * (left alone when the statistics are unavailable). */
+static double rk_write_amp(rk *r, uint64_t *written, uint64_t *user_out)
 {
     char *dump = rocksdb_options_statistics_get_string(r->opts);
     if (!dump)
@@ -439,6 +441,8 @@ static double rk_write_amp(rk *r)
     uint64_t co = ticker(dump, "rocksdb.compact.write.bytes");
     rocksdb_free(dump);
     uint64_t user = atomic_load(&r->user_bytes);
+    *written = wal + fl + co;
+    *user_out = user;
     if (user)
         snprintf(r->wa_parts, sizeof(r->wa_parts), "wal=%.2f flush=%.2f compact=%.2f",
                  (double)wal / (double)user, (double)fl / (double)user, (double)co / (double)user);
@@ -449,7 +453,7 @@ static void rk_stats(void *h, tb_stats *out)
 {
     rk *r = h;
     memset(out, 0, sizeof(*out));
-    out->write_amp = rk_write_amp(r);
+    out->write_amp = rk_write_amp(r, &out->written_bytes, &out->user_bytes);
     out->reads_mem = atomic_load(&r->reads_mem);
     out->reads_fd = atomic_load(&r->reads_fd);
     out->reads_sd = atomic_load(&r->reads_sd);

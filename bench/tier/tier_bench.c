@@ -38,6 +38,7 @@ static const char *const workload_choices[] = {"RO", "RW", "WH", "UH", "C",
                                                "A",  "B",  "D",  "F",  NULL};
 static const char *const sync_choices[] = {"always", "batch", "none", NULL};
 static const char *const onoff_choices[] = {"on", "off", NULL};
+static const char *const insert_ids_choices[] = {"thread", "shared", NULL};
 /* read, update, insert shares per tb_workload */
 static const double mixes[TB_NWORKLOADS][3] = {
     [TB_RO] = {1.0, 0.0, 0.0}, [TB_RW] = {0.5, 0.0, 0.5}, [TB_WH] = {0.1, 0.0, 0.9},
@@ -121,6 +122,11 @@ static kv_err check_opts(tb_opts *o, const tb_engine **eng, char *err, size_t er
         snprintf(err, errlen, "need --seconds > 0, --warmup >= 0, 0 <= --shift-at < --seconds");
         return KV_INVALID_ARGUMENT;
     }
+    o->shared_inserts = o->insert_ids_idx == 1;
+    if (o->shared_inserts && o->workload_idx == TB_D) {
+        snprintf(err, errlen, "--insert-ids shared: workload D reads the ids each thread inserted");
+        return KV_INVALID_ARGUMENT;
+    }
     if (o->load_only && o->no_load) {
         snprintf(err, errlen, "--load-only and --no-load exclude each other");
         return KV_INVALID_ARGUMENT;
@@ -195,6 +201,14 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
         {"dist", KV_OPT_STR, &o->dist_name, "hotspotX|zipfT|uniform (e.g. hotspot5, zipf0.99)"},
         {"threads", KV_OPT_INT, &o->threads, "worker threads (load and run)", NULL, 1, 256},
         {"seconds", KV_OPT_DOUBLE, &o->seconds, "timed phase"},
+        {"ops", KV_OPT_INT, &o->run_ops,
+         "end the timed phase after this many ops (all threads), or at --seconds if sooner; 0 = "
+         "time only (equal work: compare write amplification at equal bytes inserted)",
+         NULL, 0, 1L << 40},
+        {"insert-ids", KV_OPT_ENUM, &o->insert_ids_idx,
+         "thread: each thread inserts its own stride of new ids (records + thread + k x threads); "
+         "shared: one counter for every thread, as YCSB's insert sequence (not with D)",
+         insert_ids_choices},
         {"warmup", KV_OPT_DOUBLE, &o->warmup, "warm-up before the timed phase"},
         {"shift-at", KV_OPT_DOUBLE, &o->shift_at, "second of the timed phase the hot set moves"},
         {"load-only", KV_OPT_BOOL, &o->load_only, "load, report, exit"},
@@ -209,7 +223,8 @@ static kv_err parse_opts(tb_opts *o, int argc, char **argv, const tb_engine **en
         {"trace-ops", KV_OPT_INT, &o->trace_ops, "pre-drawn ops per thread", NULL, 1024, 1L << 28},
         {"seed", KV_OPT_INT, &o->seed, "PRNG seed", NULL, 0, 1L << 62},
         {"settle", KV_OPT_DOUBLE, &o->settle_s,
-         "after the load, wait up to this long for pending compactions (0 = no wait)"},
+         "after the load and after the timed phase, wait up to this long for pending "
+         "compactions (0 = no wait)"},
         {"progress", KV_OPT_DOUBLE, &o->progress_s, "seconds between progress lines"},
         {"compression", KV_OPT_STR, &o->compression,
          "hotkv and RocksDB: SST block codecs, auto (lz4 on SD levels, none on FD levels) | "
@@ -259,9 +274,10 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
     jnum(sdb, sizeof(sdb),
          ran && r->gets ? (double)(a->sd_read_bytes - b->sd_read_bytes) / (double)r->gets : -1);
     jnum(wa, sizeof(wa), a->write_amp);
-    char lwa[32], swa[32];
+    char lwa[32], swa[32], rwa[32];
     jnum(lwa, sizeof(lwa), r->load_wa);
     jnum(swa, sizeof(swa), r->settled_wa);
+    jnum(rwa, sizeof(rwa), ran ? r->run_wa : -1);
     jnum(prom, sizeof(prom), a->have_hotrap ? (double)(a->promoted - b->promoted) : -1);
     jnum(ret, sizeof(ret), a->have_hotrap ? (double)(a->retained - b->retained) : -1);
     size_t off = 0;
@@ -278,8 +294,9 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
                                o->shift_at, steady, end, ratio, rec);
     }
     if (r->insert_id_max)
-        off += (size_t)snprintf(extra + off, sizeof(extra) - off, ",\"insert_id_max\":%llu",
-                                (unsigned long long)r->insert_id_max);
+        off += (size_t)snprintf(
+            extra + off, sizeof(extra) - off, ",\"insert_id_max\":%llu,\"inserted\":%llu",
+            (unsigned long long)r->insert_id_max, (unsigned long long)r->inserted);
     if (r->fd_dir_peak_bytes)
         off += (size_t)snprintf(extra + off, sizeof(extra) - off, ",\"fd_dir_peak_bytes\":%llu",
                                 (unsigned long long)r->fd_dir_peak_bytes);
@@ -308,7 +325,8 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
         "\"p999_get_us\":%.2f,\"p50_put_us\":%.2f,\"p99_put_us\":%.2f,"
         "\"reads_mem\":%llu,\"reads_fd\":%llu,\"reads_sd\":%llu,\"reads_miss\":%llu,"
         "\"fd_hit_rate\":%s,\"sd_read_bytes_per_get\":%s,\"write_amp\":%s,\"load_write_amp\":%s,"
-        "\"settled_write_amp\":%s,\"promoted\":%s,"
+        "\"settled_write_amp\":%s,\"run_write_amp\":%s,\"run_settle_s\":%.1f,\"run_settled\":%s,"
+        "\"insert_ids\":\"%s\",\"promoted\":%s,"
         "\"retained\":%s%s}\n",
         o->engine_name, o->workload_name, o->dist_name, o->records, o->value_size, o->threads,
         o->fast_mb, o->mem_mb, o->write_buffer_mb, o->tracker_mb, sync_choices[o->sync_idx],
@@ -317,7 +335,8 @@ static void print_result(const tb_opts *o, const tb_engine *eng, void *h, const 
         (unsigned long long)r->gets, r->gets ? (double)r->gets_found / (double)r->gets : 0.0,
         r->p50_get_us, r->p99_get_us, r->p999_get_us, r->p50_put_us, r->p99_put_us,
         (unsigned long long)mem, (unsigned long long)fd, (unsigned long long)sd,
-        (unsigned long long)miss, hit, sdb, wa, lwa, swa, prom, ret, extra);
+        (unsigned long long)miss, hit, sdb, wa, lwa, swa, rwa, r->run_settle_s,
+        r->run_settled ? "true" : "false", insert_ids_choices[o->insert_ids_idx], prom, ret, extra);
     fflush(stdout);
 }
 

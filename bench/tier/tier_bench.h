@@ -53,6 +53,12 @@ typedef struct tb_opts {
     const char *compression;
     double value_ratio;
     long fast_stop_pct; /* hotkv: lsm_opts.fd_stop_pct (kvnode --fast-stop-pct), 0 = default */
+    long run_ops;       /* the timed phase ends after this many ops (or --seconds), 0 = time only */
+    /* Insert ids: false = each thread its own stride (records + thread +
+     * k x threads, pre-drawn), true = one counter the threads share (YCSB's
+     * insert sequence: the ids inserted so far are always a dense range). */
+    bool shared_inserts;
+    int insert_ids_idx; /* --insert-ids: 0 thread, 1 shared */
     bool load_only, no_load;
     int nhc_idx;                           /* hotkv: the NHC scheduler (node/nhc) on or off */
     const char *workload_name, *dist_name; /* as given: "RO", "hotspot5", ... */
@@ -66,6 +72,10 @@ typedef struct tb_stats {
     uint64_t reads_mem, reads_fd, reads_sd, reads_miss; /* point reads by serving tier */
     uint64_t sd_read_bytes;                             /* bytes read from the slow volume */
     double write_amp; /* bytes written / user bytes, < 0 unknown */
+    /* The two sides of write_amp, cumulative (0 user bytes: unknown); the
+     * runner divides their differences over the warm-up and timed phase
+     * (tb_result.run_wa). */
+    uint64_t written_bytes, user_bytes;
     bool have_hotrap; /* promoted/retained are meaningful */
     uint64_t promoted, retained;
     bool have_index_mem; /* index_mem is meaningful */
@@ -120,6 +130,12 @@ typedef struct tb_result {
     bool settled;
     double load_wa;    /* write amplification when the last load write returned (< 0 unknown) */
     double settled_wa; /* ... after the settle (the compaction debt paid; < 0 unknown) */
+    /* Bytes written / user bytes from the start of the warm-up to the end
+     * of the settle after the timed phase (< 0: unknown, or nothing
+     * inserted); the run's inserts with the compaction debt they left. */
+    double run_wa;
+    double run_settle_s; /* the settle after the timed phase (0 with --settle 0) */
+    bool run_settled;
     double run_s, ops_per_s;
     uint64_t ops, gets, gets_found, puts;
     double p50_get_us, p99_get_us, p999_get_us, p50_put_us, p99_put_us;
@@ -137,6 +153,7 @@ typedef struct tb_result {
      * run: what the fast volume must have room for, whatever the engine. */
     uint64_t fd_dir_peak_bytes;
     uint64_t insert_id_max; /* the highest id the run's inserts wrote (0: none) */
+    uint64_t inserted;      /* inserts in the warm-up and the timed phase */
 } tb_result;
 
 /* The value of record id (vlen bytes, deterministic): the runner writes it

@@ -49,6 +49,7 @@ typedef struct worker {
     _Atomic bool finished; /* the thread returned */
     uint64_t ops, gets, found, puts, version, get_ns;
     uint64_t insert_max; /* highest id inserted (tb_result.insert_id_max), 0 = none */
+    uint64_t inserted;   /* inserts in the warm-up and the timed phase */
     hist hget, hput;
     kv_err rv;
     unsigned char *val;
@@ -57,6 +58,7 @@ typedef struct worker {
 typedef struct run_state {
     _Atomic int phase;
     _Atomic int shift;
+    _Atomic uint64_t next_insert; /* --insert-ids shared: the next new id */
 } run_state;
 
 static run_state g_run;
@@ -141,8 +143,12 @@ static void *load_main(void *arg)
  * updates to keys that by then live on the slow volume). */
 static kv_err do_op(worker *w, wl_op op, uint64_t pass, bool measuring)
 {
-    if (op.type == WL_OP_INSERT) {
+    if (op.type == WL_OP_INSERT && w->o->shared_inserts) /* YCSB's order: the pre-drawn id */
+        op.key = atomic_fetch_add_explicit(&g_run.next_insert, 1, memory_order_relaxed);
+    else if (op.type == WL_OP_INSERT)
         op.key += pass * (uint64_t)w->n * (uint64_t)w->o->threads;
+    if (op.type == WL_OP_INSERT) {
+        w->inserted++;
         w->insert_max = op.key > w->insert_max ? op.key : w->insert_max;
     }
     unsigned char key[WL_KEY8_LEN];
@@ -257,12 +263,14 @@ static void hitlog_take(hitlog *l, double t)
     hits_of(&l->last, &x->hit, &x->tot);
 }
 
-/* Waits until every worker has finished (load, secs <= 0) or `secs` pass,
- * printing a progress line every --progress seconds (with the FD hit rate
- * since the last one when log is given: warm-up and timed phase). */
+/* Waits until every worker has finished (load, secs <= 0) or `secs` pass
+ * (or, for the timed phase, --ops ops are done), printing a progress line
+ * every --progress seconds (with the FD hit rate since the last one when log
+ * is given: warm-up and timed phase). */
 static void watch(const tb_opts *o, worker *ws, const char *what, double secs, hitlog *log)
 {
     uint64_t start = kv_now_ns(), last_t = start, last_n = total_done(ws, o->threads, NULL);
+    uint64_t start_n = last_n, ops = !strcmp(what, "run") ? (uint64_t)o->run_ops : 0;
     double next = o->progress_s, next_sample = 1.0;
     size_t last_s = 0;
     if (log)
@@ -272,7 +280,7 @@ static void watch(const tb_opts *o, worker *ws, const char *what, double secs, h
         sleep_s(secs > 0 && secs < 0.05 ? secs : 0.05);
         double el = (double)(kv_now_ns() - start) / 1e9;
         uint64_t d = total_done(ws, o->threads, &fin);
-        if ((secs > 0 && el >= secs) || (secs <= 0 && fin)) {
+        if ((secs > 0 && el >= secs) || (secs <= 0 && fin) || (ops && d - start_n >= ops)) {
             if (log)
                 hitlog_take(log, el); /* the phase's last moment */
             return;
@@ -459,6 +467,7 @@ static void merge(const tb_opts *o, worker *ws, tb_result *res, double run_s)
         res->gets += ws[t].gets;
         res->gets_found += ws[t].found;
         res->puts += ws[t].puts;
+        res->inserted += ws[t].inserted;
         res->insert_id_max =
             ws[t].insert_max > res->insert_id_max ? ws[t].insert_max : res->insert_id_max;
         for (unsigned b = 0; b < NBUCKETS; b++) {
@@ -476,23 +485,27 @@ static void merge(const tb_opts *o, worker *ws, tb_result *res, double run_s)
     res->p99_put_us = hist_quantile_us(&hp, 0.99);
 }
 
-/* After the load: waits (no manual compaction) until the engine has no
- * flush or compaction pending, at most --settle seconds, so that the timed
- * phase sees the level layout the engine's sizing asks for. */
-static void settle(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
+/* After the load, and after the timed phase: waits (no manual compaction)
+ * until the engine has no flush or compaction pending, at most --settle
+ * seconds, so that the timed phase sees the level layout the engine's sizing
+ * asks for, and the run's write amplification includes the compaction debt
+ * its inserts left. Returns whether it settled; *secs the wait. */
+static bool settle(const tb_opts *o, const tb_engine *eng, void *h, const char *what, double *secs)
 {
     uint64_t t0 = kv_now_ns();
     double next = o->progress_s, el = 0;
-    while (!(res->settled = eng->settled(h)) && el < o->settle_s) {
+    bool done;
+    while (!(done = eng->settled(h)) && el < o->settle_s) {
         sleep_s(0.25);
         el = (double)(kv_now_ns() - t0) / 1e9;
         if (el >= next) {
-            fprintf(stderr, "tier_bench: %s settle %.0f s: compactions pending\n", o->engine_name,
-                    el);
+            fprintf(stderr, "tier_bench: %s settle after the %s %.0f s: compactions pending\n",
+                    o->engine_name, what, el);
             next += o->progress_s;
         }
     }
-    res->settle_s = (double)(kv_now_ns() - t0) / 1e9;
+    *secs = (double)(kv_now_ns() - t0) / 1e9;
+    return done;
 }
 
 /* User + system CPU seconds of the process so far (every thread). */
@@ -512,6 +525,9 @@ static kv_err measure(const tb_opts *o, const tb_engine *eng, void *h, worker *w
         return rv;
     atomic_store(&g_run.phase, PH_WARMUP);
     atomic_store(&g_run.shift, 0);
+    atomic_store(&g_run.next_insert, (uint64_t)o->records);
+    tb_stats start;
+    eng->stats(h, &start);
     hitlog wl = {.eng = eng, .h = h}, rl = {.eng = eng, .h = h};
     rv = run_threads(o, ws, run_main, "warmup", o->warmup > 0 ? o->warmup : 1e-3, &wl);
     free(wl.s);
@@ -528,6 +544,14 @@ static kv_err measure(const tb_opts *o, const tb_engine *eng, void *h, worker *w
     double cpu = cpu_s() - cpu0;
     eng->stats(h, &res->after);
     merge(o, ws, res, run_s);
+    tb_stats end = res->after;
+    /* the debt the run's writes left (a read-only run leaves none to wait for) */
+    if (rv == KV_OK && o->settle_s > 0 && end.user_bytes > start.user_bytes) {
+        res->run_settled = settle(o, eng, h, "run", &res->run_settle_s);
+        eng->stats(h, &end);
+    }
+    uint64_t user = end.user_bytes - start.user_bytes;
+    res->run_wa = user ? (double)(end.written_bytes - start.written_bytes) / (double)user : -1.0;
     res->cpu_us_per_op = res->ops ? cpu * 1e6 / (double)res->ops : 0.0;
     shift_result(o, &rl, res);
     free(rl.s);
@@ -580,13 +604,13 @@ kv_err tb_run(const tb_opts *o, const tb_engine *eng, void *h, tb_result *res)
     dirwatch dw = {.dir = o->fast_dir};
     bool watching = o->fast_dir && pthread_create(&dw.tid, NULL, dirwatch_main, &dw) == 0;
     kv_err rv = workers_init(o, eng, h, &ws);
-    res->load_wa = res->settled_wa = -1.0;
+    res->load_wa = res->settled_wa = res->run_wa = -1.0;
     if (rv == KV_OK && !o->no_load)
         rv = load(o, ws, res);
     if (rv == KV_OK && !o->no_load)
         res->load_wa = engine_wa(eng, h);
     if (rv == KV_OK && !o->no_load && o->settle_s > 0) {
-        settle(o, eng, h, res);
+        res->settled = settle(o, eng, h, "load", &res->settle_s);
         res->settled_wa = engine_wa(eng, h);
     }
     if (rv == KV_OK && !o->load_only)

@@ -213,3 +213,46 @@ Test(tier_bench, rw_inserts_stay_new_keys_past_the_trace)
     cr_assert_geq(max, 5000 + puts - 1, "the inserts reused ids:\n%s", out);
     free(out);
 }
+
+/* --insert-ids shared: the threads draw new ids from one counter, so the
+ * ids inserted (warm-up and timed phase) are exactly the range right above
+ * the loaded ones; by thread, two threads at their own pace leave gaps or
+ * at least never end below that range. */
+Test(tier_bench, shared_insert_ids_are_one_dense_range)
+{
+    char *out = smoke_with("hotkv", "RW", "uniform", "--insert-ids shared");
+    double n = field(out, "inserted"), max = field(out, "insert_id_max");
+    cr_assert_gt(n, 0, "%s", out);
+    cr_assert_eq(max, 5000 + n - 1, "ids past the range of %g inserts:\n%s", n, out);
+    cr_assert_not_null(strstr(out, "\"insert_ids\":\"shared\""), "%s", out);
+    free(out);
+    out = smoke_with("hotkv", "RW", "uniform", "");
+    cr_assert_geq(field(out, "insert_id_max"), 5000 + field(out, "inserted") - 1, "%s", out);
+    cr_assert_not_null(strstr(out, "\"insert_ids\":\"thread\""), "%s", out);
+    free(out);
+    int st; /* D reads back each thread's own inserts */
+    free(run("--engine hotkv --fast-dir /tmp --workload D --insert-ids shared", &st));
+    cr_assert_eq(WEXITSTATUS(st), 2);
+}
+
+/* --ops ends the timed phase after that many ops, long before --seconds;
+ * run_write_amp covers the warm-up and the timed phase: an RW run writes
+ * each user byte at least once (the WAL), a read-only run writes none
+ * (null). */
+Test(tier_bench, ops_bound_the_run_and_run_write_amp_is_the_phases_own)
+{
+    char *out = smoke_with("hotkv", "RW", "uniform", "--ops 4000 --seconds 60");
+    cr_assert_geq(field(out, "ops"), 4000, "%s", out);
+    cr_assert_lt(field(out, "seconds"), 60, "the run ended at --ops, not at --seconds:\n%s", out);
+    double rwa = field(out, "run_write_amp");
+    cr_assert_geq(rwa, 1.0, "the RW phase wrote its bytes at least once:\n%s", out);
+    free(out);
+    out = smoke("hotkv", "RO", "uniform");
+    cr_assert_lt(field(out, "run_write_amp"), 0, "a read-only run inserts nothing:\n%s", out);
+    free(out);
+    if (!have_rocksdb())
+        return;
+    out = smoke_with("rocksdb-tiering", "RW", "uniform", "--ops 4000 --seconds 60");
+    cr_assert_geq(field(out, "run_write_amp"), 1.0, "%s", out);
+    free(out);
+}
