@@ -4,7 +4,10 @@
  * files / l0_trigger and bytes / lsm_l0_room (the FD room the levels below
  * leave, within [target(1), l0_trigger x target(1)]), Ln = bytes / target(n) with target(1) from
  * the FD capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not
- * busy is compacted. L0 compacts all its files into L1; Ln picks the file with the least overlap in
+ * busy is compacted. L0 moves its first files to L1 by a manifest edit when nothing in L1 overlaps
+ * them and the files left in L0 are newer for their keys (l0_movable: RocksDB's trivial move, so
+ * appended key ranges reach L1 without a rewrite), else compacts all its files into L1; Ln picks
+ * the file with the least overlap in
  * Ln+1 against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except
  * the last FD level under HotRAP, which picks the file with the least cost per cold byte pushed
  * down: (overlap below + hot bytes retained) / (file bytes - hot bytes, per RALT). A single Ln
@@ -352,6 +355,61 @@ static bool job_fits(const lsm_db *db, cjob *j, uint64_t room)
     return job_fd_bytes(db, j) <= room;
 }
 
+/* Whether L0's first m files (by number) may leave L0 without the rest:
+ * every file left behind that overlaps one of them holds only newer
+ * records (its smallest seqno above that file's largest). L0 lookups take
+ * the highest seqno among L0's files, but once a file is below L0 any L0
+ * record of its keys wins. File numbers are not seqno order: a promoted
+ * file holds copies of old records, and a flush takes its number before it
+ * builds its file while a promotion may take and install a later number
+ * meanwhile (promote.c's marks only keep a promoted copy from shadowing a
+ * write already flushed). So a flush can sit in L0 below, by number, a
+ * promoted copy of an older version of one of its keys; moving (or merging)
+ * the flush alone would let that copy shadow it. */
+static bool l0_prefix_may_leave(const lsm_version *v, size_t m)
+{
+    for (size_t i = 0; i < m; i++) {
+        const lsm_file *x = v->files[0][i];
+        for (size_t r = m; r < v->nfiles[0]; r++) {
+            const lsm_file *y = v->files[0][r];
+            if (y->min_seq <= x->max_seq && overlaps(y, x->smallest, x->slen, x->largest, x->llen))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* How many of L0's first files can move to L1 as they are (a trivial
+ * move): none holds promoted copies, each overlaps no L1 file and none of
+ * the files before it, and they may leave L0 without the rest
+ * (l0_prefix_may_leave). They are then disjoint in L1, which held none of
+ * their keys, and every L0 record of their keys is newer, so reads find the
+ * same newest record. Keys appended above the rest (a sequential insert
+ * stream) thus reach L1 without a rewrite, and the levels below by the
+ * single-file moves of min_overlap_pick. Promoted files are always merged:
+ * moved whole, all of a promotion's copies would go down together as one
+ * file and be pushed back to SD by the next push from the last FD level. */
+static size_t l0_movable(const lsm_version *v)
+{
+    size_t m = 0;
+    for (; m < v->nfiles[0]; m++) {
+        const lsm_file *f = v->files[0][m];
+        if (f->ntwins)
+            break;
+        size_t i = 0;
+        while (i < m && !overlaps(v->files[0][i], f->smallest, f->slen, f->largest, f->llen))
+            i++;
+        if (i < m)
+            break;
+        size_t k = lsm_level_find(v->files[1], v->nfiles[1], f->smallest, f->slen);
+        if (k < v->nfiles[1] && overlaps(v->files[1][k], f->smallest, f->slen, f->largest, f->llen))
+            break;
+    }
+    while (m > 0 && !l0_prefix_may_leave(v, m))
+        m--;
+    return m;
+}
+
 /* With mu held: chooses the most urgent job that fits the fast volume's room
  * (see above), marks its levels busy. */
 static bool pick(lsm_db *db, cjob *j)
@@ -374,13 +432,26 @@ static bool pick(lsm_db *db, cjob *j)
     bool refused = false;
     for (int c = 0; c < n; c++) {
         int l = cand[c];
+        if (l == 0 && !db->o.route && db->level_tier[0] == db->level_tier[1]) {
+            size_t m = l0_movable(v);
+            if (m > 0) {
+                if (!job_make(db, v, 0, m, fread, j))
+                    break;
+                j->nin[1] = 0; /* L1 files in the gaps between the moved ones stay */
+                j->trivial = true;
+                j->retain_budget = 0;
+                goto take;
+            }
+        }
         if (!job_make(db, v, l, 0, fread, j))
             break;
         if (job_fits(db, j, room))
             goto take;
         for (size_t n0 = l == 0 ? j->nin[0] : 1; n0 > 1;) { /* the oldest L0 files that fit */
             job_release(j);
-            if (!job_make(db, v, 0, --n0, fread, j))
+            if (!l0_prefix_may_leave(v, --n0))
+                continue;
+            if (!job_make(db, v, 0, n0, fread, j))
                 break;
             if (job_fits(db, j, room))
                 goto take;
@@ -397,11 +468,12 @@ static bool pick(lsm_db *db, cjob *j)
         for (int l = db->last_fd; (refused || room == 0) && l >= 0; l--) {
             if (!v->nfiles[l])
                 continue;
-            if (db->busy[l] || db->busy[l + 1] || !job_make(db, v, l, l == 0, fread, j))
+            if (db->busy[l] || db->busy[l + 1] || (l == 0 && !l0_prefix_may_leave(v, 1)) ||
+                !job_make(db, v, l, l == 0, fread, j))
                 break;
             j->retain_budget = 0;
-            /* the oldest L0 file may move too: every other L0 file is newer
-             * for each key it holds (see above) */
+            /* the oldest L0 file may move too when the files left in L0
+             * are newer for each key it holds (l0_prefix_may_leave, above) */
             if (l == 0 && !j->nin[1] && !db->o.route && db->level_tier[0] == db->level_tier[1])
                 j->trivial = true;
             if (db->level_tier[l + 1] == LSM_TIER_SD || j->trivial)
@@ -421,7 +493,7 @@ static bool pick(lsm_db *db, cjob *j)
     return false;
 take:
     db->space_blocked = false;
-    if (refused || (n && j->from == 0 && j->nin[0] < v->nfiles[0]))
+    if (refused || (n && j->from == 0 && !j->trivial && j->nin[0] < v->nfiles[0]))
         atomic_fetch_add(&db->space_waits, 1);
     db->busy[j->from] = db->busy[j->to] = true;
     db->running++;
@@ -791,9 +863,9 @@ static kv_err merge(lsm_db *db, cjob *j, lsm_edit *e)
     return KV_OK;
 }
 
-static kv_err trivial_move(lsm_db *db, cjob *j, lsm_edit *e)
+/* Moves file src to level `to` by a manifest edit (e gets its new entry). */
+static kv_err move_file(const lsm_file *src, int to, lsm_edit *e)
 {
-    const lsm_file *src = j->in[0][0];
     lsm_file *f = lsm_file_new();
     if (!f)
         return KV_RESOURCE_EXHAUSTED;
@@ -804,7 +876,7 @@ static kv_err trivial_move(lsm_db *db, cjob *j, lsm_edit *e)
                     .max_seq = src->max_seq,
                     .max_version = src->max_version,
                     .ntwins = src->ntwins,
-                    .level = j->to,
+                    .level = to,
                     .tier = src->tier,
                     .vol = src->vol,
                     .slen = src->slen,
@@ -824,12 +896,22 @@ static kv_err trivial_move(lsm_db *db, cjob *j, lsm_edit *e)
     return rv;
 }
 
+/* A trivial move: every input file of the from level, unchanged, to j->to
+ * (one file of a sorted level, or L0's oldest, l0_movable). */
+static kv_err trivial_move(cjob *j, lsm_edit *e)
+{
+    kv_err rv = KV_OK;
+    for (size_t i = 0; i < j->nin[0] && rv == KV_OK; i++)
+        rv = move_file(j->in[0][i], j->to, e);
+    return rv;
+}
+
 /* Runs a picked job without mu and installs it with mu held on return. */
 static kv_err run_job(lsm_db *db, cjob *j)
 {
     lsm_edit e = {0};
     uint64_t t0 = kv_now_ns();
-    kv_err rv = j->trivial ? trivial_move(db, j, &e) : merge(db, j, &e);
+    kv_err rv = j->trivial ? trivial_move(j, &e) : merge(db, j, &e);
     uint64_t took = kv_now_ns() - t0;
     for (int s = 0; s < 2 && rv == KV_OK; s++)
         for (size_t i = 0; i < j->nin[s] && rv == KV_OK; i++)
