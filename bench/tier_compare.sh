@@ -11,6 +11,7 @@
 #       [--nhc on|off] [--fast-stop-pct 100]
 #       [--seconds 30] [--warmup 30] [--threads 4] [--plain] [--fast-plain]
 #       [--base /tmp/tier_compare] [--out results.jsonl] [--repeat 1]
+#       [--ops N] [--insert-ids thread|shared]
 #
 # Memory: hotkv's memory tier gets --mem-mb + --write-buffer-mb (cache and
 #   memtable in one budget); RocksDB a block cache of --mem-mb + --tracker-mb
@@ -33,6 +34,10 @@
 # keeps only the slow volume emulated (FUSE round trips make every WAL write
 # slow on the emulated fast volume). hotkv-nohotrap is the hotkv engine with
 # its HotRAP switch off (plain tiering).
+# --ops, --insert-ids: tier_bench's (equal work: each timed phase ends after
+#   N ops; inserts from one shared id counter, YCSB's order); the table's
+#   "run WA" column is run_write_amp (the warm-up and timed phase with the
+#   compaction debt they left, per byte they inserted).
 # JSON lines go to --out; the table to stdout; progress to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -45,6 +50,7 @@ source "$here/slowfs/mount_pair.sh"
 matrix=issue5 engines="hotkv rocksdb-tiering" baseline=rocksdb-tiering
 records=2000000 fast_mb=200 mem_mb=256 seconds=30 warmup=30 threads=4
 plain=0 fast_plain=0 base=/tmp/tier_compare out="" repeat=1 wb_mb=64 tracker_mb=0 runs_arg="" nhc=on fast_stop=""
+ops=0 insert_ids=thread
 while [[ $# -gt 0 ]]; do
   case $1 in
   --matrix) matrix=$2; shift ;;
@@ -66,7 +72,9 @@ while [[ $# -gt 0 ]]; do
   --base) base=$2; shift ;;
   --out) out=$2; shift ;;
   --repeat) repeat=$2; shift ;;
-  -h | --help) sed -n '4,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --ops) ops=$2; shift ;;
+  --insert-ids) insert_ids=$2; shift ;;
+  -h | --help) sed -n '4,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "tier_compare: unknown flag $1" >&2; exit 2 ;;
   esac
   shift
@@ -105,7 +113,8 @@ bench() {
   "$TIER_BENCH" --engine "$e" --fast-dir "$FAST_DIR" --slow-dir "$SLOW_DIR" --fast-mb "$fast_mb" \
     --mem-mb "$mem_mb" --write-buffer-mb "$wb_mb" --tracker-mb "$tracker_mb" \
     --records "$records" --threads "$threads" --seconds "$seconds" \
-    --warmup "$warmup" --workload "$w" --dist "$d" --progress 10 "$@" \
+    --warmup "$warmup" --workload "$w" --dist "$d" --progress 10 --ops "$ops" \
+    --insert-ids "$insert_ids" "$@" \
     2> >(grep --line-buffered -v ' INFO ' >&2) | tee -a "$out"
 }
 
@@ -141,19 +150,20 @@ def med(v):
     return v[len(v) // 2] if v else None
 def f(x, fmt):
     return fmt % x if x is not None else "-"
-print("%-4s %-15s %-16s %10s %7s %9s %8s %7s %9s %6s %s" % ("wl", "dist", "engine", "ops/s",
-      "x base", "p99 get", "fd_hit", "SD B/get", "load/s", "WA", "runs"))
+print("%-4s %-15s %-16s %10s %7s %9s %8s %7s %9s %6s %6s %s" % ("wl", "dist", "engine", "ops/s",
+      "x base", "p99 get", "fd_hit", "SD B/get", "load/s", "WA", "run WA", "runs"))
 for (k, e), rs in sorted(best.items()):
     ops = med([r["ops_per_s"] for r in rs])
     b = best.get((k, base))
     bops = med([r["ops_per_s"] for r in b]) if b else None
     ratio = ops / bops if ops and bops else None
-    print("%-4s %-15s %-16s %10s %7s %9s %8s %7s %9s %6s %d" % (k[0], k[1], e, f(ops, "%.0f"),
+    print("%-4s %-15s %-16s %10s %7s %9s %8s %7s %9s %6s %6s %d" % (k[0], k[1], e, f(ops, "%.0f"),
           f(ratio, "%.2f"), f(med([r["p99_get_us"] for r in rs]), "%.0fus"),
           f(med([r["fd_hit_rate"] for r in rs]), "%.3f"),
           f(med([r["sd_read_bytes_per_get"] for r in rs]), "%.0f"),
           f(med([r["load_ops_per_s"] for r in rs]), "%.0f"),
-          f(med([r["write_amp"] for r in rs]), "%.2f"), len(rs)))
+          f(med([r["write_amp"] for r in rs]), "%.2f"),
+          f(med([r.get("run_write_amp") for r in rs]), "%.2f"), len(rs)))
 shifts = [r for r in rows if "shift_at" in r]
 if shifts:
     print()
