@@ -347,17 +347,28 @@ Test(cluster, rf3_survives_one_dead_node, .timeout = 120)
     stop();
 }
 
-/* One read of the stall test, on a thread of its own. */
+/* One read of the stall test, on a thread of its own: it connects first,
+ * then waits at the barrier (twice: all connected, then the replica
+ * stopped), so that the reads
+ * reach the router right after the stop, not after N connects (on a loaded
+ * machine those took long enough for the failure detector to call the node
+ * down first: then no read asked it, and the test saw nothing). */
 typedef struct stall_read {
     int i;
     bool ok;
     uint64_t took_ns;
+    pthread_barrier_t *go;
 } stall_read;
 
 static void *stall_read_main(void *arg)
 {
     stall_read *r = arg;
     kv_client *c = client(cl.router_url, 3000);
+    kv_value warm; /* the connection is made by the first call */
+    if (kv_get_ex(c, "warm", 4, KV_CONSISTENCY_ONE, &warm) == KV_OK)
+        kv_value_free(&warm);
+    pthread_barrier_wait(r->go); /* connected */
+    pthread_barrier_wait(r->go); /* the replica is stopped */
     char key[32];
     snprintf(key, sizeof(key), "st%d", r->i);
     uint64_t t0 = kv_now_ns();
@@ -388,13 +399,17 @@ Test(cluster, rf3_reads_go_on_when_a_replica_stalls, .timeout = 180)
         snprintf(key, sizeof(key), "st%d", i);
         cr_assert_eq(kv_put(c, key, strlen(key), key, strlen(key), &all, NULL), KV_OK);
     }
-    kvt_kill_node(&cl, 0, SIGSTOP);
     stall_read reads[N];
     pthread_t th[N];
+    pthread_barrier_t go;
+    cr_assert_eq(pthread_barrier_init(&go, NULL, N + 1), 0);
     for (int i = 0; i < N; i++) {
-        reads[i] = (stall_read){.i = i};
+        reads[i] = (stall_read){.i = i, .go = &go};
         cr_assert_eq(pthread_create(&th[i], NULL, stall_read_main, &reads[i]), 0);
     }
+    pthread_barrier_wait(&go); /* every reader connected */
+    kvt_kill_node(&cl, 0, SIGSTOP);
+    pthread_barrier_wait(&go);
     int ok = 0, slow = 0;
     uint64_t worst = 0;
     for (int i = 0; i < N; i++) {
@@ -403,6 +418,7 @@ Test(cluster, rf3_reads_go_on_when_a_replica_stalls, .timeout = 180)
         slow += reads[i].took_ns > 1000000000ull; /* waited for the stalled one */
         worst = reads[i].took_ns > worst ? reads[i].took_ns : worst;
     }
+    pthread_barrier_destroy(&go);
     /* A write waits for its primary's answer until the failure detector
      * calls the primary down (the primary-ack rule); the reads above take
      * about half their deadline, which is usually but not always long
