@@ -258,15 +258,13 @@ static void hk_stats(void *h, tb_stats *out)
                    *kj = stat_value(&l, "kallax.journal_bytes");
         const char *kb = stat_value(&l, "kallax.block_writes"),
                    *ku = stat_value(&l, "kallax.user_bytes");
-        double u = ku ? strtod(ku, NULL) : 0;
-        out->write_amp = u > 0 && kw && kj && kb
-                             ? (strtod(kw, NULL) + strtod(kj, NULL) + strtod(kb, NULL) * 4096.0) / u
-                             : -1.0;
         out->written_bytes = out->user_bytes = 0;
-        if (u > 0 && kw && kj && kb) {
+        out->write_amp = -1.0;
+        if (ku && kw && kj && kb && strtoull(ku, NULL, 10)) {
             out->written_bytes =
                 strtoull(kw, NULL, 10) + strtoull(kj, NULL, 10) + strtoull(kb, NULL, 10) * 4096u;
             out->user_bytes = strtoull(ku, NULL, 10);
+            out->write_amp = (double)out->written_bytes / (double)out->user_bytes;
         }
     }
     hk_hotrap(k, &l);

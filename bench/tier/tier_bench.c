@@ -122,8 +122,7 @@ static kv_err check_opts(tb_opts *o, const tb_engine **eng, char *err, size_t er
         snprintf(err, errlen, "need --seconds > 0, --warmup >= 0, 0 <= --shift-at < --seconds");
         return KV_INVALID_ARGUMENT;
     }
-    o->shared_inserts = o->insert_ids_idx == 1;
-    if (o->shared_inserts && o->workload_idx == TB_D) {
+    if (o->insert_ids_idx == TB_IDS_SHARED && o->workload_idx == TB_D) {
         snprintf(err, errlen, "--insert-ids shared: workload D reads the ids each thread inserted");
         return KV_INVALID_ARGUMENT;
     }

@@ -35,6 +35,7 @@ typedef enum tb_workload {
     TB_NWORKLOADS
 } tb_workload;
 typedef enum tb_sync { TB_SYNC_ALWAYS, TB_SYNC_BATCH, TB_SYNC_NONE } tb_sync;
+typedef enum tb_insert_ids { TB_IDS_THREAD, TB_IDS_SHARED } tb_insert_ids;
 
 typedef struct tb_opts {
     const char *engine_name;
@@ -54,11 +55,11 @@ typedef struct tb_opts {
     double value_ratio;
     long fast_stop_pct; /* hotkv: lsm_opts.fd_stop_pct (kvnode --fast-stop-pct), 0 = default */
     long run_ops;       /* the timed phase ends after this many ops (or --seconds), 0 = time only */
-    /* Insert ids: false = each thread its own stride (records + thread +
-     * k x threads, pre-drawn), true = one counter the threads share (YCSB's
-     * insert sequence: the ids inserted so far are always a dense range). */
-    bool shared_inserts;
-    int insert_ids_idx; /* --insert-ids: 0 thread, 1 shared */
+    /* --insert-ids: TB_IDS_THREAD = each thread its own stride (records +
+     * thread + k x threads, pre-drawn), TB_IDS_SHARED = one counter the
+     * threads share (YCSB's insert sequence: the ids inserted so far are
+     * always a dense range). */
+    int insert_ids_idx;
     bool load_only, no_load;
     int nhc_idx;                           /* hotkv: the NHC scheduler (node/nhc) on or off */
     const char *workload_name, *dist_name; /* as given: "RO", "hotspot5", ... */

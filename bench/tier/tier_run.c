@@ -143,7 +143,8 @@ static void *load_main(void *arg)
  * updates to keys that by then live on the slow volume). */
 static kv_err do_op(worker *w, wl_op op, uint64_t pass, bool measuring)
 {
-    if (op.type == WL_OP_INSERT && w->o->shared_inserts) /* YCSB's order: the pre-drawn id */
+    if (op.type == WL_OP_INSERT &&
+        w->o->insert_ids_idx == TB_IDS_SHARED) /* YCSB's order: the pre-drawn id */
         op.key = atomic_fetch_add_explicit(&g_run.next_insert, 1, memory_order_relaxed);
     else if (op.type == WL_OP_INSERT)
         op.key += pass * (uint64_t)w->n * (uint64_t)w->o->threads;
