@@ -390,8 +390,26 @@ static void *stall_read_main(void *arg)
  * succeed within it; writes at QUORUM go on. */
 Test(cluster, rf3_reads_go_on_when_a_replica_stalls, .timeout = 180)
 {
+    /* The detector must not beat the reads: with 1.5 s probes and two
+     * misses (each a ping's 3 s deadline) it calls the stalled node down
+     * no sooner than 4.5 s after the stop, while the reads start right
+     * after it and take half their 3 s deadline. At the default 500 ms a
+     * loaded CI machine let it win (every read was answered in 2 ms by
+     * the other replicas, so none had asked the stalled one). */
+    static const char *const rflags[] = {"--probe-ms", "1500", NULL};
+    kvt_router_extra = rflags;
     start3(3);
     kv_client *c = client(cl.router_url, 3000);
+    /* The replica must be up in the router's view before it stalls (a
+     * node the detector once called down reads as catching_up until its
+     * hints are replayed, and reads skip it). */
+    char view[KVT_STAT_LEN] = "";
+    uint64_t t0 = kv_now_ns();
+    while (
+        kv_now_ns() - t0 < 10000000000ull &&
+        !(kvt_stat(cl.router_url, NULL, NULL, "view.n1", view) == KV_OK && strcmp(view, "up") == 0))
+        usleep(20000);
+    cr_assert_str_eq(view, "up", "the router sees n1 up before it is stopped");
     kv_put_opts all = {.consistency = KV_CONSISTENCY_ALL};
     char key[32];
     enum { N = 24 };
@@ -419,12 +437,13 @@ Test(cluster, rf3_reads_go_on_when_a_replica_stalls, .timeout = 180)
         worst = reads[i].took_ns > worst ? reads[i].took_ns : worst;
     }
     pthread_barrier_destroy(&go);
+    char view_after[KVT_STAT_LEN] = "";
+    kvt_stat(cl.router_url, NULL, NULL, "view.n1", view_after);
     /* A write waits for its primary's answer until the failure detector
      * calls the primary down (the primary-ack rule); the reads above take
      * about half their deadline, which is usually but not always long
      * enough for it on a loaded machine (CI once saw st0 time out). */
-    char view[KVT_STAT_LEN] = "";
-    uint64_t t0 = kv_now_ns();
+    t0 = kv_now_ns();
     while (kv_now_ns() - t0 < 10000000000ull &&
            !(kvt_stat(cl.router_url, NULL, NULL, "view.n1", view) == KV_OK &&
              strcmp(view, "down") == 0))
@@ -439,8 +458,10 @@ Test(cluster, rf3_reads_go_on_when_a_replica_stalls, .timeout = 180)
     kvt_kill_node(&cl, 0, SIGCONT);
     cr_expect_eq(ok, N, "%d of %d reads at ONE answered with a replica stalled (slowest %llu ms)",
                  ok, N, (unsigned long long)(worst / 1000000u));
-    cr_expect_gt(slow, 0, "some reads asked the stalled replica first (slowest %llu ms)",
-                 (unsigned long long)(worst / 1000000u));
+    cr_expect_gt(slow, 0,
+                 "some reads asked the stalled replica first (slowest %llu ms; n1 read as "
+                 "\"%s\" right after the reads)",
+                 (unsigned long long)(worst / 1000000u), view_after);
     kv_client_close(c);
     stop();
 }
