@@ -139,6 +139,40 @@ static int rec_seqno_cmp(const void *a, const void *b)
     return x->seqno < y->seqno ? -1 : x->seqno > y->seqno;
 }
 
+/* The largest j in [lo, hi] whose prefix recs[0, j) sorts wholly below the
+ * rest recs[j, n) (recs in seqno order, keys unique), or SIZE_MAX when none
+ * does. */
+static size_t disjoint_cut(const lsm_rec *recs, size_t n, size_t lo, size_t hi)
+{
+    if (hi >= n)
+        return hi; /* nothing is left behind */
+    if (lo > hi)
+        return SIZE_MAX;
+    /* sufmin[j - lo]: the index of the smallest key of recs[j, n) */
+    size_t *sufmin = malloc((hi - lo + 1) * sizeof(*sufmin));
+    if (!sufmin)
+        return SIZE_MAX;
+    size_t m = n - 1;
+    for (size_t i = n - 1; i + 1 > lo; i--) {
+        if (rec_cmp(&recs[i], &recs[m]) < 0)
+            m = i;
+        if (i <= hi)
+            sufmin[i - lo] = m;
+    }
+    size_t pmax = 0, best = SIZE_MAX; /* pmax: the largest key of recs[0, j) */
+    for (size_t i = 1; i < lo; i++)
+        if (rec_cmp(&recs[i], &recs[pmax]) > 0)
+            pmax = i;
+    for (size_t j = lo; j <= hi; j++) {
+        if (j > 1 && rec_cmp(&recs[j - 1], &recs[pmax]) > 0)
+            pmax = j - 1;
+        if (rec_cmp(&recs[pmax], &recs[sufmin[j - lo]]) < 0)
+            best = j; /* keep looking: the largest such j wins */
+    }
+    free(sufmin);
+    return best;
+}
+
 size_t engine_flush_cut(lsm_rec *recs, size_t n, uint64_t limit, uint64_t *max_seqno)
 {
     uint64_t bytes = 0;
@@ -147,9 +181,24 @@ size_t engine_flush_cut(lsm_rec *recs, size_t n, uint64_t limit, uint64_t *max_s
     if (!limit || bytes <= limit)
         return n;
     qsort(recs, n, sizeof(*recs), rec_seqno_cmp);
-    size_t k = 0;
-    for (bytes = 0; k < n && bytes < limit; k++)
+    size_t k = 0, lo = 0;
+    uint64_t floor = limit - limit / 4;
+    for (bytes = 0; k < n && bytes < limit; k++) {
+        if (bytes < floor)
+            lo = k + 1;
         bytes += engine_rec_bytes(recs[k].klen, recs[k].vlen);
+    }
+    /* Best with a margin: records written after the collection may still
+     * carry keys drawn before it (a writer between choosing its key and
+     * taking its seqno); the more records the cut leaves behind, the older
+     * such a key must be to fall below the cut. */
+    size_t hi = n;
+    for (bytes = 0; hi > 0 && bytes < limit / 8; hi--)
+        bytes += engine_rec_bytes(recs[hi - 1].klen, recs[hi - 1].vlen);
+    size_t j = disjoint_cut(recs, n, lo, hi < k ? hi : k);
+    if (j == SIZE_MAX && hi < k)
+        j = disjoint_cut(recs, n, hi + 1 > lo ? hi + 1 : lo, k);
+    k = j == SIZE_MAX ? k : j;
     *max_seqno = recs[k - 1].seqno; /* seqnos are unique: recs[k..] are all above */
     return k;
 }

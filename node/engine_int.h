@@ -123,11 +123,20 @@ static inline lsm_db *engine_lsm(engine *e)
 }
 uint64_t engine_rec_bytes(size_t klen, size_t vlen);
 
-/* A flush's cut: when recs[0, n) (dirty records, unique seqnos) hold more
- * than limit bytes, sorts them by seqno and returns k, the length of the
- * shortest oldest prefix of at least limit bytes, and sets *max_seqno to
- * its last seqno (every record <= it is in the prefix); else returns n and
- * leaves recs and *max_seqno alone. Any thread. */
+/* A flush's cut: when recs[0, n) (dirty records, unique seqnos and keys)
+ * hold more than limit bytes, sorts them by seqno and returns k, the length
+ * of an oldest prefix, and sets *max_seqno to its last seqno (every record
+ * <= it is in the prefix); else returns n and leaves recs and *max_seqno
+ * alone. The prefix is the longest one of at least 3/4 of limit bytes whose
+ * keys all sort below the records left behind and that leaves at least
+ * limit / 8 bytes behind; failing that, the longest such one without the
+ * margin; both no longer than the shortest prefix of limit bytes, which is
+ * the cut when neither exists. Keys appended by several writers (ids from
+ * one counter) reach the memory tier a little out of order; a cut inside
+ * such a run would leave the next flush overlapping this one, and an L0
+ * file that overlaps L1 is merged there instead of moved. The margin is
+ * for writers that drew a key before the cut and take their seqno after
+ * it. Any thread. */
 size_t engine_flush_cut(lsm_rec *recs, size_t n, uint64_t limit, uint64_t *max_seqno);
 /* Refuses (FAILED_PRECONDITION, err names both kinds) a fast_dir that holds
  * the other kind of store, and a new kallax store without its size. */

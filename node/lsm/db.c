@@ -615,6 +615,17 @@ kv_err lsm_db_builder(lsm_db *db, int level, uint64_t number, lsm_sst_builder **
     return rv;
 }
 
+/* A key's first LOG_KEY_BYTES bytes in hex, for the debug log. */
+#define LOG_KEY_BYTES 16
+static const char *log_key(const uint8_t *k, size_t len, char out[2 * LOG_KEY_BYTES + 1])
+{
+    size_t n = len < LOG_KEY_BYTES ? len : LOG_KEY_BYTES;
+    for (size_t i = 0; i < n; i++)
+        snprintf(out + 2 * i, 3, "%02x", k[i]);
+    out[2 * n] = '\0';
+    return out;
+}
+
 static kv_err build_l0(lsm_db *db, uint64_t number, const lsm_rec *r, size_t n, lsm_file **out)
 {
     lsm_sst_builder *b = NULL; /* not written when the open fails */
@@ -742,6 +753,14 @@ kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno
         lsm_promo_mark_flushed(db, sorted, n); /* before the install (promote.c) */
     if (rv == KV_OK)
         rv = install_flush(db, f, max_seqno, wal_no);
+    if (rv == KV_OK && f && kv_log_enabled(KV_LOG_DEBUG)) {
+        char lo[2 * LOG_KEY_BYTES + 1], hi[2 * LOG_KEY_BYTES + 1];
+        KV_DEBUG(LSM_LOG,
+                 "flush into L0 file %" PRIu64 ": %zu records, keys %s..%s, seqnos %" PRIu64
+                 "..%" PRIu64,
+                 f->number, n, log_key(f->smallest, f->slen, lo), log_key(f->largest, f->llen, hi),
+                 f->min_seq, f->max_seq);
+    }
     if (rv != KV_OK && f)
         atomic_store(&f->obsolete, true); /* written but not installed */
     lsm_file_unref(f);

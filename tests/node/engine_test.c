@@ -526,6 +526,46 @@ Test(engine, flush_cut_takes_the_oldest_write_buffer)
     cr_assert_eq(engine_flush_cut(r, 8, 0, &max), 8, "no limit");
 }
 
+/* Appended keys that reach the memory tier slightly out of order: the cut
+ * moves back (by at most a quarter of the limit) to where everything it
+ * keeps sorts below everything it leaves, so the next flush does not overlap
+ * this one (issue 18); with no such place it is the plain cut. */
+Test(engine, flush_cut_does_not_split_an_out_of_order_run)
+{
+    static char kv[8][4] = {"a", "b", "c", "e", "d", "f", "g", "h"};
+    lsm_rec r[8];
+    uint64_t one = engine_rec_bytes(1, 1), max = 99;
+    for (int i = 0; i < 8; i++) /* seqno order: a b c e d f g h */
+        r[i] =
+            (lsm_rec){.key = kv[i], .klen = 1, .value = kv[i], .vlen = 1, .seqno = (uint64_t)i + 1};
+    /* the plain cut at 4 records keeps a b c e and leaves d behind */
+    cr_assert_eq(engine_flush_cut(r, 8, 4 * one, &max), 3, "the cut moves back before e");
+    cr_assert_eq(max, 3);
+    cr_assert_eq(engine_flush_cut(r, 8, 5 * one, &max), 5, "a cut after d keeps the run whole");
+    cr_assert_eq(max, 5);
+    /* 8 records' limit less one: the cut at 7 is disjoint already */
+    cr_assert_eq(engine_flush_cut(r, 8, 7 * one, &max), 7);
+    /* ten records in order, a limit of nine: the cut leaves an eighth of
+     * the limit behind (two records) when it can */
+    static char ka[10][4] = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"};
+    lsm_rec ten[10];
+    for (int i = 0; i < 10; i++)
+        ten[i] =
+            (lsm_rec){.key = ka[i], .klen = 1, .value = ka[i], .vlen = 1, .seqno = (uint64_t)i + 1};
+    cr_assert_eq(engine_flush_cut(ten, 10, 9 * one, &max), 8, "a margin of limit / 8");
+    cr_assert_eq(max, 8);
+    /* a disjoint cut more than a quarter below the limit is not taken:
+     * keys h a b c d e f g in seqno order (h first) have none but at 8 */
+    static char kw[8][4] = {"h", "a", "b", "c", "d", "e", "f", "g"};
+    for (int i = 0; i < 8; i++)
+        r[i] =
+            (lsm_rec){.key = kw[i], .klen = 1, .value = kw[i], .vlen = 1, .seqno = (uint64_t)i + 1};
+    cr_assert_eq(engine_flush_cut(r, 8, 4 * one, &max), 4, "no disjoint cut: the plain one");
+    cr_assert_eq(max, 4);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(r[i].seqno, (uint64_t)i + 1, "sorted by seqno");
+}
+
 /* A flush the write buffer triggers takes at most the write buffer (plus one
  * record) even when more is dirty by the time it starts: the rest waits for
  * the next flush instead of doubling this one (issue 18: 8.3 MB L0 files
