@@ -4,9 +4,10 @@
  * files / l0_trigger and bytes / lsm_l0_room (the FD room the levels below
  * leave, within [target(1), l0_trigger x target(1)]), Ln = bytes / target(n) with target(1) from
  * the FD capacity and a size ratio of 10 (db.c); the highest score >= 1 whose two levels are not
- * busy is compacted. L0 moves its first files to L1 by a manifest edit when nothing in L1 overlaps
- * them and the files left in L0 are newer for their keys (l0_movable: RocksDB's trivial move, so
- * appended key ranges reach L1 without a rewrite), else compacts all its files into L1; Ln picks
+ * busy is compacted. L0 moves files to L1 by a manifest edit when nothing in L1 or among the files
+ * moved overlaps them and the files left in L0 are newer for their keys (l0_movable: RocksDB's
+ * trivial move, so appended key ranges reach L1 without a rewrite), else compacts all its files
+ * into L1; Ln picks
  * the file with the least overlap in
  * Ln+1 against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except
  * the last FD level under HotRAP, which picks the file with the least cost per cold byte pushed
@@ -148,7 +149,7 @@ static bool all_twins(lsm_file *const *f, size_t n)
 }
 
 /* Fills in[0] with files [a, b) of level from; then the range and in[1]. */
-static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
+static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b, const bool *only)
 {
     const lsm_version *v = j->base;
     j->in[0] = malloc((b - a) * sizeof(lsm_file *));
@@ -156,6 +157,8 @@ static kv_err job_inputs(lsm_db *db, cjob *j, size_t a, size_t b)
     if (!j->in[0] || !j->in[1])
         return KV_RESOURCE_EXHAUSTED;
     for (size_t i = a; i < b; i++) {
+        if (only && !only[i])
+            continue;
         lsm_file *f = v->files[j->from][i];
         j->in[0][j->nin[0]++] = f;
         if (!j->lo || lsm_key_cmp(f->smallest, f->slen, j->lo, j->lolen) < 0)
@@ -331,8 +334,10 @@ static void job_release(cjob *j)
 }
 
 /* Builds the job of level l into l + 1 on v: files [0, n0) of L0 (n0 = 0:
- * all), or the chosen file of a sorted level. False when out of memory. */
-static bool job_make(lsm_db *db, lsm_version *v, int l, size_t n0, uint64_t fread, cjob *j)
+ * all) or, with only, the L0 files it marks; or the chosen file of a
+ * sorted level. False when out of memory. */
+static bool job_make(lsm_db *db, lsm_version *v, int l, size_t n0, const bool *only, uint64_t fread,
+                     cjob *j)
 {
     *j = (cjob){.from = l, .to = l + 1, .base = v, .fread = fread};
     size_t a = 0, b = n0 ? n0 : v->nfiles[l];
@@ -340,7 +345,7 @@ static bool job_make(lsm_db *db, lsm_version *v, int l, size_t n0, uint64_t frea
         a = hotrap_level(db, l) ? benefit_pick(db, v, l) : min_overlap_pick(v, l);
         b = a + 1;
     }
-    if (job_inputs(db, j, a, b) == KV_OK)
+    if (job_inputs(db, j, a, b, l == 0 ? only : NULL) == KV_OK)
         return true;
     job_release(j);
     return false;
@@ -355,58 +360,76 @@ static bool job_fits(const lsm_db *db, cjob *j, uint64_t room)
     return job_fd_bytes(db, j) <= room;
 }
 
-/* Whether L0's first m files (by number) may leave L0 without the rest:
- * every file left behind that overlaps one of them holds only newer
- * records (its smallest seqno above that file's largest). L0 lookups take
- * the highest seqno among L0's files, but once a file is below L0 any L0
- * record of its keys wins. File numbers are not seqno order: a promoted
- * file holds copies of old records, and a flush takes its number before it
- * builds its file while a promotion may take and install a later number
- * meanwhile (promote.c's marks only keep a promoted copy from shadowing a
- * write already flushed). So a flush can sit in L0 below, by number, a
- * promoted copy of an older version of one of its keys; moving (or merging)
- * the flush alone would let that copy shadow it. */
-static bool l0_prefix_may_leave(const lsm_version *v, size_t m)
+/* Whether L0 file x may leave L0 without the files left behind (those
+ * chosen does not mark, or with chosen NULL those from index m on): every
+ * one of them that overlaps x holds only newer records (its smallest seqno
+ * above x's largest). L0 lookups take the highest seqno among L0's files,
+ * but once a file is below L0 any L0 record of its keys wins. File numbers
+ * are not seqno order: a promoted file holds copies of old records, and a
+ * flush takes its number before it builds its file while a promotion may
+ * take and install a later number meanwhile (promote.c's marks only keep a
+ * promoted copy from shadowing a write already flushed). So a flush can sit
+ * in L0 below, by number, a promoted copy of an older version of one of its
+ * keys; moving (or merging) the flush alone would let that copy shadow it. */
+static bool l0_left_newer(const lsm_version *v, const lsm_file *x, const bool *chosen, size_t m)
 {
-    for (size_t i = 0; i < m; i++) {
-        const lsm_file *x = v->files[0][i];
-        for (size_t r = m; r < v->nfiles[0]; r++) {
-            const lsm_file *y = v->files[0][r];
-            if (y->min_seq <= x->max_seq && overlaps(y, x->smallest, x->slen, x->largest, x->llen))
-                return false;
-        }
+    for (size_t r = 0; r < v->nfiles[0]; r++) {
+        const lsm_file *y = v->files[0][r];
+        bool stays = chosen ? !chosen[r] : r >= m;
+        if (stays && y->min_seq <= x->max_seq &&
+            overlaps(y, x->smallest, x->slen, x->largest, x->llen))
+            return false;
     }
     return true;
 }
 
-/* How many of L0's first files can move to L1 as they are (a trivial
- * move): none holds promoted copies, each overlaps no L1 file and none of
- * the files before it, and they may leave L0 without the rest
- * (l0_prefix_may_leave). They are then disjoint in L1, which held none of
- * their keys, and every L0 record of their keys is newer, so reads find the
- * same newest record. Keys appended above the rest (a sequential insert
- * stream) thus reach L1 without a rewrite, and the levels below by the
- * single-file moves of min_overlap_pick. Promoted files are always merged:
- * moved whole, all of a promotion's copies would go down together as one
- * file and be pushed back to SD by the next push from the last FD level. */
-static size_t l0_movable(const lsm_version *v)
+/* Whether L0's first m files (by number) may leave L0 without the rest. */
+static bool l0_prefix_may_leave(const lsm_version *v, size_t m)
 {
-    size_t m = 0;
-    for (; m < v->nfiles[0]; m++) {
-        const lsm_file *f = v->files[0][m];
+    for (size_t i = 0; i < m; i++)
+        if (!l0_left_newer(v, v->files[0][i], NULL, m))
+            return false;
+    return true;
+}
+
+/* The L0 files that can move to L1 as they are (a trivial move), marked in
+ * chosen[0, nfiles[0]); returns how many. A file can when it holds no
+ * promoted copies, overlaps no L1 file and no other file chosen, and every
+ * file left in L0 that overlaps it holds only newer records (l0_left_newer,
+ * see l0_prefix_may_leave). They are then disjoint in L1, which held none
+ * of their keys, and every L0 record of their keys is newer, so reads find
+ * the same newest record. Keys appended above the rest (a sequential insert
+ * stream) thus reach L1 without a rewrite, and the levels below by the
+ * single-file moves of min_overlap_pick, also while promoted files (which
+ * span the hot keys of the whole key space) wait in L0 before them.
+ * Promoted files are always merged: moved whole, all of a promotion's
+ * copies would go down together as one file and be pushed back to SD by
+ * the next push from the last FD level. */
+static size_t l0_movable(const lsm_version *v, bool *chosen)
+{
+    size_t n0 = v->nfiles[0], m = 0;
+    for (size_t i = 0; i < n0; i++) {
+        const lsm_file *f = v->files[0][i];
+        chosen[i] = false;
         if (f->ntwins)
-            break;
-        size_t i = 0;
-        while (i < m && !overlaps(v->files[0][i], f->smallest, f->slen, f->largest, f->llen))
-            i++;
-        if (i < m)
-            break;
+            continue;
         size_t k = lsm_level_find(v->files[1], v->nfiles[1], f->smallest, f->slen);
         if (k < v->nfiles[1] && overlaps(v->files[1][k], f->smallest, f->slen, f->largest, f->llen))
-            break;
+            continue;
+        bool clash = false;
+        for (size_t p = 0; p < i && !clash; p++)
+            clash =
+                chosen[p] && overlaps(v->files[0][p], f->smallest, f->slen, f->largest, f->llen);
+        if (!clash)
+            chosen[i] = true, m++;
     }
-    while (m > 0 && !l0_prefix_may_leave(v, m))
-        m--;
+    /* a file that stays may hold back one chosen: until none does */
+    for (bool again = true; again && m > 0;) {
+        again = false;
+        for (size_t i = 0; i < n0; i++)
+            if (chosen[i] && !l0_left_newer(v, v->files[0][i], chosen, 0))
+                chosen[i] = false, m--, again = true;
+    }
     return m;
 }
 
@@ -433,17 +456,18 @@ static bool pick(lsm_db *db, cjob *j)
     for (int c = 0; c < n; c++) {
         int l = cand[c];
         if (l == 0 && !db->o.route && db->level_tier[0] == db->level_tier[1]) {
-            size_t m = l0_movable(v);
-            if (m > 0) {
-                if (!job_make(db, v, 0, m, fread, j))
-                    break;
+            bool *chosen = malloc(v->nfiles[0] * sizeof(*chosen));
+            bool made =
+                chosen && l0_movable(v, chosen) > 0 && job_make(db, v, 0, 0, chosen, fread, j);
+            free(chosen);
+            if (made) {
                 j->nin[1] = 0; /* L1 files in the gaps between the moved ones stay */
                 j->trivial = true;
                 j->retain_budget = 0;
                 goto take;
             }
         }
-        if (!job_make(db, v, l, 0, fread, j))
+        if (!job_make(db, v, l, 0, NULL, fread, j))
             break;
         if (job_fits(db, j, room))
             goto take;
@@ -451,7 +475,7 @@ static bool pick(lsm_db *db, cjob *j)
             job_release(j);
             if (!l0_prefix_may_leave(v, --n0))
                 continue;
-            if (!job_make(db, v, 0, n0, fread, j))
+            if (!job_make(db, v, 0, n0, NULL, fread, j))
                 break;
             if (job_fits(db, j, room))
                 goto take;
@@ -469,7 +493,7 @@ static bool pick(lsm_db *db, cjob *j)
             if (!v->nfiles[l])
                 continue;
             if (db->busy[l] || db->busy[l + 1] || (l == 0 && !l0_prefix_may_leave(v, 1)) ||
-                !job_make(db, v, l, l == 0, fread, j))
+                !job_make(db, v, l, l == 0, NULL, fread, j))
                 break;
             j->retain_budget = 0;
             /* the oldest L0 file may move too when the files left in L0
@@ -1062,7 +1086,7 @@ static kv_err manual_level(lsm_db *db, int from, int to, cfilter *f)
     KV_ASSERT_LOCKED(&db->mu);
     uint64_t fread = atomic_load(&db->flushed_pub);
     cjob j = {.from = from, .to = to, .fread = fread, .base = lsm_db_current(db), .filter = f};
-    kv_err rv = job_inputs(db, &j, 0, j.base->nfiles[from]);
+    kv_err rv = job_inputs(db, &j, 0, j.base->nfiles[from], NULL);
     if (rv != KV_OK) {
         free(j.in[0]);
         free(j.in[1]);

@@ -248,13 +248,13 @@ Test(l0_move, appended_flushes_reach_l1_without_a_rewrite)
     lt_db_close(&t);
 }
 
-/* Only L0's oldest files move: the newer files left in L0 hold newer
- * records of their keys, which reads must still return. L0: A [0, 100),
- * then B [50, 150), C [200, 300), D [400, 500) (each newer); A overlaps
- * nothing in the empty L1 and no older file, B overlaps A: A moves alone
- * and L0 keeps three files, below l0_trigger. Keys 50..99 must read B's
- * records, not A's. */
-Test(l0_move, only_the_oldest_files_move_and_newer_records_win)
+/* A file that overlaps an older one stays in L0, the others move: the
+ * newer file left in L0 holds newer records of its keys, which reads must
+ * still return. L0: A [0, 100), then B [50, 150), C [200, 300), D [400,
+ * 500) (each newer); A, C and D overlap nothing in the empty L1 and no
+ * other file that moves, B overlaps A: A, C and D move and L0 keeps B.
+ * Keys 50..99 must read B's records, not A's. */
+Test(l0_move, a_file_over_an_older_one_stays_and_newer_records_win)
 {
     tdb t;
     lt_db_init(&t, "l0oldest");
@@ -267,18 +267,56 @@ Test(l0_move, only_the_oldest_files_move_and_newer_records_win)
     put_range(&t, 400, 500);
     cr_assert_eq(lsm_compact_wait_idle(t.db), KV_OK);
     lsm_stats s = stats_of(&t);
-    cr_assert_eq(s.levels[1].files, 1, "L1 holds %llu files",
+    cr_assert_eq(s.levels[1].files, 3, "L1 holds %llu files",
                  (unsigned long long)s.levels[1].files);
-    cr_assert_eq(s.levels[0].files, 3, "L0 holds %llu files",
+    cr_assert_eq(s.levels[0].files, 1, "L0 holds %llu files",
                  (unsigned long long)s.levels[0].files);
     cr_assert_eq(s.levels[1].comp_written, 0);
     expect_seqs(&t, 50, 150, b0, "with A in L1 and B in L0");
+    for (int id = 200; id < 500; id += id == 299 ? 101 : 1) /* C and D */
+        get_id(&t, id, NULL, NULL);
     for (int id = 0; id < 50; id++)
         get_id(&t, id, NULL, NULL);
     lsm_close(t.db); /* and after recovery from the MANIFEST */
     lt_db_start(&t);
     expect_seqs(&t, 50, 150, b0, "after reopen");
     lt_db_close(&t);
+}
+
+/* Installs in L0, numbered above every file so far, the clean copies a
+ * promotion of keys [a, b) makes of their versions at seqnos first,
+ * first + 1, ... (LSM_F_PROMOTED | LSM_F_TWIN). */
+static void install_promoted(tdb *t, int a, int b, uint64_t first)
+{
+    lsm_db *db = t->db;
+    pthread_mutex_lock(&db->mu);
+    uint64_t number = lsm_db_new_number(db);
+    pthread_mutex_unlock(&db->mu);
+    lsm_sst_builder *sb = NULL;
+    cr_assert_eq(lsm_db_builder(db, 0, number, &sb), KV_OK);
+    static uint8_t val[VLEN];
+    for (int id = a; id < b; id++) {
+        char key[KLEN + 1];
+        key_of(key, id);
+        memset(val, id + 1, VLEN);
+        lsm_rec r = {.key = key,
+                     .klen = KLEN,
+                     .value = val,
+                     .vlen = VLEN,
+                     .seqno = first + (uint64_t)(id - a),
+                     .type = LSM_PUT,
+                     .flags = LSM_F_PROMOTED | LSM_F_TWIN};
+        cr_assert_eq(lsm_sst_builder_add(sb, &r), KV_OK);
+    }
+    lsm_file *p = NULL;
+    cr_assert_eq(lsm_sst_builder_finish(sb, 0, &p), KV_OK);
+    lsm_edit e = {0};
+    cr_assert_eq(lsm_edit_add(&e, p), KV_OK);
+    pthread_mutex_lock(&db->mu);
+    cr_assert_eq(lsm_db_install(db, &e), KV_OK);
+    pthread_mutex_unlock(&db->mu);
+    lsm_edit_free(&e);
+    lsm_file_unref(p);
 }
 
 /* L0 files are not in seqno order by number: a promotion takes its file
@@ -298,35 +336,7 @@ Test(l0_move, a_flush_numbered_below_older_promoted_copies_is_not_moved_alone)
     lt_db_start(&t);
     put_down(&t, 0, 100, 3);             /* the originals, seqnos 1..100, on SD */
     uint64_t f0 = put_range(&t, 0, 100); /* F: 101..200 */
-    lsm_db *db = t.db;
-    pthread_mutex_lock(&db->mu);
-    uint64_t number = lsm_db_new_number(db);
-    pthread_mutex_unlock(&db->mu);
-    lsm_sst_builder *b = NULL;
-    cr_assert_eq(lsm_db_builder(db, 0, number, &b), KV_OK);
-    char keys[100][KLEN + 1];
-    static uint8_t val[VLEN];
-    for (int id = 0; id < 100; id++) { /* the copies a promotion of F's keys' old versions makes */
-        key_of(keys[id], id);
-        memset(val, id + 1, VLEN);
-        lsm_rec r = {.key = keys[id],
-                     .klen = KLEN,
-                     .value = val,
-                     .vlen = VLEN,
-                     .seqno = (uint64_t)id + 1,
-                     .type = LSM_PUT,
-                     .flags = LSM_F_PROMOTED | LSM_F_TWIN};
-        cr_assert_eq(lsm_sst_builder_add(b, &r), KV_OK);
-    }
-    lsm_file *p = NULL;
-    cr_assert_eq(lsm_sst_builder_finish(b, 0, &p), KV_OK);
-    lsm_edit e = {0};
-    cr_assert_eq(lsm_edit_add(&e, p), KV_OK);
-    pthread_mutex_lock(&db->mu);
-    cr_assert_eq(lsm_db_install(db, &e), KV_OK);
-    pthread_mutex_unlock(&db->mu);
-    lsm_edit_free(&e);
-    lsm_file_unref(p);
+    install_promoted(&t, 0, 100, 1);
     lsm_stats s = stats_of(&t);
     cr_assert_eq(s.levels[0].files, 2);
     cr_assert_eq(s.levels[1].files, 0);
@@ -336,6 +346,35 @@ Test(l0_move, a_flush_numbered_below_older_promoted_copies_is_not_moved_alone)
     expect_seqs(&t, 0, 100, f0, "after L0's compaction");
     cr_assert_eq(s.levels[0].files, 0, "L0 holds %llu files",
                  (unsigned long long)s.levels[0].files);
+    lt_db_close(&t);
+}
+
+/* Promoted copies in L0 do not hold back the flushes after them. L0 holds
+ * P, copies of keys [0, 100) whose originals are on SD, then two flushes
+ * of appended keys, [1000, 1100) and [1100, 1200). Neither overlaps P or
+ * L1, so both move to L1 while P stays in L0 (promoted files are merged,
+ * never moved). When only a prefix of L0 by file number could move, P,
+ * first, held both back and all three were merged into L1. */
+Test(l0_move, flushes_move_past_promoted_copies_before_them)
+{
+    tdb t;
+    lt_db_init(&t, "l0promo");
+    t.o.l0_trigger = 3;
+    lt_db_start(&t);
+    put_down(&t, 0, 100, 3);
+    install_promoted(&t, 0, 100, 1);
+    uint64_t f1 = put_range(&t, 1000, 1100);
+    uint64_t f2 = put_range(&t, 1100, 1200);
+    lsm_stats s = settle(&t); /* L0 is due at three files */
+    cr_assert_eq(s.levels[0].files, 1, "L0 holds %llu files",
+                 (unsigned long long)s.levels[0].files);
+    cr_assert_eq(s.levels[1].files, 2, "L1 holds %llu files",
+                 (unsigned long long)s.levels[1].files);
+    cr_assert_eq(s.levels[1].comp_jobs, 0, "L0 was merged into L1");
+    cr_assert_eq(s.levels[1].comp_written, 0);
+    expect_seqs(&t, 1000, 1100, f1, "moved");
+    expect_seqs(&t, 1100, 1200, f2, "moved");
+    expect_seqs(&t, 0, 100, 1, "the promoted copies'");
     lt_db_close(&t);
 }
 
