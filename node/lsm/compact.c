@@ -76,6 +76,7 @@ typedef struct cjob {
     size_t lolen, hilen;
     bool trivial;
     bool twins_only;        /* from-level files of clean copies only: no to-level input */
+    bool l0_past;           /* an L0 move that leaves an older file (by number) behind */
     uint64_t retain_budget; /* bytes the route hook may keep on the from level */
     uint64_t fread;         /* flushed seqno published before base was pinned */
     /* Cleanup (lsm_compact_all_filter): records of keys the filter rejects
@@ -459,6 +460,8 @@ static bool pick(lsm_db *db, cjob *j)
             bool *chosen = malloc(v->nfiles[0] * sizeof(*chosen));
             bool made =
                 chosen && l0_movable(v, chosen) > 0 && job_make(db, v, 0, 0, chosen, fread, j);
+            for (size_t q = 0; made && j->in[0][j->nin[0] - 1] != v->files[0][q]; q++)
+                j->l0_past |= !chosen[q]; /* a file before the last one moved stays */
             free(chosen);
             if (made) {
                 j->nin[1] = 0; /* L1 files in the gaps between the moved ones stay */
@@ -954,6 +957,8 @@ static kv_err run_job(lsm_db *db, cjob *j)
         int to = j->to;
         if (j->trivial) {
             atomic_fetch_add(&db->lc_moved[to], files_bytes(j->in[0], j->nin[0]));
+            if (j->l0_past)
+                atomic_fetch_add(&db->l0_moves_past, 1);
         } else {
             atomic_fetch_add(&db->lc_jobs[to], 1);
             atomic_fetch_add(&db->lc_above[to], files_bytes(j->in[0], j->nin[0]));

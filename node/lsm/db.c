@@ -1142,6 +1142,7 @@ static void hotrap_stats(lsm_db *db, lsm_stats *out)
     out->twins_dropped = atomic_load(&db->twins_dropped);
     out->twins_dropped_bytes = atomic_load(&db->twins_dropped_bytes);
     out->twin_jobs = atomic_load(&db->twin_jobs);
+    out->l0_moves_past = atomic_load(&db->l0_moves_past);
     lsm_promo_stats(db, out);
     out->twin_entries = lsm_twin_size(db->twin);
     out->twin_capacity = lsm_twin_capacity(db->twin);

@@ -451,6 +451,9 @@ typedef struct lsm_stats {
     /* clean copies (LSM_F_TWIN) compaction into SD dropped instead of
      * writing them down, and its jobs that merged no SD file */
     uint64_t twins_dropped, twins_dropped_bytes, twin_jobs;
+    /* L0 -> L1 moves that left an older L0 file (by number) behind, one
+     * of promoted copies or one over an older file's keys (l0_movable) */
+    uint64_t l0_moves_past;
     uint64_t ralt_entries, ralt_stable;      /* tracked keys, stably hot keys */
     uint64_t ralt_bytes, ralt_phys_limit;    /* RALT size and its adaptive limit */
     uint64_t ralt_hot_bytes, hot_set_limit;  /* key+value bytes of hot keys, limit */

@@ -557,6 +557,7 @@ struct lsm_db {
     _Atomic uint64_t flushed_pub; /* flushed_seq, stored after its version is installed */
     _Atomic uint64_t retained_recs, retained_bytes;
     _Atomic uint64_t twins_dropped, twins_dropped_bytes, twin_jobs; /* compact.c */
+    _Atomic uint64_t l0_moves_past;                                 /* compact.c */
 
     /* NHC (node/nhc): the twin map (NULL without HotRAP) and the routing
      * counters; o.nhc may be NULL (every read FD-first). */

@@ -336,6 +336,82 @@ Test(model, random_ops_hotrap_promotion_and_retention, .timeout = 200)
     w_free(w);
 }
 
+/* Appended keys under HotRAP: after a random load pushed to SD, writes
+ * append new keys above the loaded ones while 3 reads in 4 go to a hot set
+ * among the loaded keys (so promoted files, spanning the hot set, keep
+ * arriving in L0), and every fifth flush holds updates of hot keys and
+ * deletes of appended ones instead (so flushes also overlap promoted
+ * copies of older versions, and files moved earlier). Flushes of appended keys
+ * then move to L1 past the promoted files before them (l0_movable), and
+ * every read, check_all and reopen must still see the model's record. */
+Test(model, appended_keys_move_past_promoted_copies, .timeout = 200)
+{
+    world *w = w_new("append", true, 2);
+    lsm_close(w->db);
+    w->o.hotrap = true;
+    w->o.promo_buf_kb = 16;
+    w->hot_keys = 300;
+    w_open(w);
+    enum { LOADED = 4000 };
+    for (int i = 0; i < LOADED; i++) {
+        do_write(w, (int)((uint64_t)i * 7919 % LOADED), LSM_PUT, 0);
+        if ((i + 1) % 1000 == 0)
+            do_flush(w);
+    }
+    cr_assert_eq(lsm_compact_all(w->db), KV_OK);
+    int next = LOADED, writes = 0;
+    lsm_stats s;
+    uint64_t past = 0, promoted = 0;
+    for (int op = 1; next < NKEYS; op++) {
+        int r = (int)(lt_rand(&w->rng) % 100);
+        bool updates = writes / 400 % 5 == 4; /* every fifth flush: no appended keys */
+        if (r < 48 && !updates) {
+            do_write(w, next++, LSM_PUT, 0);
+        } else if (r < 40) {
+            do_write(w, (int)(lt_rand(&w->rng) % (uint64_t)w->hot_keys), LSM_PUT, 0);
+        } else if (r < 48) {
+            do_write(w, LOADED + (int)(lt_rand(&w->rng) % (uint64_t)(next - LOADED)), LSM_DELETE,
+                     0);
+        } else {
+            int id = lt_rand(&w->rng) % 4 ? (int)(lt_rand(&w->rng) % (uint64_t)w->hot_keys)
+                                          : (int)(lt_rand(&w->rng) % (uint64_t)next);
+            check_get(w, id);
+        }
+        if (r < 48 && ++writes % 400 == 0)
+            do_flush(w);
+        if (op % 2000 == 0)
+            lsm_promo_sync(w->db);
+        if (op % 5000 == 0) {
+            check_all(w);
+            cr_assert_eq(lsm_stats_get(w->db, &s), KV_OK); /* counters start at 0 on open */
+            past += s.l0_moves_past;
+            promoted += s.promoted_recs;
+            lsm_close(w->db);
+            w_open(w);
+            check_all(w);
+        }
+    }
+    bool dirty = false;
+    for (int id = 0; id < NKEYS; id++)
+        dirty |= w->mem[id].present;
+    if (dirty)
+        do_flush(w);
+    cr_assert_eq(lsm_compact_wait_idle(w->db), KV_OK);
+    check_all(w);
+    cr_assert_eq(lsm_stats_get(w->db, &s), KV_OK);
+    past += s.l0_moves_past;
+    promoted += s.promoted_recs;
+    log_stats(&s);
+    cr_log_info("promoted %llu, L0 moves past older files %llu", (unsigned long long)promoted,
+                (unsigned long long)past);
+    cr_assert_gt(promoted, 0);
+    cr_assert_gt(past, 0, "no flush moved past an older L0 file");
+    lsm_close(w->db);
+    w_open(w);
+    check_all(w);
+    w_free(w);
+}
+
 static _Atomic int routed;
 
 static int retain_even(void *arg, const lsm_rec *r, int from_level)
