@@ -695,11 +695,15 @@ static void stall(lsm_db *db, uint64_t need)
         atomic_fetch_add(&db->stall_ns, kv_now_ns() - t0);
 }
 
-static kv_err install_flush(lsm_db *db, lsm_file *f, uint64_t max_seqno, uint64_t wal_no)
+/* Installs a flush's files (f, f2 may be NULL) as one edit. */
+static kv_err install_flush(lsm_db *db, lsm_file *f, lsm_file *f2, uint64_t max_seqno,
+                            uint64_t wal_no)
 {
     lsm_edit e = {
         .has_flushed = true, .flushed_seq = max_seqno, .has_log = true, .log_number = wal_no};
     kv_err rv = f ? lsm_edit_add(&e, f) : KV_OK;
+    if (rv == KV_OK && f2)
+        rv = lsm_edit_add(&e, f2);
     pthread_mutex_lock(&db->mu);
     if (rv == KV_OK)
         rv = lsm_db_install(db, &e);
@@ -709,16 +713,57 @@ static kv_err install_flush(lsm_db *db, lsm_file *f, uint64_t max_seqno, uint64_
         db->log_number = wal_no;
         atomic_fetch_add(&db->flush_gen, 1);
         atomic_fetch_add(&db->flushes, 1);
-        if (f) {
-            atomic_fetch_add(&db->flush_bytes, f->size);
-            if (f->size > atomic_load(&db->flush_max))
-                atomic_store(&db->flush_max, f->size); /* mu held: flushes are serialized */
-        }
+        uint64_t bytes = (f ? f->size : 0) + (f2 ? f2->size : 0);
+        atomic_fetch_add(&db->flush_bytes, bytes);
+        if (bytes > atomic_load(&db->flush_max))
+            atomic_store(&db->flush_max, bytes); /* mu held: flushes are serialized */
         pthread_cond_broadcast(&db->cv);
     }
     pthread_mutex_unlock(&db->mu);
     lsm_edit_free(&e);
     return rv;
+}
+
+/* Where a flush's key-sorted run splits into two L0 files, or 0: at the
+ * first key above every key of the FD levels, when the records below it
+ * are at most a sixteenth of the run. Keys appended above the rest reach
+ * the memory tier a little out of order, and a flush can hold a few
+ * stragglers below the keys flushed before it; written apart, the appended
+ * body overlaps nothing and moves down (compact.c, l0_movable) and only
+ * the stragglers are merged. mu held. */
+static size_t flush_split(lsm_db *db, const lsm_rec *r, size_t n)
+{
+    KV_ASSERT_LOCKED(&db->mu);
+    const lsm_version *v = db->cur;
+    const uint8_t *k = NULL;
+    size_t kl = 0;
+    for (int l = 0; l <= db->last_fd; l++)
+        for (size_t i = l ? (v->nfiles[l] ? v->nfiles[l] - 1 : 0) : 0; i < v->nfiles[l]; i++) {
+            const lsm_file *f = v->files[l][i];
+            if (!k || lsm_key_cmp(f->largest, f->llen, k, kl) > 0)
+                k = f->largest, kl = f->llen;
+        }
+    if (!k || n < 2)
+        return 0;
+    size_t lo = 0, hi = n; /* the first record whose key sorts above k */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (lsm_key_cmp(r[mid].key, r[mid].klen, k, kl) > 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo > 0 && lo < n && lo <= n / 16 ? lo : 0;
+}
+
+static void log_flush_file(const lsm_file *f)
+{
+    char lo[2 * LOG_KEY_BYTES + 1], hi[2 * LOG_KEY_BYTES + 1];
+    KV_DEBUG(LSM_LOG,
+             "flush into L0 file %" PRIu64 ": %" PRIu64 " records, keys %s..%s, seqnos %" PRIu64
+             "..%" PRIu64,
+             f->number, f->nentries, log_key(f->smallest, f->slen, lo),
+             log_key(f->largest, f->llen, hi), f->min_seq, f->max_seq);
 }
 
 kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno)
@@ -738,32 +783,37 @@ kv_err lsm_flush(lsm_db *db, const lsm_rec *sorted, size_t n, uint64_t max_seqno
     for (size_t i = 0; i < n; i++)
         need += sorted[i].klen + sorted[i].vlen + 32;
     stall(db, need);
-    uint64_t sst_no = lsm_db_new_number(db), wal_no = sst_no ? lsm_db_new_number(db) : 0;
+    size_t cut = n ? flush_split(db, sorted, n) : 0; /* sorted[0, cut) apart, when > 0 */
+    uint64_t sst_no = lsm_db_new_number(db), sst2 = sst_no && cut ? lsm_db_new_number(db) : 0;
+    uint64_t wal_no = sst_no && (sst2 || !cut) ? lsm_db_new_number(db) : 0;
     pthread_mutex_unlock(&db->mu);
     if (!wal_no) {
         pthread_mutex_unlock(&db->flush_mu);
         return KV_RESOURCE_EXHAUSTED;
     }
 
-    lsm_file *f = NULL;
+    lsm_file *f = NULL, *f2 = NULL;
     rv = lsm_wal_rotate(db->wal, wal_no);
     if (rv == KV_OK && n)
-        rv = build_l0(db, sst_no, sorted, n, &f);
+        rv = build_l0(db, sst_no, sorted, cut ? cut : n, &f);
+    if (rv == KV_OK && cut)
+        rv = build_l0(db, sst2, sorted + cut, n - cut, &f2);
     if (rv == KV_OK)
         lsm_promo_mark_flushed(db, sorted, n); /* before the install (promote.c) */
     if (rv == KV_OK)
-        rv = install_flush(db, f, max_seqno, wal_no);
-    if (rv == KV_OK && f && kv_log_enabled(KV_LOG_DEBUG)) {
-        char lo[2 * LOG_KEY_BYTES + 1], hi[2 * LOG_KEY_BYTES + 1];
-        KV_DEBUG(LSM_LOG,
-                 "flush into L0 file %" PRIu64 ": %zu records, keys %s..%s, seqnos %" PRIu64
-                 "..%" PRIu64,
-                 f->number, n, log_key(f->smallest, f->slen, lo), log_key(f->largest, f->llen, hi),
-                 f->min_seq, f->max_seq);
+        rv = install_flush(db, f, f2, max_seqno, wal_no);
+    if (rv == KV_OK && kv_log_enabled(KV_LOG_DEBUG)) {
+        if (f)
+            log_flush_file(f);
+        if (f2)
+            log_flush_file(f2);
     }
     if (rv != KV_OK && f)
         atomic_store(&f->obsolete, true); /* written but not installed */
+    if (rv != KV_OK && f2)
+        atomic_store(&f2->obsolete, true);
     lsm_file_unref(f);
+    lsm_file_unref(f2);
     if (rv == KV_OK) {
         lsm_wal_release(db->wal, max_seqno);
         bump_last(db, max_seqno);

@@ -248,6 +248,53 @@ Test(l0_move, appended_flushes_reach_l1_without_a_rewrite)
     lt_db_close(&t);
 }
 
+/* A flush of appended keys with a few stragglers below the keys flushed
+ * before it is written as two L0 files: the stragglers, and the appended
+ * body, which overlaps nothing and moves down without a rewrite. F1 is
+ * [0, 160); F2 is id 150 (a straggler) and [160, 320). Moved: F1 and F2's
+ * body; the straggler stays in L0 (it overlaps F1) and its newer record
+ * wins. A flush with more than a sixteenth below stays one file. */
+Test(l0_move, stragglers_are_flushed_apart_and_the_body_moves)
+{
+    tdb t;
+    lt_db_init(&t, "l0strag");
+    t.o.l0_trigger = 2;
+    lt_db_start(&t);
+    put_range(&t, 0, 160);
+    int ids[161];
+    ids[0] = 150;
+    for (int i = 0; i < 160; i++)
+        ids[i + 1] = 160 + i;
+    uint64_t f2 = put_ids(&t, ids, 161);
+    lsm_stats s = stats_of(&t);
+    cr_assert_eq(s.levels[0].files, 3, "L0 holds %llu files, not F1 and F2's two",
+                 (unsigned long long)s.levels[0].files);
+    s = settle(&t);
+    cr_assert_eq(s.levels[0].files, 1, "L0 holds %llu files",
+                 (unsigned long long)s.levels[0].files);
+    cr_assert_eq(s.levels[1].files, 2, "L1 holds %llu files",
+                 (unsigned long long)s.levels[1].files);
+    cr_assert_eq(s.levels[1].comp_written, 0, "something was merged into L1");
+    expect_seqs(&t, 150, 151, f2, "the straggler's");
+    expect_seqs(&t, 160, 320, f2 + 1, "the body's");
+    for (int id = 0; id < 150; id++)
+        get_id(&t, id, NULL, NULL);
+
+    for (int i = 0; i < 40; i++) /* 40 below of 120: one file */
+        ids[i] = 100 + i;
+    for (int i = 0; i < 80; i++)
+        ids[40 + i] = 320 + i;
+    lsm_close(t.db);
+    t.o.no_auto_compaction = true;
+    lt_db_start(&t);
+    uint64_t f3 = put_ids(&t, ids, 120);
+    s = stats_of(&t);
+    cr_assert_eq(s.levels[0].files, 2, "L0 holds %llu files",
+                 (unsigned long long)s.levels[0].files);
+    expect_seqs(&t, 100, 140, f3, "F3's");
+    lt_db_close(&t);
+}
+
 /* A file that overlaps an older one stays in L0, the others move: the
  * newer file left in L0 holds newer records of its keys, which reads must
  * still return. L0: A [0, 100), then B [50, 150), C [200, 300), D [400,

@@ -56,16 +56,16 @@ static inline void key_of(char *k, int id)
     snprintf(k, KLEN + 1, "k%07u", (unsigned)id % 10000000u);
 }
 
-/* Writes keys [a, b) (WAL + flush as one L0 run); returns the first seqno. */
-static inline uint64_t put_range(tdb *t, int a, int b)
+/* Writes the keys of ids[0, n) (ascending), each at the next seqno (WAL +
+ * flush as one L0 run); returns the first seqno. */
+static inline uint64_t put_ids(tdb *t, const int *ids, size_t n)
 {
-    size_t n = (size_t)(b - a);
     lsm_rec *r = calloc(n, sizeof(*r));
     char *keys = calloc(n, KLEN + 1);
     static uint8_t val[VLEN];
     uint64_t first = t->seq + 1;
     for (size_t i = 0; i < n; i++) {
-        key_of(keys + i * (KLEN + 1), a + (int)i);
+        key_of(keys + i * (KLEN + 1), ids[i]);
         memset(val, (int)(first + i), VLEN);
         r[i] = (lsm_rec){.key = keys + i * (KLEN + 1),
                          .klen = KLEN,
@@ -78,6 +78,18 @@ static inline uint64_t put_range(tdb *t, int a, int b)
     cr_assert_eq(lsm_flush(t->db, r, n, t->seq), KV_OK);
     free(r);
     free(keys);
+    return first;
+}
+
+/* put_ids of [a, b). */
+static inline uint64_t put_range(tdb *t, int a, int b)
+{
+    size_t n = (size_t)(b - a);
+    int *ids = malloc(n * sizeof(*ids));
+    for (size_t i = 0; i < n; i++)
+        ids[i] = a + (int)i;
+    uint64_t first = put_ids(t, ids, n);
+    free(ids);
     return first;
 }
 
