@@ -182,9 +182,9 @@ size_t engine_flush_cut(lsm_rec *recs, size_t n, uint64_t limit, uint64_t *max_s
         return n;
     qsort(recs, n, sizeof(*recs), rec_seqno_cmp);
     size_t k = 0, lo = 0;
-    uint64_t floor = limit - limit / 4;
+    uint64_t least = limit - limit / 4; /* the shortest cut taken: 3/4 of the limit */
     for (bytes = 0; k < n && bytes < limit; k++) {
-        if (bytes < floor)
+        if (bytes < least)
             lo = k + 1;
         bytes += engine_rec_bytes(recs[k].klen, recs[k].vlen);
     }

@@ -233,17 +233,7 @@ static void hk_stats(void *h, tb_stats *out)
     out->reads_sd = s.reads_sd;
     out->reads_miss = s.reads_miss;
     node_engine_statlist(k->e, &l);
-    const char *wa = stat_value(&l, "lsm.write_amp"), *sdb = stat_value(&l, "slow.read_bytes");
-    const char *user = stat_value(&l, "lsm.user_bytes");
-    /* unknown (null) when nothing was written since open (--no-load reads) */
-    out->write_amp = wa && user && strtoull(user, NULL, 10) ? strtod(wa, NULL) : -1.0;
-    const char *wb = stat_value(&l, "lsm.wal_bytes"), *fb0 = stat_value(&l, "lsm.flush_bytes");
-    const char *cw = stat_value(&l, "lsm.compact_write_bytes");
-    if (wb && fb0 && cw && user) { /* lsm.write_amp's two sides */
-        out->written_bytes =
-            strtoull(wb, NULL, 10) + strtoull(fb0, NULL, 10) + strtoull(cw, NULL, 10);
-        out->user_bytes = strtoull(user, NULL, 10);
-    }
+    const char *sdb = stat_value(&l, "slow.read_bytes"), *user = stat_value(&l, "lsm.user_bytes");
     out->sd_read_bytes = sdb ? strtoull(sdb, NULL, 10) : 0;
     const char *prom = stat_value(&l, "hotrap.promoted_records");
     const char *ret = stat_value(&l, "hotrap.retained_records");
@@ -258,15 +248,22 @@ static void hk_stats(void *h, tb_stats *out)
                    *kj = stat_value(&l, "kallax.journal_bytes");
         const char *kb = stat_value(&l, "kallax.block_writes"),
                    *ku = stat_value(&l, "kallax.user_bytes");
-        out->written_bytes = out->user_bytes = 0;
-        out->write_amp = -1.0;
-        if (ku && kw && kj && kb && strtoull(ku, NULL, 10)) {
+        if (ku && kw && kj && kb) {
             out->written_bytes =
                 strtoull(kw, NULL, 10) + strtoull(kj, NULL, 10) + strtoull(kb, NULL, 10) * 4096u;
             out->user_bytes = strtoull(ku, NULL, 10);
-            out->write_amp = (double)out->written_bytes / (double)out->user_bytes;
+        }
+    } else { /* lsm.write_amp's two sides: WAL + flush + compaction bytes, user bytes */
+        const char *wb = stat_value(&l, "lsm.wal_bytes"), *fl = stat_value(&l, "lsm.flush_bytes");
+        const char *cw = stat_value(&l, "lsm.compact_write_bytes");
+        if (wb && fl && cw && user) {
+            out->written_bytes =
+                strtoull(wb, NULL, 10) + strtoull(fl, NULL, 10) + strtoull(cw, NULL, 10);
+            out->user_bytes = strtoull(user, NULL, 10);
         }
     }
+    /* unknown (null) when nothing was written since open (--no-load reads) */
+    out->write_amp = out->user_bytes ? (double)out->written_bytes / (double)out->user_bytes : -1.0;
     hk_hotrap(k, &l);
     hk_levels(k, &l, out);
     const char *fb = stat_value(&l, "lsm.fast_bytes"), *fp = stat_value(&l, "lsm.fast_peak_bytes");

@@ -7,13 +7,12 @@
  * busy is compacted. L0 moves files to L1 by a manifest edit when nothing in L1 or among the files
  * moved overlaps them and the files left in L0 are newer for their keys (l0_movable: RocksDB's
  * trivial move, so appended key ranges reach L1 without a rewrite), else compacts all its files
- * into L1; Ln picks
- * the file with the least overlap in
- * Ln+1 against its size (RocksDB's kMinOverlappingRatio) plus the overlapping files of Ln+1, except
- * the last FD level under HotRAP, which picks the file with the least cost per cold byte pushed
- * down: (overlap below + hot bytes retained) / (file bytes - hot bytes, per RALT). A single Ln
- * file with no overlap below on the same volume is moved by a manifest edit only. Output files
- * are cut at file_size, or earlier at a file boundary of the level below the output (gp_walk).
+ * into L1; Ln picks the file with the least overlap in Ln+1 against its size (RocksDB's
+ * kMinOverlappingRatio) plus the overlapping files of Ln+1, except the last FD level under HotRAP,
+ * which picks the file with the least cost per cold byte pushed down: (overlap below + hot bytes
+ * retained) / (file bytes - hot bytes, per RALT). A single Ln file with no overlap below on the
+ * same volume is moved by a manifest edit only. Output files are cut at file_size, or earlier at a
+ * file boundary of the level below the output (gp_walk).
  *
  * The inputs are merged by iter.c's heap merger (one source per L0 file, one
  * level-concatenating source per sorted level). The merge keeps the
@@ -924,7 +923,7 @@ static kv_err move_file(const lsm_file *src, int to, lsm_edit *e)
 }
 
 /* A trivial move: every input file of the from level, unchanged, to j->to
- * (one file of a sorted level, or L0's oldest, l0_movable). */
+ * (one file of a sorted level, or the L0 files l0_movable chose). */
 static kv_err trivial_move(cjob *j, lsm_edit *e)
 {
     kv_err rv = KV_OK;
