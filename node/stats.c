@@ -178,6 +178,10 @@ void node_engine_store_stats(engine *e, kv_stats *l)
                     s.space_waits);
     kv_stat_counter(l, "lsm.compactions", "hotkv_node_compactions_total", NULL,
                     "Compactions completed.", s.compactions);
+    kv_stat_counter(l, "lsm.l0_moves_past", "hotkv_node_l0_moves_past_total", NULL,
+                    "L0 files moved to L1 past an older L0 file that stayed (promoted copies, or "
+                    "keys a newer file overwrites).",
+                    s.l0_moves_past);
     kv_stat_counter(l, "lsm.compact_read_bytes", "hotkv_node_compaction_read_bytes_total", NULL,
                     "Bytes read by compactions.", s.compact_read_bytes);
     kv_stat_counter(l, "lsm.compact_write_bytes", "hotkv_node_compaction_written_bytes_total", NULL,
