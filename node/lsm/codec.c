@@ -179,6 +179,119 @@ kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
     return KV_OK;
 }
 
+/* ---- compact records (SST format 3) ---- */
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static uint8_t *varint_put(uint8_t *d, uint64_t v)
+{
+    while (v >= 0x80) {
+        *d++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *d++ = (uint8_t)v;
+    return d;
+}
+
+/* Reads a varint of at most max_bits bits from [*p, end); false when it runs
+ * past end, is longer than 10 bytes or does not fit max_bits. */
+static bool varint_get(const uint8_t **p, const uint8_t *end, unsigned max_bits, uint64_t *v)
+{
+    uint64_t x = 0;
+    const uint8_t *q = *p;
+    for (unsigned shift = 0; q < end && shift < 64; shift += 7) {
+        uint64_t b = *q++;
+        if (shift == 63 && b > 1)
+            return false; /* bits past 64 */
+        x |= (b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            if (max_bits < 64 && x >> max_bits)
+                return false;
+            *v = x;
+            *p = q;
+            return true;
+        }
+    }
+    return false;
+}
+
+size_t lsm_recc_size(const lsm_rec *r)
+{
+    size_t n = 1 + varint_len(r->klen) + varint_len(r->seqno) + r->klen;
+    if (r->type == LSM_PUT)
+        n += varint_len(r->vlen) + r->vlen;
+    if (r->version)
+        n += 8;
+    if (r->expire_at)
+        n += varint_len(r->expire_at);
+    return n;
+}
+
+void lsm_recc_encode(uint8_t *d, const lsm_rec *r)
+{
+    *d++ = (uint8_t)((r->type & 3u) | (r->version ? LSM_RECC_VER : 0) |
+                     (r->expire_at ? LSM_RECC_EXP : 0) | (unsigned)(r->flags & 0xFu) << 4);
+    d = varint_put(d, r->klen);
+    if (r->type == LSM_PUT)
+        d = varint_put(d, r->vlen);
+    d = varint_put(d, r->seqno);
+    if (r->version) {
+        lsm_set64(d, r->version);
+        d += 8;
+    }
+    if (r->expire_at)
+        d = varint_put(d, r->expire_at);
+    memcpy(d, r->key, r->klen);
+    if (r->type == LSM_PUT && r->vlen)
+        memcpy(d + r->klen, r->value, r->vlen);
+}
+
+kv_err lsm_recc_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
+{
+    const uint8_t *q = p, *end = p + avail;
+    if (avail < 1)
+        return KV_DATA_LOSS;
+    uint8_t head = *q++, type = head & 3u;
+    if (type != LSM_PUT && type != LSM_DELETE)
+        return KV_DATA_LOSS;
+    uint64_t klen, vlen = 0, seqno, expire = 0, version = 0;
+    if (!varint_get(&q, end, 32, &klen) || klen == 0 || klen > LSM_MAX_KEY)
+        return KV_DATA_LOSS;
+    if (type == LSM_PUT && (!varint_get(&q, end, 32, &vlen) || vlen > LSM_MAX_VALUE))
+        return KV_DATA_LOSS;
+    if (!varint_get(&q, end, 64, &seqno))
+        return KV_DATA_LOSS;
+    if (head & LSM_RECC_VER) {
+        if ((size_t)(end - q) < 8)
+            return KV_DATA_LOSS;
+        version = lsm_get64(q);
+        q += 8;
+    }
+    if ((head & LSM_RECC_EXP) && !varint_get(&q, end, 64, &expire))
+        return KV_DATA_LOSS;
+    if ((uint64_t)(end - q) < klen + vlen)
+        return KV_DATA_LOSS;
+    r->klen = (size_t)klen;
+    r->vlen = (size_t)vlen;
+    r->version = version;
+    r->seqno = seqno;
+    r->expire_at = expire;
+    r->type = type;
+    r->flags = head >> 4;
+    r->key = q;
+    r->value = vlen ? q + klen : NULL;
+    *used = (size_t)(q - p) + (size_t)klen + (size_t)vlen;
+    return KV_OK;
+}
+
 kv_err lsm_rec_copy(lsm_rec *out, const lsm_rec *r)
 {
     void *k = malloc(r->klen);

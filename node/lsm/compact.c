@@ -694,7 +694,7 @@ static int route(lsm_db *db, cjob *j, const lsm_rec *r)
     if (builtin ? !ralt_is_hot(db->ralt, r->key, r->klen)
                 : db->o.route(db->o.route_arg, r, j->from) != j->from)
         return 0;
-    uint64_t sz = lsm_rec_size(r) + 4;
+    uint64_t sz = lsm_recc_size(r) + 4; /* as an SST holds it */
     if (sz > j->retain_budget)
         return 0;
     j->retain_budget -= sz;

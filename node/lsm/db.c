@@ -887,7 +887,8 @@ static void take_probe(lookup *lk, size_t i)
     kv_err rv = lsm_sst_block_check(p->f->sst, p->blk, &lk->io[i]);
     lsm_rec r;
     if (rv == KV_OK)
-        rv = lsm_block_search(lk->io[i].buf, lk->io[i].len, lk->keys[k], lk->klens[k], &r);
+        rv = lsm_block_search(p->f->sst, lk->io[i].buf, lk->io[i].len, lk->keys[k], lk->klens[k],
+                              &r);
     if (rv == KV_NOT_FOUND)
         return;
     if (rv == KV_DATA_LOSS)

@@ -68,6 +68,23 @@ void lsm_rec_encode(uint8_t *dst, const lsm_rec *r);
 /* Decodes one record at p (avail bytes); r's key/value point into p. Returns
  * KV_OK and *used, or DATA_LOSS when malformed. */
 kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
+
+/* Compact record codec (SST format version 3's data blocks):
+ *   [u8 head][varint klen][varint vlen, PUT only][varint seqno]
+ *   [u64 version, when head & VER][varint expire_at, when head & EXP][key][value]
+ * head = type (bits 0-1) | LSM_RECC_VER | LSM_RECC_EXP | flags << 4; varints
+ * are LEB128 (7 bits a byte, low first). A 1 KiB put with an 8-byte key
+ * and a version costs 15-17 header bytes instead of LSM_REC_HDR's 34; a delete
+ * without version or TTL, 3 or so. lsm_recc_decode rejects what
+ * lsm_rec_decode rejects, plus overlong varints. */
+#define LSM_RECC_VER 0x04u
+#define LSM_RECC_EXP 0x08u
+#define LSM_RECC_MAX_HDR (1u + 3u + 5u + 10u + 8u + 10u)
+_Static_assert((LSM_F_PROMOTED | LSM_F_TWIN) <= 0xFu, "record flags fit the head's 4 bits");
+size_t lsm_recc_size(const lsm_rec *r);
+/* Writes r at dst (lsm_recc_size(r) bytes). */
+void lsm_recc_encode(uint8_t *dst, const lsm_rec *r);
+kv_err lsm_recc_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
 bool lsm_rec_valid(const lsm_rec *r);
 /* Deep copy of r (key and value malloc'ed) into *out. */
 kv_err lsm_rec_copy(lsm_rec *out, const lsm_rec *r);
@@ -263,9 +280,10 @@ kv_err lsm_sst_block_check(const lsm_sst *s, int blk, lsm_io *io);
  * of lsm_sst_block_io (RESOURCE_EXHAUSTED) or of lsm_sst_block_check, with
  * nothing to free. */
 kv_err lsm_sst_read_block(const lsm_sst *s, int blk, lsm_io *io);
-/* Binary search in a verified block: KV_OK + *out (pointing into buf),
+/* Binary search in a verified block of s: KV_OK + *out (pointing into buf),
  * NOT_FOUND, or DATA_LOSS. */
-kv_err lsm_block_search(const uint8_t *buf, size_t len, const void *key, size_t klen, lsm_rec *out);
+kv_err lsm_block_search(const lsm_sst *s, const uint8_t *buf, size_t len, const void *key,
+                        size_t klen, lsm_rec *out);
 
 typedef struct lsm_sst_iter {
     lsm_sst *s;

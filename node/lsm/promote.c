@@ -334,7 +334,7 @@ static bool file_holds(const lsm_file *f, const void *key, size_t klen)
     if (lsm_sst_read_block(f->sst, blk, &io) != KV_OK)
         return true;
     lsm_rec r;
-    kv_err rv = lsm_block_search(io.buf, io.len, key, klen, &r);
+    kv_err rv = lsm_block_search(f->sst, io.buf, io.len, key, klen, &r);
     free(io.buf);
     return rv != KV_NOT_FOUND;
 }

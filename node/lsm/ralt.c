@@ -333,12 +333,12 @@ static kv_err run_get(ralt *r, ralt_run *run, const void *key, size_t klen, ralt
     lsm_rec rec;
     kv_err rv;
     if (tl_blk.id == r->id && tl_blk.number == run->f->number && tl_blk.blk == b) {
-        rv = lsm_block_search(tl_blk.buf, tl_blk.len, key, klen, &rec);
+        rv = lsm_block_search(s, tl_blk.buf, tl_blk.len, key, klen, &rec);
     } else {
         lsm_io io;
         if ((rv = lsm_sst_read_block(s, b, &io)) != KV_OK) /* no memory, or a bad block */
             return rv == KV_RESOURCE_EXHAUSTED ? rv : run_error(r, run, rv);
-        rv = lsm_block_search(io.buf, io.len, key, klen, &rec);
+        rv = lsm_block_search(s, io.buf, io.len, key, klen, &rec);
         if ((rv == KV_OK || rv == KV_NOT_FOUND) && io.len <= sizeof(tl_blk.buf)) {
             memcpy(tl_blk.buf, io.buf, io.len); /* verified: keep it */
             tl_blk.len = io.len;
@@ -346,7 +346,7 @@ static kv_err run_get(ralt *r, ralt_run *run, const void *key, size_t klen, ralt
             tl_blk.number = run->f->number;
             tl_blk.blk = b;
             if (rv == KV_OK) /* rec points into io.buf: look it up in the copy */
-                rv = lsm_block_search(tl_blk.buf, tl_blk.len, key, klen, &rec);
+                rv = lsm_block_search(s, tl_blk.buf, tl_blk.len, key, klen, &rec);
         }
         if (rv == KV_OK)
             rv = val_decode(&rec, e);

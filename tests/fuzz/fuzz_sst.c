@@ -32,7 +32,7 @@ static void lookup(lsm_sst *s, const void *key, size_t klen)
     if (b < 0 || lsm_sst_read_block(s, b, &io) != KV_OK)
         return;
     lsm_rec r;
-    if (lsm_block_search(io.buf, io.len, key, klen, &r) == KV_OK)
+    if (lsm_block_search(s, io.buf, io.len, key, klen, &r) == KV_OK)
         FZ_CHECK(lsm_key_cmp(r.key, r.klen, key, klen) == 0, "block search found another key");
     free(io.buf);
 }

@@ -130,18 +130,21 @@ Test(pick, last_fd_level_takes_the_least_overlap_without_hot_keys)
 
 /* HotRAP's pick on the last FD level weighs a file's overlap below against
  * its cold bytes, so a small file goes before a full one when it costs less
- * per byte pushed down. L3 (SD): dense [0, 3400), sparse [4500, 4510). L2:
- * [0, 3400) in full files over the dense part, and [4500, 4650), a file of
- * about half the size over the sparse part; together just over L2's target.
+ * per byte pushed down. L3 (SD): dense [0, COLD_DENSE), sparse [4500, 4510).
+ * L2: [0, COLD_DENSE) in full files over the dense part, and [4500, 4650), a
+ * file of about half the size over the sparse part; together just over L2's
+ * target (COLD_DENSE is sized for 218-byte records in SST format 3: 3860 x
+ * 218 + 150 x 218 + the blocks' trailers).
  * The small file's job rewrites almost nothing on SD; a full file's job
  * rewrites its size again. (The rule before took the largest files first
  * and pushed a full one, which left L2 under its target with the small file
  * still on FD.) */
+#define COLD_DENSE 3860
 Test(pick, last_fd_level_weighs_overlap_against_cold_bytes)
 {
     tdb t;
-    hotrap_over_l3(&t, "pickcold", 3400);
-    put_down(&t, 0, 3400, 2);
+    hotrap_over_l3(&t, "pickcold", COLD_DENSE);
+    put_down(&t, 0, COLD_DENSE, 2);
     put_down(&t, 4500, 4650, 2);
     lsm_stats s = stats_of(&t);
     lsm_version *v = lsm_db_current(t.db);
@@ -163,7 +166,7 @@ Test(pick, last_fd_level_weighs_overlap_against_cold_bytes)
     cr_assert_leq(s.levels[2].bytes, s.levels[2].target_bytes);
     cr_assert_eq(get_id(&t, 4500, NULL, NULL), LSM_TIER_SD, "the sparse file was pushed down");
     for (int id = 0; id < 4650; id += 7)
-        if (id < 3400 || id >= 4500)
+        if (id < COLD_DENSE || id >= 4500)
             get_id(&t, id, NULL, NULL);
     lt_db_close(&t);
 }

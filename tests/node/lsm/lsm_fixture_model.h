@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The contents of tests/node/lsm/fixtures/sst_v1: an LSM directory pair
- * (fast/, slow/) written by the code before SST format version 2 (block
- * compression) by fixtures/gen_sst_v1.c, and read back by lsm_compat_test.c.
+ * The contents of tests/node/lsm/fixtures/sst_v1 and sst_v2: LSM directory
+ * pairs (fast/, slow/) written by fixtures/gen_sst_v1.c with the code before
+ * SST format version 2 (block compression) and before version 3 (compact
+ * records), and read back by lsm_compat_test.c.
  * Both include this model, so the test knows every key's newest record.
  *
  * FX_KEYS keys "fx%05d", written in phases; a later phase wins:
