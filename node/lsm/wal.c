@@ -3,7 +3,10 @@
  * Write-ahead log on the fast volume. A segment file <number>.wal is a
  * sequence of frames [u32 crc32c(len || payload)][u32 len][payload], one per
  * lsm_wal_append call, the payload being the call's encoded records; a frame
- * is the unit of atomicity.
+ * is the unit of atomicity. len's top bit (FRAME_COMPACT) says the payload's
+ * records use the compact codec (codec.c, as SST format 3); frames without
+ * it, written before, hold fixed 34-byte record headers and replay as
+ * before, so a log written by either version, or by both, is read.
  *
  * Group commit (leader/follower, as in LevelDB's writer queue): a caller
  * encodes its frame outside the lock, appends it to the pending buffer and
@@ -49,6 +52,8 @@
 #include "node/lsm/lsm_int.h"
 
 #define MAX_FRAME (1u << 30)
+#define FRAME_COMPACT 0x80000000u /* in len: compact records */
+#define MIN_RECC 4u               /* head, klen, seqno and a 1-byte key */
 #define READ_CHUNK (1u << 20)
 
 typedef struct waiter {
@@ -101,7 +106,7 @@ static kv_err encode_frame(lsm_buf *b, const lsm_rec *recs, size_t n, uint64_t *
     for (size_t i = 0; i < n; i++) {
         if (!lsm_rec_valid(&recs[i]))
             return KV_INVALID_ARGUMENT;
-        total += lsm_rec_size(&recs[i]);
+        total += lsm_recc_size(&recs[i]);
     }
     if (total > MAX_FRAME)
         return KV_INVALID_ARGUMENT;
@@ -111,11 +116,11 @@ static kv_err encode_frame(lsm_buf *b, const lsm_rec *recs, size_t n, uint64_t *
     uint8_t *h = b->p, *p = h + LSM_FRAME_HDR;
     *max_seq = 0;
     for (size_t i = 0; i < n; i++) {
-        lsm_rec_encode(p, &recs[i]);
-        p += lsm_rec_size(&recs[i]);
+        lsm_recc_encode(p, &recs[i]);
+        p += lsm_recc_size(&recs[i]);
         *max_seq = recs[i].seqno > *max_seq ? recs[i].seqno : *max_seq;
     }
-    lsm_set32(h + 4, (uint32_t)total);
+    lsm_set32(h + 4, (uint32_t)total | FRAME_COMPACT);
     lsm_set32(h, lsm_crc32c(0, h + 4, total + 4));
     b->len = LSM_FRAME_HDR + total;
     return KV_OK;
@@ -516,20 +521,26 @@ typedef struct replay_ctx {
     lsm_wal_recovery mode;
 } replay_ctx;
 
+static kv_err frame_decode(bool compact, const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
+{
+    return compact ? lsm_recc_decode(p, avail, r, used) : lsm_rec_decode(p, avail, r, used);
+}
+
 /* Replays one verified frame payload; DATA_LOSS if its records are bad. */
-static kv_err replay_payload(replay_ctx *c, const uint8_t *p, size_t len, uint64_t *seg_max)
+static kv_err replay_payload(replay_ctx *c, const uint8_t *p, size_t len, bool compact,
+                             uint64_t *seg_max)
 {
     for (size_t at = 0; at < len;) {
         lsm_rec r;
         size_t used;
-        if (lsm_rec_decode(p + at, len - at, &r, &used) != KV_OK)
+        if (frame_decode(compact, p + at, len - at, &r, &used) != KV_OK)
             return KV_DATA_LOSS;
         at += used;
     }
     for (size_t at = 0; at < len;) {
         lsm_rec r;
         size_t used;
-        lsm_rec_decode(p + at, len - at, &r, &used);
+        frame_decode(compact, p + at, len - at, &r, &used);
         at += used;
         *seg_max = r.seqno > *seg_max ? r.seqno : *seg_max;
         c->max_seq = r.seqno > c->max_seq ? r.seqno : c->max_seq;
@@ -542,45 +553,66 @@ static kv_err replay_payload(replay_ctx *c, const uint8_t *p, size_t len, uint64
     return KV_OK;
 }
 
-/* The frame at off, when its checksum holds; NULL otherwise (*len set). */
-static const uint8_t *frame_at(reader *r, uint64_t off, uint32_t *len)
+/* The smallest payload of a frame: one record of the frame's codec. */
+static uint32_t min_payload(bool compact)
+{
+    return compact ? MIN_RECC : LSM_REC_HDR + 1;
+}
+
+/* The frame at off, when its checksum holds; NULL otherwise (*len set, the
+ * payload's length, and *compact, its codec). */
+static const uint8_t *frame_at(reader *r, uint64_t off, uint32_t *len, bool *compact)
 {
     const uint8_t *h = rd_get(r, off, LSM_FRAME_HDR);
     if (!h)
         return NULL;
-    *len = lsm_get32(h + 4);
+    uint32_t word = lsm_get32(h + 4);
+    *compact = (word & FRAME_COMPACT) != 0;
+    *len = word & ~FRAME_COMPACT;
     uint32_t crc = lsm_get32(h);
-    if (*len <= LSM_REC_HDR || *len > MAX_FRAME) /* a frame holds one record or more */
+    if (*len < min_payload(*compact) || *len > MAX_FRAME) /* one record or more */
         return NULL;
     const uint8_t *f = rd_get(r, off, LSM_FRAME_HDR + *len);
     return f && lsm_crc32c(0, f + 4, (size_t)*len + 4) == crc ? f : NULL;
 }
 
-/* Whether h (a frame header and a record header) may start a frame of a
- * log of size bytes at p: a length that fits and a first record that does. */
-static bool plausible(const uint8_t *h, uint64_t p, uint64_t size)
+/* Whether h (a frame header and n >= LSM_FRAME_HDR + MIN_RECC bytes after
+ * it) may start a frame of a log of size bytes at p: a length that fits and
+ * a first record that does (for a compact frame: a valid type and a key
+ * length whose first byte is not zero). */
+static bool plausible(const uint8_t *h, size_t n, uint64_t p, uint64_t size)
 {
-    uint32_t len = lsm_get32(h + 4);
+    uint32_t word = lsm_get32(h + 4), len = word & ~FRAME_COMPACT;
     const uint8_t *rec = h + LSM_FRAME_HDR;
+    bool compact = (word & FRAME_COMPACT) != 0;
+    if (len < min_payload(compact) || len > size - p - LSM_FRAME_HDR)
+        return false;
+    if (compact)
+        return ((rec[0] & 3u) == LSM_PUT || (rec[0] & 3u) == LSM_DELETE) && rec[1] != 0;
+    if (n < LSM_FRAME_HDR + LSM_REC_HDR)
+        return false;
     uint64_t klen = lsm_get32(rec), vlen = lsm_get32(rec + 4);
-    return len > LSM_REC_HDR && len <= size - p - LSM_FRAME_HDR && klen > 0 &&
-           klen <= LSM_MAX_KEY && vlen <= LSM_MAX_VALUE && LSM_REC_HDR + klen + vlen <= len &&
-           (rec[32] == LSM_PUT || rec[32] == LSM_DELETE);
+    return klen > 0 && klen <= LSM_MAX_KEY && vlen <= LSM_MAX_VALUE &&
+           LSM_REC_HDR + klen + vlen <= len && (rec[32] == LSM_PUT || rec[32] == LSM_DELETE);
 }
 
 /* Offset of the first frame after a bad one at bad that passes its
  * checksum, or 0 when there is none (or a read failed: r->err). Every
- * offset is tried (the bad frame's length may be what is damaged); a
- * candidate must first look plausible, so random bytes and zeroes cost no
- * checksum. */
+ * offset is tried (the bad frame's length may be what is damaged), down to
+ * the smallest compact frame at the very end; a candidate must first look
+ * plausible, so random bytes and zeroes cost no checksum. */
 static uint64_t valid_after(reader *r, uint64_t bad)
 {
-    for (uint64_t p = bad + 1; p + LSM_FRAME_HDR + LSM_REC_HDR < r->size; p++) {
-        const uint8_t *h = rd_get(r, p, LSM_FRAME_HDR + LSM_REC_HDR);
+    for (uint64_t p = bad + 1; p + LSM_FRAME_HDR + MIN_RECC <= r->size; p++) {
+        size_t n = LSM_FRAME_HDR + LSM_REC_HDR;
+        if (n > r->size - p)
+            n = (size_t)(r->size - p);
+        const uint8_t *h = rd_get(r, p, n);
         uint32_t len;
+        bool compact;
         if (!h)
             return 0;
-        if (plausible(h, p, r->size) && frame_at(r, p, &len))
+        if (plausible(h, n, p, r->size) && frame_at(r, p, &len, &compact))
             return p;
     }
     return 0;
@@ -653,8 +685,9 @@ static kv_err replay_seg(replay_ctx *c, lsm_vol *v, seg_scan *sc)
     sc->cut = false;
     while (off < r.size && rv == KV_OK) {
         uint32_t len;
-        const uint8_t *f = frame_at(&r, off, &len);
-        rv = f ? replay_payload(c, f + LSM_FRAME_HDR, len, &sc->seg_max) : KV_DATA_LOSS;
+        bool compact;
+        const uint8_t *f = frame_at(&r, off, &len, &compact);
+        rv = f ? replay_payload(c, f + LSM_FRAME_HDR, len, compact, &sc->seg_max) : KV_DATA_LOSS;
         if (rv == KV_DATA_LOSS && r.err == KV_OK)
             rv = bad_frame(c, &r, sc, name, off);
         if (rv != KV_OK || sc->cut)

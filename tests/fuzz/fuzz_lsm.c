@@ -10,7 +10,8 @@
 
 #include "fuzz_util.h"
 
-#define SST_MAGIC 0x31545353534d534cull
+/* "LSMSSST" and the format version's digit */
+#define SST_MAGIC_BASE 0x30545353534d534cull
 #define FOOTER_LEN 48u
 
 static uint8_t *grow(lsm_buf *b, size_t n)
@@ -21,10 +22,10 @@ static uint8_t *grow(lsm_buf *b, size_t n)
     return p;
 }
 
-void fz_wal_frame(lsm_buf *b, const void *payload, size_t len)
+void fz_wal_frame(lsm_buf *b, const void *payload, size_t len, bool compact)
 {
     uint8_t *h = grow(b, LSM_FRAME_HDR + len);
-    lsm_set32(h + 4, (uint32_t)len);
+    lsm_set32(h + 4, (uint32_t)len | (compact ? 0x80000000u : 0)); /* wal.c's FRAME_COMPACT */
     if (len)
         memcpy(h + LSM_FRAME_HDR, payload, len);
     lsm_set32(h, lsm_crc32c(0, h + 4, len + 4));
@@ -72,7 +73,9 @@ void fz_sst_fix(uint8_t *img, size_t len)
     if (len < FOOTER_LEN)
         return;
     uint8_t *f = img + len - FOOTER_LEN;
-    lsm_set64(f + 32, SST_MAGIC);
+    uint32_t version = lsm_get32(f + 40); /* the magic of the version the image names */
+    lsm_set64(f + 32,
+              SST_MAGIC_BASE + ((uint64_t)(version >= 1 && version <= 3 ? version : 1) << 56));
     lsm_set32(f + 44, lsm_crc32c(0, f, 44));
     uint64_t ioff = lsm_get64(f), boff = lsm_get64(f + 16);
     uint32_t ilen = lsm_get32(f + 8), blen = lsm_get32(f + 12);

@@ -187,11 +187,11 @@ static void seeds_wal(const char *dir)
     put_chunk(&raw, seg.p, seg.len);
     emit("wal", "raw", &raw);
     rechunk(&body, &seg, LSM_FRAME_HDR);
-    put8(&framed, 1);
+    put8(&framed, 1 | 32);
     put8(&framed, 2);
     put_chunk(&framed, body.p, body.len);
     emit("wal", "framed", &framed);
-    put8(&two, 1 | 2);
+    put8(&two, 1 | 2 | 32);
     put8(&two, 0);
     put_chunk(&two, body.p, body.len);
     put_chunk(&two, body.p, body.len / 2);

@@ -6,7 +6,8 @@
  * [u16 length][payload] frames with correct checksums (so the record decoder
  * sees arbitrary payloads), a trailing partial frame staying raw (a torn
  * tail); bits 1-2 give the segment count; bit 3 reads through io_uring; bit 4 recovers
- * point-in-time instead of absolute (where corruption before the tail is DATA_LOSS). Properties:
+ * point-in-time instead of absolute (where corruption before the tail is DATA_LOSS); bit 5 marks
+ * the frames bit 0 makes as compact-record frames, bit 6 every other one of them. Properties:
  * every replayed record is valid and newer than the flushed seqno; a successful recovery leaves a
  * log that a second recovery replays identically and to which an append lands after the recovered
  * records, whatever the first recovery had to cut. A fresh directory per input.
@@ -37,8 +38,9 @@ static kv_err on_rec(void *arg, const lsm_rec *r)
 }
 
 /* Writes segment number num from one chunk of the input. */
-static void write_segment(const char *dir, fz_in *in, bool framed, uint64_t num)
+static void write_segment(const char *dir, fz_in *in, uint8_t flags, uint64_t num)
 {
+    bool framed = flags & 1, compact = flags & 32, mix = flags & 64;
     size_t len;
     const uint8_t *p = fz_chunk(in, &len);
     lsm_buf b = {0};
@@ -49,7 +51,8 @@ static void write_segment(const char *dir, fz_in *in, bool framed, uint64_t num)
             break; /* the rest stays raw: a torn tail */
         size_t flen;
         const uint8_t *f = fz_chunk(&seg, &flen);
-        fz_wal_frame(&b, f, flen);
+        fz_wal_frame(&b, f, flen, compact);
+        compact ^= mix;
     }
     FZ_CHECK(lsm_buf_put(&b, seg.p, seg.n) == KV_OK, "out of memory");
     char name[32];
@@ -112,7 +115,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     mode = flags & 16 ? LSM_WAL_POINT_IN_TIME : LSM_WAL_ABSOLUTE;
     int nseg = 1 + (flags >> 1) % 3;
     for (int i = 0; i < nseg; i++)
-        write_segment(dir, &in, flags & 1, (uint64_t)i + 1);
+        write_segment(dir, &in, flags, (uint64_t)i + 1);
     lsm_vol v;
     FZ_CHECK(lsm_vol_init(&v, dir, LSM_TIER_FD, flags & 8) == KV_OK, "lsm_vol_init");
     recovered a;
