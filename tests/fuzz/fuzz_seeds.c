@@ -159,7 +159,7 @@ static lsm_buf slurp(const char *dir, const char *name)
 static void rechunk(lsm_buf *out, const lsm_buf *file, size_t hdr)
 {
     for (size_t off = 0; off + hdr <= file->len;) {
-        uint32_t n = lsm_get32(file->p + off + 4);
+        uint32_t n = lsm_get32(file->p + off + 4) & 0x7fffffffu; /* less a WAL frame's codec bit */
         put_chunk(out, file->p + off + hdr, n);
         off += hdr + n;
     }
