@@ -137,7 +137,7 @@ bool lsm_rec_valid(const lsm_rec *r)
         return false;
     if (r->type == LSM_PUT && (r->vlen > LSM_MAX_VALUE || (r->vlen && !r->value)))
         return false;
-    return true;
+    return (r->flags & ~0xFu) == 0; /* the compact codec stores 4 flag bits */
 }
 
 void lsm_rec_encode(uint8_t *d, const lsm_rec *r)

@@ -85,6 +85,8 @@ size_t lsm_recc_size(const lsm_rec *r);
 /* Writes r at dst (lsm_recc_size(r) bytes). */
 void lsm_recc_encode(uint8_t *dst, const lsm_rec *r);
 kv_err lsm_recc_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
+/* A key of 1..LSM_MAX_KEY bytes, a known type, a value within LSM_MAX_VALUE
+ * and flags within the 4 bits the compact codec stores. */
 bool lsm_rec_valid(const lsm_rec *r);
 /* Deep copy of r (key and value malloc'ed) into *out. */
 kv_err lsm_rec_copy(lsm_rec *out, const lsm_rec *r);

@@ -102,6 +102,9 @@ Test(recc, a_put_of_1KiB_costs_16_header_bytes)
     r.version = 0;
     r.seqno = 5;
     cr_assert_eq(lsm_recc_size(&r), 8 + 3, "a delete without version: head, klen, seqno");
+    cr_assert(lsm_rec_valid(&r));
+    r.flags = 0x10; /* a flag the head byte cannot hold is refused, not dropped */
+    cr_assert_not(lsm_rec_valid(&r));
 }
 
 Test(recc, malformed_records_are_data_loss)
