@@ -164,7 +164,7 @@ kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
         (uint64_t)LSM_REC_HDR + klen + vlen > avail)
         return KV_DATA_LOSS;
     uint8_t type = p[32];
-    if (type != LSM_PUT && type != LSM_DELETE)
+    if ((type != LSM_PUT && type != LSM_DELETE) || (p[33] & ~0xFu)) /* lsm_rec_valid's flags */
         return KV_DATA_LOSS;
     r->klen = klen;
     r->vlen = vlen;
