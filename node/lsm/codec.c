@@ -137,7 +137,7 @@ bool lsm_rec_valid(const lsm_rec *r)
         return false;
     if (r->type == LSM_PUT && (r->vlen > LSM_MAX_VALUE || (r->vlen && !r->value)))
         return false;
-    return (r->flags & ~0xFu) == 0; /* the compact codec stores 4 flag bits */
+    return (r->flags & ~LSM_RECC_FLAGS) == 0;
 }
 
 void lsm_rec_encode(uint8_t *d, const lsm_rec *r)
@@ -164,7 +164,7 @@ kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
         (uint64_t)LSM_REC_HDR + klen + vlen > avail)
         return KV_DATA_LOSS;
     uint8_t type = p[32];
-    if ((type != LSM_PUT && type != LSM_DELETE) || (p[33] & ~0xFu)) /* lsm_rec_valid's flags */
+    if ((type != LSM_PUT && type != LSM_DELETE) || (p[33] & ~LSM_RECC_FLAGS))
         return KV_DATA_LOSS;
     r->klen = klen;
     r->vlen = vlen;
@@ -235,10 +235,11 @@ size_t lsm_recc_size(const lsm_rec *r)
     return n;
 }
 
-void lsm_recc_encode(uint8_t *d, const lsm_rec *r)
+size_t lsm_recc_encode(uint8_t *dst, const lsm_rec *r)
 {
+    uint8_t *d = dst;
     *d++ = (uint8_t)((r->type & 3u) | (r->version ? LSM_RECC_VER : 0) |
-                     (r->expire_at ? LSM_RECC_EXP : 0) | (unsigned)(r->flags & 0xFu) << 4);
+                     (r->expire_at ? LSM_RECC_EXP : 0) | (r->flags & LSM_RECC_FLAGS) << 4);
     d = varint_put(d, r->klen);
     if (r->type == LSM_PUT)
         d = varint_put(d, r->vlen);
@@ -250,8 +251,12 @@ void lsm_recc_encode(uint8_t *d, const lsm_rec *r)
     if (r->expire_at)
         d = varint_put(d, r->expire_at);
     memcpy(d, r->key, r->klen);
-    if (r->type == LSM_PUT && r->vlen)
-        memcpy(d + r->klen, r->value, r->vlen);
+    d += r->klen;
+    if (r->type == LSM_PUT && r->vlen) {
+        memcpy(d, r->value, r->vlen);
+        d += r->vlen;
+    }
+    return (size_t)(d - dst);
 }
 
 kv_err lsm_recc_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
@@ -290,6 +295,11 @@ kv_err lsm_recc_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
     r->value = vlen ? q + klen : NULL;
     *used = (size_t)(q - p) + (size_t)klen + (size_t)vlen;
     return KV_OK;
+}
+
+kv_err lsm_rec_decode_as(bool compact, const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
+{
+    return compact ? lsm_recc_decode(p, avail, r, used) : lsm_rec_decode(p, avail, r, used);
 }
 
 kv_err lsm_rec_copy(lsm_rec *out, const lsm_rec *r)

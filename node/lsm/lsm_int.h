@@ -79,12 +79,16 @@ kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
  * lsm_rec_decode rejects, plus overlong varints. */
 #define LSM_RECC_VER 0x04u
 #define LSM_RECC_EXP 0x08u
+#define LSM_RECC_FLAGS 0xFu /* the flag bits a record may carry (head >> 4) */
 #define LSM_RECC_MAX_HDR (1u + 3u + 5u + 10u + 8u + 10u)
-_Static_assert((LSM_F_PROMOTED | LSM_F_TWIN) <= 0xFu, "record flags fit the head's 4 bits");
+_Static_assert((LSM_F_PROMOTED | LSM_F_TWIN) <= LSM_RECC_FLAGS, "record flags fit the head");
 size_t lsm_recc_size(const lsm_rec *r);
-/* Writes r at dst (lsm_recc_size(r) bytes). */
-void lsm_recc_encode(uint8_t *dst, const lsm_rec *r);
+/* Writes r at dst; returns the bytes written (lsm_recc_size(r)). */
+size_t lsm_recc_encode(uint8_t *dst, const lsm_rec *r);
 kv_err lsm_recc_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
+/* lsm_recc_decode when compact, else lsm_rec_decode (SST v1/v2, old WAL
+ * frames). */
+kv_err lsm_rec_decode_as(bool compact, const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
 /* A key of 1..LSM_MAX_KEY bytes, a known type, a value within LSM_MAX_VALUE
  * and flags within the 4 bits the compact codec stores. */
 bool lsm_rec_valid(const lsm_rec *r);

@@ -626,12 +626,6 @@ kv_err lsm_sst_read_block(const lsm_sst *s, int blk, lsm_io *io)
     return rv;
 }
 
-/* Decodes the record at p with s's record codec. */
-static kv_err rec_decode(const lsm_sst *s, const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
-{
-    return s->version >= 3 ? lsm_recc_decode(p, avail, r, used) : lsm_rec_decode(p, avail, r, used);
-}
-
 kv_err lsm_block_search(const lsm_sst *s, const uint8_t *buf, size_t len, const void *key,
                         size_t klen, lsm_rec *out)
 {
@@ -643,7 +637,8 @@ kv_err lsm_block_search(const lsm_sst *s, const uint8_t *buf, size_t len, const 
         uint32_t mid = lo + (hi - lo) / 2, at = lsm_get32(offs + (size_t)mid * 4);
         lsm_rec r;
         size_t used;
-        if (at >= payload || rec_decode(s, buf + at, payload - at, &r, &used) != KV_OK)
+        if (at >= payload ||
+            lsm_rec_decode_as(s->version >= 3, buf + at, payload - at, &r, &used) != KV_OK)
             return KV_DATA_LOSS;
         int c = lsm_key_cmp(r.key, r.klen, key, klen);
         if (c == 0) {
@@ -719,7 +714,8 @@ static void iter_decode(lsm_sst_iter *it)
             uint32_t at = lsm_get32(it->bp + it->payload + (size_t)it->i * 4);
             size_t used;
             if (at >= it->payload ||
-                rec_decode(it->s, it->bp + at, it->payload - at, &it->cur, &used) != KV_OK) {
+                lsm_rec_decode_as(it->s->version >= 3, it->bp + at, it->payload - at, &it->cur,
+                                  &used) != KV_OK) {
                 it->err = sst_corrupt(it->s, "malformed record");
                 return;
             }

@@ -116,8 +116,7 @@ static kv_err encode_frame(lsm_buf *b, const lsm_rec *recs, size_t n, uint64_t *
     uint8_t *h = b->p, *p = h + LSM_FRAME_HDR;
     *max_seq = 0;
     for (size_t i = 0; i < n; i++) {
-        lsm_recc_encode(p, &recs[i]);
-        p += lsm_recc_size(&recs[i]);
+        p += lsm_recc_encode(p, &recs[i]);
         *max_seq = recs[i].seqno > *max_seq ? recs[i].seqno : *max_seq;
     }
     lsm_set32(h + 4, (uint32_t)total | FRAME_COMPACT);
@@ -521,11 +520,6 @@ typedef struct replay_ctx {
     lsm_wal_recovery mode;
 } replay_ctx;
 
-static kv_err frame_decode(bool compact, const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
-{
-    return compact ? lsm_recc_decode(p, avail, r, used) : lsm_rec_decode(p, avail, r, used);
-}
-
 /* Replays one verified frame payload; DATA_LOSS if its records are bad. */
 static kv_err replay_payload(replay_ctx *c, const uint8_t *p, size_t len, bool compact,
                              uint64_t *seg_max)
@@ -533,14 +527,14 @@ static kv_err replay_payload(replay_ctx *c, const uint8_t *p, size_t len, bool c
     for (size_t at = 0; at < len;) {
         lsm_rec r;
         size_t used;
-        if (frame_decode(compact, p + at, len - at, &r, &used) != KV_OK)
+        if (lsm_rec_decode_as(compact, p + at, len - at, &r, &used) != KV_OK)
             return KV_DATA_LOSS;
         at += used;
     }
     for (size_t at = 0; at < len;) {
         lsm_rec r;
         size_t used;
-        frame_decode(compact, p + at, len - at, &r, &used);
+        lsm_rec_decode_as(compact, p + at, len - at, &r, &used);
         at += used;
         *seg_max = r.seqno > *seg_max ? r.seqno : *seg_max;
         c->max_seq = r.seqno > c->max_seq ? r.seqno : c->max_seq;

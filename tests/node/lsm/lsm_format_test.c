@@ -572,13 +572,21 @@ static kv_err collect(void *arg, const lsm_rec *r)
     return KV_OK;
 }
 
-static void wal_fill(lsm_vol *v, int frames, lsm_sync mode)
+/* Opens segment number of a WAL on v in sync mode (segs: its older ones,
+ * handed over as lsm_wal_open takes them). */
+static lsm_wal *wal_open(lsm_vol *v, lsm_sync mode, uint64_t number, lsm_wal_seg *segs, size_t n)
 {
     lsm_opts o;
     lsm_opts_default(&o);
     o.sync = mode;
     lsm_wal *w;
-    cr_assert_eq(lsm_wal_open(&w, v, &o, 1, NULL, 0), KV_OK);
+    cr_assert_eq(lsm_wal_open(&w, v, &o, number, segs, n), KV_OK);
+    return w;
+}
+
+static void wal_fill(lsm_vol *v, int frames, lsm_sync mode)
+{
+    lsm_wal *w = wal_open(v, mode, 1, NULL, 0);
     uint8_t val[64];
     char k[32];
     uint64_t seq = 1;
@@ -676,11 +684,7 @@ Test(wal, frames_are_compact_and_fixed_frames_still_replay)
     cr_assert_eq(c.n, 36);
     for (int i = 0; i < 36; i++)
         cr_assert_eq(c.seqs[i], (uint64_t)i + 1);
-    lsm_opts o;
-    lsm_opts_default(&o);
-    o.sync = LSM_SYNC_NONE;
-    lsm_wal *w;
-    cr_assert_eq(lsm_wal_open(&w, &v, &o, max_num + 1, segs, nsegs), KV_OK);
+    lsm_wal *w = wal_open(&v, LSM_SYNC_NONE, max_num + 1, segs, nsegs);
     char key[32];
     lsm_rec r = mkrec(key, 500, val, 64, 37);
     cr_assert_eq(lsm_wal_write(w, &r, 1), KV_OK);
@@ -707,11 +711,7 @@ Test(wal, corruption_before_a_tiny_last_frame_is_data_loss)
     char *dir = lt_mkdtemp("waltiny");
     lsm_vol v;
     cr_assert_eq(lsm_vol_init(&v, dir, LSM_TIER_FD, false), KV_OK);
-    lsm_opts o;
-    lsm_opts_default(&o);
-    o.sync = LSM_SYNC_NONE;
-    lsm_wal *w;
-    cr_assert_eq(lsm_wal_open(&w, &v, &o, 1, NULL, 0), KV_OK);
+    lsm_wal *w = wal_open(&v, LSM_SYNC_NONE, 1, NULL, 0);
     uint8_t val[64];
     memset(val, 7, sizeof(val));
     char key[32];
