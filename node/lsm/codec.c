@@ -297,6 +297,39 @@ kv_err lsm_recc_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
     return KV_OK;
 }
 
+/* ---- block entries (SST format 4) ---- */
+
+size_t lsm_blkrec_size(const lsm_rec *r, size_t shared)
+{
+    lsm_rec s = *r;
+    s.klen -= shared;
+    return varint_len(shared) + lsm_recc_size(&s);
+}
+
+size_t lsm_blkrec_encode(uint8_t *dst, const lsm_rec *r, size_t shared)
+{
+    lsm_rec s = *r;
+    s.key = (const uint8_t *)r->key + shared;
+    s.klen -= shared;
+    uint8_t *d = varint_put(dst, shared);
+    return (size_t)(d - dst) + lsm_recc_encode(d, &s);
+}
+
+kv_err lsm_blkrec_decode(const uint8_t *p, size_t avail, size_t *shared, lsm_rec *r, size_t *used)
+{
+    const uint8_t *q = p;
+    uint64_t sh;
+    size_t n;
+    if (!varint_get(&q, p + avail, 32, &sh) || sh > LSM_MAX_KEY)
+        return KV_DATA_LOSS;
+    size_t hl = (size_t)(q - p);
+    if (lsm_recc_decode(q, avail - hl, r, &n) != KV_OK || sh + r->klen > LSM_MAX_KEY)
+        return KV_DATA_LOSS;
+    *shared = (size_t)sh;
+    *used = hl + n;
+    return KV_OK;
+}
+
 kv_err lsm_rec_decode_as(bool compact, const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
 {
     return compact ? lsm_recc_decode(p, avail, r, used) : lsm_rec_decode(p, avail, r, used);

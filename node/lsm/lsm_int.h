@@ -86,6 +86,15 @@ size_t lsm_recc_size(const lsm_rec *r);
 /* Writes r at dst; returns the bytes written (lsm_recc_size(r)). */
 size_t lsm_recc_encode(uint8_t *dst, const lsm_rec *r);
 kv_err lsm_recc_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
+/* A data block entry of SST format 4: [varint shared][compact record whose
+ * key is the suffix], where shared is how many leading bytes the key has in
+ * common with the block's previous key (0 at a restart point). The suffix is
+ * never empty: keys in a block ascend strictly. lsm_blkrec_decode points
+ * r->key/klen at the suffix (the caller rebuilds the key), rejects what
+ * lsm_recc_decode rejects and a key longer than LSM_MAX_KEY in all. */
+size_t lsm_blkrec_size(const lsm_rec *r, size_t shared);
+size_t lsm_blkrec_encode(uint8_t *dst, const lsm_rec *r, size_t shared);
+kv_err lsm_blkrec_decode(const uint8_t *p, size_t avail, size_t *shared, lsm_rec *r, size_t *used);
 /* lsm_recc_decode when compact, else lsm_rec_decode (SST v1/v2, old WAL
  * frames). */
 kv_err lsm_rec_decode_as(bool compact, const uint8_t *p, size_t avail, lsm_rec *r, size_t *used);
@@ -286,8 +295,9 @@ kv_err lsm_sst_block_check(const lsm_sst *s, int blk, lsm_io *io);
  * of lsm_sst_block_io (RESOURCE_EXHAUSTED) or of lsm_sst_block_check, with
  * nothing to free. */
 kv_err lsm_sst_read_block(const lsm_sst *s, int blk, lsm_io *io);
-/* Binary search in a verified block of s: KV_OK + *out (pointing into buf),
- * NOT_FOUND, or DATA_LOSS. */
+/* Binary search in a verified block of s: KV_OK + *out (its value pointing
+ * into buf; its key into buf, or at key itself for format 4, whose keys are
+ * stored as suffixes), NOT_FOUND, or DATA_LOSS. */
 kv_err lsm_block_search(const lsm_sst *s, const uint8_t *buf, size_t len, const void *key,
                         size_t klen, lsm_rec *out);
 
@@ -298,9 +308,11 @@ typedef struct lsm_sst_iter {
     uint64_t ra_off;   /* file offset of ra.p[0] */
     lsm_buf dec;       /* the current block decompressed, when it is compressed */
     const uint8_t *bp; /* current block's records (in ra or dec), NULL before it is loaded */
-    uint32_t n, i;
-    size_t payload;
-    lsm_rec cur;
+    uint32_t n, i;     /* version <= 3: records in the block, the current one */
+    size_t payload;    /* bytes of the block's records (before its offsets) */
+    size_t at;         /* version 4: offset of the next entry */
+    lsm_buf key;       /* version 4: the current key, rebuilt from its prefix */
+    lsm_rec cur;       /* its key points into the block, or into key (version 4) */
     bool valid;
     kv_err err;
     uint64_t bytes_read;

@@ -14,7 +14,15 @@
  * blocks are raw. Version 3 (magic LSMSSST3) is version 2 with records in the
  * compact codec (codec.c: varint lengths and seqno, the version and the
  * expiry only when set; 15-17 header bytes for a 1 KiB put instead of 34).
- * Readers open all three, builders write version 3. The index
+ * Version 4 (magic LSMSSST4) shares key prefixes, as LevelDB's blocks do:
+ * each entry is [varint shared][compact record holding the key's suffix],
+ * shared counting the leading bytes in common with the previous key of the
+ * block, and every SST_RESTART-th entry is a restart point (shared 0, the
+ * whole key) whose offset is listed at the block's end with the count of
+ * restarts, in place of version 3's offset per record. A lookup
+ * binary-searches the restart points, then scans one interval comparing
+ * suffixes against the key without rebuilding it; the sequential iterator
+ * rebuilds each key. Readers open all four, builders write version 4. The index
  * holds, per block, its last key, offset and length; the bloom filter
  * uses 10 bits per key and 7 probes derived from one xxh64 by double hashing
  * (Kirsch & Mitzenmacher). The footer (index/bloom position, entry count,
@@ -39,6 +47,8 @@
 #define SST_MAGIC1 0x31545353534d534cull /* "LSMSSST1": version 1, raw blocks */
 #define SST_MAGIC2 0x32545353534d534cull /* "LSMSSST2": version 2, a codec byte per block */
 #define SST_MAGIC3 0x33545353534d534cull /* "LSMSSST3": version 3, compact records */
+#define SST_MAGIC4 0x34545353534d534cull /* "LSMSSST4": version 4, shared key prefixes */
+#define SST_RESTART 16u                  /* entries per restart interval (version 4) */
 #define FOOTER_LEN 48u
 #define BLOOM_BITS_PER_KEY 10u
 #define BLOOM_K 7u
@@ -49,7 +59,7 @@ struct lsm_sst {
     lsm_vol *v;
     int fd;
     uint64_t number, size, nentries;
-    uint32_t version; /* 1, 2 or 3 (format, see the top) */
+    uint32_t version; /* 1 to 4 (format, see the top) */
     char path[512];
     uint8_t *index;
     uint32_t nblocks;
@@ -67,8 +77,8 @@ struct lsm_sst_builder {
     uint64_t number;
     int fd;
     unsigned block_size;
-    lsm_buf out, blk, offs, index, last, first;
-    uint64_t off; /* file offset of out.p[0] */
+    lsm_buf out, blk, offs, index, last, first; /* offs: the block's restart offsets */
+    uint64_t off;                               /* file offset of out.p[0] */
     uint32_t nblk;
     uint64_t *hashes;
     size_t nh, hcap;
@@ -173,7 +183,7 @@ static kv_err flush_block(lsm_sst_builder *b)
 {
     kv_err rv = lsm_buf_put(&b->blk, b->offs.p, b->offs.len);
     if (rv == KV_OK)
-        rv = lsm_buf_put32(&b->blk, b->nblk);
+        rv = lsm_buf_put32(&b->blk, (uint32_t)(b->offs.len / 4));
     bool packed = false;
     if (rv == KV_OK)
         rv = lsm_block_compress(b->codec, b->blk.p, b->blk.len, &b->cbuf, &b->zctx, &packed);
@@ -211,18 +221,31 @@ void lsm_sst_builder_compress(lsm_sst_builder *b, lsm_compression c, _Atomic uin
     b->cout = out;
 }
 
+static size_t common_prefix(const uint8_t *a, size_t alen, const void *key, size_t klen)
+{
+    const uint8_t *k = key;
+    size_t n = alen < klen ? alen : klen, i = 0;
+    while (i < n && a[i] == k[i])
+        i++;
+    return i;
+}
+
 kv_err lsm_sst_builder_add(lsm_sst_builder *b, const lsm_rec *r)
 {
     if (b->count && lsm_key_cmp(b->last.p, b->last.len, r->key, r->klen) >= 0)
         return KV_INVALID_ARGUMENT;
-    size_t sz = lsm_recc_size(r);
-    kv_err rv = lsm_buf_reserve(&b->blk, sz);
-    if (rv == KV_OK)
+    size_t shared = 0;
+    kv_err rv = KV_OK;
+    if (b->nblk % SST_RESTART == 0)
         rv = lsm_buf_put32(&b->offs, (uint32_t)b->blk.len);
+    else
+        shared = common_prefix(b->last.p, b->last.len, r->key, r->klen);
+    size_t sz = lsm_blkrec_size(r, shared);
+    if (rv == KV_OK)
+        rv = lsm_buf_reserve(&b->blk, sz);
     if (rv != KV_OK)
         return rv;
-    lsm_recc_encode(b->blk.p + b->blk.len, r);
-    b->blk.len += sz;
+    b->blk.len += lsm_blkrec_encode(b->blk.p + b->blk.len, r, shared);
     b->nblk++;
     b->last.len = 0;
     if ((rv = lsm_buf_put(&b->last, r->key, r->klen)) != KV_OK)
@@ -309,8 +332,8 @@ static kv_err finish_tail(lsm_sst_builder *b)
     lsm_set32(f + 12, (uint32_t)bloom.len);
     lsm_set64(f + 16, bloom_off);
     lsm_set64(f + 24, b->count);
-    lsm_set64(f + 32, SST_MAGIC3);
-    lsm_set32(f + 40, 3);
+    lsm_set64(f + 32, SST_MAGIC4);
+    lsm_set32(f + 40, 4);
     lsm_set32(f + 44, lsm_crc32c(0, f, 44));
     lsm_buf_free(&bloom);
     if (rv == KV_OK)
@@ -440,7 +463,7 @@ static kv_err load_meta(lsm_sst *s)
     uint64_t magic = lsm_get64(f + 32);
     s->version = lsm_get32(f + 40);
     if (!(magic == SST_MAGIC1 && s->version == 1) && !(magic == SST_MAGIC2 && s->version == 2) &&
-        !(magic == SST_MAGIC3 && s->version == 3))
+        !(magic == SST_MAGIC3 && s->version == 3) && !(magic == SST_MAGIC4 && s->version == 4))
         return sst_corrupt(s, "bad footer (unknown magic or format version)");
     uint32_t ilen = lsm_get32(f + 8), blen = lsm_get32(f + 12);
     s->nentries = lsm_get64(f + 24);
@@ -626,9 +649,84 @@ kv_err lsm_sst_read_block(const lsm_sst *s, int blk, lsm_io *io)
     return rv;
 }
 
+/* Compares the key whose first `shared` bytes equal key's and whose rest is
+ * suf[0..slen) with key (klen bytes): the sign, and *lcp = their common
+ * prefix length. */
+static int cmp_suffix(size_t shared, const uint8_t *suf, size_t slen, const uint8_t *key,
+                      size_t klen, size_t *lcp)
+{
+    size_t n = klen - shared < slen ? klen - shared : slen, i = 0;
+    while (i < n && suf[i] == key[shared + i])
+        i++;
+    *lcp = shared + i;
+    if (i < n)
+        return suf[i] < key[shared + i] ? -1 : 1;
+    return shared + slen < klen ? -1 : shared + slen > klen;
+}
+
+/* lsm_block_search for format 4. The restart entries hold whole keys: the
+ * binary search finds the last one not above key, then the scan of its
+ * interval tracks the entry's common prefix with key (lcp) instead of
+ * rebuilding keys. An entry that shares more than lcp bytes with its
+ * predecessor differs from key where that one did, so it still sorts below
+ * key; otherwise its suffix is compared from byte `shared` on. */
+static kv_err search_v4(const uint8_t *buf, size_t len, const uint8_t *key, size_t klen,
+                        lsm_rec *out)
+{
+    uint32_t nr = lsm_get32(buf + len - 4);
+    size_t payload = len - 4 - (size_t)nr * 4, shared, used, lcp = 0;
+    const uint8_t *rst = buf + payload;
+    lsm_rec r;
+    int c = 1;
+    if (nr == 0 || lsm_get32(rst) != 0) /* a block holds records, the first a restart */
+        return KV_DATA_LOSS;
+    uint32_t lo = 0, hi = nr;
+    while (lo < hi) { /* the first restart whose key is above key */
+        uint32_t mid = lo + (hi - lo) / 2, at = lsm_get32(rst + (size_t)mid * 4);
+        if (at >= payload ||
+            lsm_blkrec_decode(buf + at, payload - at, &shared, &r, &used) != KV_OK || shared != 0)
+            return KV_DATA_LOSS;
+        if ((c = cmp_suffix(0, r.key, r.klen, key, klen, &lcp)) == 0)
+            goto found;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return KV_NOT_FOUND; /* below the block's first key */
+    size_t at = lsm_get32(rst + (size_t)(lo - 1) * 4);
+    size_t end = lo < nr ? lsm_get32(rst + (size_t)lo * 4) : payload;
+    if (at >= end || end > payload)
+        return KV_DATA_LOSS;
+    size_t plen = 0; /* the previous key's length */
+    for (bool first = true; at < end; first = false) {
+        if (lsm_blkrec_decode(buf + at, end - at, &shared, &r, &used) != KV_OK ||
+            (first ? shared != 0 : shared > plen))
+            return KV_DATA_LOSS;
+        at += used;
+        plen = shared + r.klen;
+        if (!first && shared > lcp)
+            continue; /* differs from key where its predecessor did: below key */
+        c = cmp_suffix(shared, r.key, r.klen, key, klen, &lcp);
+        if (c == 0)
+            goto found;
+        if (c > 0)
+            return KV_NOT_FOUND;
+    }
+    return KV_NOT_FOUND;
+found:
+    *out = r;
+    out->key = key;
+    out->klen = klen;
+    return KV_OK;
+}
+
 kv_err lsm_block_search(const lsm_sst *s, const uint8_t *buf, size_t len, const void *key,
                         size_t klen, lsm_rec *out)
 {
+    if (s->version >= 4)
+        return search_v4(buf, len, key, klen, out);
     uint32_t n = lsm_get32(buf + len - 4);
     size_t payload = len - 4 - (size_t)n * 4;
     const uint8_t *offs = buf + payload;
@@ -701,6 +799,31 @@ static void iter_load(lsm_sst_iter *it)
     it->n = lsm_get32(it->bp + plen - 4);
     it->payload = plen - 4 - (size_t)it->n * 4;
     it->i = 0;
+    it->at = 0;
+}
+
+/* Decodes the format-4 entry at it->at into it->cur, its key rebuilt in
+ * it->key from the previous one (false: it->err is set). */
+static bool iter_decode_v4(lsm_sst_iter *it)
+{
+    size_t shared, used;
+    kv_err rv = KV_OK;
+    if (lsm_blkrec_decode(it->bp + it->at, it->payload - it->at, &shared, &it->cur, &used) !=
+            KV_OK ||
+        shared > (it->at == 0 ? 0 : it->key.len))
+        rv = sst_corrupt(it->s, "malformed record");
+    if (rv == KV_OK) {
+        it->key.len = shared;
+        rv = lsm_buf_put(&it->key, it->cur.key, it->cur.klen);
+    }
+    if (rv != KV_OK) {
+        it->err = rv;
+        return false;
+    }
+    it->cur.key = it->key.p;
+    it->cur.klen = it->key.len;
+    it->at += used;
+    return true;
 }
 
 static void iter_decode(lsm_sst_iter *it)
@@ -710,7 +833,12 @@ static void iter_decode(lsm_sst_iter *it)
             iter_load(it);
         if (it->err)
             return;
-        if (it->i < it->n) {
+        if (it->s->version >= 4) {
+            if (it->at < it->payload) {
+                it->valid = iter_decode_v4(it);
+                return;
+            }
+        } else if (it->i < it->n) {
             uint32_t at = lsm_get32(it->bp + it->payload + (size_t)it->i * 4);
             size_t used;
             if (at >= it->payload ||
@@ -762,6 +890,7 @@ void lsm_sst_iter_fini(lsm_sst_iter *it)
 {
     lsm_buf_free(&it->ra);
     lsm_buf_free(&it->dec);
+    lsm_buf_free(&it->key);
     it->bp = NULL;
     it->valid = false;
 }

@@ -2,10 +2,11 @@
 /*
  * Backward compatibility of the on-disk format: fixtures/sst_v1 was written
  * by the LSM before SST format version 2 (block compression), fixtures/sst_v2
- * by the LSM before version 3 (compact records); see lsm_fixture_model.h and
+ * by the LSM before version 3 (compact records), fixtures/sst_v3 before
+ * version 4 (shared key prefixes); see lsm_fixture_model.h and
  * fixtures/gen_sst_v1.c. The current code opens each (its files on FD and
  * SD, the WAL replayed), serves every key from it, and compacts it into
- * compressed version 3 files that serve the same records; then a reopen with
+ * compressed version 4 files that serve the same records; then a reopen with
  * another codec reads those and writes its own.
  */
 #include "lsm_test_util.h"
@@ -19,6 +20,7 @@
 #define MAGIC_V1 0x31545353534d534cull
 #define MAGIC_V2 0x32545353534d534cull
 #define MAGIC_V3 0x33545353534d534cull
+#define MAGIC_V4 0x34545353534d534cull
 
 /* The footer magic of the SST at path. */
 static uint64_t magic_of(const char *path)
@@ -194,7 +196,7 @@ static void open_db(lsm_db **db, const char *fast, const char *slow, const char 
 }
 
 /* Opens a copy of fixtures/<name> (every SST of format magic), checks it,
- * compacts it into version 3 files and checks again; then with zstd. */
+ * compacts it into version 4 files and checks again; then with zstd. */
 static void fixture_reads_and_compacts(const char *name, uint64_t magic, bool old_manifest)
 {
     const char *src = getenv("KV_SOURCE_DIR");
@@ -241,7 +243,7 @@ static void fixture_reads_and_compacts(const char *name, uint64_t magic, bool ol
     else
         cr_assert_eq(lsm_max_version(db), newest_version(4, false));
 
-    /* Everything into L3 on SD: old inputs, v3 lz4 outputs. */
+    /* Everything into L3 on SD: old inputs, v4 lz4 outputs. */
     cr_assert_eq(lsm_compact_all(db), KV_OK);
     cr_assert_eq(lsm_max_version(db), newest_version(4, true),
                  "rewritten files carry their highest version");
@@ -250,7 +252,7 @@ static void fixture_reads_and_compacts(const char *name, uint64_t magic, bool ol
     cr_assert_gt(st.compress_in_bytes, 0);
     cr_assert_lt(st.compress_out_bytes, st.compress_in_bytes / 2, "fixture text compresses");
     check_all(db, 4, true);
-    cr_assert_eq(count_magic(slow, MAGIC_V3, &all), all);
+    cr_assert_eq(count_magic(slow, MAGIC_V4, &all), all);
     cr_assert_eq(lsm_flush(db, w.recs, w.n, w.max_seq), KV_OK); /* gen 5 into L0 */
     check_all(db, 5, true);
     uint64_t maxv = lsm_max_version(db);
@@ -266,19 +268,24 @@ static void fixture_reads_and_compacts(const char *name, uint64_t magic, bool ol
     cr_assert_eq(lsm_compact_all(db), KV_OK);
     check_all(db, 5, true);
     lsm_close(db);
-    cr_assert_eq(count_magic(fast, MAGIC_V3, &all), all);
-    cr_assert_eq(count_magic(slow, MAGIC_V3, &all), all);
+    cr_assert_eq(count_magic(fast, MAGIC_V4, &all), all);
+    cr_assert_eq(count_magic(slow, MAGIC_V4, &all), all);
     cr_assert_gt(all, 0);
     lt_rmrf(dir);
     free(dir);
 }
 
-Test(compat, sst_v1_fixture_reads_and_compacts_into_v3)
+Test(compat, sst_v1_fixture_reads_and_compacts_into_v4)
 {
     fixture_reads_and_compacts("sst_v1", MAGIC_V1, true);
 }
 
-Test(compat, sst_v2_fixture_reads_and_compacts_into_v3)
+Test(compat, sst_v2_fixture_reads_and_compacts_into_v4)
 {
     fixture_reads_and_compacts("sst_v2", MAGIC_V2, false);
+}
+
+Test(compat, sst_v3_fixture_reads_and_compacts_into_v4)
+{
+    fixture_reads_and_compacts("sst_v3", MAGIC_V3, false);
 }
