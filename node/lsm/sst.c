@@ -63,9 +63,7 @@ struct lsm_sst {
     char path[512];
     uint8_t *index;
     uint32_t nblocks;
-    uint64_t *boff;
-    uint32_t *blen, *bklen;
-    const uint8_t **bkey;
+    uint32_t *bent; /* where each block's entry starts in index (4 bytes a block) */
     uint8_t *bloom;
     uint64_t bloom_bits;
     unsigned k;
@@ -418,6 +416,25 @@ static kv_err read_checked(lsm_sst *s, uint64_t off, uint32_t len, uint8_t **out
     return KV_OK;
 }
 
+/* Block i's entry in the index: [u32 klen][last key][u64 offset][u32 length]. */
+static uint32_t blk_klen(const lsm_sst *s, uint32_t i)
+{
+    return lsm_get32(s->index + s->bent[i]);
+}
+static const uint8_t *blk_key(const lsm_sst *s, uint32_t i)
+{
+    return s->index + s->bent[i] + 4;
+}
+static uint64_t blk_off(const lsm_sst *s, uint32_t i)
+{
+    return lsm_get64(blk_key(s, i) + blk_klen(s, i));
+}
+/* The block's stored bytes without its crc (the codec byte included). */
+static uint32_t blk_len(const lsm_sst *s, uint32_t i)
+{
+    return lsm_get32(blk_key(s, i) + blk_klen(s, i) + 8);
+}
+
 static kv_err parse_index(lsm_sst *s, uint32_t len)
 {
     uint32_t n = 0;
@@ -427,21 +444,14 @@ static kv_err parse_index(lsm_sst *s, uint32_t len)
             return sst_corrupt(s, "malformed index");
         at += 4 + lsm_get32(s->index + at) + 12;
     }
-    s->boff = malloc(sizeof(*s->boff) * (n + 1));
-    s->blen = malloc(sizeof(*s->blen) * (n + 1));
-    s->bklen = malloc(sizeof(*s->bklen) * (n + 1));
-    s->bkey = malloc(sizeof(*s->bkey) * (n + 1));
-    if (!s->boff || !s->blen || !s->bklen || !s->bkey)
+    if (!(s->bent = malloc(sizeof(*s->bent) * (n + 1))))
         return KV_RESOURCE_EXHAUSTED;
-    const uint8_t *p = s->index;
+    uint32_t at = 0;
     for (uint32_t i = 0; i < n; i++) {
-        s->bklen[i] = lsm_get32(p);
-        s->bkey[i] = p + 4;
-        s->boff[i] = lsm_get64(p + 4 + s->bklen[i]);
-        s->blen[i] = lsm_get32(p + 12 + s->bklen[i]);
-        p += 16 + s->bklen[i];
+        s->bent[i] = at;
+        at += 16 + lsm_get32(s->index + at);
         /* a block must lie inside the file: readers allocate blen + 4 bytes */
-        if (s->boff[i] > s->size || (uint64_t)s->blen[i] + 4 > s->size - s->boff[i])
+        if (blk_off(s, i) > s->size || (uint64_t)blk_len(s, i) + 4 > s->size - blk_off(s, i))
             return sst_corrupt(s, "index names a block past the end of the file");
     }
     s->nblocks = n;
@@ -476,9 +486,7 @@ static kv_err load_meta(lsm_sst *s)
     s->k = s->bloom[blen - 1];
     s->bloom_bits = (uint64_t)(blen - 1) * 8;
     rv = parse_index(s, ilen);
-    s->mem = sizeof(*s) + ilen + blen +
-             (uint64_t)s->nblocks *
-                 (sizeof(*s->boff) + sizeof(*s->blen) + sizeof(*s->bklen) + sizeof(*s->bkey));
+    s->mem = sizeof(*s) + ilen + blen + (uint64_t)s->nblocks * sizeof(*s->bent);
     return rv;
 }
 
@@ -521,10 +529,7 @@ void lsm_sst_close(lsm_sst *s)
         close(s->fd);
     free(s->index);
     free(s->bloom);
-    free(s->boff);
-    free(s->blen);
-    free(s->bklen);
-    free(s->bkey);
+    free(s->bent);
     free(s);
 }
 
@@ -543,7 +548,7 @@ int lsm_sst_find_block(const lsm_sst *s, const void *key, size_t klen)
     uint32_t lo = 0, hi = s->nblocks;
     while (lo < hi) { /* first block whose last key >= key */
         uint32_t mid = lo + (hi - lo) / 2;
-        if (lsm_key_cmp(s->bkey[mid], s->bklen[mid], key, klen) < 0)
+        if (lsm_key_cmp(blk_key(s, mid), blk_klen(s, mid), key, klen) < 0)
             lo = mid + 1;
         else
             hi = mid;
@@ -553,11 +558,12 @@ int lsm_sst_find_block(const lsm_sst *s, const void *key, size_t klen)
 
 kv_err lsm_sst_block_io(const lsm_sst *s, int blk, lsm_io *io)
 {
-    size_t len = (size_t)s->blen[blk] + 4;
+    size_t len = (size_t)blk_len(s, (uint32_t)blk) + 4;
     void *buf = malloc(len);
     if (!buf)
         return KV_RESOURCE_EXHAUSTED;
-    *io = (lsm_io){.vol = s->v, .fd = s->fd, .buf = buf, .len = len, .off = s->boff[blk]};
+    *io = (lsm_io){
+        .vol = s->v, .fd = s->fd, .buf = buf, .len = len, .off = blk_off(s, (uint32_t)blk)};
     return KV_OK;
 }
 
@@ -570,14 +576,14 @@ static kv_err block_verify(const lsm_sst *s, int blk, const uint8_t *p, long res
         KV_ERROR(LSM_LOG, "read SST %s block %d: %s", s->path, blk, strerror((int)-res));
         return lsm_errno((int)res);
     }
-    uint32_t len = s->blen[blk];
+    uint32_t len = blk_len(s, (uint32_t)blk);
     if ((size_t)res != want || len < (s->version >= 2 ? 5u : 4u)) {
         snprintf(what, sizeof(what), "block %d truncated", blk);
         return sst_corrupt(s, what);
     }
     if (lsm_crc32c(0, p, len) != lsm_get32(p + len)) {
         snprintf(what, sizeof(what), "block %d at offset %" PRIu64 " checksum mismatch", blk,
-                 s->boff[blk]);
+                 blk_off(s, (uint32_t)blk));
         return sst_corrupt(s, what);
     }
     return KV_OK;
@@ -589,7 +595,7 @@ static kv_err block_decode(const lsm_sst *s, int blk, const uint8_t *p, lsm_buf 
                            const uint8_t **out, size_t *len)
 {
     char what[96];
-    size_t n = s->blen[blk];
+    size_t n = blk_len(s, (uint32_t)blk);
     const uint8_t *d = p;
     if (s->version >= 2) {
         uint8_t codec = p[--n];
@@ -760,20 +766,24 @@ static kv_err iter_fill(lsm_sst_iter *it)
 {
     const lsm_sst *s = it->s;
     uint32_t e = (uint32_t)it->blk;
-    uint64_t total = (uint64_t)s->blen[e] + 4;
-    while (e + 1 < s->nblocks && s->boff[e + 1] == s->boff[e] + s->blen[e] + 4 &&
-           total + s->blen[e + 1] + 4 <= READ_AHEAD)
-        total += (uint64_t)s->blen[++e] + 4;
+    uint64_t total = (uint64_t)blk_len(s, e) + 4;
+    while (e + 1 < s->nblocks && blk_off(s, e + 1) == blk_off(s, e) + blk_len(s, e) + 4 &&
+           total + blk_len(s, e + 1) + 4 <= READ_AHEAD)
+        total += (uint64_t)blk_len(s, ++e) + 4;
     it->ra.len = 0;
     kv_err rv = lsm_buf_reserve(&it->ra, total);
     if (rv != KV_OK)
         return rv;
-    lsm_io io = {.vol = s->v, .fd = s->fd, .buf = it->ra.p, .len = total, .off = s->boff[it->blk]};
+    lsm_io io = {.vol = s->v,
+                 .fd = s->fd,
+                 .buf = it->ra.p,
+                 .len = total,
+                 .off = blk_off(s, (uint32_t)it->blk)};
     lsm_vol_read(&io, 1);
     if (io.res < 0 || (uint64_t)io.res != total) /* let block_verify name the failure */
         return block_verify(s, it->blk, io.buf, io.res, total);
     it->ra.len = total;
-    it->ra_off = s->boff[it->blk];
+    it->ra_off = blk_off(s, (uint32_t)it->blk);
     it->bytes_read += total;
     return KV_OK;
 }
@@ -781,7 +791,7 @@ static kv_err iter_fill(lsm_sst_iter *it)
 static void iter_load(lsm_sst_iter *it)
 {
     const lsm_sst *s = it->s;
-    uint64_t off = s->boff[it->blk], len = (uint64_t)s->blen[it->blk] + 4;
+    uint64_t off = blk_off(s, (uint32_t)it->blk), len = (uint64_t)blk_len(s, (uint32_t)it->blk) + 4;
     kv_err rv = KV_OK;
     if (off < it->ra_off || off + len > it->ra_off + it->ra.len)
         rv = iter_fill(it);
