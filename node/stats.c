@@ -201,6 +201,10 @@ void node_engine_store_stats(engine *e, kv_stats *l)
                   s.io_uring);
     kv_stat_gauge(l, "lsm.index_mem_bytes", "hotkv_node_sst_index_memory_bytes", NULL,
                   "Memory of the open SSTs' indexes, blooms and block tables.", s.index_mem_bytes);
+    kv_stat_gauge(l, "lsm.old_format_files", "hotkv_node_sst_old_format_files", NULL,
+                  "Live SSTs in an older format than the one written now (compaction rewrites "
+                  "them).",
+                  s.old_format_files);
     uint64_t lsm_reads = s.reads_fd + s.reads_sd;
     kv_stat_text(l, "hotrap", "%s", s.hotrap ? "on" : "off");
     kv_stat_gauge(l, NULL, "hotkv_node_hotrap_enabled", NULL, "1 when HotRAP is on.", s.hotrap);

@@ -1218,8 +1218,10 @@ kv_err lsm_stats_get(lsm_db *db, lsm_stats *out)
         out->levels[l].comp_jobs = atomic_load(&db->lc_jobs[l]);
         out->levels[l].comp_moved = atomic_load(&db->lc_moved[l]);
         out->levels[l].comp_ns = atomic_load(&db->lc_ns[l]);
-        for (size_t i = 0; i < v->nfiles[l]; i++)
+        for (size_t i = 0; i < v->nfiles[l]; i++) {
             out->index_mem_bytes += lsm_sst_mem(v->files[l][i]->sst);
+            out->old_format_files += lsm_sst_format(v->files[l][i]->sst) < LSM_SST_FORMAT;
+        }
     }
     out->fd_bytes = lsm_fd_bytes(db, v);
     lsm_version_unref(v);

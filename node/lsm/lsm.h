@@ -433,7 +433,10 @@ typedef struct lsm_stats {
     double write_amp; /* (WAL + flush + compaction bytes written) / user_bytes */
     uint64_t flushed_seqno, last_seqno, flush_generation;
     uint64_t index_mem_bytes; /* memory of the open SSTs' readers: index, bloom, block table */
-    bool io_uring;            /* true when I/O goes through io_uring */
+    /* Live SSTs in a format older than the one written now (a directory
+     * upgraded in place: compaction rewrites them as it reaches them). */
+    uint64_t old_format_files;
+    bool io_uring; /* true when I/O goes through io_uring */
     /* HotRAP (zero when off). FD hit rate = reads_fd / (reads_fd + reads_sd). */
     bool hotrap;
     uint64_t promoted_recs, promoted_bytes; /* installed by the promotion buffer */

@@ -278,6 +278,9 @@ bool lsm_sst_may_contain(const lsm_sst *s, const void *key, size_t klen);
 /* Index of the block that may hold key, or -1 when key is past the last. */
 int lsm_sst_find_block(const lsm_sst *s, const void *key, size_t klen);
 uint32_t lsm_sst_nblocks(const lsm_sst *s);
+/* The format version of s, and the one builders write (see sst.c). */
+uint32_t lsm_sst_format(const lsm_sst *s);
+#define LSM_SST_FORMAT 4u
 /* The file's path (for messages), valid while s is open. */
 const char *lsm_sst_path(const lsm_sst *s);
 /* Bytes the open reader keeps in memory (index, bloom filter, block table). */

@@ -330,8 +330,9 @@ static kv_err finish_tail(lsm_sst_builder *b)
     lsm_set32(f + 12, (uint32_t)bloom.len);
     lsm_set64(f + 16, bloom_off);
     lsm_set64(f + 24, b->count);
+    _Static_assert(LSM_SST_FORMAT == 4, "builders write format 4");
     lsm_set64(f + 32, SST_MAGIC4);
-    lsm_set32(f + 40, 4);
+    lsm_set32(f + 40, LSM_SST_FORMAT);
     lsm_set32(f + 44, lsm_crc32c(0, f, 44));
     lsm_buf_free(&bloom);
     if (rv == KV_OK)
@@ -536,6 +537,11 @@ void lsm_sst_close(lsm_sst *s)
 const char *lsm_sst_path(const lsm_sst *s)
 {
     return s->path;
+}
+
+uint32_t lsm_sst_format(const lsm_sst *s)
+{
+    return s->version;
 }
 
 uint32_t lsm_sst_nblocks(const lsm_sst *s)

@@ -283,7 +283,8 @@ def metrics_mode(tmp):
                     "hotkv_node_hot_keys_tracked", "hotkv_node_memory_bytes",
                     "hotkv_node_serving_state", "hotkv_node_flush_stalls",
                     "hotkv_node_fast_volume_sst_bytes", "hotkv_node_fast_volume_sst_peak_bytes",
-                    "hotkv_node_l0_moves_past"):
+                    "hotkv_node_l0_moves_past", "hotkv_node_sst_old_format_files",
+                    "hotkv_node_sst_index_memory_bytes"):
             check(fam in b, f"{who}: {fam} exported")
         fb = value(b, "hotkv_node_fast_volume_sst_bytes", "hotkv_node_fast_volume_sst_bytes")
         fp = value(b, "hotkv_node_fast_volume_sst_peak_bytes",

@@ -226,6 +226,10 @@ static void fixture_reads_and_compacts(const char *name, uint64_t magic, bool ol
     cr_assert_eq(st.levels[3].volume, LSM_TIER_SD);
     cr_assert_eq(st.levels[3].codec, LSM_COMPRESS_LZ4);
     cr_assert_eq(st.levels[1].codec, LSM_COMPRESS_NONE);
+    uint64_t files = 0;
+    for (int l = 0; l < LSM_MAX_LEVELS; l++)
+        files += st.levels[l].files;
+    cr_assert_eq(st.old_format_files, files, "every fixture file is of an older format");
     size_t want = 0;
     for (int i = 0; i < FX_KEYS; i++) {
         bool del;
@@ -249,6 +253,7 @@ static void fixture_reads_and_compacts(const char *name, uint64_t magic, bool ol
                  "rewritten files carry their highest version");
     lsm_stats_get(db, &st);
     cr_assert_eq(st.levels[0].files + st.levels[1].files + st.levels[2].files, 0);
+    cr_assert_eq(st.old_format_files, 0, "compaction rewrote every old file");
     cr_assert_gt(st.compress_in_bytes, 0);
     cr_assert_lt(st.compress_out_bytes, st.compress_in_bytes / 2, "fixture text compresses");
     check_all(db, 4, true);
