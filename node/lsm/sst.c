@@ -44,11 +44,11 @@
 #include "common/log.h"
 #include "node/lsm/lsm_int.h"
 
-#define SST_MAGIC1 0x31545353534d534cull /* "LSMSSST1": version 1, raw blocks */
-#define SST_MAGIC2 0x32545353534d534cull /* "LSMSSST2": version 2, a codec byte per block */
-#define SST_MAGIC3 0x33545353534d534cull /* "LSMSSST3": version 3, compact records */
-#define SST_MAGIC4 0x34545353534d534cull /* "LSMSSST4": version 4, shared key prefixes */
-#define SST_RESTART 16u                  /* entries per restart interval (version 4) */
+/* The footer's magic of format version v (1..LSM_SST_FORMAT): "LSMSSST"
+ * and v's digit, little-endian ("LSMSSST1" raw blocks, "LSMSSST2" a codec
+ * byte per block, "LSMSSST3" compact records, "LSMSSST4" shared prefixes). */
+#define SST_MAGIC(v) (0x30545353534d534cull + ((uint64_t)(v) << 56))
+#define SST_RESTART 16u /* entries per restart interval (version 4) */
 #define FOOTER_LEN 48u
 #define BLOOM_BITS_PER_KEY 10u
 #define BLOOM_K 7u
@@ -330,8 +330,7 @@ static kv_err finish_tail(lsm_sst_builder *b)
     lsm_set32(f + 12, (uint32_t)bloom.len);
     lsm_set64(f + 16, bloom_off);
     lsm_set64(f + 24, b->count);
-    _Static_assert(LSM_SST_FORMAT == 4, "builders write format 4");
-    lsm_set64(f + 32, SST_MAGIC4);
+    lsm_set64(f + 32, SST_MAGIC(LSM_SST_FORMAT));
     lsm_set32(f + 40, LSM_SST_FORMAT);
     lsm_set32(f + 44, lsm_crc32c(0, f, 44));
     lsm_buf_free(&bloom);
@@ -473,8 +472,7 @@ static kv_err load_meta(lsm_sst *s)
         return sst_corrupt(s, "bad footer");
     uint64_t magic = lsm_get64(f + 32);
     s->version = lsm_get32(f + 40);
-    if (!(magic == SST_MAGIC1 && s->version == 1) && !(magic == SST_MAGIC2 && s->version == 2) &&
-        !(magic == SST_MAGIC3 && s->version == 3) && !(magic == SST_MAGIC4 && s->version == 4))
+    if (s->version < 1 || s->version > LSM_SST_FORMAT || magic != SST_MAGIC(s->version))
         return sst_corrupt(s, "bad footer (unknown magic or format version)");
     uint32_t ilen = lsm_get32(f + 8), blen = lsm_get32(f + 12);
     s->nentries = lsm_get64(f + 24);
@@ -689,7 +687,7 @@ static kv_err search_v4(const uint8_t *buf, size_t len, const uint8_t *key, size
     size_t payload = len - 4 - (size_t)nr * 4, shared, used, lcp = 0;
     const uint8_t *rst = buf + payload;
     lsm_rec r;
-    int c = 1;
+    int c;
     if (nr == 0 || lsm_get32(rst) != 0) /* a block holds records, the first a restart */
         return KV_DATA_LOSS;
     uint32_t lo = 0, hi = nr;

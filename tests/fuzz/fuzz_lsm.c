@@ -75,7 +75,8 @@ void fz_sst_fix(uint8_t *img, size_t len)
     uint8_t *f = img + len - FOOTER_LEN;
     uint32_t version = lsm_get32(f + 40); /* the magic of the version the image names */
     lsm_set64(f + 32,
-              SST_MAGIC_BASE + ((uint64_t)(version >= 1 && version <= 4 ? version : 1) << 56));
+              SST_MAGIC_BASE +
+                  ((uint64_t)(version >= 1 && version <= LSM_SST_FORMAT ? version : 1) << 56));
     lsm_set32(f + 44, lsm_crc32c(0, f, 44));
     uint64_t ioff = lsm_get64(f), boff = lsm_get64(f + 16);
     uint32_t ilen = lsm_get32(f + 8), blen = lsm_get32(f + 12);
