@@ -88,6 +88,10 @@ static kv_err check_opts(ib_opts *o, char *err, size_t errlen)
         snprintf(err, errlen, "--shift-at must be 0 (off) or below --seconds");
         return KV_INVALID_ARGUMENT;
     }
+    if (o->warmup < 0 || o->warmup > 3600 || (o->warmup > 0 && o->shift_at > 0)) {
+        snprintf(err, errlen, "--warmup must be in [0, 3600] and cannot go with --shift-at");
+        return KV_INVALID_ARGUMENT;
+    }
     if (o->shift_at > 0 && o->rounds > 1) {
         snprintf(err, errlen, "--shift-at needs --rounds 1");
         return KV_INVALID_ARGUMENT;
@@ -121,6 +125,8 @@ static kv_err parse_opts(ib_opts *o, int argc, char **argv)
          1L << 20},
         {"threads", KV_OPT_INT, &o->threads, "worker threads", NULL, 1, 256},
         {"seconds", KV_OPT_DOUBLE, &o->seconds, "timed phase per index"},
+        {"warmup", KV_OPT_DOUBLE, &o->warmup,
+         "untimed run of the workload per index after the loads, before the timed phases"},
         {"value-size", KV_OPT_INT, &o->value_size, "value bytes", NULL, 1, 65536},
         {"rehash", KV_OPT_BOOL, &o->rehash, "hotring: lock-free rehash"},
         {"rehash-cost", KV_OPT_DOUBLE, &o->rehash_cost, "hotring: rehash trigger (0 = default)"},
@@ -240,6 +246,8 @@ static int run_all(const ib_opts *o, const ib_traces *tr, ib_result *res)
                 o->impls[i + j]->close(st[i + j].h);
             return 1;
         }
+        for (int j = 0; o->warmup > 0 && j < n; j++) /* measured, then forgotten */
+            ib_warmup(o, tr, &st[i + j], o->warmup);
         for (long r = 0; r < o->rounds; r++)
             for (int j = 0; j < n; j++)
                 ib_measure(o, tr, &st[i + j], o->seconds / (double)o->rounds);

@@ -26,6 +26,7 @@ typedef struct ib_opts {
     long keys, ratio, threads, value_size, hr_r, seed, trace_ops, series_ms, lfht_init, rounds,
         batch; /* consecutive reads handed to get_batch at once (1 = off) */
     double seconds, shift_at, rehash_cost;
+    double warmup;    /* untimed seconds per index after its load (0 = none) */
     wl_config wl;     /* the generator's view of the above */
     uint64_t buckets; /* keys / ratio rounded up to a power of two */
 } ib_opts;
@@ -77,6 +78,8 @@ typedef struct ib_state {
 kv_err ib_load(const ib_opts *o, const ib_traces *tr, const ib_impl *impl, ib_state *st);
 /* One timed phase of `seconds`, added to st. */
 kv_err ib_measure(const ib_opts *o, const ib_traces *tr, ib_state *st, double seconds);
+/* A phase of `seconds` that st does not count (a warm-up). */
+kv_err ib_warmup(const ib_opts *o, const ib_traces *tr, ib_state *st, double seconds);
 /* Computes the result, closes the index and copies the result to out. */
 void ib_finish(const ib_opts *o, ib_state *st, ib_result *out);
 /* One JSON line per result (and its series line), then the summary line. */

@@ -16,9 +16,13 @@ set -euo pipefail
 
 usage() {
   cat <<EOF
-usage: $0 [-k KEYS] [-s SECONDS] [-r ROUNDS] [-t THREADS] [-B BATCH] [-q] [-o DIR] [-b INDEX_BENCH] [-x 'extra flags']
+usage: $0 [-k KEYS] [-s SECONDS] [-w SECONDS] [-r ROUNDS] [-t THREADS] [-B BATCH] [-q] [-o DIR] [-b INDEX_BENCH] [-x 'extra flags']
   -k KEYS      keys loaded per run (default 4000000)
   -s SECONDS   timed phase per index (default 5; the shift run uses max(4, SECONDS))
+  -w SECONDS   index_bench --warmup: each index first runs the workload this long,
+               not counted (default 0: the timed phases start right after the
+               loads, while HotRing still places its heads; the shift run never
+               warms up, its subject is that placement)
   -r ROUNDS    interleave the indexes of a run in ROUNDS slices of SECONDS/ROUNDS
                (default 5; all indexes of a run are loaded at once) so that the
                machine's load drifts alike for all of them
@@ -38,11 +42,12 @@ EOF
 
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../build/bench/index_bench"
-keys=4000000 secs=5 rounds=5 threads=2 batch=1 out="" extra=""
-while getopts "k:s:r:t:B:qo:b:x:h" opt; do
+keys=4000000 secs=5 warm=0 rounds=5 threads=2 batch=1 out="" extra=""
+while getopts "k:s:w:r:t:B:qo:b:x:h" opt; do
   case $opt in
     k) keys=$OPTARG ;;
     s) secs=$OPTARG ;;
+    w) warm=$OPTARG ;;
     r) rounds=$OPTARG ;;
     t) threads=$OPTARG ;;
     B) batch=$OPTARG ;;
@@ -76,7 +81,7 @@ run() {
   echo "== $name: index_bench $*" >&2
   # shellcheck disable=SC2086
   "$bin" --keys "$keys" --seconds "$secs" --rounds "$rounds" --threads "$threads" \
-    --batch "$batch" $extra "$@" \
+    --batch "$batch" --warmup "$warm" $extra "$@" \
     >"$out/$name.jsonl" 2>"$out/$name.log" || {
     echo "$0: $name failed, see $out/$name.log" >&2
     tail -5 "$out/$name.log" >&2
@@ -116,7 +121,7 @@ run miss --impl hotring-s,chain --workload C --dist "$miss_dist" --theta 0.99 --
   --miss-ratio "$miss_ratio"
 run ycsba --impl hotring-s,chain --workload A --dist zipf --theta 1.22 --ratio 8 --value-size 100
 run shift --impl hotring-s,hotring-r --workload C --dist zipf --theta "$shift_theta" --ratio 8 \
-  --seconds "$shift_secs" --shift-at "$shift_at" --rounds 1
+  --seconds "$shift_secs" --shift-at "$shift_at" --rounds 1 --warmup 0
 elapsed=$(($(date +%s) - start))
 
 mem=$(awk -v a="$(val t122 'map(select(.impl == "lfht-auto"))[0].bucket_bytes')" \
@@ -124,7 +129,7 @@ mem=$(awk -v a="$(val t122 'map(select(.impl == "lfht-auto"))[0].bucket_bytes')"
   'BEGIN { if (a == "null" || b == "null" || b == 0) print "null"; else printf "%.2f", a / b }')
 
 echo
-echo "index_compare: keys=$keys seconds=$secs rounds=$rounds threads=$threads batch=$batch (raw JSON in $out, ${elapsed} s)"
+echo "index_compare: keys=$keys seconds=$secs warmup=$warm rounds=$rounds threads=$threads batch=$batch (raw JSON in $out, ${elapsed} s)"
 printf "%-46s %12s %10s  %s\n" "check" "measured" "target" "result"
 row "theta 1.22 r8 C: hotring-s / chain" "$(ratio t122 hotring-s chain)" ">=" 3.0 x
 row "theta 1.22 r8 C: hotring-s / lfht" "$(ratio t122 hotring-s lfht)" ">=" 1.5 x

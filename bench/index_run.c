@@ -387,6 +387,19 @@ kv_err ib_measure(const ib_opts *o, const ib_traces *tr, ib_state *st, double se
     return KV_OK;
 }
 
+kv_err ib_warmup(const ib_opts *o, const ib_traces *tr, ib_state *st, double seconds)
+{
+    ib_result r = st->r;
+    ib_local acc = st->acc;
+    ib_rstats racc = st->racc;
+    KV_INFO(MOD, "%s: warm-up, %.1f s not counted", st->impl->name, seconds);
+    kv_err rv = ib_measure(o, tr, st, seconds);
+    st->r = r;
+    st->acc = acc;
+    st->racc = racc;
+    return rv;
+}
+
 void ib_finish(const ib_opts *o, ib_state *st, ib_result *out)
 {
     ib_result *r = &st->r;
@@ -439,7 +452,7 @@ void ib_print_result(const ib_opts *o, const ib_result *r)
            o->wl.keys, o->buckets, o->wl.miss_ratio, o->rehash ? "true" : "false");
     printf(",\"seconds\":%.3f,\"load_s\":%.3f,\"ops\":%" PRIu64 ",\"mops\":%.4f", r->seconds,
            r->load_s, r->ops, r->mops);
-    printf(",\"cpu_mops\":%.4f", r->cpu_mops);
+    printf(",\"cpu_mops\":%.4f,\"warmup\":%.3f", r->cpu_mops, o->warmup);
     json_num("visited_per_read", r->visited_per_read);
     json_num("head_hit", r->head_hit);
     json_num("hit_ratio", r->reads ? (double)r->hits / (double)r->reads : -1);

@@ -125,6 +125,22 @@ Test(index_bench, batched_reads, .timeout = 120)
     free(out);
 }
 
+/* A warm-up runs the workload without counting it: the result covers the
+ * timed phases alone (ops and seconds) and says how long the warm-up was. */
+Test(index_bench, warmup_is_not_counted, .timeout = 120)
+{
+    check_run("--workload C --dist zipf --rounds 2 --warmup 0.6", false);
+    int st;
+    char *out = run("--impl chain --keys 20000 --seconds 0.2 --warmup 0.6 --trace-ops 4096", &st);
+    cr_assert_eq(st, 0);
+    cr_assert(strstr(out, "\"warmup\":0.600"), "%s", out);
+    const char *sec = strstr(out, "\"seconds\":");
+    cr_assert_not_null(sec, "%s", out);
+    double s = strtod(sec + strlen("\"seconds\":"), NULL);
+    cr_assert(s > 0.15 && s < 0.5, "seconds %.3f counts the timed phase only:\n%s", s, out);
+    free(out);
+}
+
 Test(index_bench, misses_and_shift_series, .timeout = 120)
 {
     check_run("--workload C --dist uniform --ratio 16 --miss-ratio 0.5", true);
@@ -151,6 +167,12 @@ Test(index_bench, bad_flags_are_rejected)
     cr_assert_neq(st, 0);
     free(out);
     out = run("--seconds 1 --shift-at 0.5 --rounds 2", &st);
+    cr_assert_neq(st, 0);
+    free(out);
+    out = run("--seconds 1 --shift-at 0.5 --warmup 1", &st);
+    cr_assert_neq(st, 0, "a warm-up would hide the shift's placement");
+    free(out);
+    out = run("--warmup -1", &st);
     cr_assert_neq(st, 0);
     free(out);
 }
