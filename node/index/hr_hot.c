@@ -20,18 +20,11 @@
  * CASes the head to the minimum. Dividing by N does not change the argmin.
  *
  * First guess: a head that sampling never evaluated (total field 0 while
- * idle: a new ring, every ring after a load or a rehash) is moved to the
- * item of its first cold access, whichever thread's tick that is (one CAS a
- * ring, once), and the total field is left at 1 (HR_H_SEEN) from then on,
- * also after every decision. The item a read reaches is drawn by the
- * workload, so the guess is the hottest item as often as that item takes
- * the ring's reads, and a fresh ring is placed by its first cold read
- * instead of the first one that falls on a thread's R-th tick (~R reads of
- * the ring later, plus a sampling round's ring-length more with no first
- * guess). Measured in bench/README.md ("Heads placed at the first cold
- * read"): index_bench's first second after a load went from 20.3 to 24.0
- * Mops/s at theta 1.22 and from 6.4 to 7.0 at theta 0.99. Later hotspot
- * shifts go through sampling.
+ * idle) is moved like random movement on its first R-th cold access, and the
+ * total field is left at 1 (HR_H_SEEN) from then on, also after every
+ * decision. A fresh ring thus converges after ~R accesses instead of
+ * ~R + ring-length ones, which matters for the many lukewarm rings of a skewed
+ * key space; later hotspot shifts go through sampling.
  *
  * Calm rings: sampling is not free (two CASes per sampled access, which
  * dirty the head word and the item's next word), and a ring without a

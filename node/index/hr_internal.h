@@ -508,13 +508,7 @@ static inline void hr_hot_access(hr_index *idx, hr_table *t, uint64_t b, uint64_
 {
     if (idx->mode == HR_MODE_NONE)
         return;
-    /* A ring sampling never evaluated (idle total 0) takes its first guess on
-     * its first access that the head does not answer, not on a thread's R-th
-     * access only (hr_hot.c, "First guess"). Plain loads: hw is the head word
-     * this access already read, hit an item it reached. */
-    bool fresh = idx->mode == HR_MODE_SAMPLE && !(hw & (HR_H_ACTIVE | HR_H_TOTAL_MASK)) && hit &&
-                 hit != hr_addr(hw);
-    if (!(hw & HR_H_ACTIVE) && ++hr_tls_tick < idx->r && !fresh)
+    if (!(hw & HR_H_ACTIVE) && ++hr_tls_tick < idx->r)
         return;
     hr_hot_slow(idx, t, b, hw, hit, cnt);
 }

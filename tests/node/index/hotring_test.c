@@ -388,47 +388,6 @@ Test(hotring, sampling_moves_head_to_hotspot)
     hr_close(idx);
 }
 
-/* A fresh ring (sampling never evaluated it: here, after a load) moves its
- * head at its first read that the head does not answer, whatever the
- * thread's tick: with R = 1000 one read places it. From then on the ring is
- * no longer fresh, and single reads of its other keys leave the head alone
- * until a thread's R-th access. */
-Test(hotring, fresh_ring_guesses_at_its_first_cold_read)
-{
-    hr_opts o = {2, HR_MODE_SAMPLE, 1000, false, 0};
-    hr_index *idx = NULL;
-    cr_assert_eq(hr_open(&idx, &o), KV_OK);
-    fill(idx, 16, "f-%d");
-    char cold[16] = "", other[16] = "";
-    for (int i = 0; i < 16 && !other[0]; i++) {
-        char k[16];
-        snprintf(k, sizeof k, "f-%d", i);
-        if (hr_test_is(hr_test_head(idx, k, strlen(k)), k))
-            continue; /* the head answers it: not a cold read */
-        if (!cold[0])
-            strcpy(cold, k);
-        else if (bucket_of(idx, k) == bucket_of(idx, cold))
-            strcpy(other, k);
-    }
-    cr_assert(cold[0] && other[0], "no two keys off the head in one ring");
-    hr_stats a, st;
-    hr_get_stats(idx, &a);
-    cr_assert_eq(hr_get(idx, cold, strlen(cold), NULL, NULL), KV_OK);
-    cr_assert(hr_test_is(hr_test_head(idx, cold, strlen(cold)), cold),
-              "the first cold read did not move the head");
-    hr_get_stats(idx, &st);
-    cr_assert_eq(st.head_moves - a.head_moves, 1);
-    for (int i = 0; i < 100; i++) /* 100 < R: no tick, and the ring is not fresh */
-        cr_assert_eq(hr_get(idx, other, strlen(other), NULL, NULL), KV_OK);
-    cr_assert(hr_test_is(hr_test_head(idx, cold, strlen(cold)), cold),
-              "a ring past its first guess moved off its tick");
-    hr_get_stats(idx, &st);
-    cr_assert_eq(st.head_moves - a.head_moves, 1);
-    cr_assert_eq(st.sample_rounds - a.sample_rounds, 0);
-    cr_assert_eq(hr_check_rings(idx), 16);
-    hr_close(idx);
-}
-
 /* Without a hotspot a ring calms down: sampling rounds become rare, and a
  * hotspot that appears later is still found. */
 Test(hotring, uniform_access_calms_sampling)
