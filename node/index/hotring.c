@@ -106,7 +106,7 @@ static void hr_view_fill(hr_item *x, uint32_t kind, uint32_t vlen, hr_view *v, u
 }
 
 /* Consistent snapshot of x into v; an inline value is copied to *vbuf. */
-static void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
+HR_READ_PATH void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
 {
     uint32_t vlen, s;
     for (unsigned spins = 0;; spins++) {
@@ -264,9 +264,11 @@ static void hr_account(hr_index *idx, unsigned visited, bool write)
 /* Finishes one read whose head word hw of bucket b of t was loaded in the
  * caller's read-side section (which must still be held): walks the ring,
  * counts the read, calls fn on a hit and feeds the hotspot logic. True on a
- * hit. */
-static bool hr_read_at(hr_index *idx, hr_shard *s, hr_table *t, uint64_t b, uint64_t hw,
-                       const hr_okey *k, hr_visit_fn fn, void *arg)
+ * hit. Inlined into its callers, with hr_snapshot and the cost window: as
+ * calls, their prologues, epilogues and arguments were about a quarter of
+ * a head hit's instructions in HotRing (callgrind, bench/README.md). */
+HR_READ_PATH bool hr_read_at(hr_index *idx, hr_shard *s, hr_table *t, uint64_t b, uint64_t hw,
+                             const hr_okey *k, hr_visit_fn fn, void *arg)
 {
     hr_item *x = hr_addr(hw), *hit = NULL;
     unsigned visited = 0;

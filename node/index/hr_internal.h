@@ -449,6 +449,14 @@ extern char hr_tsan_gp;
 #define HR_TSAN_RELEASE() ((void)0)
 #define HR_TSAN_ACQUIRE() ((void)0)
 #endif
+/* The read path's helpers that every lookup runs (hotring.c): inlined by
+ * force, except under ThreadSanitizer, where GCC then warns about the
+ * fences they carry into their callers (-Wtsan). */
+#ifdef HR_TSAN
+#define HR_READ_PATH static inline
+#else
+#define HR_READ_PATH static inline __attribute__((always_inline))
+#endif
 
 static inline void hr_rcu_lock(void)
 {
@@ -529,7 +537,23 @@ uint64_t hr_ring_cost(const hr_ring_view *rv, unsigned t);
 bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x, uint64_t bits);
 
 /* hr_rehash.c */
-void hr_cost_window(hr_index *idx, hr_shard *s, unsigned visited);
+/* The end of a thread's window of ops accesses that visited vis items (its
+ * counters already reset): refreshes the average ring length and checks the
+ * access cost against the rehash trigger. */
+void hr_cost_window_end(hr_index *idx, uint64_t ops, uint64_t vis);
+/* Counts one access of `visited` items in the thread's cost window (plain
+ * load and store on its own shard, like hr_cnt_bump) and ends the window
+ * every HR_COST_WINDOW accesses. Inline: every access runs it. */
+static inline void hr_cost_window(hr_index *idx, hr_shard *s, unsigned visited)
+{
+    uint64_t ops = atomic_load_explicit(&s->c[HR_C_WIN_OPS], memory_order_relaxed) + 1;
+    uint64_t vis = atomic_load_explicit(&s->c[HR_C_WIN_VIS], memory_order_relaxed) + visited;
+    bool full = ops >= HR_COST_WINDOW;
+    atomic_store_explicit(&s->c[HR_C_WIN_OPS], full ? 0 : ops, memory_order_relaxed);
+    atomic_store_explicit(&s->c[HR_C_WIN_VIS], full ? 0 : vis, memory_order_relaxed);
+    if (__builtin_expect(full, 0))
+        hr_cost_window_end(idx, ops, vis);
+}
 int hr_worker_start(hr_index *idx);
 void hr_worker_stop(hr_index *idx);
 

@@ -79,15 +79,8 @@ static void hr_after_log(hr_index *idx)
                 (unsigned long long)atomic_load(&idx->rehashes), hr_cost_since(idx));
 }
 
-void hr_cost_window(hr_index *idx, hr_shard *s, unsigned visited)
+void hr_cost_window_end(hr_index *idx, uint64_t ops, uint64_t vis)
 {
-    uint64_t ops = atomic_load_explicit(&s->c[HR_C_WIN_OPS], memory_order_relaxed) + 1;
-    uint64_t vis = atomic_load_explicit(&s->c[HR_C_WIN_VIS], memory_order_relaxed) + visited;
-    bool full = ops >= HR_COST_WINDOW;
-    atomic_store_explicit(&s->c[HR_C_WIN_OPS], full ? 0 : ops, memory_order_relaxed);
-    atomic_store_explicit(&s->c[HR_C_WIN_VIS], full ? 0 : vis, memory_order_relaxed);
-    if (!full)
-        return;
     if (atomic_load_explicit(&idx->after_pending, memory_order_relaxed))
         hr_after_log(idx);
     uint64_t items = hr_items(idx), nb = atomic_load(&idx->nb);

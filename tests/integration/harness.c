@@ -2,6 +2,7 @@
 /* Process management for the integration tests (see harness.h). */
 #include "harness.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -334,9 +335,44 @@ static void stop_pid(pid_t pid)
     kvt_forget(pid);
 }
 
+/* True once every thread of pid is stopped (state T or t in its
+ * /proc/PID/task/TID/stat); false while one still runs or /proc is not
+ * readable. */
+static bool all_threads_stopped(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return false;
+    bool stopped = true, any = false;
+    for (struct dirent *e; stopped && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char stat[384], buf[256];
+        snprintf(stat, sizeof(stat), "%s/%s/stat", path, e->d_name);
+        FILE *f = fopen(stat, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        const char *rp = strrchr(buf, ')'); /* the state follows the command name */
+        stopped = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+        any = true;
+    }
+    closedir(d);
+    return stopped && any;
+}
+
 void kvt_kill_node(kvt_cluster *c, int i, int sig)
 {
     kill(c->node_pid[i], sig);
+    /* kill() only queues SIGSTOP: on a loaded machine a node went on
+     * answering for a few milliseconds, and a test that stalls it expects
+     * the calls it sends next to find it stopped. Wait (up to 5 s) until
+     * every thread has stopped. */
+    for (int w = 0; sig == SIGSTOP && w < 500 && !all_threads_stopped(c->node_pid[i]); w++)
+        usleep(10000);
     if (sig == SIGKILL || sig == SIGTERM) {
         waitpid(c->node_pid[i], NULL, 0);
         kvt_forget(c->node_pid[i]);

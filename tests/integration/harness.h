@@ -67,7 +67,8 @@ const char *kvt_bin(const char *rel);
  * rf, then the router. Returns KV_OK when the router serves the map. */
 kv_err kvt_cluster_start(kvt_cluster *c, int nnodes, int rf, const char *auth);
 void kvt_cluster_stop(kvt_cluster *c);
-/* Sends sig to node i (0-based) and, for SIGKILL/SIGTERM, reaps it. */
+/* Sends sig to node i (0-based); for SIGSTOP returns once every thread of it
+ * has stopped (up to 5 s), for SIGKILL/SIGTERM reaps it. */
 void kvt_kill_node(kvt_cluster *c, int i, int sig);
 /* Waits until url answers admin.Ping (timeout_ms). */
 bool kvt_wait_ping(const char *url, const char *auth, int timeout_ms);
