@@ -246,11 +246,29 @@ static void spawn_node(kvt_cluster *c, int i)
     free(argv[0]);
 }
 
+/* A free port that no address of c uses yet. The kernel may hand out the
+ * same free port twice before the first process it went to binds it (CI
+ * once started two nodes of a cluster on one port, and cluster init refused
+ * the duplicate address). */
+static int cluster_port(const kvt_cluster *c)
+{
+    for (int tries = 0;; tries++) {
+        int p = kvt_free_port();
+        char url[64];
+        snprintf(url, sizeof(url), "%s://127.0.0.1:%d", kvt_scheme(), p);
+        bool used = strcmp(url, c->router_url) == 0 || strcmp(url, c->router2_url) == 0;
+        for (int i = 0; i < KVT_MAX_NODES && !used; i++)
+            used = strcmp(url, c->node_url[i]) == 0;
+        if (!used || tries == 100)
+            return p;
+    }
+}
+
 static kv_err start_nodes(kvt_cluster *c)
 {
     for (int i = 0; i < c->nnodes; i++) {
         snprintf(c->node_url[i], sizeof(c->node_url[i]), "%s://127.0.0.1:%d", kvt_scheme(),
-                 kvt_free_port());
+                 cluster_port(c));
         spawn_node(c, i);
     }
     for (int i = 0; i < c->nnodes; i++)
@@ -305,7 +323,7 @@ kv_err kvt_cluster_start(kvt_cluster *c, int nnodes, int rf, const char *auth)
     if (rv != KV_OK)
         return rv;
     snprintf(c->router_url, sizeof(c->router_url), "%s://127.0.0.1:%d", kvt_scheme(),
-             kvt_free_port());
+             cluster_port(c));
     c->router_pid = start_router(c, c->router_url, "router");
     return router_has_map(c->router_url, auth, 10000) ? KV_OK : KV_UNAVAILABLE;
 }
@@ -313,7 +331,7 @@ kv_err kvt_cluster_start(kvt_cluster *c, int nnodes, int rf, const char *auth)
 kv_err kvt_add_router(kvt_cluster *c)
 {
     snprintf(c->router2_url, sizeof(c->router2_url), "%s://127.0.0.1:%d", kvt_scheme(),
-             kvt_free_port());
+             cluster_port(c));
     c->router2_pid = start_router(c, c->router2_url, "router2");
     return router_has_map(c->router2_url, c->auth, 10000) ? KV_OK : KV_UNAVAILABLE;
 }
@@ -438,7 +456,7 @@ kv_err kvt_node_restart(kvt_cluster *c, int i)
         return KV_INVALID_ARGUMENT;
     if (i == c->nnodes) {
         snprintf(c->node_url[i], sizeof(c->node_url[i]), "%s://127.0.0.1:%d", kvt_scheme(),
-                 kvt_free_port());
+                 cluster_port(c));
         c->nnodes++;
     }
     spawn_node(c, i);
