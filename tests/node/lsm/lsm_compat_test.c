@@ -195,8 +195,7 @@ static void open_db(lsm_db **db, const char *fast, const char *slow, const char 
     cr_assert_eq(lsm_open(db, &o, w ? keep : NULL, w), KV_OK);
 }
 
-/* Opens a copy of fixtures/<name> (every SST of format magic), checks it,
- * compacts it into version 4 files and checks again; then with zstd. */
+/* The cleanup filter that keeps every key, counting the keys it is asked. */
 static bool keep_all(void *arg, const void *key, size_t klen)
 {
     (void)key;
@@ -205,7 +204,9 @@ static bool keep_all(void *arg, const void *key, size_t klen)
     return true;
 }
 
-/* via_cleanup: the rewrite is the cleanup's (lsm_compact_all_filter keeping
+/* Opens a copy of fixtures/<name> (every SST of format magic), checks it,
+ * compacts it into version 4 files and checks again; then with zstd. With
+ * via_cleanup the rewrite is the cleanup's (lsm_compact_all_filter keeping
  * every key, what `kvctl node cleanup` runs), which operators can use to
  * rewrite a directory's older files at once (docs/operations.md). */
 static void fixture_reads_and_compacts(const char *name, uint64_t magic, bool old_manifest,
