@@ -105,8 +105,8 @@ static void hr_view_fill(hr_item *x, uint32_t kind, uint32_t vlen, hr_view *v, u
     v->vlen = vlen;
 }
 
-/* Consistent snapshot of x into v; an inline value is copied to *vbuf. */
-HR_READ_PATH void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
+/* hr_snapshot for every form of item, and while a rewrite is in flight. */
+static __attribute__((noinline)) void hr_snapshot_slow(hr_item *x, hr_view *v, uint64_t *vbuf)
 {
     uint32_t vlen, s;
     for (unsigned spins = 0;; spins++) {
@@ -125,6 +125,39 @@ HR_READ_PATH void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
             break;
     }
     hr_view_fill(x, s, vlen, v, vbuf);
+}
+
+/* Consistent snapshot of x into v; an inline value is copied to *vbuf.
+ * The compact item (hr_internal.h: inline value, no hr_ext block, a key
+ * under HR_KLEN_LONG bytes) that no writer is rewriting is read in one
+ * pass: the seqlock's two loads around the three record words, with one
+ * branch for everything else. Every instruction a read runs after its
+ * walk counts (bench/README.md, "What a read does after its walk"). */
+HR_READ_PATH void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
+{
+    uint32_t s = atomic_load_explicit(&x->seq, memory_order_acquire);
+    uint64_t mw = atomic_load_explicit(&x->mw, memory_order_relaxed);
+    uint64_t val = atomic_load_explicit(&x->val, memory_order_relaxed);
+    uint64_t ver = atomic_load_explicit(&x->version, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire); /* the record loads before the second seq load */
+    uint32_t s2 = atomic_load_explicit(&x->seq, memory_order_relaxed);
+    unsigned kf = hr_klen_field(mw);
+    if (__builtin_expect(
+            ((s & (HR_SEQ_WRITING | HR_SEQ_EXT | HR_SEQ_BIG)) | ((s ^ s2) & ~HR_SEQ_NOREC)) != 0 ||
+                kf == HR_KLEN_LONG,
+            0)) {
+        hr_snapshot_slow(x, v, vbuf);
+        return;
+    }
+    *vbuf = val;
+    v->key = x->key;
+    v->klen = kf;
+    v->val = vbuf;
+    v->vlen = (uint32_t)((mw & HR_MW_VLEN_MASK) >> HR_MW_VLEN_SHIFT);
+    v->meta.version = ver;
+    v->meta.seqno = mw & HR_MW_SEQNO_MAX;
+    v->meta.expire_at = 0;
+    v->meta.flags = (uint32_t)((mw & HR_MW_FLAGS_MASK) >> HR_MW_FLAGS_SHIFT);
 }
 
 /* Snapshot by x's owner: the record cannot change under it. */
@@ -250,15 +283,6 @@ static void hr_backoff(unsigned *spins)
         caa_cpu_relax();
 }
 
-static void hr_account(hr_index *idx, unsigned visited, bool write)
-{
-    hr_shard *s = hr_my_shard(idx);
-    hr_cnt_bump(s, write ? HR_C_WRITES : HR_C_READS, 1);
-    if (!write)
-        hr_cnt_bump(s, HR_C_VISITED, visited);
-    hr_cost_window(idx, s, visited);
-}
-
 /* ------------------------------------------------------------------ get */
 
 /* Finishes one read whose head word hw of bucket b of t was loaded in the
@@ -274,11 +298,9 @@ HR_READ_PATH bool hr_read_at(hr_index *idx, hr_shard *s, hr_table *t, uint64_t b
     unsigned visited = 0;
     if (x)
         hit = hr_walk(t, b, k, x, &visited);
-    hr_cnt_bump(s, HR_C_READS, 1);
-    hr_cnt_bump(s, HR_C_VISITED, visited);
+    hr_count_access(idx, s, HR_C_READS, HR_C_VISITED, visited);
     if (hit && hit == x)
         hr_cnt_bump(s, HR_C_HEADHITS, 1);
-    hr_cost_window(idx, s, visited);
     if (hit) {
         hr_view v;
         uint64_t vbuf;
@@ -669,7 +691,7 @@ kv_err hr_upsert_prepared(hr_index *idx, const void *key, size_t klen, const voi
         if (wr.retry)
             hr_backoff(&spins);
     } while (wr.retry);
-    hr_account(idx, visited, true);
+    hr_count_access(idx, hr_my_shard(idx), HR_C_WRITES, HR_C_WVISITED, visited);
     hr_rcu_unlock();
     if (wr.nx) /* built but never published (cond failed or in-place) */
         hr_item_free(wr.nx);
@@ -715,7 +737,7 @@ kv_err hr_remove(hr_index *idx, const void *key, size_t klen, hr_cond_fn cond, v
         rv = KV_OK;
         break;
     }
-    hr_account(idx, w.visited, true);
+    hr_count_access(idx, hr_my_shard(idx), HR_C_WRITES, HR_C_WVISITED, w.visited);
     hr_rcu_unlock();
     return rv;
 }

@@ -123,10 +123,11 @@ enum {
     HR_C_ROUNDS,
     HR_C_ITEMS,
     HR_C_BYTES,
-    HR_C_WIN_OPS,
-    HR_C_WIN_VIS,
-    HR_C_PINNED,  /* reads that found a pinned item */
-    HR_C_PINHEAD, /* ... that was the ring head */
+    HR_C_WVISITED, /* items visited by writes */
+    HR_C_WIN_OPS,  /* reads + writes at the end of the thread's last cost window */
+    HR_C_WIN_VIS,  /* visited + wvisited at the same point */
+    HR_C_PINNED,   /* reads that found a pinned item */
+    HR_C_PINHEAD,  /* ... that was the ring head */
     HR_C_COUNT
 };
 #define HR_SHARDS 32
@@ -537,22 +538,26 @@ uint64_t hr_ring_cost(const hr_ring_view *rv, unsigned t);
 bool hr_head_move(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *x, uint64_t bits);
 
 /* hr_rehash.c */
-/* The end of a thread's window of ops accesses that visited vis items (its
- * counters already reset): refreshes the average ring length and checks the
- * access cost against the rehash trigger. */
-void hr_cost_window_end(hr_index *idx, uint64_t ops, uint64_t vis);
-/* Counts one access of `visited` items in the thread's cost window (plain
- * load and store on its own shard, like hr_cnt_bump) and ends the window
- * every HR_COST_WINDOW accesses. Inline: every access runs it. */
-static inline void hr_cost_window(hr_index *idx, hr_shard *s, unsigned visited)
+/* The access-cost window: every HR_COST_WINDOW-th read or write of a thread
+ * (counted on its own shard) ends a window. The window's ops and visits are
+ * the shard's read and write totals minus what they were at the last window
+ * end, so the hot path counts each access once (its total and its visits)
+ * and keeps no counters of its own for the window: every instruction a read
+ * runs after its walk delays the next read's first miss (bench/README.md,
+ * "What a read does after its walk"). */
+void hr_cost_window_end(hr_index *idx, hr_shard *s);
+/* Counts one access that visited `visited` items: a read into
+ * (HR_C_READS, HR_C_VISITED), a write into (HR_C_WRITES, HR_C_WVISITED).
+ * Plain load and store on the thread's own shard, like hr_cnt_bump. Inline:
+ * every access runs it. */
+static inline void hr_count_access(hr_index *idx, hr_shard *s, int ops, int vis, unsigned visited)
 {
-    uint64_t ops = atomic_load_explicit(&s->c[HR_C_WIN_OPS], memory_order_relaxed) + 1;
-    uint64_t vis = atomic_load_explicit(&s->c[HR_C_WIN_VIS], memory_order_relaxed) + visited;
-    bool full = ops >= HR_COST_WINDOW;
-    atomic_store_explicit(&s->c[HR_C_WIN_OPS], full ? 0 : ops, memory_order_relaxed);
-    atomic_store_explicit(&s->c[HR_C_WIN_VIS], full ? 0 : vis, memory_order_relaxed);
-    if (__builtin_expect(full, 0))
-        hr_cost_window_end(idx, ops, vis);
+    uint64_t n = atomic_load_explicit(&s->c[ops], memory_order_relaxed) + 1;
+    uint64_t v = atomic_load_explicit(&s->c[vis], memory_order_relaxed) + visited;
+    atomic_store_explicit(&s->c[ops], n, memory_order_relaxed);
+    atomic_store_explicit(&s->c[vis], v, memory_order_relaxed);
+    if (__builtin_expect((n & (HR_COST_WINDOW - 1)) == 0, 0))
+        hr_cost_window_end(idx, s);
 }
 int hr_worker_start(hr_index *idx);
 void hr_worker_stop(hr_index *idx);

@@ -79,8 +79,22 @@ static void hr_after_log(hr_index *idx)
                 (unsigned long long)atomic_load(&idx->rehashes), hr_cost_since(idx));
 }
 
-void hr_cost_window_end(hr_index *idx, uint64_t ops, uint64_t vis)
+void hr_cost_window_end(hr_index *idx, hr_shard *s)
 {
+    uint64_t ops = atomic_load_explicit(&s->c[HR_C_READS], memory_order_relaxed) +
+                   atomic_load_explicit(&s->c[HR_C_WRITES], memory_order_relaxed);
+    uint64_t vis = atomic_load_explicit(&s->c[HR_C_VISITED], memory_order_relaxed) +
+                   atomic_load_explicit(&s->c[HR_C_WVISITED], memory_order_relaxed);
+    uint64_t ops0 = atomic_load_explicit(&s->c[HR_C_WIN_OPS], memory_order_relaxed);
+    uint64_t vis0 = atomic_load_explicit(&s->c[HR_C_WIN_VIS], memory_order_relaxed);
+    /* Reads and writes each end a window at their own multiples: a window
+     * shorter than half the nominal one goes on into the next. */
+    if (ops - ops0 < HR_COST_WINDOW / 2)
+        return;
+    atomic_store_explicit(&s->c[HR_C_WIN_OPS], ops, memory_order_relaxed);
+    atomic_store_explicit(&s->c[HR_C_WIN_VIS], vis, memory_order_relaxed);
+    ops -= ops0;
+    vis -= vis0;
     if (atomic_load_explicit(&idx->after_pending, memory_order_relaxed))
         hr_after_log(idx);
     uint64_t items = hr_items(idx), nb = atomic_load(&idx->nb);
