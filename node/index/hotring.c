@@ -270,7 +270,7 @@ static kv_err hr_check_key(const hr_index *idx, const void *key, size_t klen)
 
 static hr_okey hr_okey_make(const void *key, size_t klen)
 {
-    hr_okey k = {hr_tag_of_hash(kv_hash64(key, klen, HR_HASH_SEED)), (uint32_t)klen, key, 0};
+    hr_okey k = {hr_tag_of_hash(kv_hash64_local(key, klen, HR_HASH_SEED)), (uint32_t)klen, key, 0};
     return k;
 }
 

@@ -400,7 +400,7 @@ static void effect_pick_hot(uint32_t *hot, unsigned bits)
     for (uint32_t id = EFFECT_KEYS - 1; n < EFFECT_HOT && id >= 97; id -= 97) {
         char key[24];
         snprintf(key, sizeof(key), "key%012u", id);
-        uint64_t b = kv_hash64(key, strlen(key), HR_HASH_SEED) >> (64 - bits);
+        uint64_t b = kv_hash64_local(key, strlen(key), HR_HASH_SEED) >> (64 - bits);
         bool taken = false;
         for (int i = 0; i < n; i++)
             taken |= bucket[i] == b;
