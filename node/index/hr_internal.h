@@ -517,8 +517,14 @@ static inline void hr_hot_access(hr_index *idx, hr_table *t, uint64_t b, uint64_
 {
     if (idx->mode == HR_MODE_NONE)
         return;
-    if (!(hw & HR_H_ACTIVE) && ++hr_tls_tick < idx->r)
-        return;
+    if (!(hw & HR_H_ACTIVE)) {
+        if (++hr_tls_tick < idx->r)
+            return;
+        if (hit && hit == hr_addr(hw)) { /* the R-th access hit the head: nothing to move */
+            hr_tls_tick = 0;
+            return;
+        }
+    }
     hr_hot_slow(idx, t, b, hw, hit, cnt);
 }
 /* One ring as seen by a sampling decision (item i is i hops from the head). */
