@@ -76,6 +76,16 @@ static void hr_rec_put(hr_item *x, const void *val, size_t vlen, const hr_meta *
     atomic_store_explicit(&x->mw, mw, memory_order_relaxed);
 }
 
+/* What a meta word holds of a record: flags, the inline value's length and
+ * (a compact item's) seqno; a compact item has no expiry. */
+static inline void hr_mw_decode(uint64_t mw, uint32_t *vlen, hr_meta *m)
+{
+    m->flags = (uint32_t)((mw & HR_MW_FLAGS_MASK) >> HR_MW_FLAGS_SHIFT);
+    *vlen = (uint32_t)((mw & HR_MW_VLEN_MASK) >> HR_MW_VLEN_SHIFT);
+    m->seqno = mw & HR_MW_SEQNO_MAX;
+    m->expire_at = 0;
+}
+
 /* Reads x's record: inline value bytes, value length and metadata. */
 static void hr_rec_get(const hr_item *xc, uint32_t kind, uint64_t *val, uint32_t *vlen, hr_meta *m)
 {
@@ -83,17 +93,13 @@ static void hr_rec_get(const hr_item *xc, uint32_t kind, uint64_t *val, uint32_t
     uint64_t mw = atomic_load_explicit(&x->mw, memory_order_relaxed);
     *val = atomic_load_explicit(&x->val, memory_order_relaxed);
     m->version = atomic_load_explicit(&x->version, memory_order_relaxed);
-    m->flags = (uint32_t)((mw & HR_MW_FLAGS_MASK) >> HR_MW_FLAGS_SHIFT);
-    *vlen = (uint32_t)((mw & HR_MW_VLEN_MASK) >> HR_MW_VLEN_SHIFT);
+    hr_mw_decode(mw, vlen, m);
     if (__builtin_expect(kind & HR_SEQ_EXT, 0)) {
         hr_ext *e = hr_ext_of(x);
         m->seqno = atomic_load_explicit(&e->seqno, memory_order_relaxed);
         m->expire_at = atomic_load_explicit(&e->expire_at, memory_order_relaxed);
         if (kind & HR_SEQ_BIG)
             *vlen = (uint32_t)e->bvlen;
-    } else {
-        m->seqno = mw & HR_MW_SEQNO_MAX;
-        m->expire_at = 0;
     }
 }
 
@@ -149,15 +155,14 @@ HR_READ_PATH void hr_snapshot(hr_item *x, hr_view *v, uint64_t *vbuf)
         hr_snapshot_slow(x, v, vbuf);
         return;
     }
+    uint32_t vlen;
     *vbuf = val;
     v->key = x->key;
     v->klen = kf;
     v->val = vbuf;
-    v->vlen = (uint32_t)((mw & HR_MW_VLEN_MASK) >> HR_MW_VLEN_SHIFT);
     v->meta.version = ver;
-    v->meta.seqno = mw & HR_MW_SEQNO_MAX;
-    v->meta.expire_at = 0;
-    v->meta.flags = (uint32_t)((mw & HR_MW_FLAGS_MASK) >> HR_MW_FLAGS_SHIFT);
+    hr_mw_decode(mw, &vlen, &v->meta);
+    v->vlen = vlen;
 }
 
 /* Snapshot by x's owner: the record cannot change under it. */
@@ -270,7 +275,7 @@ static kv_err hr_check_key(const hr_index *idx, const void *key, size_t klen)
 
 static hr_okey hr_okey_make(const void *key, size_t klen)
 {
-    hr_okey k = {hr_tag_of_hash(kv_hash64_local(key, klen, HR_HASH_SEED)), (uint32_t)klen, key, 0};
+    hr_okey k = {hr_key_tag(key, klen), (uint32_t)klen, key, 0};
     return k;
 }
 

@@ -16,6 +16,7 @@
 #include <urcu/urcu-memb.h>
 
 #include "common/assert.h"
+#include "common/hash.h"
 #include "node/index/hotring.h"
 
 /* Packed words (paper Fig. 4). Bits 0..47 hold an item address. Head words:
@@ -302,6 +303,11 @@ static inline int hr_cmp_items(const hr_item *a, const hr_item *b)
 static inline uint32_t hr_tag_of_hash(uint64_t hash)
 {
     return (uint32_t)(hash >> 32);
+}
+/* A key's tag: the only place HotRing hashes a key. */
+static inline uint32_t hr_key_tag(const void *key, size_t klen)
+{
+    return hr_tag_of_hash(kv_hash64_local(key, klen, HR_HASH_SEED));
 }
 
 /* ---- tables ---- */

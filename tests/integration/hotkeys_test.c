@@ -20,7 +20,7 @@
 #include "common/hash.h"
 #include "harness.h"
 #include "kv/kv.h"
-#include "node/index/hr_internal.h" /* HR_HASH_SEED: which ring a key is in */
+#include "node/index/hr_internal.h" /* hr_key_tag: which ring a key is in */
 #include "proto/kv.pb-c.h"
 #include "proto/rpc.h"
 
@@ -400,7 +400,7 @@ static void effect_pick_hot(uint32_t *hot, unsigned bits)
     for (uint32_t id = EFFECT_KEYS - 1; n < EFFECT_HOT && id >= 97; id -= 97) {
         char key[24];
         snprintf(key, sizeof(key), "key%012u", id);
-        uint64_t b = kv_hash64_local(key, strlen(key), HR_HASH_SEED) >> (64 - bits);
+        uint64_t b = hr_key_tag(key, strlen(key)) >> (32 - bits);
         bool taken = false;
         for (int i = 0; i < n; i++)
             taken |= bucket[i] == b;

@@ -121,10 +121,9 @@ static void iter_cb(void *arg, const hr_view *v)
     check_cb(&s, v);
     if (!s.ok || c->seen[t][i]++) {
         if (c->bad++ < 3)
-            fprintf(stderr, "iterate: %s ok=%d seen=%d hash=%016llx aux=%p bits=%u\n", k, s.ok,
-                    c->seen[t][i],
-                    (unsigned long long)kv_hash64_local(v->key, v->klen, HR_HASH_SEED),
-                    (void *)atomic_load(&c->idx->aux), atomic_load(&c->idx->cur)->bits);
+            fprintf(stderr, "iterate: %s ok=%d seen=%d tag=%08x aux=%p bits=%u\n", k, s.ok,
+                    c->seen[t][i], hr_key_tag(v->key, v->klen), (void *)atomic_load(&c->idx->aux),
+                    atomic_load(&c->idx->cur)->bits);
     }
 }
 
@@ -273,8 +272,7 @@ static void stress(hr_mode mode, double seconds, uint64_t buckets, int want_reha
             int kl = key_of(k, t, i);
             present += ws[t].present[i];
             hr_rcu_lock();
-            hr_okey key = {hr_tag_of_hash(kv_hash64_local(k, (size_t)kl, HR_HASH_SEED)),
-                           (uint32_t)kl, k, 0};
+            hr_okey key = {hr_key_tag(k, (size_t)kl), (uint32_t)kl, k, 0};
             hr_item *h = hr_test_head(idx, k, (size_t)kl);
             hr_table *tb = atomic_load(&idx->cur);
             unsigned vis;

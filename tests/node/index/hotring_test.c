@@ -353,7 +353,7 @@ static void hammer(hr_index *idx, const char *hot, int n, int cold_every, const 
 static uint64_t bucket_of(hr_index *idx, const char *k)
 {
     hr_table *t = atomic_load(&idx->cur);
-    return hr_bucket(t, hr_tag_of_hash(kv_hash64_local(k, strlen(k), HR_HASH_SEED)));
+    return hr_bucket(t, hr_key_tag(k, strlen(k)));
 }
 
 Test(hotring, sampling_moves_head_to_hotspot)
@@ -644,8 +644,8 @@ static int half_keys(char keys[][32], int n, const char *fmt, int upper)
     int got = 0;
     for (int i = 0; got < n && i < 100000; i++) {
         snprintf(keys[got], 32, fmt, i);
-        uint64_t h = kv_hash64_local(keys[got], strlen(keys[got]), HR_HASH_SEED);
-        if ((int)(h >> 62 & 1) == upper)
+        uint32_t tag = hr_key_tag(keys[got], strlen(keys[got]));
+        if ((int)(tag >> 30 & 1) == upper)
             got++;
     }
     return got;
@@ -859,7 +859,7 @@ static void tag_twins(char *a, char *b, size_t len)
     char k[32];
     for (int i = 0; i < N; i++) {
         snprintf(k, sizeof k, "tc-%d", i);
-        t[i] = (tag_of){hr_tag_of_hash(kv_hash64_local(k, strlen(k), HR_HASH_SEED)), i};
+        t[i] = (tag_of){hr_key_tag(k, strlen(k)), i};
     }
     qsort(t, N, sizeof *t, tag_cmp);
     int found = -1;

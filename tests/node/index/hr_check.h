@@ -74,7 +74,7 @@ static inline uint64_t hr_check_rings(hr_index *idx)
 static inline hr_item *hr_test_head(hr_index *idx, const void *key, size_t klen)
 {
     hr_table *t = atomic_load(&idx->cur);
-    uint32_t tag = hr_tag_of_hash(kv_hash64_local(key, klen, HR_HASH_SEED));
+    uint32_t tag = hr_key_tag(key, klen);
     return hr_addr(atomic_load(&t->heads[hr_bucket(t, tag)]));
 }
 
