@@ -39,7 +39,7 @@
  *
  * Like HotRing, this file calls liburcu through its library entry points
  * (no _LGPL_SOURCE inlining), so both pay the same read-side cost, and
- * hashes keys with the same function (kv_hash64_local, another seed).
+ * hashes keys with the same function (kv_hash64, another seed).
  */
 #include "bench/chain.h"
 
@@ -94,7 +94,7 @@ static inline bool key_eq(const chain_item *it, const void *key, size_t klen)
 
 static inline _Atomic uintptr_t *bucket_of(ib_chain *c, const void *key, size_t klen)
 {
-    return &c->heads[kv_hash64_local(key, klen, CHAIN_SEED) & c->mask];
+    return &c->heads[kv_hash64(key, klen, CHAIN_SEED) & c->mask];
 }
 
 kv_err ib_chain_open(ib_chain **out, uint64_t buckets)

@@ -185,7 +185,7 @@ static bool lf_get(void *h, const void *key, size_t klen, void *val, size_t cap,
     bool hit = false;
     /* cds_lfht does not tell how many nodes a lookup visited */
     urcu_memb_read_lock();
-    cds_lfht_lookup(x->ht, kv_hash64_local(key, klen, LF_SEED), lf_match, &k, &iter);
+    cds_lfht_lookup(x->ht, kv_hash64(key, klen, LF_SEED), lf_match, &k, &iter);
     struct cds_lfht_node *node = cds_lfht_iter_get_node(&iter);
     if (node) {
         const lf_item *it = caa_container_of(node, lf_item, node);
@@ -250,7 +250,7 @@ static kv_err lf_put(void *h, const void *key, size_t klen, const void *val, siz
 {
     lf_index *x = h;
     lf_key k = {key, klen};
-    unsigned long hash = kv_hash64_local(key, klen, LF_SEED);
+    unsigned long hash = kv_hash64(key, klen, LF_SEED);
     lf_item *nu = NULL;
     bool linked = false;
     kv_err rv;

@@ -307,7 +307,7 @@ static inline uint32_t hr_tag_of_hash(uint64_t hash)
 /* A key's tag: the only place HotRing hashes a key. */
 static inline uint32_t hr_key_tag(const void *key, size_t klen)
 {
-    return hr_tag_of_hash(kv_hash64_local(key, klen, HR_HASH_SEED));
+    return hr_tag_of_hash(kv_hash64(key, klen, HR_HASH_SEED));
 }
 
 /* ---- tables ---- */
