@@ -187,10 +187,10 @@ kv_err hr_set_flags(hr_index *idx, const void *key, size_t klen, uint64_t seqno,
 void hr_iterate(hr_index *idx, hr_visit_fn fn, void *arg);
 
 /* Cluster hot-key hint: sets HR_F_PINNED on key's item and makes it the head
- * of its ring. Sampling treats pinned items as a strong prior (a pinned head
- * moves only to another pinned item or to one that at least halves the
- * expected walk; random movement never leaves a pinned head for an unpinned
- * item). Clear the flag with hr_set_flags to unpin. Returns KV_OK or
+ * of its ring. Neither sampling nor random movement moves a pinned head to
+ * an unpinned item (between pinned items of one ring sampling decides), so
+ * a replica that sees few of the key's reads keeps it at the head too. Clear
+ * the flag with hr_set_flags to unpin. Returns KV_OK or
  * NOT_FOUND. Any registered thread; takes its own read-side section. */
 kv_err hr_pin(hr_index *idx, const void *key, size_t klen);
 

@@ -20,11 +20,16 @@
  * CASes the head to the minimum. Dividing by N does not change the argmin.
  *
  * First guess: a head that sampling never evaluated (total field 0 while
- * idle) is moved like random movement on its first R-th cold access, and the
- * total field is left at 1 (HR_H_SEEN) from then on, also after every
- * decision. A fresh ring thus converges after ~R accesses instead of
- * ~R + ring-length ones, which matters for the many lukewarm rings of a skewed
- * key space; later hotspot shifts go through sampling.
+ * idle: a new ring, every ring after a load or a rehash) is moved to the
+ * item of its first cold access, whichever thread's tick that is (one CAS a
+ * ring, once), and the total field is left at 1 (HR_H_SEEN) from then on,
+ * also after every decision. The item a read reaches is drawn by the
+ * workload, so the guess is the hottest item as often as that item takes
+ * the ring's reads, and a fresh ring is placed by its first cold read
+ * instead of the first one that falls on a thread's R-th tick (~R reads of
+ * the ring later, plus a sampling round's ring-length more with no first
+ * guess); this matters for the many lukewarm rings of a skewed key space
+ * after a load or a restart. Later hotspot shifts go through sampling.
  *
  * Calm rings: sampling is not free (two CASes per sampled access, which
  * dirty the head word and the item's next word), and a ring without a
@@ -39,11 +44,17 @@
  * after ~R * 2^HR_CALM_SHIFT accesses to the ring instead of ~R, i.e. a
  * few hundred accesses of a hot key.
  *
- * Pin prior: an item carrying HR_F_PINNED (set by hr_pin from cluster hot-key
- * hints) competes with W_t and every other candidate with 2 * W_t
- * (HR_PIN_BIAS). So a pinned head moves only to another pinned item or to an
- * item that at least halves the expected walk, and random movement never
- * moves a pinned head to an unpinned item. Clearing the flag
+ * Pins: an item carrying HR_F_PINNED (set by hr_pin from cluster hot-key
+ * hints) holds its ring's head against every unpinned item. A decision on
+ * a ring whose head is pinned considers only pinned candidates (W_t decides
+ * between two pinned keys of one ring), and random movement never leaves a
+ * pinned head for an unpinned item. Local evidence cannot outweigh the hint:
+ * a router reads at ONE from the key's primary, so the other replicas of a
+ * hot key see few or none of its reads, and a round of a few samples on such
+ * a replica is drawn from the ring's cold keys (a 2x-cost prior let those
+ * rounds move pinned heads: bench/README.md, "Pinned heads on replicas").
+ * On a ring whose head is not pinned, a pinned item competes with W_t and
+ * every other candidate with HR_PIN_BIAS * W_t. Clearing the flag
  * (hr_set_flags) hands the ring back to plain sampling.
  */
 #include "node/index/hr_internal.h"
@@ -110,11 +121,12 @@ unsigned hr_best_head(const hr_ring_view *rv)
 {
     uint64_t L = rv->len, N = rv->total, W = 0, best_eff = UINT64_MAX;
     unsigned best = 0;
+    bool pinned_head = L && rv->pin[0]; /* only pinned items may take it over */
     for (unsigned k = 0; k < L; k++)
         W += (uint64_t)rv->cnt[k] * k;
     for (unsigned t = 0; t < L; t++) {
         uint64_t eff = rv->pin[t] ? W : W * HR_PIN_BIAS;
-        if (rv->cand[t] && eff < best_eff) {
+        if (rv->cand[t] && (rv->pin[t] || !pinned_head) && eff < best_eff) {
             best_eff = eff;
             best = t;
         }

@@ -50,7 +50,7 @@
 #define HR_INLINE_MAX 8u  /* values up to this size are updated in place */
 #define HR_RING_SCAN 256u /* longest ring a sampling decision looks at */
 #define HR_SAMPLE_MIN 8u  /* fewest samples per sampling round */
-#define HR_PIN_BIAS 2u    /* a pinned head moves only for a 2x cheaper ring */
+#define HR_PIN_BIAS 2u    /* a pinned item competes for an unpinned head at W_t / 2 */
 #define HR_DEFAULT_REHASH_COST 8.0
 #define HR_COST_WINDOW 4096u                      /* ops per thread between access-cost checks */
 #define HR_HASH_SEED UINT64_C(0x6a09e667f3bcc909) /* differs from the router's ring seed */
@@ -524,9 +524,15 @@ static inline void hr_hot_access(hr_index *idx, hr_table *t, uint64_t b, uint64_
     if (idx->mode == HR_MODE_NONE)
         return;
     if (!(hw & HR_H_ACTIVE)) {
-        if (++hr_tls_tick < idx->r)
-            return;
-        if (hit && hit == hr_addr(hw)) { /* the R-th access hit the head: nothing to move */
+        if (++hr_tls_tick < idx->r) {
+            /* Not this thread's R-th access: only a fresh ring (idle total
+             * 0, sampling never evaluated it) reached past its head goes on,
+             * for its first guess (hr_hot.c, "First guess"). hw is in a
+             * register already: one test on the common path. */
+            if (__builtin_expect((hw & HR_H_TOTAL_MASK) != 0, 1) || !hit || hit == hr_addr(hw) ||
+                idx->mode != HR_MODE_SAMPLE)
+                return;
+        } else if (hit && hit == hr_addr(hw)) { /* the R-th access hit the head: nothing to move */
             hr_tls_tick = 0;
             return;
         }
@@ -541,7 +547,9 @@ typedef struct hr_ring_view {
     unsigned len;
     uint64_t total;
 } hr_ring_view;
-/* Index of the W_t-minimal candidate head (with the pin prior). */
+/* Index of the W_t-minimal candidate head (a pinned head stays unless a
+ * pinned item is cheaper; a pinned item competes for an unpinned head with
+ * HR_PIN_BIAS). Item 0 is the current head. */
 unsigned hr_best_head(const hr_ring_view *rv);
 /* W_t of candidate head t (sum of counts times hops from t). */
 uint64_t hr_ring_cost(const hr_ring_view *rv, unsigned t);

@@ -313,17 +313,28 @@ Test(hotring, wt_matches_brute_force)
 
 Test(hotring, wt_pin_prior)
 {
-    /* Item 0 pinned: item 4 is hotter but does not halve the cost. */
+    /* Item 0, the head, pinned: item 4 is hotter, the head stays. */
     uint32_t c[8] = {10, 0, 0, 0, 14, 0, 0, 0};
     uint8_t pin[8] = {1, 0, 0, 0, 0, 0, 0, 0};
     cr_assert_eq(best_of(c, 8, NULL), 4);
     cr_assert_eq(best_of(c, 8, pin), 0);
-    /* Overwhelming evidence still moves a pinned head. */
+    /* Whatever the counts of unpinned items: a replica sees few reads of a
+     * key the cluster reports hot (reads at ONE go to its primary). */
     uint32_t d[8] = {1, 0, 0, 0, 60, 0, 0, 0};
-    cr_assert_eq(best_of(d, 8, pin), 4);
+    cr_assert_eq(best_of(d, 8, pin), 0);
+    uint32_t none[8] = {0, 3, 0, 5, 60, 0, 2, 0};
+    cr_assert_eq(best_of(none, 8, pin), 0);
     /* Between pinned items, W_t decides. */
     uint8_t two[8] = {1, 0, 0, 0, 1, 0, 0, 0};
     cr_assert_eq(best_of(c, 8, two), 4);
+    cr_assert_eq(best_of(d, 8, two), 4);
+    /* An unpinned head: a pinned item competes at half its W_t. */
+    uint8_t later[8] = {0, 0, 0, 0, 1, 0, 0, 0};
+    uint32_t e[8] = {12, 0, 0, 0, 10, 0, 0, 0}; /* W_0 = 40, W_4 = 48 */
+    cr_assert_eq(best_of(e, 8, NULL), 0);
+    cr_assert_eq(best_of(e, 8, later), 4);
+    uint32_t f[8] = {40, 0, 0, 0, 10, 0, 0, 0}; /* W_0 = 40, W_4 = 160 */
+    cr_assert_eq(best_of(f, 8, later), 0);
 }
 
 /* ------------------------------------------------- hotspots and heads */
@@ -384,6 +395,47 @@ Test(hotring, sampling_moves_head_to_hotspot)
     hr_get_stats(idx, &st);
     cr_assert_gt(st.sample_rounds, 0);
     cr_assert_gt(st.head_moves, 1);
+    cr_assert_eq(hr_check_rings(idx), 16);
+    hr_close(idx);
+}
+
+/* A fresh ring (sampling never evaluated it: here, after a load) moves its
+ * head at its first read that the head does not answer, whatever the
+ * thread's tick: with R = 1000 one read places it. From then on the ring is
+ * no longer fresh, and single reads of its other keys leave the head alone
+ * until a thread's R-th access. */
+Test(hotring, fresh_ring_guesses_at_its_first_cold_read)
+{
+    hr_opts o = {2, HR_MODE_SAMPLE, 1000, false, 0};
+    hr_index *idx = NULL;
+    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    fill(idx, 16, "f-%d");
+    char cold[16] = "", other[16] = "";
+    for (int i = 0; i < 16 && !other[0]; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "f-%d", i);
+        if (hr_test_is(hr_test_head(idx, k, strlen(k)), k))
+            continue; /* the head answers it: not a cold read */
+        if (!cold[0])
+            strcpy(cold, k);
+        else if (bucket_of(idx, k) == bucket_of(idx, cold))
+            strcpy(other, k);
+    }
+    cr_assert(cold[0] && other[0], "no two keys off the head in one ring");
+    hr_stats a, st;
+    hr_get_stats(idx, &a);
+    cr_assert_eq(hr_get(idx, cold, strlen(cold), NULL, NULL), KV_OK);
+    cr_assert(hr_test_is(hr_test_head(idx, cold, strlen(cold)), cold),
+              "the first cold read did not move the head");
+    hr_get_stats(idx, &st);
+    cr_assert_eq(st.head_moves - a.head_moves, 1);
+    for (int i = 0; i < 100; i++) /* 100 < R: no tick, and the ring is not fresh */
+        cr_assert_eq(hr_get(idx, other, strlen(other), NULL, NULL), KV_OK);
+    cr_assert(hr_test_is(hr_test_head(idx, cold, strlen(cold)), cold),
+              "a ring past its first guess moved off its tick");
+    hr_get_stats(idx, &st);
+    cr_assert_eq(st.head_moves - a.head_moves, 1);
+    cr_assert_eq(st.sample_rounds - a.sample_rounds, 0);
     cr_assert_eq(hr_check_rings(idx), 16);
     hr_close(idx);
 }
@@ -469,6 +521,49 @@ Test(hotring, pin_makes_head_and_resists_random_moves)
             hammer(idx, k, 200, 0, "p-%d");
     }
     cr_assert_eq(hr_test_head(idx, "p-5", 3), h, "random movement left a pinned head");
+    hr_close(idx);
+}
+
+/* The replica's view of a pinned key: its ring's other keys take every
+ * read, and sampling runs round after round (R = 1) without moving the
+ * pinned head; once unpinned, the same reads move it. */
+Test(hotring, pinned_head_holds_against_sampling)
+{
+    hr_opts o = {2, HR_MODE_SAMPLE, 1, false, 0};
+    hr_index *idx = NULL;
+    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    fill(idx, 32, "r-%d");
+    char others[32][16];
+    int n = 0;
+    for (int i = 1; i < 32; i++) {
+        snprintf(others[n], sizeof others[n], "r-%d", i);
+        if (bucket_of(idx, others[n]) == bucket_of(idx, "r-0"))
+            n++;
+    }
+    cr_assert_geq(n, 3, "too few keys in r-0's ring (%d)", n);
+    /* Reads before the pin: the ring leaves its fresh state (a fresh ring
+     * with a pinned head never samples) and its head goes to others[0]. */
+    for (int i = 0; i < 100; i++)
+        get(idx, others[0], KV_OK);
+    cr_assert(hr_test_is(hr_test_head(idx, "r-0", 3), others[0]));
+    cr_assert_eq(hr_pin(idx, "r-0", 3), KV_OK);
+    hr_item *h = hr_test_head(idx, "r-0", 3);
+    cr_assert(hr_test_is(h, "r-0"));
+    hr_stats a, st;
+    hr_get_stats(idx, &a);
+    for (int i = 0; i < 20000; i++) /* skewed: others[0] takes 95 % */
+        get(idx, others[i % 20 ? 0 : 1 + (i / 20) % (n - 1)], KV_OK);
+    hr_get_stats(idx, &st);
+    cr_assert_gt(st.sample_rounds - a.sample_rounds, 0, "no sampling round ran");
+    cr_assert_eq(hr_test_head(idx, "r-0", 3), h, "sampling moved a pinned head");
+    cr_assert_eq(st.head_moves, a.head_moves);
+    got g = get(idx, "r-0", KV_OK);
+    cr_assert_eq(hr_set_flags(idx, "r-0", 3, g.meta.seqno, 0, HR_F_PINNED), KV_OK);
+    for (int i = 0; i < 20000; i++)
+        get(idx, others[i % 20 ? 0 : 1 + (i / 20) % (n - 1)], KV_OK);
+    cr_assert(hr_test_is(hr_test_head(idx, "r-0", 3), others[0]),
+              "unpinned, the head did not follow the reads to %s", others[0]);
+    cr_assert_eq(hr_check_rings(idx), 32);
     hr_close(idx);
 }
 
