@@ -229,7 +229,12 @@ void hr_hot_slow(hr_index *idx, hr_table *t, uint64_t b, uint64_t hw, hr_item *h
         hr_sample(idx, t, b, cnt);
         return;
     }
-    hr_tls_tick = 0;
+    /* The thread's R-th access starts its count again; a fresh ring's cold
+     * access below its R-th (hr_hot_access) leaves the count alone, so a
+     * fresh ring whose pinned head does not move (below) does not hold back
+     * the thread's ticks for every other ring. */
+    if (hr_tls_tick >= idx->r)
+        hr_tls_tick = 0;
     hr_item *h = hr_addr(hw);
     if (!hit || !h || hit == h)
         return;

@@ -440,6 +440,43 @@ Test(hotring, fresh_ring_guesses_at_its_first_cold_read)
     hr_close(idx);
 }
 
+/* A fresh ring whose pinned head never moves goes through the hotspot hook
+ * on every cold access; that must not restart the thread's tick, or a
+ * thread that keeps reading such a ring never reaches an R-th access for
+ * any other ring (here ring B's head would stay on b0 for good). */
+Test(hotring, pinned_fresh_ring_keeps_the_threads_ticks)
+{
+    hr_opts o = {2, HR_MODE_SAMPLE, 5, false, 0};
+    hr_index *idx = NULL;
+    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    fill(idx, 32, "t-%d");
+    char a[2][16] = {"", ""}, bk[2][16] = {"", ""};
+    for (int i = 0; i < 32; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "t-%d", i);
+        char(*set)[16] = bucket_of(idx, k) == bucket_of(idx, "t-0") ? a : bk;
+        if (!set[0][0])
+            strcpy(set[0], k);
+        else if (!set[1][0])
+            strcpy(set[1], k);
+    }
+    cr_assert(a[1][0] && bk[1][0], "two keys in each ring wanted");
+    cr_assert_eq(hr_pin(idx, a[0], strlen(a[0])), KV_OK); /* ring A stays fresh */
+    const char *b0 = hr_test_is(hr_test_head(idx, bk[0], strlen(bk[0])), bk[0]) ? bk[1] : bk[0];
+    const char *b1 = b0 == bk[0] ? bk[1] : bk[0];
+    get(idx, b0, KV_OK); /* ring B: first guess on b0, no longer fresh */
+    cr_assert(hr_test_is(hr_test_head(idx, b0, strlen(b0)), b0));
+    for (int i = 0; i < 2000; i++) {
+        get(idx, a[1], KV_OK); /* a cold read of ring A: its pinned head stays */
+        get(idx, b1, KV_OK);
+    }
+    cr_assert(hr_test_is(hr_test_head(idx, a[0], strlen(a[0])), a[0]));
+    cr_assert(hr_test_is(hr_test_head(idx, b1, strlen(b1)), b1),
+              "ring B never reached a sampling round");
+    cr_assert_eq(hr_check_rings(idx), 32);
+    hr_close(idx);
+}
+
 /* Without a hotspot a ring calms down: sampling rounds become rare, and a
  * hotspot that appears later is still found. */
 Test(hotring, uniform_access_calms_sampling)
