@@ -16,13 +16,17 @@
 #include "node/index/hotring.h"
 #include "tests/node/index/hr_check.h"
 
-static hr_index *open_idx(uint64_t buckets, hr_mode mode, bool rehash)
+static hr_index *open_with(hr_opts o)
 {
-    hr_opts o = {buckets, mode, 5, rehash, 0};
     hr_index *idx = NULL;
     kv_err rv = hr_open(&idx, &o);
     cr_assert_eq(rv, KV_OK, "hr_open: %s", kv_strerror(rv));
     return idx;
+}
+
+static hr_index *open_idx(uint64_t buckets, hr_mode mode, bool rehash)
+{
+    return open_with((hr_opts){buckets, mode, 5, rehash, 0});
 }
 
 static void setup(void)
@@ -406,9 +410,7 @@ Test(hotring, sampling_moves_head_to_hotspot)
  * until a thread's R-th access. */
 Test(hotring, fresh_ring_guesses_at_its_first_cold_read)
 {
-    hr_opts o = {2, HR_MODE_SAMPLE, 1000, false, 0};
-    hr_index *idx = NULL;
-    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    hr_index *idx = open_with((hr_opts){2, HR_MODE_SAMPLE, 1000, false, 0});
     fill(idx, 16, "f-%d");
     char cold[16] = "", other[16] = "";
     for (int i = 0; i < 16 && !other[0]; i++) {
@@ -446,9 +448,7 @@ Test(hotring, fresh_ring_guesses_at_its_first_cold_read)
  * any other ring (here ring B's head would stay on b0 for good). */
 Test(hotring, pinned_fresh_ring_keeps_the_threads_ticks)
 {
-    hr_opts o = {2, HR_MODE_SAMPLE, 5, false, 0};
-    hr_index *idx = NULL;
-    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    hr_index *idx = open_idx(2, HR_MODE_SAMPLE, false);
     fill(idx, 32, "t-%d");
     char a[2][16] = {"", ""}, bk[2][16] = {"", ""};
     for (int i = 0; i < 32; i++) {
@@ -596,9 +596,7 @@ Test(hotring, pin_makes_head_and_resists_random_moves)
  * pinned head; once unpinned, the same reads move it. */
 Test(hotring, pinned_head_holds_against_sampling)
 {
-    hr_opts o = {2, HR_MODE_SAMPLE, 1, false, 0};
-    hr_index *idx = NULL;
-    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    hr_index *idx = open_with((hr_opts){2, HR_MODE_SAMPLE, 1, false, 0});
     fill(idx, 32, "r-%d");
     char others[32][16];
     int n = 0;
@@ -746,9 +744,7 @@ Test(hotring, rehash_keeps_every_key_reachable_and_ordered)
 
 Test(hotring, access_cost_triggers_rehash)
 {
-    hr_opts o = {2, HR_MODE_NONE, 5, true, 4.0};
-    hr_index *idx = NULL;
-    cr_assert_eq(hr_open(&idx, &o), KV_OK);
+    hr_index *idx = open_with((hr_opts){2, HR_MODE_NONE, 5, true, 4.0});
     fill(idx, 400, "c-%d");
     char k[32];
     hr_stats st = {0};
