@@ -291,7 +291,7 @@ bool node_coord_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *
         uint64_t epoch = c->map_epoch;
         c->map_epoch = cmap_epoch(m);
         kv_err st = KV_OK;
-        served = node_get_mem(c, req, &st) && st == KV_OK;
+        served = node_get_mem(c, req, m, &st) && st == KV_OK;
         if (served) {
             atomic_fetch_add_explicit(&n->coord_requests, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&n->coord.forwards, 1, memory_order_relaxed);

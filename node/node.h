@@ -125,6 +125,9 @@ void node_map_stop(node *n);
 void node_map_saw_epoch(node *n, uint64_t e);
 /* The node's serving state (Kv__Serving) and a one-line reason. */
 int node_serving(node *n, char *detail, size_t len);
+/* The same under map m (NULL: none), which the caller holds; *why points to
+ * a static string. Formats nothing: the read path asks on every request. */
+int node_serving_in(node *n, const cmap *m, const char **why);
 /* Sets or clears NEEDS_REPAIR (persisted). */
 kv_err node_set_needs_repair(node *n, bool on, const char *why);
 /* True when node index self of m holds key (current or pending replica). */
@@ -199,8 +202,10 @@ kv_err node_plain_call(rpc_ctx *c, const uint8_t *body, size_t len);
 bool node_coord_get_inline(rpc_ctx *c, const uint8_t *body, size_t len, kv_err *rv);
 /* server.c: kv.Get of an unpacked request from the memory tier only: false
  * when the record is not there (c untouched), else true with the status in
- * *out and c filled as the handler leaves it. */
-bool node_get_mem(rpc_ctx *c, const Kv__GetRequest *req, kv_err *out);
+ * *out and c filled as the handler leaves it. mine: a map the caller holds
+ * in which this node is one of the key's replicas and whose epoch c
+ * carries (the coordinator's own replica call), or NULL to look both up. */
+bool node_get_mem(rpc_ctx *c, const Kv__GetRequest *req, cmap *mine, kv_err *out);
 kv_err node_coord_batch(rpc_ctx *c, const uint8_t *body, size_t len);
 void node_coord_stats(node *n, kv_stats *l);
 /* The replication library's in-process call to this node's own replica

@@ -214,25 +214,34 @@ bool node_holds(node *n, cmap *m, const void *key, size_t klen)
     return self >= 0 && cmap_holds(m, (size_t)self, key, klen);
 }
 
+int node_serving_in(node *n, const cmap *m, const char **why)
+{
+    if (!m) {
+        *why = "no cluster map: a new node (kvctl cluster init / node add) or a member that lost "
+               "its data (kvctl node replace / kvctl repair)";
+        return KV__SERVING__NO_MAP;
+    }
+    if (cmap_find(m, n->cfg.id) < 0) {
+        *why = "removed from the cluster";
+        return KV__SERVING__REMOVED;
+    }
+    if (atomic_load(&n->needs_repair)) {
+        *why = "needs repair (kvctl repair): it may lack acknowledged writes";
+        return KV__SERVING__NEEDS_REPAIR;
+    }
+    if (atomic_load(&n->catching_up)) {
+        *why = "catching up: replaying the hints its peers hold for it";
+        return KV__SERVING__CATCHING_UP;
+    }
+    *why = "serving";
+    return KV__SERVING__SERVING;
+}
+
 int node_serving(node *n, char *detail, size_t len)
 {
     cmap *m = cmap_slot_get(n->maps);
-    int s = KV__SERVING__SERVING;
-    const char *why = "serving";
-    if (!m) {
-        s = KV__SERVING__NO_MAP;
-        why = "no cluster map: a new node (kvctl cluster init / node add) or a member that lost "
-              "its data (kvctl node replace / kvctl repair)";
-    } else if (cmap_find(m, n->cfg.id) < 0) {
-        s = KV__SERVING__REMOVED;
-        why = "removed from the cluster";
-    } else if (atomic_load(&n->needs_repair)) {
-        s = KV__SERVING__NEEDS_REPAIR;
-        why = "needs repair (kvctl repair): it may lack acknowledged writes";
-    } else if (atomic_load(&n->catching_up)) {
-        s = KV__SERVING__CATCHING_UP;
-        why = "catching up: replaying the hints its peers hold for it";
-    }
+    const char *why;
+    int s = node_serving_in(n, m, &why);
     if (detail && len)
         snprintf(detail, len, "%s", why);
     cmap_unref(m);

@@ -71,11 +71,12 @@ static bool holds_replica(node *n, cmap *m, const void *key, size_t klen)
 }
 
 /* Reads from a cluster (map_epoch > 0) are refused while the node is not
- * SERVING (catching up, needs repair): the router reads another replica. */
-static kv_err check_readable(node *n, rpc_ctx *c)
+ * SERVING (catching up, needs repair): the router reads another replica.
+ * m: the call's map (call_map), which the caller holds. */
+static kv_err check_readable(node *n, rpc_ctx *c, const cmap *m)
 {
-    char why[200];
-    if (!c->map_epoch || node_serving(n, why, sizeof(why)) == KV__SERVING__SERVING)
+    const char *why;
+    if (!c->map_epoch || node_serving_in(n, m, &why) == KV__SERVING__SERVING)
         return KV_OK;
     return rpc_fail(c, KV_UNAVAILABLE, "node %s does not serve reads: %s", n->cfg.id, why);
 }
@@ -167,20 +168,29 @@ static kv_err check_write_version(rpc_ctx *c, uint64_t version, char *err, size_
 /* kv.Get; mem_only (the receive callback, rpc_method.try_inline): false,
  * with nothing done but checks that have no effect, when the read needs a
  * thread that may block (engine_get_mem declined); else true with the
- * status in *out. */
-static bool get_req(rpc_ctx *c, const Kv__GetRequest *req, bool mem_only, kv_err *out)
+ * status in *out. mine: the map a coordinator on this node holds and
+ * found this node to be the key's replica in (c's epoch is its epoch), so
+ * neither is looked up again; NULL for a call from outside. */
+static bool get_req(rpc_ctx *c, const Kv__GetRequest *req, bool mem_only, cmap *mine, kv_err *out)
 {
     node *n = c->user;
-    cmap *m;
-    kv_err rv = call_map(n, c, &m);
+    cmap *m = mine;
+    kv_err rv = KV_OK;
+    if (mine) {
+        c->reply_epoch = cmap_epoch(mine);
+        rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
+    } else {
+        rv = call_map(n, c, &m);
+        if (rv == KV_OK)
+            rv = check_key(n, c, m, &req->key);
+    }
     if (rv == KV_OK)
-        rv = check_key(n, c, m, &req->key);
-    if (rv == KV_OK)
-        rv = check_readable(n, c);
+        rv = check_readable(n, c, m);
     engine_result r = {0};
     if (rv == KV_OK && mem_only &&
         engine_get_mem(n->eng, req->key.data, req->key.len, &r) == KV_NOT_FOUND) {
-        cmap_unref(m);
+        if (!mine)
+            cmap_unref(m);
         return false;
     }
     if (rv == KV_OK && !mem_only)
@@ -195,7 +205,8 @@ static bool get_req(rpc_ctx *c, const Kv__GetRequest *req, bool mem_only, kv_err
         rv = rpc_reply_msg(c, &rep.base);
         free(r.val);
     }
-    cmap_unref(m);
+    if (!mine)
+        cmap_unref(m);
     *out = rv;
     return true;
 }
@@ -212,14 +223,14 @@ static bool get_run(rpc_ctx *c, const uint8_t *body, size_t len, bool mem_only, 
         *out = KV_INVALID_ARGUMENT;
         return true;
     }
-    bool served = get_req(c, req, mem_only, out);
+    bool served = get_req(c, req, mem_only, NULL, out);
     rpc_arena_reset(&ar);
     return served;
 }
 
-bool node_get_mem(rpc_ctx *c, const Kv__GetRequest *req, kv_err *out)
+bool node_get_mem(rpc_ctx *c, const Kv__GetRequest *req, cmap *mine, kv_err *out)
 {
-    return get_req(c, req, true, out);
+    return get_req(c, req, true, mine, out);
 }
 
 static kv_err h_get(rpc_ctx *c, const uint8_t *body, size_t len)

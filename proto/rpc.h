@@ -85,6 +85,7 @@ typedef struct rpc_ctx {
     uint8_t *reply;       /* packed reply body (malloc'ed; the runtime frees it) */
     size_t reply_len;
     char message[RPC_MAX_MESSAGE]; /* status message for non-OK replies */
+    const struct rpc_method *mdef; /* the server's entry for method (NULL: none); the runtime's */
 } rpc_ctx;
 
 typedef kv_err (*rpc_handler_fn)(rpc_ctx *c, const uint8_t *body, size_t len);

@@ -375,7 +375,7 @@ static const rpc_method *dispatch(rpc_server *s, rpc_ctx *c, const Kv__Envelope 
         *rv = KV_UNAUTHENTICATED;
         return NULL;
     }
-    const rpc_method *m = find_method(s, env->method);
+    const rpc_method *m = c->mdef;
     if (!m) {
         *rv = rpc_fail(c, KV_UNIMPLEMENTED, "unknown method '%.100s'", env->method);
     } else if (m->access != RPC_DATA && !c->admin) {
@@ -487,6 +487,7 @@ static kv_err run_call_init(rpc_server *s, int w, const Kv__Envelope *env, rpc_c
     if (!env)
         return rpc_fail(c, KV_INVALID_ARGUMENT, "malformed request: not a kv.Envelope");
     c->method = env->method;
+    c->mdef = find_method(s, env->method); /* once: dispatch and observe use it */
     c->map_epoch = env->map_epoch;
     c->coordinate = env->coordinate;
     c->deadline_ns = arrival_ns + (uint64_t)call_deadline_ms(s, env) * 1000000ull;
@@ -496,7 +497,7 @@ static kv_err run_call_init(rpc_server *s, int w, const Kv__Envelope *env, rpc_c
 /* Reports a finished call of a known method to opts.observe. */
 static void observe(rpc_server *s, const rpc_ctx *c, kv_err rv, uint64_t t0)
 {
-    const rpc_method *m = s->opts.observe && c->method ? find_method(s, c->method) : NULL;
+    const rpc_method *m = s->opts.observe ? c->mdef : NULL;
     if (m)
         s->opts.observe(s->opts.observe_arg, (size_t)(m - s->opts.methods), rv, rpc_since_ns(t0));
 }

@@ -39,6 +39,10 @@ struct cmap {
 struct cmap_slot {
     pthread_mutex_t mu;
     cmap *map;
+    /* map's epoch (0: none), written under mu with map and read without it:
+     * cmap_slot_epoch runs on every coordinated request, and a mutex shared
+     * by the event loops would move its line between their cores each time */
+    _Atomic uint64_t epoch;
 };
 
 static kv_err fail(char *err, size_t errlen, const char *fmt, ...)
@@ -886,10 +890,7 @@ kv_err cmap_vet(const cmap *cur, const cmap *m, const char *addr, bool verified,
 
 uint64_t cmap_slot_epoch(cmap_slot *s)
 {
-    pthread_mutex_lock(&s->mu);
-    uint64_t e = s->map ? s->map->epoch : 0;
-    pthread_mutex_unlock(&s->mu);
-    return e;
+    return atomic_load_explicit(&s->epoch, memory_order_acquire);
 }
 
 kv_err cmap_slot_install(cmap_slot *s, cmap *m)
@@ -900,6 +901,7 @@ kv_err cmap_slot_install(cmap_slot *s, cmap *m)
     if (s->map == NULL || m->epoch > s->map->epoch) {
         old = s->map;
         s->map = cmap_ref(m);
+        atomic_store_explicit(&s->epoch, m->epoch, memory_order_release);
         rv = KV_OK;
     }
     pthread_mutex_unlock(&s->mu);
