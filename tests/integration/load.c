@@ -241,6 +241,35 @@ kv_err kvt_load_verify_some(kvt_load *l, const char *url, kv_consistency cons,
     return rv;
 }
 
+kv_err kvt_load_verify_direct(kvt_load *l, const char *url, kv_consistency cons, uint64_t *stale,
+                              uint64_t *errors)
+{
+    kv_client *c = NULL;
+    kv_client_opts o = {.timeout_ms = 20000, .auth = l->o.auth, .direct = true};
+    if (kv_client_open(&c, url, &o) != KV_OK)
+        return KV_UNAVAILABLE;
+    *stale = *errors = 0;
+    kv_err rv = KV_OK;
+    for (int k = 0; k < l->o.nkeys; k++) {
+        char key[16];
+        size_t len = key_of(k, key);
+        kv_value v = {0};
+        kv_err g = kv_get_ex(c, key, len, cons, &v);
+        uint32_t want_ctr = atomic_load(&l->acked[k]);
+        if (g != KV_OK && g != KV_NOT_FOUND) {
+            (*errors)++;
+            if (rv == KV_OK)
+                rv = g;
+        } else if (want_ctr && (g == KV_NOT_FOUND || counter_of(v.data, v.len) < want_ctr)) {
+            (*stale)++;
+        }
+        if (g == KV_OK)
+            kv_value_free(&v);
+    }
+    kv_client_close(c);
+    return rv;
+}
+
 void kvt_load_free(kvt_load *l)
 {
     free((void *)l->acked);

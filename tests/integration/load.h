@@ -55,6 +55,11 @@ kv_err kvt_load_verify(kvt_load *l, const char *url, kv_consistency cons, uint64
 kv_err kvt_load_verify_some(kvt_load *l, const char *url, kv_consistency cons,
                             bool (*want)(void *arg, const char *key, size_t len), void *arg,
                             uint64_t *stale, uint64_t *errors);
+/* Reads every key one by one through a smart client (kv_client_opts.direct)
+ * opened at url, each request coordinated by the key's primary; counts as
+ * kvt_load_verify does. */
+kv_err kvt_load_verify_direct(kvt_load *l, const char *url, kv_consistency cons, uint64_t *stale,
+                              uint64_t *errors);
 void kvt_load_free(kvt_load *l);
 
 #endif

@@ -161,14 +161,43 @@ Test(repair, hints_bring_a_restarted_node_up_to_date, .timeout = 600)
     kvt_cluster_stop(&cl);
 }
 
+/* Reads through a smart client while n2 needs its repair. n2 is still the
+ * primary of a third of the keys, and the client sends those reads to it.
+ * It must not answer them from its own copy, also not on the receive
+ * thread's fast path (node_coord_get_inline, which reuses the
+ * coordinator's map for its own replica's read): they go to a replica that
+ * has the writes. None stale, none failed. */
+static void expect_direct_reads_current_while_n2_is_behind(void)
+{
+    /* the premise: n2's own copy is behind (a plain read of a node is
+     * served by it as one replica, whatever its state) */
+    uint64_t own_stale = 0, own_errors = 0, stale = 0, errors = 0;
+    holder h = {map_of(cl.node_url[0]), 0};
+    h.node = cmap_find(h.m, "n2");
+    cr_assert_geq(h.node, 0);
+    kvt_load_verify_some(&ld, cl.node_url[1], KV_CONSISTENCY_ONE, held, &h, &own_stale,
+                         &own_errors);
+    cmap_unref(h.m);
+    cr_assert_gt(own_stale, 0, "n2 missed no write: the direct reads prove nothing");
+    cr_log_info("n2's own copy: %llu of %d keys stale", (unsigned long long)own_stale, ld.o.nkeys);
+    kv_err rv = kvt_load_verify_direct(&ld, cl.router_url, KV_CONSISTENCY_ONE, &stale, &errors);
+    cr_expect_eq(errors, 0, "%llu direct reads failed (%s)", (unsigned long long)errors,
+                 kv_err_name(rv));
+    cr_expect_eq(stale, 0, "%llu direct reads were stale (n2 itself has %llu stale keys)",
+                 (unsigned long long)stale, (unsigned long long)own_stale);
+}
+
 Test(repair, a_node_down_past_the_hint_window_is_repaired, .timeout = 600)
 {
     static const char *const extra[] = {"--hint-window", "2", NULL};
     start(3, 3, extra);
     load_init(20000, 2);
     writes_with_outage(1, 2000, 12000, 15000);
-    cr_expect(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__NEEDS_REPAIR, 30000),
+    cr_assert(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__NEEDS_REPAIR, 30000),
               "n2 knows it missed writes (peers dropped hints for it)");
+    expect_direct_reads_current_while_n2_is_behind();
+    cr_expect(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__NEEDS_REPAIR, 1000),
+              "n2 still needs its repair");
     repair("repair n2");
     cr_expect(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__SERVING, 10000),
               "n2 serves after the repair");
