@@ -174,13 +174,14 @@ static kv_err check_write_version(rpc_ctx *c, uint64_t version, char *err, size_
 static bool get_req(rpc_ctx *c, const Kv__GetRequest *req, bool mem_only, cmap *mine, kv_err *out)
 {
     node *n = c->user;
-    cmap *m = mine;
+    cmap *m = mine, *own = NULL; /* own: the reference call_map took, dropped here */
     kv_err rv = KV_OK;
     if (mine) {
         c->reply_epoch = cmap_epoch(mine);
         rv = kv_check_key(&n->cfg.limits, req->key.len, c->message, sizeof(c->message));
     } else {
-        rv = call_map(n, c, &m);
+        rv = call_map(n, c, &own);
+        m = own;
         if (rv == KV_OK)
             rv = check_key(n, c, m, &req->key);
     }
@@ -189,8 +190,7 @@ static bool get_req(rpc_ctx *c, const Kv__GetRequest *req, bool mem_only, cmap *
     engine_result r = {0};
     if (rv == KV_OK && mem_only &&
         engine_get_mem(n->eng, req->key.data, req->key.len, &r) == KV_NOT_FOUND) {
-        if (!mine)
-            cmap_unref(m);
+        cmap_unref(own);
         return false;
     }
     if (rv == KV_OK && !mem_only)
@@ -205,8 +205,7 @@ static bool get_req(rpc_ctx *c, const Kv__GetRequest *req, bool mem_only, cmap *
         rv = rpc_reply_msg(c, &rep.base);
         free(r.val);
     }
-    if (!mine)
-        cmap_unref(m);
+    cmap_unref(own);
     *out = rv;
     return true;
 }

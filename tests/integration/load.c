@@ -201,6 +201,14 @@ kv_err kvt_load_verify(kvt_load *l, const char *url, kv_consistency cons, uint64
     return kvt_load_verify_some(l, url, cons, NULL, NULL, stale, errors);
 }
 
+/* Whether key k, read as found with value v, is missing or older than
+ * its last acknowledged write. */
+static bool is_stale(kvt_load *l, int k, bool found, const uint8_t *v, size_t len)
+{
+    uint32_t want_ctr = atomic_load(&l->acked[k]);
+    return want_ctr && (!found || counter_of(v, len) < want_ctr);
+}
+
 kv_err kvt_load_verify_some(kvt_load *l, const char *url, kv_consistency cons,
                             bool (*want)(void *arg, const char *key, size_t len), void *arg,
                             uint64_t *stale, uint64_t *errors)
@@ -226,11 +234,9 @@ kv_err kvt_load_verify_some(kvt_load *l, const char *url, kv_consistency cons,
             continue;
         kv_err b = kv_batch(c, ops, (size_t)n, cons);
         for (int i = 0; i < n; i++) {
-            uint32_t want_ctr = atomic_load(&l->acked[idx[i]]);
             if (b != KV_OK || ops[i].status != KV_OK)
                 (*errors)++;
-            else if (want_ctr &&
-                     (!ops[i].found || counter_of(ops[i].value, ops[i].value_len) < want_ctr))
+            else if (is_stale(l, idx[i], ops[i].found, ops[i].value, ops[i].value_len))
                 (*stale)++;
         }
         if (b != KV_OK && rv == KV_OK)
@@ -255,12 +261,11 @@ kv_err kvt_load_verify_direct(kvt_load *l, const char *url, kv_consistency cons,
         size_t len = key_of(k, key);
         kv_value v = {0};
         kv_err g = kv_get_ex(c, key, len, cons, &v);
-        uint32_t want_ctr = atomic_load(&l->acked[k]);
         if (g != KV_OK && g != KV_NOT_FOUND) {
             (*errors)++;
             if (rv == KV_OK)
                 rv = g;
-        } else if (want_ctr && (g == KV_NOT_FOUND || counter_of(v.data, v.len) < want_ctr)) {
+        } else if (is_stale(l, k, g == KV_OK, v.data, v.len)) {
             (*stale)++;
         }
         if (g == KV_OK)
