@@ -61,6 +61,7 @@
 #include "proto/rpc_loop.h"
 #include "proto/rpc_timer.h"
 #include "proto/rpc_tls.h"
+#include "proto/rpc_wire.h"
 
 #define DEFAULT_CONNECT_WAIT_MS 1000u
 #define DEFAULT_COALESCE_AFTER 1u
@@ -297,7 +298,7 @@ static void parse_reply(rpc_slot *s, nng_msg *m, rpc_reply *r)
     rpc_arena ar;
     rpc_arena_init(&ar, buf, sizeof(buf));
     Kv__Envelope *env =
-        kv__envelope__unpack(rpc_arena_pb(&ar, SIZE_MAX), nng_msg_len(m), nng_msg_body(m));
+        rpc_wire_env_unpack(rpc_arena_pb(&ar, SIZE_MAX), nng_msg_len(m), nng_msg_body(m));
     nng_msg_free(m);
     if (!env) {
         reply_set(r, KV_INTERNAL, "malformed reply envelope");
@@ -372,13 +373,13 @@ static Kv__Calls *calls_reply(rpc_slot *s, int rv, nng_msg *m, rpc_reply *outer,
     Kv__Calls *cs = NULL;
     if (rv != 0) {
         fail_transport(s, rv, outer);
-    } else if (!(env = kv__envelope__unpack(rpc_arena_pb(ar, SIZE_MAX), nng_msg_len(m),
-                                            nng_msg_body(m)))) {
+    } else if (!(env = rpc_wire_env_unpack(rpc_arena_pb(ar, SIZE_MAX), nng_msg_len(m),
+                                           nng_msg_body(m)))) {
         reply_set(outer, KV_INTERNAL, "malformed reply envelope");
     } else if (env->status && env->status->code != KV_OK) {
         reply_from(s->ch, env, outer);
-    } else if (env->id != s->id || !(cs = kv__calls__unpack(rpc_arena_pb(ar, SIZE_MAX),
-                                                            env->body.len, env->body.data))) {
+    } else if (env->id != s->id || !(cs = rpc_wire_calls_unpack(rpc_arena_pb(ar, SIZE_MAX),
+                                                                env->body.len, env->body.data))) {
         reply_set(outer, KV_INTERNAL, "malformed rpc.Calls reply");
     }
     nng_msg_free(m);
@@ -1067,16 +1068,6 @@ void rpc_chan_close(rpc_chan *ch)
     free(ch);
 }
 
-/* env packed into a new nng message; NULL when out of memory. */
-static nng_msg *pack_msg(const Kv__Envelope *env)
-{
-    nng_msg *m = NULL;
-    if (nng_msg_alloc(&m, kv__envelope__get_packed_size(env)) != 0)
-        return NULL;
-    kv__envelope__pack(env, nng_msg_body(m));
-    return m;
-}
-
 /* The envelope of call p with deadline_ms left. */
 static void call_env(rpc_chan *ch, const rpc_pend *p, uint32_t deadline_ms, Kv__Envelope *env)
 {
@@ -1154,7 +1145,7 @@ static void send_counted(rpc_chan *ch, rpc_pend *p)
     uint64_t left = p->deadline_ns > now ? (p->deadline_ns - now) / 1000000ull : 0;
     Kv__Envelope env;
     call_env(ch, p, left ? (uint32_t)left : 1, &env);
-    nng_msg *m = pack_msg(&env);
+    nng_msg *m = rpc_wire_env_msg(&env);
     uint64_t id = p->id, dl = p->deadline_ns > now ? p->deadline_ns : now + 1000000ull;
     rpc_done_fn done = p->done;
     void *arg = p->arg;
@@ -1210,23 +1201,14 @@ static void send_calls(rpc_chan *ch, rpc_pend *q)
     Kv__Calls calls = KV__CALLS__INIT;
     calls.n_calls = n;
     calls.calls = ptrs;
-    size_t blen = kv__calls__get_packed_size(&calls);
-    uint8_t *body = malloc(blen ? blen : 1);
-    nng_msg *m = NULL;
     uint64_t id = atomic_fetch_add(&ch->next_id, 1) + 1;
-    if (body) {
-        kv__calls__pack(&calls, body);
-        Kv__Envelope env = KV__ENVELOPE__INIT;
-        env.id = id;
-        env.method = "rpc.Calls";
-        env.deadline_ms = (uint32_t)((last - now) / 1000000ull);
-        env.auth = (ProtobufCBinaryData){strlen(ch->auth), (uint8_t *)ch->auth};
-        env.coordinate = ch->coordinate;
-        env.body.data = body;
-        env.body.len = blen;
-        m = pack_msg(&env);
-        free(body);
-    }
+    Kv__Envelope env = KV__ENVELOPE__INIT;
+    env.id = id;
+    env.method = "rpc.Calls";
+    env.deadline_ms = (uint32_t)((last - now) / 1000000ull);
+    env.auth = (ProtobufCBinaryData){strlen(ch->auth), (uint8_t *)ch->auth};
+    env.coordinate = ch->coordinate;
+    nng_msg *m = rpc_wire_env_calls_msg(&env, &calls); /* the calls as its body */
     send_msg(ch, m, id, last, NULL, NULL, live);
 }
 
@@ -1384,7 +1366,7 @@ static void call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
         /* alone: exactly the deadline the caller gave */
         Kv__Envelope env;
         call_env(ch, p, deadline_ms, &env);
-        nng_msg *m = pack_msg(&env);
+        nng_msg *m = rpc_wire_env_msg(&env);
         uint64_t id = p->id, dl = p->deadline_ns;
         pend_free(p);
         send_msg(ch, m, id, dl, done, arg, NULL);

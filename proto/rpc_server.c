@@ -85,6 +85,7 @@
 #include "proto/rpc_conn.h"
 #include "proto/rpc_loop.h"
 #include "proto/rpc_tls.h"
+#include "proto/rpc_wire.h"
 #include "proto/rpc_int.h"
 #include "proto/statlist.h"
 
@@ -457,16 +458,6 @@ static void reply_env(Kv__Envelope *env, Kv__Status *st, uint64_t id, kv_err sta
     env->body.len = c->reply_len;
 }
 
-/* env packed into a new nng message, NULL when out of memory. */
-static nng_msg *pack_msg(const ProtobufCMessage *env)
-{
-    nng_msg *msg;
-    if (nng_msg_alloc(&msg, protobuf_c_message_get_packed_size(env)) != 0)
-        return NULL;
-    protobuf_c_message_pack(env, nng_msg_body(msg));
-    return msg;
-}
-
 /* The relative deadline of a call: its own, the server's default for 0,
  * at most RPC_MAX_DEADLINE_MS. */
 static uint32_t call_deadline_ms(const rpc_server *s, const Kv__Envelope *env)
@@ -593,7 +584,7 @@ static void answer_now(rpc_scall *k, kv_err status, rpc_ctx *c)
     Kv__Envelope env;
     Kv__Status st;
     reply_env(&env, &st, k->env ? k->env->id : 0, status, c);
-    send_msg(k, pack_msg(&env.base));
+    send_msg(k, rpc_wire_env_msg(&env));
 }
 
 /* Admission of the request k just received (issue 16 item 5): KV_OK with
@@ -699,9 +690,8 @@ static void call_arrived(rpc_server *s, rpc_scall *k)
     k->arrival_ns = rpc_now_ns();
     size_t len = nng_msg_len(k->req);
     /* unknown fields cost memory too: what an envelope may make us allocate is bounded */
-    k->env = (Kv__Envelope *)protobuf_c_message_unpack(
-        &kv__envelope__descriptor, rpc_arena_pb(&k->ar, rpc_unpack_budget(len, 0)), len,
-        nng_msg_body(k->req));
+    k->env = rpc_wire_env_unpack(rpc_arena_pb(&k->ar, rpc_unpack_budget(len, 0)), len,
+                                 nng_msg_body(k->req));
     k->lane = k->env && k->env->coordinate && s->opts.coord_workers > 0 ? 1 : 0;
     k->admitted = 0;
     rpc_ctx c = {0};
@@ -765,7 +755,7 @@ static void reply_one(rpc_scall *k, kv_err status, rpc_ctx *c)
     Kv__Envelope env;
     Kv__Status st;
     reply_env(&env, &st, k->env ? k->env->id : 0, status, c);
-    nng_msg *msg = pack_msg(&env.base);
+    nng_msg *msg = rpc_wire_env_msg(&env);
     free(c->reply);
     send_reply(k, msg);
 }
@@ -888,23 +878,11 @@ static void group_reply(rpc_group *g)
     Kv__Calls calls = KV__CALLS__INIT;
     calls.n_calls = g->calls->n_calls;
     calls.calls = g->ptrs;
-    size_t n = kv__calls__get_packed_size(&calls);
-    uint8_t *body = malloc(n ? n : 1);
     rpc_ctx c = {0};
-    kv_err status = KV_OK;
-    if (body) {
-        kv__calls__pack(&calls, body);
-        c.reply = body;
-        c.reply_len = n;
-    } else {
-        status =
-            rpc_fail(&c, KV_RESOURCE_EXHAUSTED, "out of memory for %zu replies", calls.n_calls);
-    }
     Kv__Envelope env;
     Kv__Status st;
-    reply_env(&env, &st, g->k->env->id, status, &c);
-    nng_msg *msg = pack_msg(&env.base);
-    free(body);
+    reply_env(&env, &st, g->k->env->id, KV_OK, &c);
+    nng_msg *msg = rpc_wire_env_calls_msg(&env, &calls); /* the replies as its body */
     rpc_scall *k = g->k;
     group_free(g);
     send_reply(k, msg);
@@ -916,9 +894,9 @@ static rpc_group *group_new(rpc_scall *k, rpc_ctx *c, kv_err *status)
 {
     const Kv__Envelope *env = k->env;
     rpc_arena *ar = &k->ar; /* this thread's until the group is handed on */
-    Kv__Calls *calls = (Kv__Calls *)protobuf_c_message_unpack(
-        &kv__calls__descriptor, rpc_arena_pb(ar, rpc_unpack_budget(env->body.len, RPC_MAX_CALLS)),
-        env->body.len, env->body.data);
+    Kv__Calls *calls =
+        rpc_wire_calls_unpack(rpc_arena_pb(ar, rpc_unpack_budget(env->body.len, RPC_MAX_CALLS)),
+                              env->body.len, env->body.data);
     if (!calls) {
         *status = rpc_fail(c, KV_INVALID_ARGUMENT, "malformed rpc.Calls body");
         return NULL;
@@ -970,7 +948,7 @@ static void handle_calls(rpc_worker *w, rpc_scall *k)
         Kv__Envelope env;
         Kv__Status st;
         reply_env(&env, &st, k->env->id, status, &c);
-        send_reply(k, pack_msg(&env.base));
+        send_reply(k, rpc_wire_env_msg(&env));
         return;
     }
     if (group_split(w->srv, g)) {
@@ -1291,16 +1269,15 @@ static void stream_refuse(rpc_sconn *sc, const uint8_t *hdr, size_t hlen, nng_ms
     rpc_arena ar;
     rpc_arena_init(&ar, buf, sizeof(buf));
     size_t len = nng_msg_len(body);
-    Kv__Envelope *env = (Kv__Envelope *)protobuf_c_message_unpack(
-        &kv__envelope__descriptor, rpc_arena_pb(&ar, rpc_unpack_budget(len, 0)), len,
-        nng_msg_body(body));
+    Kv__Envelope *env =
+        rpc_wire_env_unpack(rpc_arena_pb(&ar, rpc_unpack_budget(len, 0)), len, nng_msg_body(body));
     rpc_ctx c = {0};
     rpc_fail(&c, KV_RESOURCE_EXHAUSTED,
              "server overloaded: %zu requests held unanswered, its limit", s->max_scalls);
     Kv__Envelope rep;
     Kv__Status st;
     reply_env(&rep, &st, env ? env->id : 0, KV_RESOURCE_EXHAUSTED, &c);
-    nng_msg *m = pack_msg(&rep.base);
+    nng_msg *m = rpc_wire_env_msg(&rep);
     if (m) {
         (void)rpc_conn_send(sc->c, hdr, hlen, nng_msg_body(m), nng_msg_len(m));
         nng_msg_free(m);

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "common/varint.h"
 #include "node/lsm/lsm_int.h"
 
 /* ---- buffers ---- */
@@ -181,26 +182,6 @@ kv_err lsm_rec_decode(const uint8_t *p, size_t avail, lsm_rec *r, size_t *used)
 
 /* ---- compact records (SST format 3) ---- */
 
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static uint8_t *varint_put(uint8_t *d, uint64_t v)
-{
-    while (v >= 0x80) {
-        *d++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *d++ = (uint8_t)v;
-    return d;
-}
-
 /* Reads a varint of at most max_bits bits from [*p, end); false when it runs
  * past end, is longer than 10 bytes or does not fit max_bits. */
 static bool varint_get(const uint8_t **p, const uint8_t *end, unsigned max_bits, uint64_t *v)
@@ -225,13 +206,13 @@ static bool varint_get(const uint8_t **p, const uint8_t *end, unsigned max_bits,
 
 size_t lsm_recc_size(const lsm_rec *r)
 {
-    size_t n = 1 + varint_len(r->klen) + varint_len(r->seqno) + r->klen;
+    size_t n = 1 + kv_varint_len(r->klen) + kv_varint_len(r->seqno) + r->klen;
     if (r->type == LSM_PUT)
-        n += varint_len(r->vlen) + r->vlen;
+        n += kv_varint_len(r->vlen) + r->vlen;
     if (r->version)
         n += 8;
     if (r->expire_at)
-        n += varint_len(r->expire_at);
+        n += kv_varint_len(r->expire_at);
     return n;
 }
 
@@ -240,16 +221,16 @@ size_t lsm_recc_encode(uint8_t *dst, const lsm_rec *r)
     uint8_t *d = dst;
     *d++ = (uint8_t)((r->type & 3u) | (r->version ? LSM_RECC_VER : 0) |
                      (r->expire_at ? LSM_RECC_EXP : 0) | (r->flags & LSM_RECC_FLAGS) << 4);
-    d = varint_put(d, r->klen);
+    d = kv_varint_put(d, r->klen);
     if (r->type == LSM_PUT)
-        d = varint_put(d, r->vlen);
-    d = varint_put(d, r->seqno);
+        d = kv_varint_put(d, r->vlen);
+    d = kv_varint_put(d, r->seqno);
     if (r->version) {
         lsm_set64(d, r->version);
         d += 8;
     }
     if (r->expire_at)
-        d = varint_put(d, r->expire_at);
+        d = kv_varint_put(d, r->expire_at);
     memcpy(d, r->key, r->klen);
     d += r->klen;
     if (r->type == LSM_PUT && r->vlen) {
@@ -303,7 +284,7 @@ size_t lsm_blkrec_size(const lsm_rec *r, size_t shared)
 {
     lsm_rec s = *r;
     s.klen -= shared;
-    return varint_len(shared) + lsm_recc_size(&s);
+    return kv_varint_len(shared) + lsm_recc_size(&s);
 }
 
 size_t lsm_blkrec_encode(uint8_t *dst, const lsm_rec *r, size_t shared)
@@ -311,7 +292,7 @@ size_t lsm_blkrec_encode(uint8_t *dst, const lsm_rec *r, size_t shared)
     lsm_rec s = *r;
     s.key = (const uint8_t *)r->key + shared;
     s.klen -= shared;
-    uint8_t *d = varint_put(dst, shared);
+    uint8_t *d = kv_varint_put(dst, shared);
     return (size_t)(d - dst) + lsm_recc_encode(d, &s);
 }
 

@@ -581,6 +581,46 @@ static void seeds_envelope(void)
     lsm_buf_free(&b);
 }
 
+/* fuzz_wire: [mode] + an Envelope (a request, a reply with a status, a
+ * smart client's coordinated call) or a Calls of three of them. */
+static void wire_seed(const char *name, uint8_t mode, const ProtobufCMessage *m)
+{
+    lsm_buf p = pack(m), b = {0};
+    put8(&b, mode);
+    FZ_CHECK(lsm_buf_put(&b, p.p, p.len) == KV_OK, "oom");
+    emit("wire", name, &b);
+    lsm_buf_free(&p);
+    lsm_buf_free(&b);
+}
+
+static void seeds_wire(void)
+{
+    Kv__Envelope req = KV__ENVELOPE__INIT, rep = KV__ENVELOPE__INIT, co = KV__ENVELOPE__INIT;
+    req.id = 7;
+    req.method = "kv.Get";
+    req.deadline_ms = 200;
+    req.auth = bin("s3cret");
+    req.map_epoch = 3;
+    req.body = bin("\x0a\x06user:1");
+    Kv__Status st = KV__STATUS__INIT;
+    st.code = 9;
+    st.message = "cluster map epoch 3 is older than 4";
+    rep.id = 7;
+    rep.status = &st;
+    rep.map_epoch = 4;
+    co = req;
+    co.coordinate = true;
+    wire_seed("request", 0, &req.base);
+    wire_seed("reply", 2, &rep.base);
+    wire_seed("coordinated", 0, &co.base);
+    Kv__Envelope *three[] = {&req, &rep, &co};
+    Kv__Calls c = KV__CALLS__INIT;
+    c.n_calls = 3;
+    c.calls = three;
+    wire_seed("calls", 1, &c.base);
+    wire_seed("calls-malloc", 3, &c.base);
+}
+
 /* fuzz_conn: [flags] then wire bytes after a valid handshake (flag 1):
  * one kv.Get message, two messages in one write and in 7-byte pieces (flag
  * 2), one that crossed a device (two header words), a length past the
@@ -654,6 +694,7 @@ int main(int argc, char **argv)
     seeds_node();
     seeds_router();
     seeds_envelope();
+    seeds_wire();
     seeds_conn();
     return 0;
 }
