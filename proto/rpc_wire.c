@@ -171,6 +171,29 @@ static bool scan_env(span in, env_scan *e)
     return true;
 }
 
+static const uint8_t get_reply_wt[5] = {0, WT_VARINT, WT_LEN, WT_VARINT, WT_VARINT};
+
+bool rpc_wire_get_reply_peek(size_t len, const uint8_t *data, bool *found, uint64_t *version)
+{
+    rd r = {data, data + len};
+    unsigned seen = 0;
+    *found = false;
+    *version = 0;
+    while (r.p < r.end) {
+        unsigned tag;
+        uint64_t v = 0;
+        bool nz = false;
+        span s;
+        if (!rd_field(&r, get_reply_wt, 4, &seen, &tag, &v, &nz, &s))
+            return false;
+        if (tag == 1)
+            *found = nz;
+        else if (tag == 3)
+            *version = v;
+    }
+    return true;
+}
+
 static void *pb_alloc(ProtobufCAllocator *a, size_t n)
 {
     return a->alloc(a->allocator_data, n);

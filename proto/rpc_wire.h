@@ -29,6 +29,7 @@
 #define HOTKV_PROTO_RPC_WIRE_H
 
 #include <nng/nng.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,6 +52,13 @@ size_t rpc_wire_calls_pack(const Kv__Calls *c, uint8_t *out);
 size_t rpc_wire_env_calls_size(const Kv__Envelope *e, const Kv__Calls *c, size_t *clen);
 size_t rpc_wire_env_calls_pack(const Kv__Envelope *e, const Kv__Calls *c, size_t clen,
                                uint8_t *out);
+
+/* A GetReply's found and version without unpacking it: true when the
+ * bytes are of the common shape (fields 1-4, each at most once, with their
+ * wire types), *found and *version then being what kv__get_reply__unpack
+ * would give; false for anything else, which only protobuf-c can decide
+ * (it may still take it, or refuse it as malformed). */
+bool rpc_wire_get_reply_peek(size_t len, const uint8_t *data, bool *found, uint64_t *version);
 
 /* e packed into a new nng message, and e around c (as above): NULL when
  * out of memory. */

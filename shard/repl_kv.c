@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "proto/rpc_timer.h"
+#include "proto/rpc_wire.h"
 #include "shard/repl_int.h"
 
 /* Index of the reply to return for a read: the OK reply with the newest
@@ -32,14 +33,21 @@ static int newest_read(rpc_reply *reps, bool *have, int n)
     for (int i = 0; i < n; i++) {
         if (!have[i] || reps[i].status != KV_OK)
             continue;
-        Kv__GetReply *g =
-            kv__get_reply__unpack(rpc_arena_pb(&ar, SIZE_MAX), reps[i].len, reps[i].body);
-        if (!g)
-            continue;
-        if (best < 0 || g->version > best_v || (g->version == best_v && g->found && !best_found)) {
+        bool found;
+        uint64_t version;
+        if (!rpc_wire_get_reply_peek(reps[i].len, reps[i].body, &found, &version)) {
+            /* off the common shape: protobuf-c decides, as it always did */
+            Kv__GetReply *g =
+                kv__get_reply__unpack(rpc_arena_pb(&ar, SIZE_MAX), reps[i].len, reps[i].body);
+            if (!g)
+                continue;
+            found = g->found;
+            version = g->version;
+        }
+        if (best < 0 || version > best_v || (version == best_v && found && !best_found)) {
             best = i;
-            best_v = g->version;
-            best_found = g->found;
+            best_v = version;
+            best_found = found;
         }
     }
     rpc_arena_reset(&ar);

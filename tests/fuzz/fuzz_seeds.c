@@ -619,6 +619,11 @@ static void seeds_wire(void)
     c.calls = three;
     wire_seed("calls", 1, &c.base);
     wire_seed("calls-malloc", 3, &c.base);
+    Kv__GetReply g = KV__GET_REPLY__INIT;
+    g.found = true;
+    g.value = bin("v1");
+    g.version = 1764000000000ull << 16;
+    wire_seed("get-reply", 4, &g.base);
 }
 
 /* fuzz_conn: [flags] then wire bytes after a valid handshake (flag 1):

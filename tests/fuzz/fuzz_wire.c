@@ -9,7 +9,9 @@
  * (bit 1 set; LeakSanitizer checks the frees). What decodes is packed again
  * by both, which must write the same bytes; a decoded Calls is also packed
  * as the body of an envelope in one pass (rpc_wire_env_calls_pack), which
- * must equal packing it into a body first.
+ * must equal packing it into a body first. Mode bit 2 set instead: the bytes
+ * are a GetReply, and what rpc_wire_get_reply_peek takes protobuf-c must
+ * take with the same found and version.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +71,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t mode = data[0];
     const uint8_t *p = data + 1;
     size_t n = size - 1;
+    if (mode & 4) { /* a GetReply: what the peek takes, protobuf-c takes alike */
+        bool found;
+        uint64_t version;
+        Kv__GetReply *g = kv__get_reply__unpack(NULL, n, p);
+        if (rpc_wire_get_reply_peek(n, p, &found, &version))
+            FZ_CHECK(g && g->found == found && g->version == version,
+                     "the peek took a GetReply protobuf-c %s", g ? "reads otherwise" : "refuses");
+        kv__get_reply__free_unpacked(g, NULL);
+        return 0;
+    }
     bool calls = mode & 1;
     const ProtobufCMessageDescriptor *d =
         calls ? &kv__calls__descriptor : &kv__envelope__descriptor;

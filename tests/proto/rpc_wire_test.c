@@ -406,3 +406,43 @@ Test(rpc_wire, a_failed_allocation_leaks_nothing)
         cr_assert_eq(t.live, 0, "allocation %ld failed: %ld left", k, t.live);
     }
 }
+
+/* rpc_wire_get_reply_peek against kv__get_reply__unpack: every reply a
+ * node writes is of the common shape, and whatever the peek takes,
+ * protobuf-c takes with the same found and version. */
+Test(rpc_wire, a_get_reply_is_peeked_as_protobuf_c_reads_it)
+{
+    uint64_t seed = 0x2545f4914f6cdd1dull;
+    uint8_t buf[512];
+    long peeked = 0, handed = 0;
+    for (int it = 0; it < 20000; it++) {
+        Kv__GetReply g = KV__GET_REPLY__INIT;
+        g.found = xorshift(&seed) & 1;
+        static const uint64_t vs[] = {0, 1, 300, 1ull << 40, UINT64_MAX};
+        g.version = vs[xorshift(&seed) % 5];
+        g.expire_at_ms = vs[xorshift(&seed) % 5];
+        if (g.found)
+            g.value = (ProtobufCBinaryData){xorshift(&seed) % 200, long_bytes};
+        size_t n = kv__get_reply__pack(&g, buf);
+        bool found;
+        uint64_t version;
+        cr_assert(rpc_wire_get_reply_peek(n, buf, &found, &version), "a packed reply not peeked");
+        cr_assert(found == g.found && version == g.version);
+        if (it % 2) { /* damaged */
+            buf[xorshift(&seed) % (n ? n : 1)] ^= (uint8_t)xorshift(&seed);
+            n -= n ? xorshift(&seed) % 3 % (n + 1) : 0;
+        }
+        Kv__GetReply *u = kv__get_reply__unpack(NULL, n, buf);
+        if (rpc_wire_get_reply_peek(n, buf, &found, &version)) {
+            peeked++;
+            cr_assert_not_null(u, "peeked a reply protobuf-c refuses (%zu bytes)", n);
+            cr_assert(found == u->found && version == u->version,
+                      "peek %d/%llu, protobuf-c %d/%llu", found, (unsigned long long)version,
+                      u->found, (unsigned long long)u->version);
+        } else {
+            handed++;
+        }
+        kv__get_reply__free_unpacked(u, NULL);
+    }
+    cr_assert(handed > 500, "only %ld replies handed to protobuf-c (%ld peeked)", handed, peeked);
+}
