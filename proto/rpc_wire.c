@@ -41,6 +41,16 @@ typedef struct rd {
     const uint8_t *p, *end;
 } rd;
 
+/* A reader of the n bytes at p (p may be NULL when n is 0: an empty body
+ * is a NULL pointer, and NULL + 0 is undefined in C). */
+static rd rd_of(const uint8_t *p, size_t n)
+{
+    rd r = {p, p};
+    if (n)
+        r.end = p + n;
+    return r;
+}
+
 /* A varint of at most 10 bytes into *v (bits past 64 dropped); *nz: any of
  * its 7-bit groups is not zero. False when it does not end in time. */
 static bool rd_varint(rd *r, uint64_t *v, bool *nz)
@@ -113,7 +123,7 @@ static const uint8_t status_wt[3] = {0, WT_VARINT, WT_LEN};
 
 static bool scan_status(span in, env_scan *e)
 {
-    rd r = {in.p, in.p + in.n};
+    rd r = rd_of(in.p, in.n);
     while (r.p < r.end) {
         unsigned tag;
         uint64_t v = 0;
@@ -132,7 +142,7 @@ static bool scan_status(span in, env_scan *e)
 static bool scan_env(span in, env_scan *e)
 {
     memset(e, 0, sizeof(*e));
-    rd r = {in.p, in.p + in.n};
+    rd r = rd_of(in.p, in.n);
     while (r.p < r.end) {
         unsigned tag;
         uint64_t v = 0;
@@ -175,7 +185,7 @@ static const uint8_t get_reply_wt[5] = {0, WT_VARINT, WT_LEN, WT_VARINT, WT_VARI
 
 bool rpc_wire_get_reply_peek(size_t len, const uint8_t *data, bool *found, uint64_t *version)
 {
-    rd r = {data, data + len};
+    rd r = rd_of(data, len);
     unsigned seen = 0;
     *found = false;
     *version = 0;
@@ -285,7 +295,7 @@ Kv__Calls *rpc_wire_calls_unpack(ProtobufCAllocator *a, size_t len, const uint8_
 {
     if (!a)
         return kv__calls__unpack(a, len, data);
-    rd r = {data, data + len};
+    rd r = rd_of(data, len);
     const uint8_t *rest = NULL; /* where the envelopes not kept begin */
     size_t n = 0;
     span sp;
@@ -304,7 +314,8 @@ Kv__Calls *rpc_wire_calls_unpack(ProtobufCAllocator *a, size_t len, const uint8_
     kv__calls__init(c);
     if (n && !(c->calls = pb_alloc(a, n * sizeof(*c->calls))))
         goto fail;
-    r = (rd){rest, data + len};
+    if (rest) /* the envelopes past the kept scans */
+        r = (rd){rest, data + len};
     for (size_t i = 0; i < n; i++) {
         const env_scan *e = i < SCAN_KEEP ? &keep[i] : &s;
         if (i >= SCAN_KEEP) { /* checked by the first pass */

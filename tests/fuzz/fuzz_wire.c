@@ -69,8 +69,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     uint8_t mode = data[0];
-    const uint8_t *p = data + 1;
     size_t n = size - 1;
+    const uint8_t *p = n ? data + 1 : NULL; /* an empty body is NULL in the RPC layer */
     if (mode & 4) { /* a GetReply: what the peek takes, protobuf-c takes alike */
         bool found;
         uint64_t version;
