@@ -459,3 +459,31 @@ Test(rpc_wire, empty_bodies_as_null_pointers)
     cr_assert(rpc_wire_get_reply_peek(0, NULL, &found, &version));
     cr_assert(!found && version == 0);
 }
+
+/* A hostile Calls (a megabyte of empty envelopes, 2 bytes each, which
+ * would take some 60 MB as structs) is refused within its budget, as
+ * protobuf-c refuses it, and leaves nothing allocated. */
+Test(rpc_wire, a_calls_past_its_budget_is_refused_within_it)
+{
+    size_t n = 1 << 20;
+    uint8_t *buf = malloc(n);
+    cr_assert_not_null(buf);
+    for (size_t i = 0; i < n; i += 2) {
+        buf[i] = 0x0a;
+        buf[i + 1] = 0x00;
+    }
+    size_t budget = rpc_unpack_budget(n / 64, 1024); /* what a smaller message may take */
+    tally t;
+    ProtobufCAllocator pb = tally_pb(&t, budget);
+    cr_assert_null(rpc_wire_calls_unpack(&pb, n, buf));
+    cr_assert_eq(t.live, 0, "%ld allocations left", t.live);
+    rpc_budget b;
+    cr_assert_null(kv__calls__unpack(rpc_budget_init(&b, budget), n, buf));
+    pb = tally_pb(&t, SIZE_MAX); /* and within no budget it is a Calls of 512k */
+    Kv__Calls *c = rpc_wire_calls_unpack(&pb, n, buf);
+    cr_assert_not_null(c);
+    cr_assert_eq(c->n_calls, n / 2);
+    kv__calls__free_unpacked(c, &pb);
+    cr_assert_eq(t.live, 0);
+    free(buf);
+}
