@@ -91,20 +91,28 @@ static bool rd_len(rd *r, span *s)
     return true;
 }
 
-/* One field of the common shape: its tag (1..maxtag, not seen before, now
- * marked in *seen) and its value; false for anything protobuf-c must
- * decide. want[tag] is the tag's wire type. */
-static bool rd_field(rd *r, const uint8_t *want, unsigned maxtag, unsigned *seen, unsigned *tag,
-                     uint64_t *v, bool *nz, span *s)
+/* A field as rd_field read it: a varint's value (v, and nz: any of its
+ * 7-bit groups not zero) or a length-delimited field's bytes (s). */
+typedef struct field {
+    unsigned tag;
+    uint64_t v;
+    bool nz;
+    span s;
+} field;
+
+/* One field of the common shape into *f: its tag (1..maxtag, not seen
+ * before, now marked in *seen) and its value; false for anything
+ * protobuf-c must decide. want[tag] is the tag's wire type. */
+static bool rd_field(rd *r, const uint8_t *want, unsigned maxtag, unsigned *seen, field *f)
 {
     uint8_t h = *r->p;
     unsigned t = (h >> 3) & 0x0f, wt = h & 7;
     if ((h & 0x80) || t < 1 || t > maxtag || (*seen & (1u << t)) || wt != want[t])
         return false;
     *seen |= 1u << t;
-    *tag = t;
+    *f = (field){.tag = t};
     r->p++;
-    return wt == WT_VARINT ? rd_varint(r, v, nz) : rd_len(r, s);
+    return wt == WT_VARINT ? rd_varint(r, &f->v, &f->nz) : rd_len(r, &f->s);
 }
 
 /* An envelope as read by the first pass. */
@@ -124,17 +132,14 @@ static const uint8_t status_wt[3] = {0, WT_VARINT, WT_LEN};
 static bool scan_status(span in, env_scan *e)
 {
     rd r = rd_of(in.p, in.n);
+    field f;
     while (r.p < r.end) {
-        unsigned tag;
-        uint64_t v = 0;
-        bool nz;
-        span s;
-        if (!rd_field(&r, status_wt, 2, &e->sseen, &tag, &v, &nz, &s))
+        if (!rd_field(&r, status_wt, 2, &e->sseen, &f))
             return false;
-        if (tag == 1)
-            e->code = (int32_t)(uint32_t)v;
+        if (f.tag == 1)
+            e->code = (int32_t)(uint32_t)f.v;
         else
-            e->smsg = s;
+            e->smsg = f.s;
     }
     return true;
 }
@@ -143,38 +148,35 @@ static bool scan_env(span in, env_scan *e)
 {
     memset(e, 0, sizeof(*e));
     rd r = rd_of(in.p, in.n);
+    field f;
     while (r.p < r.end) {
-        unsigned tag;
-        uint64_t v = 0;
-        bool nz = false;
-        span s = {0};
-        if (!rd_field(&r, env_wt, 8, &e->seen, &tag, &v, &nz, &s))
+        if (!rd_field(&r, env_wt, 8, &e->seen, &f))
             return false;
-        switch (tag) {
+        switch (f.tag) {
         case 1:
-            e->id = v;
+            e->id = f.v;
             break;
         case 2:
-            e->method = s;
+            e->method = f.s;
             break;
         case 3:
-            e->deadline = (uint32_t)v;
+            e->deadline = (uint32_t)f.v;
             break;
         case 4:
-            e->auth = s;
+            e->auth = f.s;
             break;
         case 5:
-            e->epoch = v;
+            e->epoch = f.v;
             break;
         case 6:
-            if (!scan_status(s, e))
+            if (!scan_status(f.s, e))
                 return false;
             break;
         case 7:
-            e->body = s;
+            e->body = f.s;
             break;
         default:
-            e->coordinate = nz;
+            e->coordinate = f.nz;
             break;
         }
     }
@@ -189,17 +191,14 @@ bool rpc_wire_get_reply_peek(size_t len, const uint8_t *data, bool *found, uint6
     unsigned seen = 0;
     *found = false;
     *version = 0;
+    field f;
     while (r.p < r.end) {
-        unsigned tag;
-        uint64_t v = 0;
-        bool nz = false;
-        span s;
-        if (!rd_field(&r, get_reply_wt, 4, &seen, &tag, &v, &nz, &s))
+        if (!rd_field(&r, get_reply_wt, 4, &seen, &f))
             return false;
-        if (tag == 1)
-            *found = nz;
-        else if (tag == 3)
-            *version = v;
+        if (f.tag == 1)
+            *found = f.nz;
+        else if (f.tag == 3)
+            *version = f.v;
     }
     return true;
 }
