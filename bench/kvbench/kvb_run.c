@@ -72,6 +72,14 @@ static kvb_slot *pop_all(kvb_worker *w)
  * per message instead of 19-20 at 2 x 25 in flight through a router). */
 static kvb_slot *take_done(kvb_worker *w)
 {
+    /* Every completion posted the semaphore once and this takes them all:
+     * drop their counts first, so the next wait sleeps instead of running
+     * one empty pass (a pop and a yield) per completion taken here. A post
+     * that comes after the drain belongs to a slot that this pop takes or
+     * that is pushed later; either way the next wait wakes for it, at worst
+     * once for nothing. */
+    while (sem_trywait(&w->sem) == 0)
+        ;
     kvb_slot *got = pop_all(w);
     size_t n = 0;
     for (const kvb_slot *s = got; s; s = s->next)
