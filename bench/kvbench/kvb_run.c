@@ -55,7 +55,14 @@ static void on_done(void *arg, kv_err err, const kv_result *res)
          * failure head is reloaded and s->next rewritten. */
     } while (!atomic_compare_exchange_weak_explicit(&w->done, &head, s, memory_order_release,
                                                     memory_order_relaxed));
-    sem_post(&w->sem);
+    /* Only the push onto an empty stack wakes the worker: the slots pushed
+     * on top of it are taken by the same pop (take_done drains the
+     * semaphore before it pops, so that pop comes after this post's count
+     * or takes this slot). One futex wake per reply instead of one per
+     * completion, which cost the generator more CPU than a GET costs
+     * the node. */
+    if (!head)
+        sem_post(&w->sem);
 }
 
 /* Takes every completed slot (acquire pairs with the pushes' release). */
