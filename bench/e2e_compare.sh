@@ -229,7 +229,11 @@ run() { # KIND ROUND
     node_batch16 | router_batch16)
       /usr/bin/time -f '%U %S' -o "$tmp/gen.time" "$build/bench/batch_bench" \
         --target "$([ "$sys" = node ] && echo "$ns" || echo "$rs")" --keys "$keys" --batch 16 \
-        --concurrency "$conc" --seconds "$secs" > "$tmp/bb.json" 2> "$tmp/bb.err"
+        --concurrency "$conc" --seconds "$secs" > "$tmp/bb.json" 2> "$tmp/bb.err" || {
+        echo "$0: $kind failed (batch_bench exited with $?):" >&2
+        tail -n 20 "$tmp/bb.err" >&2
+        exit 1
+      }
       awk '{ printf "%d\n", ($1 + $2) * 1000 }' "$tmp/gen.time" > "$tmp/gen.cpu"
       res=$(tail -n 1 "$tmp/bb.json") ;;
     cluster_router_get) res=$(kvb "$rt" "$secs" --workload C --dist uniform --threads 2 \
