@@ -146,7 +146,13 @@ start_router() { # NAME ADDR SEEDS
   done
   return 1
 }
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; } # user + system, clock ticks
+cpu_ticks() { # PID NAME: user + system, clock ticks; a process that is gone ends the run
+  awk '{ print $14 + $15 }' "/proc/$1/stat" 2> /dev/null || {
+    echo "$0: $2 (pid $1) is gone; the end of its log:" >&2
+    tail -n 20 "$tmp/$2.log" >&2
+    exit 1
+  }
+}
 tick_ms=$((1000 / $(getconf CLK_TCK)))
 load1() { cut -d' ' -f1 /proc/loadavg; }
 
@@ -212,7 +218,7 @@ run() { # KIND ROUND
   local procs=(${servers[$sys]}) m0 k0 m1 k1
   l=$(load1)
   read -r m0 k0 < <(node_msgs "${procs[@]}")
-  for s in "${procs[@]}"; do c0+=($(cpu_ticks "${pid_of[$s]}")); done
+  for s in "${procs[@]}"; do c0+=($(cpu_ticks "${pid_of[$s]}" "$s")); done
   local t0
   t0=$(date +%s.%N)
   case "$kind" in
@@ -248,7 +254,7 @@ run() { # KIND ROUND
       --threads 2 --concurrency "$half") ;;
   esac
   secs_run=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
-  for s in "${procs[@]}"; do c1+=($(cpu_ticks "${pid_of[$s]}")); done
+  for s in "${procs[@]}"; do c1+=($(cpu_ticks "${pid_of[$s]}" "$s")); done
   read -r m1 k1 < <(node_msgs "${procs[@]}")
   [ -n "$res" ] || { echo "$0: $kind failed:" >&2; cat "$tmp/kvbench.err" >&2; exit 1; }
   if [ "$(jq '.errors // 0' <<< "$res")" != 0 ]; then # keep what the generator said
