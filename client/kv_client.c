@@ -78,6 +78,18 @@ kv_err kv_client_open(kv_client **out, const char *routers, const kv_client_opts
          * as one replica (a router coordinates either way) */
         co.coordinate = opts->direct;
     }
+    /* A call right after open waits for its address's first connection
+     * (a dial or a TLS handshake still in progress) for the call's deadline
+     * shared among the addresses, so that failing over from a dead first
+     * address still fits one deadline; never less than the channels'
+     * default of 1 s. The smart client's node channels keep that default:
+     * a down replica must not use up the deadline its successor needs. */
+    size_t naddr = 1;
+    for (const char *p = list; *p; p++)
+        naddr += *p == ',';
+    uint32_t wait = c->timeout_ms / (uint32_t)(naddr < MAX_ROUTERS ? naddr : MAX_ROUTERS);
+    rpc_chan_opts rco = co;
+    rco.connect_wait_ms = wait > 1000 ? wait : 1000;
     kv_err rv = KV_OK;
     char *save = NULL;
     for (char *a = strtok_r(list, ",", &save); a && rv == KV_OK; a = strtok_r(NULL, ",", &save)) {
@@ -85,7 +97,7 @@ kv_err kv_client_open(kv_client **out, const char *routers, const kv_client_opts
             a++;
         if (c->n == MAX_ROUTERS)
             rv = kvc_set_error(KV_INVALID_ARGUMENT, "too many router addresses");
-        else if ((rv = rpc_chan_open(&c->chans[c->n], a, &co)) == KV_OK)
+        else if ((rv = rpc_chan_open(&c->chans[c->n], a, &rco)) == KV_OK)
             c->n++;
         else
             snprintf(last_error, sizeof(last_error), "%s '%s'",

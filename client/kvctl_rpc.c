@@ -22,7 +22,13 @@ kv_client_opts kvctl_client_opts(const kvctl_env *env)
 rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr)
 {
     rpc_chan *ch = NULL;
-    rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = 1000};
+    /* The address the user named gets the command's --timeout to connect
+     * (a slow TLS handshake on a loaded host is not a failure); a node
+     * found in the map gets 1 s, so one that is down does not hold up a
+     * command that asks every node (status, repair). */
+    bool named = env->router && strcmp(addr, env->router) == 0;
+    uint32_t wait = named && env->timeout_ms > 1000 ? (uint32_t)env->timeout_ms : 1000;
+    rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = wait};
     if (rpc_chan_open(&ch, addr, &o) != KV_OK) {
         if (rpc_url_tls(addr))
             fprintf(stderr,

@@ -261,3 +261,53 @@ Test(kvctl, status_fails_when_a_node_is_unreachable, .timeout = 120)
               out);
     kvt_cluster_stop(&cl);
 }
+
+/* Reads a file into buf (NUL-terminated; empty when missing). */
+static void slurp(const char *path, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, len - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+/* A command started before its address listens waits for the connection
+ * for its --timeout, not for the channels' default 1 s: a dial or a TLS
+ * handshake slowed by a loaded host is not a failure. Both paths: admin
+ * calls (ping) and the client library (get). */
+Test(kvctl, waits_its_timeout_for_a_late_listener, .timeout = 120)
+{
+    char dir[] = "/tmp/hotkv-late-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char url[64], cmd[2048], ping[300], get[300], a[4096], b[4096];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", kvt_free_port());
+    snprintf(ping, sizeof(ping), "%s/ping.out", dir);
+    snprintf(get, sizeof(get), "%s/get.out", dir);
+    const char *k = kvt_bin("client/kvctl");
+    snprintf(cmd, sizeof(cmd),
+             "(%s --router %s --timeout 20000 ping > %s 2>&1; echo \"rc=$?\" >> %s) & "
+             "(%s --router %s --timeout 20000 get k > %s 2>&1; echo \"rc=$?\" >> %s) &",
+             k, url, ping, ping, k, url, get, get);
+    cr_assert_eq(system(cmd), 0);
+    usleep(2500 * 1000); /* well past the default first-connection wait */
+    pid_t pid = kvt_node_start(dir, "s1", url, NULL);
+    cr_assert_gt(pid, 0, "node did not start; log in %s", dir);
+    for (int i = 0; i < 300; i++) { /* both commands end (bounded: 30 s) */
+        slurp(ping, a, sizeof(a));
+        slurp(get, b, sizeof(b));
+        if (strstr(a, "rc=") && strstr(b, "rc="))
+            break;
+        usleep(100 * 1000);
+    }
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    kvt_forget(pid);
+    cr_assert(strstr(a, "PONG") && strstr(a, "rc=0"), "ping waited for the node: %s", a);
+    cr_assert(strstr(b, "rc="), "get ended: %s", b);
+    cr_assert(!strstr(b, "no connection"), "get waited for the node: %s", b);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}

@@ -37,8 +37,13 @@ typedef enum kv_consistency {
 } kv_consistency;
 
 typedef struct kv_client_opts {
-    uint32_t timeout_ms; /* per-call deadline (default 5000) */
-    const char *auth;    /* data token (NULL = none; $KV_AUTH is not read here); copied */
+    /* Per-call deadline (default 5000). A call made before its address has
+     * connected (right after kv_client_open) waits for the connection
+     * within it: up to the deadline divided by the number of addresses
+     * given (at least 1 s, never past the deadline), before it fails over
+     * to the next address. */
+    uint32_t timeout_ms;
+    const char *auth; /* data token (NULL = none; $KV_AUTH is not read here); copied */
     /* Smart client: learn the cluster map (from the given routers or nodes,
      * refreshed every few seconds and whenever a reply shows a newer one)
      * and send each request straight to its key's primary replica (the
