@@ -87,9 +87,9 @@ kv_err kv_client_open(kv_client **out, const char *routers, const kv_client_opts
     size_t naddr = 1;
     for (const char *p = list; *p; p++)
         naddr += *p == ',';
-    uint32_t wait = c->timeout_ms / (uint32_t)(naddr < MAX_ROUTERS ? naddr : MAX_ROUTERS);
+    uint32_t wait = (uint32_t)(c->timeout_ms / naddr);
     rpc_chan_opts rco = co;
-    rco.connect_wait_ms = wait > 1000 ? wait : 1000;
+    rco.connect_wait_ms = wait > RPC_CONNECT_WAIT_MS ? wait : RPC_CONNECT_WAIT_MS;
     kv_err rv = KV_OK;
     char *save = NULL;
     for (char *a = strtok_r(list, ",", &save); a && rv == KV_OK; a = strtok_r(NULL, ",", &save)) {

@@ -27,7 +27,8 @@ rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr)
      * found in the map gets 1 s, so one that is down does not hold up a
      * command that asks every node (status, repair). */
     bool named = env->router && strcmp(addr, env->router) == 0;
-    uint32_t wait = named && env->timeout_ms > 1000 ? (uint32_t)env->timeout_ms : 1000;
+    uint32_t wait = named && env->timeout_ms > RPC_CONNECT_WAIT_MS ? (uint32_t)env->timeout_ms
+                                                                   : RPC_CONNECT_WAIT_MS;
     rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = wait};
     if (rpc_chan_open(&ch, addr, &o) != KV_OK) {
         if (rpc_url_tls(addr))

@@ -321,12 +321,15 @@ char *rpc_utf8_dup(const char *s);
 
 typedef struct rpc_chan rpc_chan;
 
+/* A channel's default wait for its first connection (rpc_chan_opts). */
+#define RPC_CONNECT_WAIT_MS 1000u
+
 typedef struct rpc_chan_opts {
     const char *auth;         /* token sent with every call (NULL = none) */
     const rpc_tls *tls;       /* for tls+tcp:// urls (files read at open; ca required) */
     size_t recv_max;          /* 0 = from default limits */
     uint32_t connect_wait_ms; /* how long a call right after open waits for the first connection
-                                 (default 1000) */
+                                 (0 = RPC_CONNECT_WAIT_MS) */
     bool coordinate;          /* set Envelope.coordinate on every call (a smart client's
                                  channels to nodes) */
     int coalesce_after;       /* messages in flight before further small calls wait and go

@@ -63,7 +63,6 @@
 #include "proto/rpc_tls.h"
 #include "proto/rpc_wire.h"
 
-#define DEFAULT_CONNECT_WAIT_MS 1000u
 #define DEFAULT_COALESCE_AFTER 1u
 #define COALESCE_MAX_CALLS 64u
 #define COALESCE_MAX_BYTES (256u * 1024u) /* request bodies in one message */
@@ -951,7 +950,7 @@ kv_err rpc_chan_open(rpc_chan **out, const char *url, const rpc_chan_opts *opts)
     ch->auth = strdup(opts && opts->auth ? opts->auth : "");
     ch->recv_max = opts && opts->recv_max ? opts->recv_max : kv_limits_recv_max(&kv_default_limits);
     ch->connect_wait_ms =
-        opts && opts->connect_wait_ms ? opts->connect_wait_ms : DEFAULT_CONNECT_WAIT_MS;
+        opts && opts->connect_wait_ms ? opts->connect_wait_ms : RPC_CONNECT_WAIT_MS;
     ch->coordinate = opts && opts->coordinate;
     ch->coalesce_after = coalesce_after(opts);
     ch->on = opts && opts->loop > 0 ? opts->loop - 1 : -1;
