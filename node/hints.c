@@ -587,7 +587,7 @@ static kv_err encode(lsm_buf *b, const uint8_t *const *hints, const size_t *lens
         lsm_set32(p + 4, (uint32_t)lens[i]);
         lsm_set64(p + 8, ms);
         memcpy(p + HINT_FRAME_HDR, hints[i], lens[i]);
-        lsm_set32(p, lsm_crc32c(0, p + 4, HINT_FRAME_HDR - 4 + lens[i]));
+        lsm_set32(p, kv_crc32c(0, p + 4, HINT_FRAME_HDR - 4 + lens[i]));
         b->len += HINT_FRAME_HDR + lens[i];
     }
     return KV_OK;

@@ -126,7 +126,7 @@ static kv_err rd_frame(reader *r, uint64_t off, frame *f)
         return KV_DATA_LOSS;
     if ((rv = rd_get(r, off, HINT_FRAME_HDR + len, &p)) != KV_OK)
         return rv;
-    if (lsm_crc32c(0, p + 4, HINT_FRAME_HDR - 4 + (size_t)len) != lsm_get32(p))
+    if (kv_crc32c(0, p + 4, HINT_FRAME_HDR - 4 + (size_t)len) != lsm_get32(p))
         return KV_DATA_LOSS;
     *f = (frame){.next = off + HINT_FRAME_HDR + len,
                  .ms = lsm_get64(p + 8),

@@ -166,7 +166,7 @@ static kv_err make_extent(kx_tab *t, const lsm_rec *r, bool *ext, uint64_t *page
         return rv;
     t->newext[t->nnew++] = *page;
     t->newext[t->nnew++] = n;
-    *crc = lsm_crc32c(0, r->value, r->vlen);
+    *crc = kv_crc32c(0, r->value, r->vlen);
     return kx_ext_write(kx, *page, r->value, r->vlen);
 }
 

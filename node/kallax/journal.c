@@ -64,7 +64,7 @@ static kv_err journal_write(kallax *kx, kx_tblock **bs, size_t n)
         lsm_set32(buf, J_MAGIC);
         lsm_set64(buf + 8, n);
         lsm_set64(buf + 16, hdr);
-        lsm_set32(buf + 4, lsm_crc32c(0, buf + 8, J_FIXED - 8 + 8 * n));
+        lsm_set32(buf + 4, kv_crc32c(0, buf + 8, J_FIXED - 8 + 8 * n));
         rv = remember(kx, NULL, 0, 0); /* the old round is being overwritten */
     }
     if (rv == KV_OK)
@@ -232,7 +232,7 @@ static kv_err journal_read(kallax *kx, uint8_t **buf, uint64_t *n, uint64_t *hdr
         return KV_RESOURCE_EXHAUSTED;
     bool ok =
         lsm_vol_pread(&kx->vol, kx->journal_fd, b, (size_t)(h + cnt) * KALLAX_BLOCK, 0) == KV_OK &&
-        lsm_get32(b + 4) == lsm_crc32c(0, b + 8, J_FIXED - 8 + 8 * cnt);
+        lsm_get32(b + 4) == kv_crc32c(0, b + 8, J_FIXED - 8 + 8 * cnt);
     for (uint64_t i = 0; ok && i < cnt; i++) {
         uint64_t blk = lsm_get64(b + J_FIXED + 8 * i);
         ok = blk < kx->nblocks && kx_block_check(b + (h + i) * KALLAX_BLOCK, blk) == KV_OK;

@@ -55,7 +55,7 @@ static void meta_encode(const kallax *kx, uint64_t seq, uint64_t flushed, uint8_
     lsm_set32(p + 24, kx->o.probe);
     lsm_set32(p + 28, kx->o.inline_max);
     lsm_set64(p + 32, flushed);
-    lsm_set32(p + 4, lsm_crc32c(0, p + 8, META_LEN - 8));
+    lsm_set32(p + 4, kv_crc32c(0, p + 8, META_LEN - 8));
 }
 
 kv_err kx_meta_write(kallax *kx, uint64_t flushed)
@@ -82,7 +82,7 @@ static kv_err meta_read(kallax *kx)
     const uint8_t *best = NULL;
     for (int i = 0; i < 2 && n > 0; i++) {
         const uint8_t *p = buf + i * META_SLOT;
-        if (lsm_get32(p) == META_MAGIC && lsm_get32(p + 4) == lsm_crc32c(0, p + 8, META_LEN - 8) &&
+        if (lsm_get32(p) == META_MAGIC && lsm_get32(p + 4) == kv_crc32c(0, p + 8, META_LEN - 8) &&
             (!best || lsm_get64(p + 8) > lsm_get64(best + 8)))
             best = p;
     }
@@ -488,7 +488,7 @@ kv_err kx_ext_read(kallax *kx, const kx_slot *s, lsm_rec *out)
         return KV_RESOURCE_EXHAUSTED;
     kv_err rv =
         lsm_vol_pread(&kx->vol, kx->ext_fd, v, s->vlen, s->ext_page * (uint64_t)KALLAX_BLOCK);
-    if (rv == KV_OK && lsm_crc32c(0, v, s->vlen) != s->ext_crc)
+    if (rv == KV_OK && kv_crc32c(0, v, s->vlen) != s->ext_crc)
         rv = KV_DATA_LOSS;
     if (rv != KV_OK) {
         free(v);
@@ -532,7 +532,7 @@ static uint32_t block_crc(const uint8_t *img, uint64_t blk)
 {
     uint8_t b[8];
     lsm_set64(b, blk);
-    return lsm_crc32c(lsm_crc32c(0, b, 8), img + 8, KALLAX_BLOCK - 8);
+    return kv_crc32c(kv_crc32c(0, b, 8), img + 8, KALLAX_BLOCK - 8);
 }
 
 void kx_block_seal(uint8_t *img, uint64_t blk)

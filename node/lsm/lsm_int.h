@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/crc32c.h"
 #include "node/lsm/lsm.h"
 
 #define LSM_LOG "lsm"
@@ -52,10 +53,6 @@ static inline void lsm_set64(uint8_t *p, uint64_t v)
 {
     memcpy(p, &v, 8);
 }
-
-/* CRC32C (Castagnoli), hardware SSE4.2 when available. crc is the running
- * value (0 to start). */
-uint32_t lsm_crc32c(uint32_t crc, const void *p, size_t n);
 
 /* Record codec: [u32 klen][u32 vlen][u64 version][u64 seqno][u64 expire_at]
  * [u8 type][u8 flags][key][value]. */

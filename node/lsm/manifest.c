@@ -56,9 +56,9 @@ static kv_err man_frame(lsm_buf *out, const void *payload, size_t len)
         return rv;
     uint8_t *h = out->p + out->len;
     lsm_set32(h + 4, (uint32_t)len);
-    lsm_set32(h + 8, lsm_crc32c(0, h + 4, 4));
+    lsm_set32(h + 8, kv_crc32c(0, h + 4, 4));
     memcpy(h + MFRAME_HDR, payload, len);
-    lsm_set32(h, lsm_crc32c(lsm_crc32c(0, h + 4, 4), payload, len));
+    lsm_set32(h, kv_crc32c(kv_crc32c(0, h + 4, 4), payload, len));
     out->len += MFRAME_HDR + len;
     return KV_OK;
 }
@@ -471,7 +471,7 @@ static kv_err replay_manifest(lsm_vol *v, const char *name, const lsm_buf *b, ls
             break;
         }
         uint32_t len = lsm_get32(h + 4);
-        if (lsm_crc32c(0, h + 4, 4) != lsm_get32(h + 8))
+        if (kv_crc32c(0, h + 4, 4) != lsm_get32(h + 8))
             return man_corrupt(v->dir, name, "frame header checksum mismatch", off);
         if (left - MFRAME_HDR < len) {
             KV_WARN(LSM_LOG,
@@ -480,7 +480,7 @@ static kv_err replay_manifest(lsm_vol *v, const char *name, const lsm_buf *b, ls
                     v->dir, name, off);
             break;
         }
-        if (lsm_crc32c(lsm_crc32c(0, h + 4, 4), h + MFRAME_HDR, len) != lsm_get32(h))
+        if (kv_crc32c(kv_crc32c(0, h + 4, 4), h + MFRAME_HDR, len) != lsm_get32(h))
             return man_corrupt(v->dir, name, "checksum mismatch", off);
         if (!edit_apply_raw(h + MFRAME_HDR, len, out))
             return man_corrupt(v->dir, name, "malformed edit", off);

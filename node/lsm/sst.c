@@ -158,7 +158,7 @@ static kv_err put_checked(lsm_sst_builder *b, const lsm_buf *payload, uint64_t *
     *at = b->off + b->out.len;
     kv_err rv = lsm_buf_put(&b->out, payload->p, payload->len);
     if (rv == KV_OK)
-        rv = lsm_buf_put32(&b->out, lsm_crc32c(0, payload->p, payload->len));
+        rv = lsm_buf_put32(&b->out, kv_crc32c(0, payload->p, payload->len));
     return rv;
 }
 
@@ -174,7 +174,7 @@ static kv_err put_block(lsm_sst_builder *b, const uint8_t *p, size_t n, uint8_t 
         return rv;
     lsm_buf_put(&b->out, p, n);
     lsm_buf_put(&b->out, &codec, 1);
-    return lsm_buf_put32(&b->out, lsm_crc32c(0, b->out.p + b->out.len - n - 1, n + 1));
+    return lsm_buf_put32(&b->out, kv_crc32c(0, b->out.p + b->out.len - n - 1, n + 1));
 }
 
 static kv_err flush_block(lsm_sst_builder *b)
@@ -332,7 +332,7 @@ static kv_err finish_tail(lsm_sst_builder *b)
     lsm_set64(f + 24, b->count);
     lsm_set64(f + 32, SST_MAGIC(LSM_SST_FORMAT));
     lsm_set32(f + 40, LSM_SST_FORMAT);
-    lsm_set32(f + 44, lsm_crc32c(0, f, 44));
+    lsm_set32(f + 44, kv_crc32c(0, f, 44));
     lsm_buf_free(&bloom);
     if (rv == KV_OK)
         rv = lsm_buf_put(&b->out, f, sizeof(f));
@@ -406,7 +406,7 @@ static kv_err read_checked(lsm_sst *s, uint64_t off, uint32_t len, uint8_t **out
     if (!p)
         return KV_RESOURCE_EXHAUSTED;
     kv_err rv = lsm_vol_pread(s->v, s->fd, p, (size_t)len + 4, off);
-    if (rv == KV_OK && lsm_crc32c(0, p, len) != lsm_get32(p + len))
+    if (rv == KV_OK && kv_crc32c(0, p, len) != lsm_get32(p + len))
         rv = sst_corrupt(s, "meta block checksum mismatch");
     if (rv != KV_OK) {
         free(p);
@@ -468,7 +468,7 @@ static kv_err load_meta(lsm_sst *s)
     kv_err rv = lsm_vol_pread(s->v, s->fd, f, FOOTER_LEN, s->size - FOOTER_LEN);
     if (rv != KV_OK)
         return rv;
-    if (lsm_crc32c(0, f, 44) != lsm_get32(f + 44))
+    if (kv_crc32c(0, f, 44) != lsm_get32(f + 44))
         return sst_corrupt(s, "bad footer");
     uint64_t magic = lsm_get64(f + 32);
     s->version = lsm_get32(f + 40);
@@ -585,7 +585,7 @@ static kv_err block_verify(const lsm_sst *s, int blk, const uint8_t *p, long res
         snprintf(what, sizeof(what), "block %d truncated", blk);
         return sst_corrupt(s, what);
     }
-    if (lsm_crc32c(0, p, len) != lsm_get32(p + len)) {
+    if (kv_crc32c(0, p, len) != lsm_get32(p + len)) {
         snprintf(what, sizeof(what), "block %d at offset %" PRIu64 " checksum mismatch", blk,
                  blk_off(s, (uint32_t)blk));
         return sst_corrupt(s, what);

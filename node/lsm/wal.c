@@ -120,7 +120,7 @@ static kv_err encode_frame(lsm_buf *b, const lsm_rec *recs, size_t n, uint64_t *
         *max_seq = recs[i].seqno > *max_seq ? recs[i].seqno : *max_seq;
     }
     lsm_set32(h + 4, (uint32_t)total | FRAME_COMPACT);
-    lsm_set32(h, lsm_crc32c(0, h + 4, total + 4));
+    lsm_set32(h, kv_crc32c(0, h + 4, total + 4));
     b->len = LSM_FRAME_HDR + total;
     return KV_OK;
 }
@@ -567,7 +567,7 @@ static const uint8_t *frame_at(reader *r, uint64_t off, uint32_t *len, bool *com
     if (*len < min_payload(*compact) || *len > MAX_FRAME) /* one record or more */
         return NULL;
     const uint8_t *f = rd_get(r, off, LSM_FRAME_HDR + *len);
-    return f && lsm_crc32c(0, f + 4, (size_t)*len + 4) == crc ? f : NULL;
+    return f && kv_crc32c(0, f + 4, (size_t)*len + 4) == crc ? f : NULL;
 }
 
 /* Whether h (a frame header and n >= LSM_FRAME_HDR + MIN_RECC bytes after

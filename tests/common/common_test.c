@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* Tests for common/: error strings, HLC ordering, option parsing. */
+/* Tests for common/: error strings, HLC ordering, option parsing, CRC32C. */
 #include <criterion/criterion.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/opts.h"
 #include "kv/kv_err.h"
@@ -122,4 +124,22 @@ Test(log, unknown_env_level_is_reported)
     cr_assert_gt(n, 0, "nothing on stderr");
     cr_assert_not_null(strstr(buf, "KV_LOG_LEVEL=loud"), "stderr: %s", buf);
     cr_assert_null(strstr(strstr(buf, "KV_LOG_LEVEL=loud") + 1, "KV_LOG_LEVEL"), "reported twice");
+}
+
+/* Known vectors (RFC 3720 B.4 among them); a running CRC continues one. */
+Test(crc32c, known_vectors)
+{
+    cr_assert_eq(kv_crc32c(0, "123456789", 9), 0xE3069283u);
+    uint8_t buf[32];
+    memset(buf, 0, sizeof(buf));
+    cr_assert_eq(kv_crc32c(0, buf, 32), 0x8A9136AAu);
+    memset(buf, 0xff, sizeof(buf));
+    cr_assert_eq(kv_crc32c(0, buf, 32), 0x62A8AB43u);
+    for (int i = 0; i < 32; i++)
+        buf[i] = (uint8_t)i;
+    cr_assert_eq(kv_crc32c(0, buf, 32), 0x46DD794Eu);
+    /* incremental == one shot */
+    uint32_t c = kv_crc32c(0, buf, 13);
+    cr_assert_eq(kv_crc32c(c, buf + 13, 19), 0x46DD794Eu);
+    cr_assert_eq(kv_crc32c(0, "", 0), 0u);
 }

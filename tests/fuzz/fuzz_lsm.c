@@ -28,17 +28,17 @@ void fz_wal_frame(lsm_buf *b, const void *payload, size_t len, bool compact)
     lsm_set32(h + 4, (uint32_t)len | (compact ? 0x80000000u : 0)); /* wal.c's FRAME_COMPACT */
     if (len)
         memcpy(h + LSM_FRAME_HDR, payload, len);
-    lsm_set32(h, lsm_crc32c(0, h + 4, len + 4));
+    lsm_set32(h, kv_crc32c(0, h + 4, len + 4));
 }
 
 void fz_man_frame(lsm_buf *b, const void *payload, size_t len)
 {
     uint8_t *h = grow(b, 12 + len);
     lsm_set32(h + 4, (uint32_t)len);
-    lsm_set32(h + 8, lsm_crc32c(0, h + 4, 4));
+    lsm_set32(h + 8, kv_crc32c(0, h + 4, 4));
     if (len)
         memcpy(h + 12, payload, len);
-    lsm_set32(h, lsm_crc32c(lsm_crc32c(0, h + 4, 4), h + 12, len));
+    lsm_set32(h, kv_crc32c(kv_crc32c(0, h + 4, 4), h + 12, len));
 }
 
 /* Sets the CRC after [off, off + n) when it lies inside the image. */
@@ -46,7 +46,7 @@ static void fix_span(uint8_t *img, size_t len, uint64_t off, uint64_t n)
 {
     if (off > len || n > len - off || len - off - n < 4)
         return;
-    lsm_set32(img + off + n, lsm_crc32c(0, img + off, n));
+    lsm_set32(img + off + n, kv_crc32c(0, img + off, n));
 }
 
 /* Walks the index entries [u32 klen][key][u64 off][u32 len] and fixes the
@@ -77,11 +77,11 @@ void fz_sst_fix(uint8_t *img, size_t len)
     lsm_set64(f + 32,
               SST_MAGIC_BASE +
                   ((uint64_t)(version >= 1 && version <= LSM_SST_FORMAT ? version : 1) << 56));
-    lsm_set32(f + 44, lsm_crc32c(0, f, 44));
+    lsm_set32(f + 44, kv_crc32c(0, f, 44));
     uint64_t ioff = lsm_get64(f), boff = lsm_get64(f + 16);
     uint32_t ilen = lsm_get32(f + 8), blen = lsm_get32(f + 12);
     fix_blocks(img, len - FOOTER_LEN, ioff, ilen);
     fix_span(img, len - FOOTER_LEN, boff, blen);
     fix_span(img, len - FOOTER_LEN, ioff, ilen);
-    lsm_set32(f + 44, lsm_crc32c(0, f, 44));
+    lsm_set32(f + 44, kv_crc32c(0, f, 44));
 }

@@ -1,33 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Unit tests of the LSM's on-disk pieces: CRC32C vectors, the compact record
- * codec, the bloom filter's
- * false-positive rate, SST write/read round trips (many blocks, big values,
- * both I/O paths), SSTs whose checksummed metadata lies, WAL round trip
- * and torn-tail truncation, and MANIFEST round trip and duplicate files.
+ * Unit tests of the LSM's on-disk pieces: the compact record codec, the
+ * bloom filter's false-positive rate, SST write/read round trips (many
+ * blocks, big values, both I/O paths), SSTs whose checksummed metadata
+ * lies, WAL round trip and torn-tail truncation, and MANIFEST round trip and
+ * duplicate files. (CRC32C's vectors: tests/common/common_test.c.)
  */
 #include "lsm_test_util.h"
 
 #include <criterion/criterion.h>
 
 #include "node/lsm/lsm_int.h"
-
-Test(crc32c, known_vectors)
-{
-    cr_assert_eq(lsm_crc32c(0, "123456789", 9), 0xE3069283u);
-    uint8_t buf[32];
-    memset(buf, 0, sizeof(buf));
-    cr_assert_eq(lsm_crc32c(0, buf, 32), 0x8A9136AAu);
-    memset(buf, 0xff, sizeof(buf));
-    cr_assert_eq(lsm_crc32c(0, buf, 32), 0x62A8AB43u);
-    for (int i = 0; i < 32; i++)
-        buf[i] = (uint8_t)i;
-    cr_assert_eq(lsm_crc32c(0, buf, 32), 0x46DD794Eu);
-    /* incremental == one shot */
-    uint32_t c = lsm_crc32c(0, buf, 13);
-    cr_assert_eq(lsm_crc32c(c, buf + 13, 19), 0x46DD794Eu);
-    cr_assert_eq(lsm_crc32c(0, "", 0), 0u);
-}
 
 /* ---- the compact record codec (SST format 3) ---- */
 
@@ -658,7 +641,7 @@ static void corrupt_compressed(lsm_compression codec, bool bad_codec)
     else
         for (size_t i = 4; i < len - 1; i += 7) /* past the raw length */
             p[i] ^= 0x5a;
-    lsm_set32(p + len, lsm_crc32c(0, p, len));
+    lsm_set32(p + len, kv_crc32c(0, p, len));
     char path[512];
     snprintf(path, sizeof(path), "%s/000003.sst", dir);
     int fd = open(path, O_WRONLY);
@@ -799,14 +782,14 @@ static void lie_in_index(const char *dir, uint64_t ioff, uint32_t ilen, const vo
     cr_assert_geq(fd, 0);
     uint8_t crc[4], f[FOOTER];
     if (index) {
-        lsm_set32(crc, lsm_crc32c(0, index, n));
+        lsm_set32(crc, kv_crc32c(0, index, n));
         cr_assert_eq(pwrite(fd, index, n, 0), (ssize_t)n);
         cr_assert_eq(pwrite(fd, crc, 4, (off_t)n), 4);
     }
     cr_assert_eq(pread(fd, f, FOOTER, size - FOOTER), FOOTER);
     lsm_set64(f, ioff);
     lsm_set32(f + 8, ilen);
-    lsm_set32(f + 44, lsm_crc32c(0, f, 44));
+    lsm_set32(f + 44, kv_crc32c(0, f, 44));
     cr_assert_eq(pwrite(fd, f, FOOTER, size - FOOTER), FOOTER);
     close(fd);
 }
@@ -942,7 +925,7 @@ static void append_fixed_frame(const char *path, const lsm_rec *recs, size_t n)
         len += lsm_rec_size(&recs[i]);
     }
     lsm_set32(buf + 4, (uint32_t)len);
-    lsm_set32(buf, lsm_crc32c(0, buf + 4, len + 4));
+    lsm_set32(buf, kv_crc32c(0, buf + 4, len + 4));
     FILE *f = fopen(path, "ab");
     cr_assert_not_null(f);
     cr_assert_eq(fwrite(buf, 1, len + 8, f), len + 8);
