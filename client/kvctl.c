@@ -4,6 +4,7 @@
  *   kvctl [--router ADDR] [--json] [--timeout MS] [--auth TOKEN] COMMAND
  *   get KEY | put KEY VALUE [--ttl MS] | del KEY | status [--verbose] | ring | ping
  *   cluster init --rf N ID=ADDR... | hotkeys [--top N] [--watch] | nhc [NODE_ID] [--watch]
+ *   backup FILE|- [--prefix P] | restore FILE   (and the rest of the command table below)
  * Exit codes: 0 ok, 1 not found (get), 2 usage, 3 server error (status name
  * and message on stderr).
  */
@@ -39,6 +40,12 @@ static const kvctl_cmd commands[] = {
     {"repair", kvctl_repair, 0, 1,
      "repair [NODE_ID] [--ranges LO:HI,...]   compare replicas (Merkle trees) and stream the "
      "differences"},
+    {"backup", kvctl_backup, 1, 1,
+     "backup FILE|- [--prefix P]   every live key with its value and expiry, through kv.Scan, "
+     "into FILE (written whole or not at all)"},
+    {"restore", kvctl_restore, 1, 1,
+     "restore FILE [--consistency C]   checks the whole backup, then writes its keys (new "
+     "versions; keys that expired since are skipped)"},
     {"nhc", kvctl_nhc, 0, 1,
      "nhc [NODE_ID] [--watch] [--json]   NHC scheduler per node: state, data_admit, "
      "load_admit, miss ratio, per-volume reads/s and latency, last minute"},
@@ -103,7 +110,7 @@ int main(int argc, char **argv)
         {"ranges", KV_OPT_STR, &env.ranges,
          "repair: only these ring ranges, LO:HI[,LO:HI...] (hash positions, (LO, HI])", NULL, 0, 0},
         {"consistency", KV_OPT_ENUM, &env.consistency,
-         "get, put, del, ttl: consistency level one|quorum|all", levels, 0, 0},
+         "get, put, del, ttl, restore: consistency level one|quorum|all", levels, 0, 0},
         {"raw", KV_OPT_BOOL, &env.raw, "get: the value alone, no newline", NULL, 0, 0},
         {"output", KV_OPT_STR, &env.output, "get: write the value to this file", NULL, 0, 0, 'o'},
         {"hex", KV_OPT_BOOL, &env.hex, "keys and values in hex", NULL, 0, 0},
@@ -112,7 +119,7 @@ int main(int argc, char **argv)
          0, 0},
         {"if-absent", KV_OPT_BOOL, &env.if_absent, "put: only if the key does not exist", NULL, 0,
          0},
-        {"prefix", KV_OPT_STR, &env.prefix, "scan: keys beginning with this", NULL, 0, 0},
+        {"prefix", KV_OPT_STR, &env.prefix, "scan, backup: keys beginning with this", NULL, 0, 0},
         {"start", KV_OPT_STR, &env.start, "scan: keys from this one on", NULL, 0, 0},
         {"cursor", KV_OPT_STR, &env.cursor, "scan: continue after this cursor (as printed)", NULL,
          0, 0},

@@ -72,6 +72,8 @@ bool kvctl_utf8_text(const void *data, size_t len);
 int kvctl_key_arg(kvctl_env *env, const char *s, uint8_t **out, size_t *len);
 /* Hex text s decoded into *out (malloc'ed); prints a usage error naming what. */
 int kvctl_unhex(const char *what, const char *s, uint8_t **out, size_t *len);
+/* The level --consistency names (KV_CONSISTENCY_DEFAULT without it). */
+kv_consistency kvctl_consistency(const kvctl_env *env);
 /* Bytes to stdout as they are, or in hex with --hex. */
 void kvctl_print_bytes(const kvctl_env *env, const uint8_t *p, size_t n);
 void kvctl_print_hex(const uint8_t *p, size_t n);
@@ -105,6 +107,23 @@ Kv__PingReply *kvctl_ping_rpc(kvctl_env *env, rpc_chan *ch, double *ms, bool qui
 /* "serving", "catching_up", ... for a Kv__Serving. */
 const char *kvctl_serving_name(int s);
 
+/* ---- kvctl_scan.c ---- */
+/* What a kv.Scan page asks for (kvctl_scan_page). */
+typedef struct kvctl_scan_q {
+    const uint8_t *prefix;
+    size_t plen;
+    const uint8_t *start;
+    size_t slen;
+    uint32_t limit;
+    bool keys_only;
+} kvctl_scan_q;
+/* One kv.Scan page after *cursor (malloc'ed, *clen bytes; NULL/0 at the
+ * start) into *out (free with kv__scan_reply__free_unpacked). When the page
+ * is not the last, *cursor is replaced by the page's cursor. On failure
+ * prints the status and returns KVCTL_SERVER. */
+int kvctl_scan_page(kvctl_env *env, rpc_chan *ch, const kvctl_scan_q *q, uint8_t **cursor,
+                    size_t *clen, Kv__ScanReply **out);
+
 int kvctl_get(kvctl_env *env, int argc, char **argv);
 int kvctl_put(kvctl_env *env, int argc, char **argv);
 int kvctl_del(kvctl_env *env, int argc, char **argv);
@@ -119,5 +138,7 @@ int kvctl_hotkeys(kvctl_env *env, int argc, char **argv);
 int kvctl_nhc(kvctl_env *env, int argc, char **argv);
 int kvctl_node(kvctl_env *env, int argc, char **argv);
 int kvctl_repair(kvctl_env *env, int argc, char **argv);
+int kvctl_backup(kvctl_env *env, int argc, char **argv);
+int kvctl_restore(kvctl_env *env, int argc, char **argv);
 
 #endif

@@ -260,7 +260,7 @@ static int if_version(const kvctl_env *env, uint64_t *v)
     return KVCTL_OK;
 }
 
-static kv_consistency consistency(const kvctl_env *env)
+kv_consistency kvctl_consistency(const kvctl_env *env)
 {
     static const kv_consistency levels[] = {KV_CONSISTENCY_DEFAULT, KV_CONSISTENCY_ONE,
                                             KV_CONSISTENCY_QUORUM, KV_CONSISTENCY_ALL};
@@ -299,7 +299,7 @@ int kvctl_get(kvctl_env *env, int argc, char **argv)
     if ((code = key_arg(env, argv[0], &key, &klen)) == KVCTL_OK)
         c = open_client(env, &code);
     kv_value v;
-    kv_err rv = c ? kv_get_ex(c, key, klen, consistency(env), &v) : KV_INVALID_ARGUMENT;
+    kv_err rv = c ? kv_get_ex(c, key, klen, kvctl_consistency(env), &v) : KV_INVALID_ARGUMENT;
     if (!c) {
     } else if (rv == KV_NOT_FOUND) {
         if (env->json)
@@ -339,7 +339,7 @@ int kvctl_put(kvctl_env *env, int argc, char **argv)
         kv_put_opts o = {.ttl_ms = (uint64_t)env->ttl_ms,
                          .if_version = ifv,
                          .if_absent = env->if_absent,
-                         .consistency = consistency(env)};
+                         .consistency = kvctl_consistency(env)};
         uint64_t version = 0;
         kv_err rv = kv_put(c, key, klen, val, vlen, &o, &version);
         if (rv != KV_OK)
@@ -365,7 +365,7 @@ int kvctl_del(kvctl_env *env, int argc, char **argv)
         code = key_arg(env, argv[0], &key, &klen);
     kv_client *c = code == KVCTL_OK ? open_client(env, &code) : NULL;
     if (c) {
-        kv_delete_opts o = {.if_version = ifv, .consistency = consistency(env)};
+        kv_delete_opts o = {.if_version = ifv, .consistency = kvctl_consistency(env)};
         bool existed = false;
         kv_err rv = kv_delete(c, key, klen, &o, &existed);
         if (rv != KV_OK)
@@ -388,7 +388,7 @@ int kvctl_ttl(kvctl_env *env, int argc, char **argv)
     int code = key_arg(env, argv[0], &key, &klen);
     kv_client *c = code == KVCTL_OK ? open_client(env, &code) : NULL;
     kv_value v;
-    kv_err rv = c ? kv_get_ex(c, key, klen, consistency(env), &v) : KV_INVALID_ARGUMENT;
+    kv_err rv = c ? kv_get_ex(c, key, klen, kvctl_consistency(env), &v) : KV_INVALID_ARGUMENT;
     if (c && rv == KV_NOT_FOUND) {
         fprintf(stderr, "(not found)\n");
         code = KVCTL_NOT_FOUND;

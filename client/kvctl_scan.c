@@ -38,6 +38,39 @@ static void print_item(const kvctl_env *env, const Kv__ScanItem *it, bool first)
     putchar('\n');
 }
 
+int kvctl_scan_page(kvctl_env *env, rpc_chan *ch, const kvctl_scan_q *q, uint8_t **cursor,
+                    size_t *clen, Kv__ScanReply **out)
+{
+    Kv__ScanRequest req = KV__SCAN_REQUEST__INIT;
+    req.prefix = (ProtobufCBinaryData){q->plen, (uint8_t *)q->prefix};
+    req.start = (ProtobufCBinaryData){q->slen, (uint8_t *)q->start};
+    req.cursor = (ProtobufCBinaryData){*clen, *cursor};
+    req.keys_only = q->keys_only;
+    req.limit = q->limit;
+    rpc_reply rep;
+    int code = kvctl_call(env, ch, "kv.Scan", &req.base, 0, &rep, false);
+    if (code != KVCTL_OK)
+        return code;
+    Kv__ScanReply *page = kv__scan_reply__unpack(NULL, rep.len, rep.body);
+    rpc_reply_free(&rep);
+    if (!page)
+        return kvctl_fail(KV_INTERNAL, "malformed ScanReply");
+    if (!page->done) { /* the next page (or the printed cursor) goes on after it */
+        uint8_t *c = page->cursor.len ? malloc(page->cursor.len) : NULL;
+        if (!c) {
+            kv__scan_reply__free_unpacked(page, NULL);
+            return kvctl_fail(page->cursor.len ? KV_RESOURCE_EXHAUSTED : KV_INTERNAL,
+                              page->cursor.len ? "out of memory" : "a scan page without a cursor");
+        }
+        memcpy(c, page->cursor.data, page->cursor.len);
+        free(*cursor);
+        *cursor = c;
+        *clen = page->cursor.len;
+    }
+    *out = page;
+    return KVCTL_OK;
+}
+
 int kvctl_scan(kvctl_env *env, int argc, char **argv)
 {
     if (!kvctl_addr_ok(env->router))
@@ -59,35 +92,16 @@ int kvctl_scan(kvctl_env *env, int argc, char **argv)
     if (code == KVCTL_OK && env->json)
         printf("{\"items\":[");
     while (code == KVCTL_OK && !done && got < want) {
-        Kv__ScanRequest req = KV__SCAN_REQUEST__INIT;
-        req.prefix = (ProtobufCBinaryData){plen, prefix};
-        req.start = (ProtobufCBinaryData){slen, start};
-        req.cursor = (ProtobufCBinaryData){clen, cursor};
-        req.keys_only = env->keys_only;
-        req.limit = (uint32_t)(want - got < PAGE_MAX ? want - got : PAGE_MAX);
-        rpc_reply rep;
-        if ((code = kvctl_call(env, ch, "kv.Scan", &req.base, 0, &rep, false)) != KVCTL_OK)
+        uint32_t n = (uint32_t)(want - got < PAGE_MAX ? want - got : PAGE_MAX);
+        Kv__ScanReply *page;
+        code =
+            kvctl_scan_page(env, ch, &(kvctl_scan_q){prefix, plen, start, slen, n, env->keys_only},
+                            &cursor, &clen, &page);
+        if (code != KVCTL_OK)
             break;
-        Kv__ScanReply *page = kv__scan_reply__unpack(NULL, rep.len, rep.body);
-        rpc_reply_free(&rep);
-        if (!page) {
-            code = kvctl_fail(KV_INTERNAL, "malformed ScanReply");
-            break;
-        }
         for (size_t i = 0; i < page->n_items && got < want; i++)
             print_item(env, page->items[i], got++ == 0);
         done = page->done;
-        if (!done) { /* the next page (or the printed cursor) goes on after it */
-            uint8_t *c = malloc(page->cursor.len ? page->cursor.len : 1);
-            if (c) {
-                memcpy(c, page->cursor.data, page->cursor.len);
-                free(cursor);
-                cursor = c;
-                clen = page->cursor.len;
-            } else {
-                code = kvctl_fail(KV_RESOURCE_EXHAUSTED, "out of memory");
-            }
-        }
         kv__scan_reply__free_unpacked(page, NULL);
     }
     if (code == KVCTL_OK && env->json) {

@@ -311,3 +311,87 @@ Test(kvctl, waits_its_timeout_for_a_late_listener, .timeout = 120)
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* kvctl backup and restore: a backup of one cluster restored into a new,
+ * differently shaped one gives back every live key with its value (binary
+ * ones too) and remaining TTL, skips a key that expired in between, and a
+ * damaged, truncated or foreign file is refused before anything is written. */
+Test(kvctl, backup_restores_into_a_new_cluster, .timeout = 180)
+{
+    char keep[] = "/tmp/hotkv-backup-XXXXXX", out[16384], cmd[2048];
+    cr_assert_not_null(mkdtemp(keep));
+    cr_assert_eq(kvt_cluster_start(&cl, 3, 2, NULL), KV_OK, "logs in %s", cl.dir);
+    snprintf(cmd, sizeof(cmd),
+             "for i in $(seq 1000 3499); do echo \"put k$i v$i-$(printf %%0100d $i)\"; done > "
+             "%s/ops && $K batch %s/ops > /dev/null && "
+             "$K --hex put 00ff01 000102ff && $K put keeps v --ttl 600000 && "
+             "$K put goes v --ttl 8000 && $K backup %s/bk && $K backup --prefix k10 %s/bk10",
+             keep, keep, keep, keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "backed up 2503 keys"), "%s", out);
+    cr_assert(strstr(out, "backed up 100 keys"), "--prefix k10 is k1000..k1099: %s", out);
+    snprintf(cmd, sizeof(cmd), "$K backup - > %s/bk-stdout && head -c 8 %s/bk-stdout", keep, keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "backed up 2503 keys (") && strstr(out, "to stdout"), "%s", out);
+    cr_assert(strstr(out, "HKVBACK1"), "the backup went to stdout: %s", out);
+    /* what the restore must give back: the scan once "goes" has expired (8 s
+     * after its put: long enough to be in the backup on a loaded host) */
+    snprintf(cmd, sizeof(cmd),
+             "for i in $(seq 100); do $K get goes > /dev/null 2>&1 || break; sleep 0.2; done; "
+             "$K --hex scan --limit 100000 > %s/want && wc -l < %s/want && "
+             "{ $K get goes; echo \"get goes: $?\"; }",
+             keep, keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert_eq(strtol(out, NULL, 10), 2502, "%s", out);
+    cr_assert(strstr(out, "get goes: 1"), "goes expired: %s", out);
+    kvt_cluster_stop(&cl);
+
+    cr_assert_eq(kvt_cluster_start(&cl, 4, 3, NULL), KV_OK, "logs in %s", cl.dir);
+    /* refused before anything is written: a flipped byte, a cut file, a
+     * foreign file, a missing one, stdin */
+    snprintf(cmd, sizeof(cmd),
+             "cp %s/bk bad && printf 'X' | dd of=bad bs=1 seek=100000 conv=notrunc 2>/dev/null "
+             "&& $K restore bad",
+             keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 3, "%s", out);
+    cr_assert(strstr(out, "DATA_LOSS") && strstr(out, "checksum mismatch") &&
+                  strstr(out, "nothing was written"),
+              "%s", out);
+    snprintf(cmd, sizeof(cmd), "head -c 200000 %s/bk > cut && $K restore cut", keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 3, "%s", out);
+    cr_assert(strstr(out, "DATA_LOSS") && strstr(out, "ends inside"), "%s", out);
+    snprintf(cmd, sizeof(cmd), "head -c -28 %s/bk > noend && $K restore noend", keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 3, "%s", out);
+    cr_assert(strstr(out, "without its end marker"), "%s", out);
+    cr_assert_eq(sh("echo hello > foreign && $K restore foreign", out, sizeof(out)), 2, "%s", out);
+    cr_assert(strstr(out, "not a hotkv backup"), "%s", out);
+    cr_assert_eq(sh("$K restore /nonexistent/bk", out, sizeof(out)), 2, "%s", out);
+    cr_assert(strstr(out, "cannot open"), "%s", out);
+    cr_assert_eq(sh("$K restore -", out, sizeof(out)), 2, "%s", out);
+    cr_assert_eq(sh("$K scan --limit 10 | wc -l", out, sizeof(out)), 0, "%s", out);
+    cr_assert_eq(strtol(out, NULL, 10), 0, "a refused restore wrote nothing: %s", out);
+
+    snprintf(cmd, sizeof(cmd), "$K restore %s/bk --consistency all", keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "restored 2502 keys") && strstr(out, "1 had expired"), "%s", out);
+    snprintf(cmd, sizeof(cmd),
+             "$K --hex scan --limit 100000 > got && cmp got %s/want && echo same && "
+             "$K --hex get 00ff01 && $K ttl keeps && $K get k2345",
+             keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "same\n000102ff\n"), "every key and value came back: %s", out);
+    char *ttl = strstr(out, "000102ff\n") + 9;
+    long left = strtol(ttl, NULL, 10);
+    cr_assert(left > 500000 && left <= 600000, "keeps kept its remaining ttl: %ld: %s", left, out);
+    cr_assert(strstr(out, "v2345-0000"), "%s", out);
+    /* a restore over the keys again is the same cluster */
+    snprintf(cmd, sizeof(cmd),
+             "$K --json restore %s/bk10 && $K --hex scan --limit 100000 > got && cmp got %s/want "
+             "&& echo same",
+             keep, keep);
+    cr_assert_eq(sh(cmd, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"keys\":100,\"expired\":0}") && strstr(out, "same"), "%s", out);
+    kvt_cluster_stop(&cl);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", keep);
+    cr_assert_eq(system(cmd), 0);
+}
