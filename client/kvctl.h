@@ -83,8 +83,13 @@ bool kvctl_addr_ok(const char *addr);
 /* ---- kvctl_rpc.c ---- */
 /* Client options with env's token and TLS files (for kv_client_open). */
 kv_client_opts kvctl_client_opts(const kvctl_env *env);
-/* A channel to addr; NULL (message printed) for a bad address. */
+/* A channel to addr; NULL (message printed) for a bad address. The first
+ * connection is waited for up to --timeout when addr is --router's, else
+ * 1 s (RPC_CONNECT_WAIT_MS): a node of the map that is down fails fast. */
 rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr);
+/* kvctl_open_chan for an address named on the command line (cluster init's
+ * nodes, the node that node add or replace brings in): --timeout to connect. */
+rpc_chan *kvctl_open_named(kvctl_env *env, const char *addr);
 /* Calls method (deadline 0 = --timeout); on failure prints the status
  * unless quiet and returns KVCTL_SERVER (rep freed). */
 int kvctl_call(kvctl_env *env, rpc_chan *ch, const char *method, const ProtobufCMessage *req,

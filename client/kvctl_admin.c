@@ -99,7 +99,7 @@ int kvctl_cluster(kvctl_env *env, int argc, char **argv)
     int code = KVCTL_OK;
     for (size_t i = 0; code == KVCTL_OK && i < n; i++) { /* refuse before writing anything */
         cmap *old = NULL;
-        chans[i] = kvctl_open_chan(env, cmap_node_at(m, i)->addr);
+        chans[i] = kvctl_open_named(env, cmap_node_at(m, i)->addr); /* named by the user */
         code = chans[i] ? kvctl_fetch_map(env, chans[i], &old, false) : KVCTL_USAGE;
         if (code == KVCTL_OK && old) {
             snprintf(err, sizeof(err), "node %s (%s) already has a cluster map (epoch %llu)",

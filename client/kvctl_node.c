@@ -460,7 +460,7 @@ static int refuse(const char *fmt, const char *a, const char *b)
 /* A node that is to join: reachable, and not a member of a cluster. */
 static int check_newcomer(kvctl_env *env, const change *c)
 {
-    rpc_chan *ch = kvctl_open_chan(env, c->addr);
+    rpc_chan *ch = kvctl_open_named(env, c->addr); /* the new node, named by the user */
     if (!ch)
         return KVCTL_USAGE;
     cmap *theirs = NULL;

@@ -19,14 +19,13 @@ kv_client_opts kvctl_client_opts(const kvctl_env *env)
                             .tls_ca = env->sec.tls.ca};
 }
 
-rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr)
+static rpc_chan *open_chan(kvctl_env *env, const char *addr, bool named)
 {
     rpc_chan *ch = NULL;
-    /* The address the user named gets the command's --timeout to connect
-     * (a slow TLS handshake on a loaded host is not a failure); a node
-     * found in the map gets 1 s, so one that is down does not hold up a
-     * command that asks every node (status, repair). */
-    bool named = env->router && strcmp(addr, env->router) == 0;
+    /* An address the user named gets the command's --timeout to connect (a
+     * slow TLS handshake on a loaded host is not a failure); a node found
+     * in the map gets 1 s, so one that is down does not hold up a command
+     * that asks every node (status, repair). */
     uint32_t wait = named && env->timeout_ms > RPC_CONNECT_WAIT_MS ? (uint32_t)env->timeout_ms
                                                                    : RPC_CONNECT_WAIT_MS;
     rpc_chan_opts o = {.auth = env->auth, .tls = env->tls, .connect_wait_ms = wait};
@@ -41,6 +40,16 @@ rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr)
         return NULL;
     }
     return ch;
+}
+
+rpc_chan *kvctl_open_chan(kvctl_env *env, const char *addr)
+{
+    return open_chan(env, addr, env->router && strcmp(addr, env->router) == 0);
+}
+
+rpc_chan *kvctl_open_named(kvctl_env *env, const char *addr)
+{
+    return open_chan(env, addr, true);
 }
 
 int kvctl_call(kvctl_env *env, rpc_chan *ch, const char *method, const ProtobufCMessage *req,

@@ -34,7 +34,11 @@ const char *kvt_scheme(void)
 
 rpc_chan_opts kvt_chan_opts(const char *auth)
 {
-    rpc_chan_opts o = {.auth = kvt_sec.admin_auth ? kvt_sec.admin_auth : auth};
+    /* A call right after open waits for the first connection up to its own
+     * deadline (not the library's 1 s): a TLS handshake between two ASan
+     * processes on a loaded host takes longer. */
+    rpc_chan_opts o = {.auth = kvt_sec.admin_auth ? kvt_sec.admin_auth : auth,
+                       .connect_wait_ms = 30000};
     if (kvt_sec.tls_dir) {
         const char *names[3] = {"peer.crt", "peer.key", "ca.crt"};
         for (int i = 0; i < 3; i++)
@@ -280,7 +284,7 @@ static kv_err start_nodes(kvt_cluster *c)
 static kv_err init_cluster(kvt_cluster *c)
 {
     char cmd[2048];
-    int n = snprintf(cmd, sizeof(cmd), "%s --auth '%s'%s cluster init --rf %d",
+    int n = snprintf(cmd, sizeof(cmd), "%s --timeout 30000 --auth '%s'%s cluster init --rf %d",
                      kvt_bin("client/kvctl"), c->auth ? c->auth : "", sec_shell(), c->rf);
     for (int i = 0; i < c->nnodes; i++)
         n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " n%d=%s", i + 1, c->node_url[i]);

@@ -37,7 +37,8 @@ extern kvt_security kvt_sec;
  * certificate of another CA). False when openssl failed. */
 bool kvt_make_certs(const char *dir);
 /* The options of the harness's own channels: the admin token when kvt_sec
- * has one (else auth) and kvt_sec's TLS files. The strings live in static
+ * has one (else auth), kvt_sec's TLS files, and a first-connection wait
+ * bounded by each call's deadline only. The strings live in static
  * storage. */
 rpc_chan_opts kvt_chan_opts(const char *auth);
 /* "tcp" or "tls+tcp" (kvt_sec.tls_dir). */

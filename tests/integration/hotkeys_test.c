@@ -541,11 +541,14 @@ static void effect_report(const char *node_url, const uint32_t *ids, int n)
     }
     Kv__HotKeysRequest req = KV__HOT_KEYS_REQUEST__INIT;
     req.router_id = "test-router";
-    req.window_ms = 1000;
+    /* the longest window: the pins must outlive the test's checks (a 1 s
+     * window ages them out 3 s after the report, too soon on a loaded host) */
+    req.window_ms = 60000;
     req.n_keys = (size_t)n;
     req.keys = ptrs;
     rpc_chan *ch;
-    cr_assert_eq(rpc_chan_open(&ch, node_url, NULL), KV_OK);
+    rpc_chan_opts o = kvt_chan_opts(NULL);
+    cr_assert_eq(rpc_chan_open(&ch, node_url, &o), KV_OK);
     rpc_reply r;
     kv_err rv = rpc_call(ch, "admin.HotKeys", 0, &req.base, 5000, &r);
     cr_assert_eq(rv, KV_OK, "admin.HotKeys: %s", kv_strerror(rv));

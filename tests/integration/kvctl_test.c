@@ -161,8 +161,9 @@ Test(kvctl, nhc_state_series_and_flags, .timeout = 120)
     cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 1, "unknown node id exits 1: %s", out);
     snprintf(cmd, sizeof(cmd), "%s --router %s nhc a b 2>&1", kvt_bin("client/kvctl"), url);
     cr_assert_eq(kvt_run(cmd, out, sizeof(out)), 2, "extra argument exits 2: %s", out);
-    /* --watch refreshes until interrupted: two JSON lines within ~2.5 s */
-    snprintf(cmd, sizeof(cmd), "timeout -s INT 2.5 %s --router %s --json --watch nhc 2>&1",
+    /* --watch refreshes every second until interrupted: two JSON lines or
+     * more within 6 s (an ASan process's start and first round included) */
+    snprintf(cmd, sizeof(cmd), "timeout -s INT 6 %s --router %s --json --watch nhc 2>&1",
              kvt_bin("client/kvctl"), url);
     kvt_run(cmd, out, sizeof(out));
     int lines = 0;

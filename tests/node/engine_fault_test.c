@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/limits.h"
 #include "node/engine.h"
 #include "node/index/hotring.h"
@@ -216,10 +217,16 @@ Test(efault, batch_fsync_failure_heals_through_a_flush)
     engine *e = open_sync(ENGINE_SYNC_BATCH);
     char err[256];
     lsm_fault_set(&(lsm_fault){.ops = LSM_FOP_FSYNC, .path_has = ".wal", .times = 1});
-    bool acked[4000] = {false};
+    /* Bounded by time, not by a count of writes: the WAL thread's first
+     * fsync (where the fault hits) and the healing flush come when their
+     * threads get to run, seconds later under TSan on a loaded host. */
+    enum { MAX_IDS = 60000, HEAL_TRIES = 3000 };
+    static bool acked[MAX_IDS];
+    memset(acked, 0, sizeof(acked));
     int id = 0;
     kv_err rv = KV_OK;
-    for (; id < 4000 && rv == KV_OK; id++) {
+    uint64_t end = kv_now_ns() + 30000000000ull;
+    for (; id < MAX_IDS - HEAL_TRIES && rv == KV_OK && kv_now_ns() < end; id++) {
         rv = put(e, id, err, sizeof(err));
         acked[id] = rv == KV_OK;
         if (rv == KV_OK && lsm_fault_hits() == 0)
@@ -227,7 +234,7 @@ Test(efault, batch_fsync_failure_heals_through_a_flush)
     }
     cr_assert_eq(rv, KV_INTERNAL, "writes after a failed fsync: %s", kv_strerror(rv));
     cr_assert_eq(engine_wal_sync(e), KV_INTERNAL, "durability claimed after a failed fsync");
-    for (int tries = 0; tries < 500 && rv != KV_OK; tries++, id++) {
+    for (int tries = 0; tries < HEAL_TRIES && rv != KV_OK; tries++, id++) { /* up to 30 s */
         usleep(10000);
         rv = put(e, id, err, sizeof(err));
         acked[id] = rv == KV_OK;

@@ -50,6 +50,16 @@ static kv_err h_slow(rpc_ctx *c, const uint8_t *body, size_t len)
     return KV_OK;
 }
 
+/* Longer than any deadline the tests give it, by seconds: a call that
+ * returns before it proves the deadline ended it, with room for a slow
+ * scheduler (TSan on a loaded host). */
+#define SLOWER_MS 3000
+static kv_err h_slower(rpc_ctx *c, const uint8_t *body, size_t len)
+{
+    nng_msleep(SLOWER_MS);
+    return KV_OK;
+}
+
 static kv_err h_fail(rpc_ctx *c, const uint8_t *body, size_t len)
 {
     return rpc_fail(c, KV_ALREADY_EXISTS, "refused by the handler");
@@ -82,12 +92,13 @@ static kv_err h_call_back(rpc_ctx *c, const uint8_t *body, size_t len)
 static const rpc_method methods[] = {{"test.Echo", h_echo},
                                      {"test.Slow", h_slow},
                                      {"test.Fail", h_fail},
-                                     {"test.CallBack", h_call_back}};
+                                     {"test.CallBack", h_call_back},
+                                     {"test.Slower", h_slower}};
 
 static rpc_server *start(const char *auth, char *url, size_t urllen)
 {
     rpc_server_opts o = {
-        .url = "tcp://127.0.0.1:0", .methods = methods, .nmethods = 4, .workers = 4, .auth = auth};
+        .url = "tcp://127.0.0.1:0", .methods = methods, .nmethods = 5, .workers = 4, .auth = auth};
     rpc_server *s = NULL;
     char err[256];
     kv_err rv = rpc_server_open(&s, &o, err, sizeof(err));
@@ -143,9 +154,9 @@ Test(rpc, deadline_exceeded_then_next_call_works)
     cr_assert_eq(echo(ch, "up", 2000, out, sizeof(out)), KV_OK);
     rpc_reply r;
     uint64_t t0 = kv_now_ns();
-    cr_assert_eq(rpc_call(ch, "test.Slow", 0, NULL, 100, &r), KV_DEADLINE_EXCEEDED);
+    cr_assert_eq(rpc_call(ch, "test.Slower", 0, NULL, 100, &r), KV_DEADLINE_EXCEEDED);
     uint64_t ms = (kv_now_ns() - t0) / 1000000;
-    cr_assert_lt(ms, 1000, "the call returned at its deadline, not after the handler");
+    cr_assert_lt(ms, SLOWER_MS - 1000, "the call returned at its deadline, not after the handler");
     rpc_reply_free(&r);
     /* The server enforces it too: the late handler's reply is DEADLINE_EXCEEDED. */
     cr_assert_eq(echo(ch, "x", 2000, out, sizeof(out)), KV_OK);
@@ -413,13 +424,15 @@ Test(rpc, coalesced_calls_keep_their_replies_statuses_and_deadlines)
         snprintf(keys[i], sizeof(keys[i]), "c%d", i);
         Kv__GetRequest req = KV__GET_REQUEST__INIT;
         req.key = (ProtobufCBinaryData){strlen(keys[i]), (uint8_t *)keys[i]};
-        const char *m = i % 10 == 3 ? "test.Fail" : i == 50 ? "test.Slow" : "test.Echo";
+        const char *m = i % 10 == 3 ? "test.Fail" : i == 50 ? "test.Slower" : "test.Echo";
         calls[i].want = i % 10 == 3 ? KV_ALREADY_EXISTS : i == 50 ? KV_DEADLINE_EXCEEDED : KV_OK;
-        rpc_call_async(ch, m, 1, &req.base, i == 50 ? 100 : 5000, coal_done, &calls[i]);
+        /* 30 s: calls sharing a message with the slow one may run after its
+         * handler (one worker runs a message's calls in turn) */
+        rpc_call_async(ch, m, 1, &req.base, i == 50 ? 100 : 30000, coal_done, &calls[i]);
     }
     wait_coalesced(&ok, &bad, N);
     uint64_t slow_ms = (calls[50].end_ns - calls[50].start_ns) / 1000000u;
-    cr_assert_lt(slow_ms, 250, "the slow call ended at its deadline (%llu ms)",
+    cr_assert_lt(slow_ms, SLOWER_MS - 1000, "the slow call ended at its deadline (%llu ms)",
                  (unsigned long long)slow_ms);
     cr_assert_eq(echo(ch, "after", 2000, out, sizeof(out)), KV_OK);
     rpc_chan_close(ch);
@@ -608,7 +621,7 @@ Test(rpc, coordinate_calls_have_their_own_lane)
 {
     rpc_server_opts so = {.url = "tcp://127.0.0.1:0",
                           .methods = methods,
-                          .nmethods = 4,
+                          .nmethods = 5,
                           .workers = 1,
                           .coord_workers = 1};
     char err[256];

@@ -17,6 +17,7 @@
 #include <signal.h>
 
 #include "common/assert.h"
+#include "common/clock.h"
 #include "node/lsm/lsm_int.h"
 
 static void disarm(void)
@@ -247,7 +248,8 @@ Test(inject, batch_fsync_failure_refuses_appends_until_a_flush)
     int saved = cap_begin(logp);
     uint64_t s = 1;
     kv_err rv = KV_OK;
-    for (; s < 5000 && rv == KV_OK; s++) { /* until the syncer's fsync has failed */
+    uint64_t end = kv_now_ns() + 30000000000ull; /* the syncer may be slow to run */
+    for (; s < 1000000 && rv == KV_OK && kv_now_ns() < end; s++) { /* until its fsync failed */
         rv = put(db, s);
         if (rv == KV_OK && lsm_fault_hits() == 0)
             usleep(200);
