@@ -327,13 +327,24 @@ Test(hotkeys, router_mitigations, .timeout = 120)
         snprintf(id, sizeof(id), "n%d", i + 1);
         before[i] = stat_of(cl.router_url, id, "gets");
     }
-    hammer(c2, "hot", 1000);
-    for (int i = 0; i < 3; i++) {
-        char id[8];
-        snprintf(id, sizeof(id), "n%d", i + 1);
-        long d = stat_of(cl.router_url, id, "gets") - before[i];
-        cr_assert_gt(d, 20, "replica %s served %ld reads of the flagged key", id, d);
+    /* in 250 ms slices, up to 20 s: the flag lapses and comes back with
+     * the 500 ms windows when the reads stall (a loaded host); without the
+     * spreading the other replicas would serve none of them, ever */
+    long d[3] = {0};
+    for (int round = 0; round < 80; round++) {
+        hammer(c2, "hot", 250);
+        bool all = true;
+        for (int i = 0; i < 3; i++) {
+            char id[8];
+            snprintf(id, sizeof(id), "n%d", i + 1);
+            d[i] = stat_of(cl.router_url, id, "gets") - before[i];
+            all &= d[i] > 20;
+        }
+        if (all)
+            break;
     }
+    for (int i = 0; i < 3; i++)
+        cr_assert_gt(d[i], 20, "replica n%d served %ld reads of the flagged key", i + 1, d[i]);
     kv_client_close(c2);
     /* written at ALL so that every replica has v2: what is left to check is
      * that the router's cache does not serve v1 any more */

@@ -271,7 +271,7 @@ Test(ekallax, a_directory_of_one_kind_refuses_the_other)
 
 /* Runs kvnode with args (NULL-terminated) on dir/node; returns its exit
  * code, stderr (and its log) in out. Bad flags exit at once; a good start
- * is stopped with SIGTERM after a second (exit 0). */
+ * is stopped with SIGTERM once it logs that it serves (exit 0). */
 static int kvnode(const char *const *args, char *out, size_t cap)
 {
     const char *bdir = getenv("KV_BUILD_DIR");
@@ -286,6 +286,7 @@ static int kvnode(const char *const *args, char *out, size_t cap)
     for (int i = 0; args[i] && n < 31; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
+    unlink(logp); /* the previous start's log must not be read as this one's */
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
@@ -294,10 +295,22 @@ static int kvnode(const char *const *args, char *out, size_t cap)
         execv(bin, (char *const *)argv);
         _exit(127);
     }
+    /* Until it exits or logs that it serves (up to 30 s: an ASan start on a
+     * loaded host); SIGTERM before it blocks the signal would kill it. */
     int st = 0;
-    for (int i = 0; i < 100 && waitpid(pid, &st, WNOHANG) == 0; i++)
+    bool exited = false;
+    for (int i = 0; i < 1500 && !(exited = waitpid(pid, &st, WNOHANG) == pid); i++) {
+        char buf[8192] = "";
+        FILE *lf = fopen(logp, "r");
+        size_t got = lf ? fread(buf, 1, sizeof(buf) - 1, lf) : 0;
+        buf[got] = '\0';
+        if (lf)
+            fclose(lf);
+        if (strstr(buf, " serving on "))
+            break;
         usleep(20000);
-    if (waitpid(pid, &st, WNOHANG) == 0) {
+    }
+    if (!exited && waitpid(pid, &st, WNOHANG) == 0) {
         kill(pid, SIGTERM);
         waitpid(pid, &st, 0);
     }
@@ -366,6 +379,7 @@ Test(ekallax, kvctl_status_names_the_engine)
     snprintf(listen, sizeof(listen), "tcp://127.0.0.1:%d", kv_test_free_port());
     snprintf(data, sizeof(data), "%s/node", dir);
     snprintf(logp, sizeof(logp), "%s/kvnode.log", dir);
+    unlink(logp); /* the previous start's log must not be read as this one's */
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {

@@ -100,15 +100,19 @@ int main(int argc, char **argv)
         return 2;
     if (rpc_runtime_init((unsigned)atoi(argv[1])) != KV_OK)
         return 1;
-    /* nng's threads name themselves once they run: count until it settles */
-    unsigned n = rpc_runtime_task_threads(), prev = ~0u;
-    for (int i = 0; i < 100 && n != prev; i++) {
+    /* nng's threads name themselves once they run: count until both counts
+     * have stayed the same for 1 s (a thread of a loaded host can take
+     * longer than one sample to get there), at most 15 s */
+    unsigned n = rpc_runtime_task_threads(), e = rpc_runtime_count_threads("nng:aio:expire");
+    for (int i = 0, same = 0; i < 300 && same < 20; i++) {
         nng_msleep(50);
-        prev = n;
-        n = rpc_runtime_task_threads();
+        unsigned n2 = rpc_runtime_task_threads(), e2 = rpc_runtime_count_threads("nng:aio:expire");
+        same = n2 == n && e2 == e ? same + 1 : 0;
+        n = n2;
+        e = e2;
     }
     printf("sizes %d\n", rpc_runtime_sizes_threads());
-    printf("expire %u\n", rpc_runtime_count_threads("nng:aio:expire"));
+    printf("expire %u\n", e);
     printf("threads %u cpus %d sysconf %ld\n", n, get_nprocs(), sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
     return argc > 2 && strcmp(argv[2], "chain") == 0 ? run_chains() : 0;
