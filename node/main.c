@@ -109,6 +109,16 @@ static kv_err engine_flags_apply(node_config *c, long kallax_gb, long *max_key, 
 
 int main(int argc, char **argv)
 {
+    /* SIGINT and SIGTERM are taken by sigwait once the process serves. They
+     * are blocked before any thread starts (nng starts its threads at its
+     * first use), as every thread inherits the mask: a signal that came
+     * during start-up would otherwise kill the process in a thread that had
+     * it unblocked, without a clean shutdown. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     node n = {0};
     n.cfg.listen = "tcp://127.0.0.1:7001";
     n.cfg.mem_mb = 256;
@@ -321,11 +331,6 @@ int main(int argc, char **argv)
     }
     rpc_runtime_init((unsigned)rpc_threads);
     rpc_runtime_set_loops((unsigned)loops);
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* threads inherit the mask */
     signal(SIGPIPE, SIG_IGN);
     if ((rv = node_start(&n, err, sizeof(err))) != KV_OK) {
         KV_ERROR("node", "cannot start: %s (%s)", err, kv_err_name(rv));

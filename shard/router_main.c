@@ -14,6 +14,16 @@
 
 int main(int argc, char **argv)
 {
+    /* SIGINT and SIGTERM are taken by sigwait once the process serves. They
+     * are blocked before any thread starts (nng starts its threads at its
+     * first use), as every thread inherits the mask: a signal that came
+     * during start-up would otherwise kill the process in a thread that had
+     * it unblocked, without a clean shutdown. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     router r = {0};
     r.cfg.listen = "tcp://127.0.0.1:7000";
     r.cfg.workers = 32;
@@ -104,11 +114,6 @@ int main(int argc, char **argv)
         (kv_limits){(size_t)max_key, (size_t)max_value, (size_t)max_ops, (size_t)max_batch};
     rpc_runtime_init((unsigned)rpc_threads);
     rpc_runtime_set_loops((unsigned)loops);
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     if ((rv = router_start(&r, err, sizeof(err))) != KV_OK) {
         KV_ERROR("router", "cannot start: %s (%s)", err, kv_err_name(rv));
