@@ -58,7 +58,7 @@ static void load_init(int keys)
 static cmap *map_of(const char *url)
 {
     rpc_chan *ch;
-    rpc_chan_opts o = {0};
+    rpc_chan_opts o = kvt_chan_opts(NULL);
     cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
     Kv__GetMapRequest req = KV__GET_MAP_REQUEST__INIT;
     rpc_reply r;
@@ -240,7 +240,18 @@ Test(elastic, joining_node_and_kvctl_killed_mid_stream, .timeout = 600)
     snprintf(log, sizeof(log), "%s/kvctl-add.log", cl.dir);
     const char *args[] = {"--stream-mbps", "1", "node", "add", addarg, NULL};
     pid_t k1 = kvt_kvctl_spawn(&cl, args, log);
-    usleep(2500000); /* streams run at 1 MiB/s: ~11 MiB for n4 */
+    /* until kvctl has checked n4 and opened the transition (up to 30 s on a
+     * loaded host), then into the streams: 1 MiB/s, ~11 MiB for n4 */
+    bool opened = false;
+    for (int i = 0; i < 300 && !opened; i++) {
+        cmap *m = map_of(cl.node_url[0]);
+        opened = m && cmap_transition(m);
+        cmap_unref(m);
+        if (!opened)
+            usleep(100000);
+    }
+    cr_assert(opened, "kvctl node add did not open the transition in 30 s");
+    usleep(1500000);
     kvt_kill_node(&cl, 3, SIGKILL);
     usleep(500000);
     cr_assert_eq(kvt_node_restart(&cl, 3), KV_OK, "restart n4 mid-stream");

@@ -196,8 +196,8 @@ Test(repair, a_node_down_past_the_hint_window_is_repaired, .timeout = 600)
     cr_assert(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__NEEDS_REPAIR, 30000),
               "n2 knows it missed writes (peers dropped hints for it)");
     expect_direct_reads_current_while_n2_is_behind();
-    cr_expect(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__NEEDS_REPAIR, 1000),
-              "n2 still needs its repair");
+    cr_expect(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__NEEDS_REPAIR, 10000),
+              "n2 still needs its repair"); /* (nothing changes it before the repair) */
     repair("repair n2");
     cr_expect(kvt_wait_serving(cl.node_url[1], NULL, KV__SERVING__SERVING, 10000),
               "n2 serves after the repair");
@@ -358,7 +358,7 @@ Test(repair, a_read_repairs_a_stale_replica, .timeout = 300)
     cr_expect(v.len == 3 && memcmp(v.data, "new", 3) == 0);
     kv_value_free(&v);
     uint64_t now = 0;
-    for (int i = 0; i < 50 && (now = version_on(s, "rr-key")) != v2; i++)
+    for (int i = 0; i < 300 && (now = version_on(s, "rr-key")) != v2; i++) /* up to 30 s */
         sleep_ms(100);
     cr_expect_eq(now, v2, "the stale replica converged");
     char rr[KVT_STAT_LEN];
