@@ -213,12 +213,9 @@ int kvctl_backup(kvctl_env *env, int argc, char **argv)
     rpc_chan *ch = code == KVCTL_OK ? kvctl_open_chan(env, env->router) : NULL;
     if (code == KVCTL_OK && !ch)
         code = KVCTL_USAGE;
-    bk_out o = {0};
-    bool opened = false;
-    if (code == KVCTL_OK) {
+    bk_out o = {0}; /* o.f is set once the output is open: out_close then */
+    if (code == KVCTL_OK)
         code = out_open(&o, argv[0]);
-        opened = o.f != NULL;
-    }
     for (bool done = false; code == KVCTL_OK && !done;) {
         Kv__ScanReply *page;
         code = kvctl_scan_page(env, ch,
@@ -231,7 +228,7 @@ int kvctl_backup(kvctl_env *env, int argc, char **argv)
         done = page->done;
         kv__scan_reply__free_unpacked(page, NULL);
     }
-    if (opened)
+    if (o.f)
         code = out_close(&o, code);
     if (code == KVCTL_OK) {
         bool to_stdout = strcmp(argv[0], "-") == 0; /* then the summary goes to stderr */
@@ -267,7 +264,7 @@ typedef struct bk_in {
     uint8_t *buf; /* the last record's key and value */
     size_t cap;
     uint32_t klen, vlen;
-    uint64_t version, expire_at_ms;
+    uint64_t expire_at_ms; /* (a restore gives keys new versions) */
 } bk_in;
 
 static int damaged(const bk_in *in, const char *what)
@@ -359,7 +356,6 @@ static int in_next(bk_in *in)
         bad = "checksum mismatch";
     if (bad)
         goto damage;
-    in->version = get64(h + 12);
     in->expire_at_ms = get64(h + 20);
     in->off += BK_REC + need;
     in->n++;
