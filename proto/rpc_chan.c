@@ -19,7 +19,13 @@
  *
  * Either way a call fails with UNAVAILABLE when the peer has no live
  * connection, or with DEADLINE_EXCEEDED when a connected peer does not
- * answer in time.
+ * answer in time. "No live connection" (chan_down) starts once the
+ * channel's first connect wait has passed, except while a stream's new
+ * connection is still in its handshake, for up to HANDSHAKE_WAIT_MS: a
+ * mutually authenticated TLS handshake costs both sides public-key
+ * operations, which on a loaded host took more than the 1 s first wait
+ * (a router whose prober opened its channels at start failed the first
+ * writes with "no connection" while their handshakes were still running).
  *
  * Coalescing: a message costs the same transport work (syscalls, wake-ups
  * of nng's threads on both sides) whatever it carries, so while
@@ -62,6 +68,13 @@
 #include "proto/rpc_timer.h"
 #include "proto/rpc_tls.h"
 #include "proto/rpc_wire.h"
+
+/* How long a stream connection's handshake (TLS, then the SP header) may
+ * run before the channel counts as down again: the TLS handshake timeout
+ * HTTP clients commonly use. A peer that accepts connections but never
+ * answers (a stopped process: the kernel still accepts) costs calls at
+ * most this, once per connection. */
+#define HANDSHAKE_WAIT_MS 10000u
 
 #define DEFAULT_COALESCE_AFTER 1u
 #define COALESCE_MAX_CALLS 64u
@@ -149,8 +162,10 @@ struct rpc_chan {
     bool coordinate;
     bool verified; /* TLS with a CA: every connection's server certificate verified */
     uint64_t opened_ns;
-    pthread_mutex_t mu; /* protects free_slots, all, nall, the queue; pairs with cv */
-    pthread_cond_t cv;  /* signalled when a connection comes up */
+    _Atomic uint64_t shaking_ns; /* when the connection now in its handshake was made (streams;
+                                    0 = none is) */
+    pthread_mutex_t mu;          /* protects free_slots, all, nall, the queue; pairs with cv */
+    pthread_cond_t cv;           /* signalled when a connection comes up */
     rpc_slot *free_slots;
     rpc_slot **all;
     size_t nall, cap;
@@ -228,6 +243,26 @@ bool rpc_chan_looped(const rpc_chan *ch)
 int rpc_chan_connected(const rpc_chan *ch)
 {
     return atomic_load(&((rpc_chan *)ch)->pipes);
+}
+
+/* Until when (kv_now_ns) a call on ch with no connection may still wait
+ * for one: the end of the first connect wait, or of the handshake wait of
+ * a connection being set up, whichever is later. The clock itself, not
+ * rpc_now_ns's cached one: ch may have opened just now. */
+static uint64_t chan_wait_until(rpc_chan *ch)
+{
+    uint64_t until = ch->opened_ns + (uint64_t)ch->connect_wait_ms * 1000000ull;
+    uint64_t shaking = atomic_load(&ch->shaking_ns);
+    if (shaking && shaking + HANDSHAKE_WAIT_MS * 1000000ull > until)
+        until = shaking + HANDSHAKE_WAIT_MS * 1000000ull;
+    return until;
+}
+
+/* True when ch has no connection and none is expected soon: a call fails
+ * at once with UNAVAILABLE instead of waiting out its deadline. */
+static bool chan_down(rpc_chan *ch)
+{
+    return atomic_load(&ch->pipes) == 0 && kv_now_ns() > chan_wait_until(ch);
 }
 
 static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
@@ -649,6 +684,35 @@ static void stream_unwait_locked(rpc_chan *ch, rpc_slot *s)
     s->next_wait = NULL;
 }
 
+/* With mu held, when a connection attempt has just ended without a
+ * connection: past the channel's first connect wait (and with no handshake
+ * running now), the channel is down, so the messages waiting for a
+ * connection are taken off the list, to fail as new calls fail at once
+ * (stream_fail_all), rather than at their deadlines. */
+static rpc_slot *stream_take_waiting_if_down_locked(rpc_chan *ch)
+{
+    if (!chan_down(ch) || !ch->wait_head)
+        return NULL;
+    rpc_slot *w = ch->wait_head;
+    ch->wait_head = ch->wait_tail = NULL;
+    for (rpc_slot *s = w; s; s = s->next_wait)
+        s->busy = false;
+    return w;
+}
+
+static void stream_fail(rpc_slot *s, int rv);
+
+/* Fails the slots of list w (linked by next_wait, taken off the channel)
+ * with rv; mu not held. */
+static void stream_fail_all(rpc_slot *w, int rv)
+{
+    for (rpc_slot *next; w; w = next) {
+        next = w->next_wait;
+        w->next_wait = NULL;
+        stream_fail(w, rv);
+    }
+}
+
 /* Completes a slot that got no reply (rv: why). */
 static void stream_fail(rpc_slot *s, int rv)
 {
@@ -671,6 +735,7 @@ static void stream_up(void *arg, rpc_conn *c)
     pthread_mutex_lock(&ch->mu);
     ch->conn_up = true;
     ch->backoff_ms = 0;
+    atomic_store(&ch->shaking_ns, 0);
     atomic_store(&ch->pipes, 1);
     rpc_slot *w = ch->wait_head;
     ch->wait_head = ch->wait_tail = NULL;
@@ -735,6 +800,7 @@ static void stream_down(void *arg, rpc_conn *c, int rv)
         ch->dead = c;
     }
     ch->conn_up = false;
+    atomic_store(&ch->shaking_ns, 0);
     atomic_store(&ch->pipes, 0);
     rpc_slot *lost = NULL;
     for (size_t i = 0; i < ch->nall; i++) {
@@ -748,8 +814,10 @@ static void stream_down(void *arg, rpc_conn *c, int rv)
     bool closing = ch->closing;
     if (!closing && ch->dead == c)
         redial_later_locked(ch);
+    rpc_slot *waiting = closing ? NULL : stream_take_waiting_if_down_locked(ch);
     pthread_cond_broadcast(&ch->cv);
     pthread_mutex_unlock(&ch->mu);
+    stream_fail_all(waiting, NNG_ETIMEDOUT); /* "no connection" */
     if (rv != NNG_ECLOSED && rv != NNG_ECONNSHUT && rv != NNG_ECONNRESET)
         KV_DEBUG("rpc", "connection to %s ended: %s", ch->url, nng_strerror(rv));
     for (rpc_slot *next; lost; lost = next) {
@@ -775,12 +843,16 @@ static void stream_dial_cb(void *arg)
     }
     pthread_mutex_lock(&ch->mu);
     bool closing = ch->closing;
+    rpc_slot *waiting = NULL;
     if (!closing && c) {
         ch->conn = c;
+        atomic_store(&ch->shaking_ns, kv_now_ns());
     } else if (!closing) { /* refused, unreachable, or no memory: again after the backoff */
         redial_later_locked(ch);
+        waiting = stream_take_waiting_if_down_locked(ch);
     }
     pthread_mutex_unlock(&ch->mu);
+    stream_fail_all(waiting, NNG_ETIMEDOUT);
     if (closing)
         rpc_conn_free(c);
     else if (c)
@@ -808,6 +880,7 @@ static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err)
 {
     rpc_chan *ch = arg;
     rpc_conn *c = NULL;
+    rpc_slot *waiting = NULL;
     pthread_mutex_lock(&ch->mu);
     bool mine = ch->dial == d; /* else rpc_chan_shutdown is cancelling it */
     if (mine)
@@ -823,13 +896,16 @@ static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err)
     }
     if (c) {
         ch->conn = c;
+        atomic_store(&ch->shaking_ns, kv_now_ns());
         ch->starting = true; /* rpc_chan_shutdown frees c only once started */
     } else if (!closing) {   /* refused, unreachable, or no memory: again after the backoff */
         redial_later_locked(ch);
+        waiting = stream_take_waiting_if_down_locked(ch);
         if (err)
             KV_DEBUG("rpc", "cannot connect to %s: %s", ch->url, strerror(err));
     }
     pthread_mutex_unlock(&ch->mu);
+    stream_fail_all(waiting, NNG_ETIMEDOUT);
     if (mine)
         rpc_loop_dial_release(d);
     if (c) {
@@ -921,11 +997,7 @@ static void stream_shutdown(rpc_chan *ch)
     for (rpc_slot *s = w; s; s = s->next_wait)
         s->busy = false;
     pthread_mutex_unlock(&ch->mu);
-    for (rpc_slot *next; w; w = next) {
-        next = w->next_wait;
-        w->next_wait = NULL;
-        stream_fail(w, NNG_ECLOSED);
-    }
+    stream_fail_all(w, NNG_ECLOSED);
 }
 
 /* opts->coalesce_after, else $KV_RPC_COALESCE_AFTER (for benchmarks that
@@ -1171,9 +1243,7 @@ static void send_calls(rpc_chan *ch, rpc_pend *q)
     size_t n = 0;
     uint64_t now = rpc_now_ns(), last = now;
     char why[160];
-    /* as rpc_call_async: no connection past the first connect wait fails at once */
-    bool down = atomic_load(&ch->pipes) == 0 && /* the clock itself, as there */
-                kv_now_ns() - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull;
+    bool down = chan_down(ch); /* as call_async: fails at once */
     snprintf(why, sizeof(why), "no connection to %s", ch->url);
     for (rpc_pend *next; q; q = next) {
         next = q->next;
@@ -1329,8 +1399,7 @@ static void call_async(rpc_chan *ch, const char *method, uint64_t map_epoch,
     if (deadline_ms > RPC_MAX_DEADLINE_MS) /* nng durations are signed 32-bit ms */
         deadline_ms = RPC_MAX_DEADLINE_MS;
     uint64_t now = rpc_now_ns();
-    if (atomic_load(&ch->pipes) == 0 && /* the clock itself: ch may have opened just now */
-        kv_now_ns() - ch->opened_ns > (uint64_t)ch->connect_wait_ms * 1000000ull) {
+    if (chan_down(ch)) {
         snprintf(msg, sizeof(msg), "no connection to %s", ch->url);
         fail_now(done, arg, KV_UNAVAILABLE, msg);
         return;

@@ -237,14 +237,18 @@ Test(rpc_conn, a_stream_talks_to_an_nng_rep_socket)
 
 /* ---- a raw stream peer that writes given bytes -------------------------- */
 
+static const uint8_t rep_hs[8] = {0, 'S', 'P', 0, 0, 0x31, 0, 0}; /* a REP end's handshake */
+
 typedef struct raw_peer {
     nng_stream_listener *l;
     char url[64];
     const uint8_t *bytes;
     size_t len;
-    int hold_ms;      /* how long it keeps the connection, reading nothing (0: 300) */
-    atomic_bool stop; /* ends the hold early */
-    bool lose;        /* instead: read what comes once, then close (a crash) */
+    int delay_ms;      /* how long it waits after accepting before it writes (its handshake) */
+    int hold_ms;       /* how long it keeps the connection, reading nothing (0: 300) */
+    atomic_bool stop;  /* ends the hold early */
+    bool lose;         /* instead: read what comes once, then close (a crash) */
+    atomic_size_t got; /* what it read in lose mode */
     pthread_t th;
 } raw_peer;
 
@@ -257,16 +261,27 @@ static void *raw_main(void *arg)
     nng_aio_wait(aio);
     if (nng_aio_result(aio) == 0) {
         nng_stream *st = nng_aio_get_output(aio, 0);
+        for (int t = 0; t < p->delay_ms && !atomic_load(&p->stop); t += 10)
+            nng_msleep(10);
         nng_iov iov = {(void *)p->bytes, p->len};
         nng_aio_set_iov(aio, 1, &iov);
         nng_stream_send(st, aio);
         nng_aio_wait(aio);
         if (p->lose) {
+            /* the handshake and the request: they may come apart */
             uint8_t buf[256];
-            iov = (nng_iov){buf, sizeof(buf)};
-            nng_aio_set_iov(aio, 1, &iov);
-            nng_stream_recv(st, aio); /* the handshake and the request */
-            nng_aio_wait(aio);
+            size_t got = 0;
+            nng_aio_set_timeout(aio, 5000);
+            while (got <= sizeof(rep_hs)) {
+                iov = (nng_iov){buf, sizeof(buf)};
+                nng_aio_set_iov(aio, 1, &iov);
+                nng_stream_recv(st, aio);
+                nng_aio_wait(aio);
+                if (nng_aio_result(aio) != 0)
+                    break;
+                got += nng_aio_count(aio);
+            }
+            atomic_store(&p->got, got);
             nng_msleep(100);
         }
         for (int t = 0; !p->lose && t < (p->hold_ms ? p->hold_ms : 300) && !atomic_load(&p->stop);
@@ -317,8 +332,6 @@ static void expect_end(const uint8_t *bytes, size_t len, size_t recv_max, int wa
     cr_assert_eq(g_seen.downs, 1, "down runs once");
     raw_stop(&p);
 }
-
-static const uint8_t rep_hs[8] = {0, 'S', 'P', 0, 0, 0x31, 0, 0};
 
 Test(rpc_conn, a_peer_that_is_not_a_rep_end_is_refused)
 {
@@ -412,4 +425,79 @@ Test(rpc_conn, a_call_whose_connection_is_lost_fails_at_once)
     rpc_reply_free(&r);
     raw_stop(&p);
     rpc_chan_close(ch);
+}
+
+/* Starts peer p writing bytes[len] once it has waited p->delay_ms after
+ * accepting, opens a channel to it with a 200 ms first connect wait, and,
+ * 400 ms later (its TCP connection is up; its handshake is what is slow),
+ * makes one call with the deadline given; *ms is how long the call took.
+ * Stops the peer, closes the channel and returns the call's status. */
+static kv_err call_past_first_wait(raw_peer *p, const uint8_t *bytes, size_t len,
+                                   uint32_t deadline_ms, rpc_reply *r, uint64_t *ms)
+{
+    raw_start(p, bytes, len);
+    rpc_chan *ch = NULL;
+    rpc_chan_opts o = {.connect_wait_ms = 200};
+    cr_assert_eq(rpc_chan_open(&ch, p->url, &o), KV_OK);
+    nng_msleep(400);
+    Kv__GetRequest req = KV__GET_REQUEST__INIT;
+    req.key = (ProtobufCBinaryData){1, (uint8_t *)"k"};
+    uint64_t t0 = kv_now_ns();
+    kv_err rv = rpc_call(ch, "kv.Get", 0, &req.base, deadline_ms, r);
+    *ms = (kv_now_ns() - t0) / 1000000ull;
+    rpc_chan_close(ch);
+    atomic_store(&p->stop, true);
+    raw_stop(p);
+    return rv;
+}
+
+/* A connection whose handshake is still running when the channel's first
+ * connect wait ends is not "no connection": the call waits for it (a TLS
+ * handshake between loaded processes took longer than the 1 s first wait,
+ * and a router's first writes failed). Here the peer answers its
+ * handshake after 800 ms, past a 200 ms first wait; it then reads the
+ * request and drops the connection, so the call ends with "lost", which
+ * it can only do if it was sent. */
+Test(rpc_conn, a_call_waits_for_a_handshake_past_the_first_connect_wait)
+{
+    raw_peer p = {.lose = true, .delay_ms = 800};
+    rpc_reply r = {0};
+    uint64_t ms;
+    kv_err rv = call_past_first_wait(&p, rep_hs, sizeof(rep_hs), 10000, &r, &ms);
+    cr_assert_eq(rv, KV_UNAVAILABLE, "%s (%s)", kv_strerror(rv), r.message ? r.message : "");
+    cr_assert(r.message && strstr(r.message, "lost"), "the call was not sent: %s", r.message);
+    cr_assert_gt(atomic_load(&p.got), sizeof(rep_hs), "the peer read no request");
+    rpc_reply_free(&r);
+}
+
+/* A peer that accepts but never answers its handshake (a stopped process:
+ * the kernel still accepts) holds a call for no longer than its deadline,
+ * and the call fails as having no connection. */
+Test(rpc_conn, a_handshake_that_never_ends_costs_a_call_its_deadline_at_most)
+{
+    raw_peer p = {.delay_ms = 20000};
+    rpc_reply r = {0};
+    uint64_t ms;
+    kv_err rv = call_past_first_wait(&p, rep_hs, sizeof(rep_hs), 500, &r, &ms);
+    cr_assert_eq(rv, KV_UNAVAILABLE, "%s (%s)", kv_strerror(rv), r.message ? r.message : "");
+    cr_assert(r.message && strstr(r.message, "no connection"), "message: %s", r.message);
+    cr_assert_lt(ms, 5000, "the call took %llu ms with a 500 ms deadline", (unsigned long long)ms);
+    rpc_reply_free(&r);
+}
+
+/* A handshake that fails (here the peer is not a REP end; a refused TLS
+ * certificate ends the same way) past the first connect wait fails the
+ * calls that were waiting for it at once, as it would a new call, not at
+ * their deadlines. */
+Test(rpc_conn, a_failed_handshake_fails_the_calls_waiting_for_it)
+{
+    static const uint8_t http[] = "HTTP/1.1 200 OK\r\n\r\n";
+    raw_peer p = {.delay_ms = 800, .hold_ms = 20000};
+    rpc_reply r = {0};
+    uint64_t ms;
+    kv_err rv = call_past_first_wait(&p, http, sizeof(http) - 1, 15000, &r, &ms);
+    cr_assert_eq(rv, KV_UNAVAILABLE, "%s (%s)", kv_strerror(rv), r.message ? r.message : "");
+    cr_assert(r.message && strstr(r.message, "no connection"), "message: %s", r.message);
+    cr_assert_lt(ms, 10000, "the call waited %llu ms, as for its deadline", (unsigned long long)ms);
+    rpc_reply_free(&r);
 }
