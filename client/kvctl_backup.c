@@ -393,9 +393,14 @@ static int chunk_run(kvctl_env *env, kv_client *cl, chunk *c, uint64_t *written)
             if (c->ops[i].status == KV_OK) {
                 (*written)++;
             } else if (code == KVCTL_OK) {
-                fprintf(stderr, "kvctl: %s: writing key ", kv_err_name(c->ops[i].status));
-                fwrite(c->ops[i].key, 1, c->ops[i].klen < 200 ? c->ops[i].klen : 200, stderr);
-                fprintf(stderr, "\n");
+                const uint8_t *k = c->ops[i].key;
+                size_t n = c->ops[i].klen < 200 ? c->ops[i].klen : 200; /* a long one cut */
+                bool hex = env->hex || !kvctl_utf8_text(k, n);
+                fprintf(stderr, "kvctl: %s: writing key%s ", kv_err_name(c->ops[i].status),
+                        hex && !env->hex ? " (hex)" : "");
+                for (size_t j = 0; j < n; j++)
+                    fprintf(stderr, hex ? "%02x" : "%c", k[j]);
+                fprintf(stderr, "%s\n", n < c->ops[i].klen ? "..." : "");
                 code = KVCTL_SERVER;
             }
         }
