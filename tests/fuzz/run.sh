@@ -40,7 +40,8 @@ known_match() {
 }
 
 # Runs harness $1 for the seconds left until $2, restarting after known
-# crashes; prints its line; returns 1 on a new finding.
+# crashes; prints its line, leaves its execution count in
+# fuzz-logs/NAME.runs; returns 1 on a new finding.
 run_one() {
   local name=$1 deadline=$2 short=${1#fuzz_} runs=0 known=0 rc left log artifact n=0 m
   local work="$dir/fuzz-corpus/$short"
@@ -68,20 +69,43 @@ run_one() {
     if [ -n "$artifact" ]; then
       echo "fuzz: reproducer $artifact; replay: $dir/tests/fuzz/$name $artifact" >&2
     fi
-    total_runs=$((total_runs + runs))
+    echo "$runs" >"$dir/fuzz-logs/$name.runs"
     return 1
   done
-  total_runs=$((total_runs + runs))
+  echo "$runs" >"$dir/fuzz-logs/$name.runs"
   local note=""
   [ "$known" -gt 0 ] && note=" ($known known, reproducers in $dir/fuzz-crashes/known)"
   echo "fuzz: $name: $runs executions in $secs s, no new crash$note"
 }
 
+# The harnesses run FUZZ_JOBS at a time (default: one per core; a libFuzzer
+# process is one thread), each for the full SECONDS; their lines are
+# printed in order once all have ended.
+jobs_max=${FUZZ_JOBS:-$(nproc)}
 failed=0
-total_runs=0
+names=()
 for name in $(cat "$dir/tests/fuzz/harnesses.txt"); do
   [ -n "${FUZZ_ONLY:-}" ] && [ "$name" != "$FUZZ_ONLY" ] && continue
-  run_one "$name" $(( $(date +%s) + secs )) || failed=1
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+    wait -n || true # the outcome is in NAME.rc
+  done
+  names+=("$name")
+  rm -f "$dir/fuzz-logs/$name.runs" "$dir/fuzz-logs/$name.rc"
+  (
+    rc=0
+    run_one "$name" $(($(date +%s) + secs)) || rc=$?
+    echo "$rc" >"$dir/fuzz-logs/$name.rc"
+  ) >"$dir/fuzz-logs/$name.out" 2>&1 &
+done
+wait
+total_runs=0
+for name in ${names[@]+"${names[@]}"}; do
+  cat "$dir/fuzz-logs/$name.out"
+  if [ "$(cat "$dir/fuzz-logs/$name.rc" 2>/dev/null)" != 0 ]; then
+    failed=1
+    [ -s "$dir/fuzz-logs/$name.rc" ] || echo "fuzz: $name ended without its result (killed?)" >&2
+  fi
+  total_runs=$((total_runs + $(cat "$dir/fuzz-logs/$name.runs" 2>/dev/null || echo 0)))
 done
 echo "fuzz: $total_runs executions in all"
 exit "$failed"
