@@ -146,7 +146,8 @@ struct rpc_chan {
     struct sockaddr_storage sa;
     unsigned salen;
     rpc_dial *dial;
-    bool starting;      /* loop_dial_done is starting conn (shutdown waits on cv) */
+    bool starting;      /* loop_dial_done runs outside mu: starting conn, or failing the
+                           calls that waited for the dial (shutdown waits on cv) */
     nng_aio *dial_aio;  /* the dial in progress */
     nng_aio *sleep_aio; /* the backoff before the next dial */
     rpc_conn *conn;     /* the connection, up or handshaking (mu) */
@@ -900,16 +901,18 @@ static void loop_dial_done(void *arg, rpc_dial *d, int fd, int err)
         ch->starting = true; /* rpc_chan_shutdown frees c only once started */
     } else if (!closing) {   /* refused, unreachable, or no memory: again after the backoff */
         redial_later_locked(ch);
-        waiting = stream_take_waiting_if_down_locked(ch);
+        if ((waiting = stream_take_waiting_if_down_locked(ch)))
+            ch->starting = true; /* the slots are ch's: no shutdown until they are failed */
         if (err)
             KV_DEBUG("rpc", "cannot connect to %s: %s", ch->url, strerror(err));
     }
     pthread_mutex_unlock(&ch->mu);
-    stream_fail_all(waiting, NNG_ETIMEDOUT);
     if (mine)
         rpc_loop_dial_release(d);
-    if (c) {
+    stream_fail_all(waiting, NNG_ETIMEDOUT);
+    if (c)
         rpc_conn_start(c);
+    if (c || waiting) {
         pthread_mutex_lock(&ch->mu);
         ch->starting = false;
         pthread_cond_broadcast(&ch->cv);
@@ -984,7 +987,7 @@ static void stream_shutdown(rpc_chan *ch)
     if (d)
         rpc_loop_connect_cancel(d); /* its end has run, or will not */
     pthread_mutex_lock(&ch->mu);
-    while (ch->starting) /* a connect's end on a loop is starting ch->conn */
+    while (ch->starting) /* a connect's end on a loop is running outside mu */
         pthread_cond_wait(&ch->cv, &ch->mu);
     rpc_conn *c = ch->conn, *dead = ch->dead;
     ch->conn = ch->dead = NULL;

@@ -501,3 +501,57 @@ Test(rpc_conn, a_failed_handshake_fails_the_calls_waiting_for_it)
     cr_assert_lt(ms, 10000, "the call waited %llu ms, as for its deadline", (unsigned long long)ms);
     rpc_reply_free(&r);
 }
+
+typedef struct async_end {
+    atomic_int status; /* -1 until the call ends */
+    atomic_uint_fast64_t at_ns;
+    char message[160];
+} async_end;
+
+static void async_done(void *arg, rpc_reply *r)
+{
+    async_end *e = arg;
+    snprintf(e->message, sizeof(e->message), "%s", r->message ? r->message : "");
+    atomic_store(&e->at_ns, kv_now_ns());
+    atomic_store(&e->status, (int)r->status);
+    rpc_reply_free(r);
+}
+
+/* A call made during the first connect wait to an address that refuses
+ * connections fails at the first refused dial after that wait, as a new
+ * call would at once, not at its deadline: both ways a channel dials (on
+ * hotkv's loops, and with nng's stream dialer). */
+Test(rpc_conn, a_call_waiting_for_a_refused_address_fails_after_the_first_wait)
+{
+    nng_stream_listener *l; /* a port that was just free, closed again */
+    cr_assert_eq(nng_stream_listener_alloc(&l, "tcp://127.0.0.1:0"), 0);
+    cr_assert_eq(nng_stream_listener_listen(l), 0);
+    int port = 0;
+    cr_assert_eq(nng_stream_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port), 0);
+    nng_stream_listener_free(l);
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+    for (int nng_dialer = 0; nng_dialer < 2; nng_dialer++) {
+        const char *how = nng_dialer ? "nng's dialer" : "the loops";
+        if (nng_dialer)
+            setenv("KV_RPC_NNG_STREAMS", "1", 1);
+        rpc_chan *ch = NULL;
+        rpc_chan_opts o = {.connect_wait_ms = 300};
+        cr_assert_eq(rpc_chan_open(&ch, url, &o), KV_OK);
+        Kv__GetRequest req = KV__GET_REQUEST__INIT;
+        req.key = (ProtobufCBinaryData){1, (uint8_t *)"k"};
+        async_end e = {.status = -1};
+        uint64_t t0 = kv_now_ns();
+        rpc_call_async(ch, "kv.Get", 0, &req.base, 15000, async_done, &e);
+        for (int i = 0; i < 2000 && atomic_load(&e.status) < 0; i++)
+            nng_msleep(10);
+        cr_assert_eq(atomic_load(&e.status), KV_UNAVAILABLE, "%s: %d (%s)", how,
+                     atomic_load(&e.status), e.message);
+        cr_assert(strstr(e.message, "no connection"), "%s: message: %s", how, e.message);
+        uint64_t ms = (atomic_load(&e.at_ns) - t0) / 1000000ull;
+        cr_assert_lt(ms, 10000, "%s: the call waited %llu ms, as for its deadline", how,
+                     (unsigned long long)ms);
+        rpc_chan_close(ch);
+    }
+    unsetenv("KV_RPC_NNG_STREAMS");
+}
