@@ -40,8 +40,9 @@ typedef struct kv_client_opts {
     /* Per-call deadline (default 5000). A call made before its address has
      * connected (right after kv_client_open) waits for the connection
      * within it: up to the deadline divided by the number of addresses
-     * given (at least 1 s, never past the deadline), before it fails over
-     * to the next address. */
+     * given (at least 1 s, never past the deadline), or while a connection
+     * to it is still in its (TLS) handshake, before it fails over to the
+     * next address. */
     uint32_t timeout_ms;
     const char *auth; /* data token (NULL = none; $KV_AUTH is not read here); copied */
     /* Smart client: learn the cluster map (from the given routers or nodes,
