@@ -685,6 +685,17 @@ static void stream_unwait_locked(rpc_chan *ch, rpc_slot *s)
     s->next_wait = NULL;
 }
 
+/* Takes every message waiting for a connection off the list (mu held):
+ * the list, for stream_fail_all. */
+static rpc_slot *stream_take_waiting_locked(rpc_chan *ch)
+{
+    rpc_slot *w = ch->wait_head;
+    ch->wait_head = ch->wait_tail = NULL;
+    for (rpc_slot *s = w; s; s = s->next_wait)
+        s->busy = false;
+    return w;
+}
+
 /* With mu held, when a connection attempt has just ended without a
  * connection: past the channel's first connect wait (and with no handshake
  * running now), the channel is down, so the messages waiting for a
@@ -692,13 +703,7 @@ static void stream_unwait_locked(rpc_chan *ch, rpc_slot *s)
  * (stream_fail_all), rather than at their deadlines. */
 static rpc_slot *stream_take_waiting_if_down_locked(rpc_chan *ch)
 {
-    if (!chan_down(ch) || !ch->wait_head)
-        return NULL;
-    rpc_slot *w = ch->wait_head;
-    ch->wait_head = ch->wait_tail = NULL;
-    for (rpc_slot *s = w; s; s = s->next_wait)
-        s->busy = false;
-    return w;
+    return chan_down(ch) ? stream_take_waiting_locked(ch) : NULL;
 }
 
 static void stream_fail(rpc_slot *s, int rv);
@@ -995,10 +1000,7 @@ static void stream_shutdown(rpc_chan *ch)
     rpc_conn_free(c); /* its end fails what was written on it */
     rpc_conn_free(dead);
     pthread_mutex_lock(&ch->mu);
-    rpc_slot *w = ch->wait_head;
-    ch->wait_head = ch->wait_tail = NULL;
-    for (rpc_slot *s = w; s; s = s->next_wait)
-        s->busy = false;
+    rpc_slot *w = stream_take_waiting_locked(ch);
     pthread_mutex_unlock(&ch->mu);
     stream_fail_all(w, NNG_ECLOSED);
 }
